@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""assistant: a local AI assistant daemon and its command-line client.
+
+    python3 assistant.py                 serve (the daemon, in the foreground)
+    python3 assistant.py ask "question"  ask, streaming the reply (see --help)
+    python3 assistant.py --test          end-to-end self-check against a fake router
+
+This file only wires things together: configuration, logging, the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from daemon import AssistantError, load_config, serve
+from daemon.client import add_client_commands, run_client
+
+logger = logging.getLogger("assistant")
+
+
+def setup_logging(verbose: bool) -> None:
+    """One line per event on stderr; journald adds its own timestamps."""
+    under_journald = bool(os.environ.get("JOURNAL_STREAM"))
+    fmt = "%(levelname)s %(name)s: %(message)s" if under_journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="assistant", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verbose", "-v", action="store_true", help="log debug details")
+    parser.add_argument("--test", action="store_true", help="run the end-to-end self-check and exit")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("serve", help="run the daemon in the foreground (the default)")
+    add_client_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.test:
+        from tests.selfcheck import run_selfcheck
+
+        return run_selfcheck(verbose=args.verbose)
+    if args.command not in (None, "serve"):
+        return run_client(args)
+    setup_logging(args.verbose)
+    try:
+        config = load_config()
+        asyncio.run(serve(config))
+    except AssistantError as exc:
+        logger.error("%s", exc.message)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The command-line client: talks to the daemon over its socket, like the canvas.
+
+Each command sends one request and prints the events that answer it, readable
+by default, or as the raw JSON lines with ``--json``.  ``ask`` streams the
+reply as it comes; Ctrl-C sends ``cancel`` so the partial reply is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from .config import default_socket_path
+from .protocol import MAX_LINE_BYTES, encode_event
+
+__all__ = ["ClientError", "DaemonClient", "add_client_commands", "run_client"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_NO_DAEMON = 2
+
+
+class ClientError(Exception):
+    """The daemon cannot be reached, or hung up."""
+
+
+class DaemonClient:
+    """One connection to the daemon; requests are tagged with ids to match their events."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._next_id = 0
+
+    @classmethod
+    async def connect(cls, path: Path) -> DaemonClient:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE_BYTES * 64)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise ClientError(
+                f"no daemon answers on {path} ({exc.strerror}); start it with `make run` "
+                "or `systemctl --user start assistant`"
+            ) from None
+        except PermissionError:
+            raise ClientError(f"{path} belongs to another user; set ASSISTANT_SOCKET to your daemon's socket") from None
+        return cls(reader, writer)
+
+    async def send(self, request: dict[str, Any]) -> int:
+        self._next_id += 1
+        request = {**request, "id": self._next_id}
+        self._writer.write(encode_event(request))
+        await self._writer.drain()
+        return self._next_id
+
+    async def events(self, request_id: int) -> AsyncIterator[dict[str, Any]]:
+        """Events answering ``request_id``, until the connection closes."""
+        while True:
+            line = await self._reader.readline()
+            if not line:
+                raise ClientError("the daemon closed the connection (is it stopping? see its log)")
+            event = json.loads(line)
+            if event.get("id") == request_id:
+                yield event
+
+    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and return its single answer (``error`` included)."""
+        rid = await self.send(request)
+        async for event in self.events(rid):
+            return event
+        raise ClientError("no answer")  # pragma: no cover - events() raises first
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _print_error(event: dict[str, Any], out: TextIO) -> None:
+    print(f"error ({event.get('code')}): {event.get('message')}", file=out)
+
+
+def _render_conversations(event: dict[str, Any], out: TextIO) -> None:
+    items = event["items"]
+    if not items:
+        print("no conversations yet; start one with: assistant ask \"...\"", file=out)
+    for item in items:
+        print(f"{item['conversation']:>5}  {item['updated_at'][:16].replace('T', ' ')}  "
+              f"{item['turns']:>3} turns  {item['title']}", file=out)
+
+
+def _render_conversation(event: dict[str, Any], out: TextIO) -> None:
+    print(f"# {event['title']}  (conversation {event['conversation']}, model {event['model'] or 'default'}, "
+          f"context {event['ctx_used']}/{event['ctx_max'] or '?'})", file=out)
+    for turn in event["turns"]:
+        print(f"\n[{turn['turn']}] you: {turn['text']}", file=out)
+        for chip in turn.get("files") or ():
+            print(f"      file: {chip.get('name')} ({chip.get('kind')})", file=out)
+        for tool in turn.get("tools") or ():
+            print(f"      tool: {tool.get('name')} — {tool.get('summary')}", file=out)
+        reply = turn["reply"] or ""
+        status = turn.get("status")
+        marker = "" if status == "complete" else f"  [{status}{': ' + turn['error'] if turn.get('error') else ''}]"
+        print(f"[{turn['turn']}] assistant: {reply}{marker}", file=out)
+
+
+def _render_models(event: dict[str, Any], out: TextIO) -> None:
+    for item in event["items"]:
+        star = "*" if item["id"] == event.get("default") else " "
+        ctx = item["ctx_max"] or "?"
+        print(f"{star} {item['id']}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}", file=out)
+
+
+def _render_status(event: dict[str, Any], out: TextIO) -> None:
+    reach = "reachable" if event["router_reachable"] else "NOT reachable"
+    print(f"assistant {event['version']}, up {event['uptime']:.0f}s, {event['turns_running']} turn(s) running", file=out)
+    print(f"router {event['router_url']} ({reach}), model {event['model'] or '?'}", file=out)
+    print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
+
+
+RENDERERS = {
+    "conversations": _render_conversations,
+    "conversation": _render_conversation,
+    "models": _render_models,
+    "status": _render_status,
+    "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
+}
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+async def _ask(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> int:
+    request: dict[str, Any] = {"type": "ask", "text": " ".join(args.text)}
+    if args.conversation is not None:
+        request["conversation"] = args.conversation
+    if args.model:
+        request["model"] = args.model
+    if args.file:
+        request["files"] = [os.path.abspath(f) for f in args.file]
+    rid = await client.send(request)
+    conversation: int | None = None
+    try:
+        async for event in client.events(rid):
+            if args.json:
+                print(json.dumps(event, ensure_ascii=False), file=out, flush=True)
+            kind = event["type"]
+            conversation = event.get("conversation", conversation)
+            if kind == "delta" and not args.json:
+                out.write(event["text"])
+                out.flush()
+            elif kind == "error":
+                if not args.json:
+                    _print_error(event, sys.stderr)
+                return EXIT_ERROR
+            elif kind == "done":
+                if not args.json:
+                    tail = "" if event["finish_reason"] in ("stop", None) else f"\n[{event['finish_reason']}]"
+                    print(tail, file=out)
+                    print(f"(conversation {event['conversation']}, turn {event['turn']}, "
+                          f"context {event['ctx_used']}/{event['ctx_max'] or '?'})", file=sys.stderr)
+                return EXIT_OK
+    except asyncio.CancelledError:
+        if conversation is not None:
+            await client.send({"type": "cancel", "conversation": conversation})
+        raise
+    return EXIT_ERROR
+
+
+async def _latest_conversation(client: DaemonClient) -> int | None:
+    event = await client.request({"type": "conversations", "limit": 1})
+    items = event.get("items") or []
+    return items[0]["conversation"] if items else None
+
+
+async def _simple(client: DaemonClient, request: dict[str, Any], as_json: bool, out: TextIO) -> int:
+    event = await client.request(request)
+    if as_json:
+        print(json.dumps(event, ensure_ascii=False), file=out)
+        return EXIT_ERROR if event["type"] == "error" else EXIT_OK
+    if event["type"] == "error":
+        _print_error(event, sys.stderr)
+        return EXIT_ERROR
+    RENDERERS.get(event["type"], lambda e, o: print(json.dumps(e, indent=2), file=o))(event, out)
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace, out: TextIO) -> int:
+    path = Path(args.socket) if args.socket else default_socket_path(os.environ)
+    client = await DaemonClient.connect(path)
+    try:
+        if args.command == "ask":
+            if args.new:
+                args.conversation = None
+            elif args.conversation is None and args.continue_:
+                args.conversation = await _latest_conversation(client)
+            return await _ask(client, args, out)
+        request: dict[str, Any] = {"type": args.command}
+        if args.command == "conversations":
+            request["limit"] = args.limit
+        elif args.command in ("open", "delete"):
+            request["conversation"] = args.conversation_id
+        return await _simple(client, request, args.json, out)
+    finally:
+        await client.close()
+
+
+def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the client's subcommands to the entry point's parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the raw JSON events")
+    common.add_argument("--socket", help="the daemon's socket (default: $ASSISTANT_SOCKET or the XDG path)")
+
+    ask = sub.add_parser("ask", parents=[common], help="ask a question and stream the reply")
+    ask.add_argument("text", nargs="+", help="the question")
+    where = ask.add_mutually_exclusive_group()
+    where.add_argument("-c", "--conversation", type=int, help="continue conversation N")
+    where.add_argument("--new", action="store_true", help="start a new conversation (the default)")
+    where.add_argument("--continue", dest="continue_", action="store_true", help="continue the latest conversation")
+    ask.add_argument("-m", "--model", help="the model to use (default: the conversation's or the router's)")
+    ask.add_argument("-f", "--file", action="append", help="attach a file (repeatable)")
+
+    conversations = sub.add_parser("conversations", parents=[common], help="list conversations, newest first")
+    conversations.add_argument("-n", "--limit", type=int, default=20)
+    for name, text in (("open", "show a conversation"), ("delete", "delete a conversation")):
+        cmd = sub.add_parser(name, parents=[common], help=text)
+        cmd.add_argument("conversation_id", type=int, metavar="N")
+    sub.add_parser("models", parents=[common], help="list the router's models")
+    sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
+
+
+def run_client(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    try:
+        return asyncio.run(_run(args, out))
+    except ClientError as exc:
+        print(f"assistant: {exc}", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    except KeyboardInterrupt:
+        print("\n[cancelled]", file=sys.stderr)
+        return EXIT_ERROR

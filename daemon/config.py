@@ -1,0 +1,153 @@
+"""Configuration: one frozen ``Config`` built once from file and environment.
+
+Sources, later ones winning: the defaults below, ``$XDG_CONFIG_HOME/assistant/
+config.toml`` (or ``$ASSISTANT_CONFIG``), then ``ASSISTANT_<KEY>`` for every key.
+Paths follow the XDG base directories; see ``socket_path`` and ``data_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import AssistantError
+
+__all__ = ["Config", "ConfigError", "load_config", "default_socket_path"]
+
+DEFAULT_ROUTER_URL = "http://127.0.0.1:8080/v1"
+
+
+class ConfigError(AssistantError):
+    """The configuration file or an ``ASSISTANT_*`` variable is invalid."""
+
+    code = "config_error"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of the daemon; see the README's configuration table."""
+
+    router_url: str = DEFAULT_ROUTER_URL
+    api_key: str = ""
+    model: str = ""  # empty: the router's first model
+    system_prompt: str = "You are a helpful assistant running locally on the user's Linux desktop."
+    ctx_max: int = 0  # 0: ask the router
+    embedding_model: str = ""
+    embedding_url: str = ""  # empty: router_url
+    kb_top_k: int = 3
+    compact_at: float = 0.75
+    request_timeout: float = 300.0  # seconds between two chunks of a reply
+    connect_timeout: float = 5.0
+    image_tokens: int = 765  # flat token cost of one image in estimates
+    auto_title: bool = True  # ask the model for a title after a conversation's first turn
+    shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
+    socket_path: Path = Path()
+    data_dir: Path = Path()
+    config_path: Path | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "history.db"
+
+    @property
+    def embeddings_base(self) -> str:
+        return self.embedding_url or self.router_url
+
+
+# Keys a user may set; the paths come from their own variables.
+_SETTABLE = tuple(
+    f.name for f in dataclasses.fields(Config) if f.name not in ("socket_path", "data_dir", "config_path")
+)
+
+
+def default_socket_path(env: Mapping[str, str]) -> Path:
+    """``$ASSISTANT_SOCKET``, else ``$XDG_RUNTIME_DIR/assistant.sock``, else ``/tmp/assistant-$UID/``."""
+    if env.get("ASSISTANT_SOCKET"):
+        return Path(env["ASSISTANT_SOCKET"])
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "assistant.sock"
+    return Path(f"/tmp/assistant-{os.getuid()}") / "assistant.sock"
+
+
+def _data_dir(env: Mapping[str, str]) -> Path:
+    if env.get("ASSISTANT_DATA_DIR"):
+        return Path(env["ASSISTANT_DATA_DIR"])
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
+    return Path(base) / "assistant"
+
+
+def _config_file(env: Mapping[str, str]) -> Path:
+    if env.get("ASSISTANT_CONFIG"):
+        return Path(env["ASSISTANT_CONFIG"])
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "assistant" / "config.toml"
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    """Turn a TOML or environment value into the field's type, or say what is wrong."""
+    kind = type(getattr(Config, key))
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        if kind in (int, float) and isinstance(value, bool):
+            raise ValueError(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {key} must be a {kind.__name__}, not {value!r}; fix it and restart") from None
+
+
+def _validate(values: dict[str, Any]) -> None:
+    if not str(values.get("router_url", DEFAULT_ROUTER_URL)).startswith(("http://", "https://")):
+        raise ConfigError("router_url must start with http:// or https://, e.g. http://127.0.0.1:8080/v1")
+    compact_at = values.get("compact_at", Config.compact_at)
+    if not 0.1 <= compact_at <= 0.95:
+        raise ConfigError("compact_at must be between 0.1 and 0.95 (a fraction of the context)")
+    for key in ("ctx_max", "kb_top_k", "image_tokens"):
+        if values.get(key, 0) < 0:
+            raise ConfigError(f"{key} must not be negative")
+    for key in ("request_timeout", "connect_timeout"):
+        if values.get(key, 1.0) <= 0:
+            raise ConfigError(f"{key} must be a positive number of seconds")
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Build the configuration from the TOML file and ``ASSISTANT_*`` variables."""
+    env = os.environ if env is None else env
+    path = _config_file(env)
+    values: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            with path.open("rb") as fh:
+                table = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}; fix the file or move it away") from exc
+        for key, value in table.items():
+            if key not in _SETTABLE:
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}")
+            values[key] = _coerce(key, value, str(path))
+    for key in _SETTABLE:
+        var = f"ASSISTANT_{key.upper()}"
+        if var in env:
+            values[key] = _coerce(key, env[var], var)
+    _validate(values)
+    if "router_url" in values:
+        values["router_url"] = values["router_url"].rstrip("/")
+    return Config(
+        **values,
+        socket_path=default_socket_path(env),
+        data_dir=_data_dir(env),
+        config_path=path if path.is_file() else None,
+    )

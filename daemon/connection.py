@@ -1,0 +1,164 @@
+"""One client connection: JSON lines in, events out, several requests in flight.
+
+Lines are split by hand rather than with ``StreamReader.readline`` so that a
+line over the limit can be answered at once and then skipped up to its newline
+without ever being held in memory.  Each request runs as its own task, so a
+long ``ask`` does not hold up a ``cancel`` on the same connection; a failure in
+one request becomes an ``error`` event and nothing else.
+
+Writes never wait for the client: a turn keeps streaming, and keeps being
+stored, even if the canvas stops reading.  A client that lets more than
+``MAX_WRITE_BUFFER`` pile up is disconnected instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from .errors import AssistantError, InternalError, LineTooLong
+from .protocol import MAX_LINE_BYTES, Request, decode_line, encode_event, error_event, validate
+
+__all__ = ["Connection", "Emit", "Handler"]
+
+logger = logging.getLogger(__name__)
+
+READ_CHUNK = 64 * 1024
+MAX_WRITE_BUFFER = 32 * 1024 * 1024
+
+Emit = Callable[[dict[str, Any]], None]
+Handler = Callable[[Request, Emit], Awaitable[None]]
+
+_TOO_LONG = object()  # marks a line that passed MAX_LINE_BYTES
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process on the other end (``SO_PEERCRED``), None if unknown."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) -> AsyncIterator[bytes | object]:
+    """Yield each line (without its newline), or ``_TOO_LONG`` once for a line over ``limit``."""
+    buf = bytearray()
+    skipping = False  # inside an oversized line, waiting for its end
+    while True:
+        chunk = await reader.read(READ_CHUNK)
+        if not chunk:
+            if buf and not skipping:
+                yield bytes(buf)
+            return
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            if not skipping:
+                if len(buf) + len(piece) > limit:
+                    buf.clear()
+                    skipping = True
+                    yield _TOO_LONG
+                else:
+                    buf += piece
+            if newline < 0:
+                break
+            if not skipping:
+                yield bytes(buf)
+            buf.clear()
+            skipping = False
+            start = newline + 1
+
+
+class Connection:
+    """Serves one client until it hangs up; requests outlive it (a turn is never cut)."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        handler: Handler,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._handler = handler
+        self._tasks = tasks  # the server's set, so shutdown can wait for them
+        self.closed = False
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Queue one event; dropped silently once the client is gone."""
+        if self.closed:
+            return
+        transport = self._writer.transport
+        if transport.is_closing():
+            self.closed = True
+            return
+        transport.write(encode_event(event))
+        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            logger.warning("client is not reading its events; disconnecting it")
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._writer.close()
+
+    async def serve(self) -> None:
+        sock = self._writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        if uid is not None and uid != os.geteuid():
+            logger.warning("refused a connection from uid %d", uid)
+            self.send({"type": "error", "code": "forbidden", "message": "this daemon serves only its own user"})
+            self.close()
+            return
+        try:
+            async for line in read_lines(self._reader):
+                if line is _TOO_LONG:
+                    exc = LineTooLong(f"a request line must be under {MAX_LINE_BYTES} bytes; send file paths, not contents")
+                    self.send(error_event(exc))
+                elif isinstance(line, bytes) and line.strip():
+                    self._start(line)
+        except (ConnectionError, OSError) as exc:
+            logger.debug("connection read ended: %s", exc)
+        finally:
+            # the requests keep running: a turn is stored even when its client left
+            self.close()
+
+    def _start(self, line: bytes) -> None:
+        try:
+            obj = decode_line(line)
+        except AssistantError as exc:
+            self.send(error_event(exc))
+            return
+        try:
+            request = validate(obj)
+        except AssistantError as exc:
+            self.send(error_event(exc, obj.get("id")))
+            return
+        task = asyncio.create_task(self._run(request), name=f"request-{request.type}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, request: Request) -> None:
+        def emit(event: dict[str, Any]) -> None:
+            if request.id is not None:
+                event["id"] = request.id
+            self.send(event)
+
+        try:
+            await self._handler(request, emit)
+        except AssistantError as exc:
+            self.send(error_event(exc, request.id))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("request %s failed", request.type)
+            self.send(error_event(InternalError(), request.id))

@@ -1,0 +1,159 @@
+"""Errors that reach a client, each with a stable ``code``.
+
+Only the messages of these exceptions are sent to a client verbatim; anything
+else becomes ``internal`` ("internal error, see the daemon's log") and its
+traceback goes to the log.  Every message says what the user can do.
+
+    AssistantError                    code
+    ├── BadRequest                    bad_request     malformed or mistyped request
+    │   └── UnknownType               unknown_type    a request type we do not serve
+    ├── LineTooLong                   line_too_long   a request line over 1 MiB
+    ├── NotFound                      not_found       no such conversation / turn / KB
+    ├── Busy                          busy            a turn already runs in that conversation
+    ├── FileRefused                   file_refused    an attached file cannot be used
+    │   ├── TooManyFiles              too_many_files
+    │   ├── UnsupportedKind           unsupported_kind
+    │   └── NoVision                  no_vision
+    ├── NotSupported                  not_supported   a feature this daemon does not offer yet
+    ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
+    ├── RouterUnreachable             router_unreachable  no answer from the model server
+    ├── RouterError                   router_error    the model server answered with an error
+    │   └── RouterContextOverflow     router_context_overflow
+    ├── ShuttingDown                  shutting_down   the daemon is stopping
+    └── InternalError                 internal        a bug; the log has the traceback
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AssistantError",
+    "BadRequest",
+    "Busy",
+    "ContextOverflow",
+    "FileRefused",
+    "LineTooLong",
+    "NoVision",
+    "NotFound",
+    "NotSupported",
+    "RouterContextOverflow",
+    "RouterError",
+    "RouterUnreachable",
+    "ShuttingDown",
+    "TooManyFiles",
+    "UnknownType",
+    "UnsupportedKind",
+    "InternalError",
+]
+
+
+class AssistantError(Exception):
+    """Base of every error whose message may be shown to the user."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(AssistantError):
+    """The request is not valid JSON, lacks a field, or has a field of the wrong type."""
+
+    code = "bad_request"
+
+
+class UnknownType(BadRequest):
+    """The request's ``type`` is not one the daemon serves."""
+
+    code = "unknown_type"
+
+
+class LineTooLong(AssistantError):
+    """A request line passed the size limit."""
+
+    code = "line_too_long"
+
+
+class NotFound(AssistantError):
+    """A conversation, turn, attachment or knowledge base that does not exist."""
+
+    code = "not_found"
+
+
+class Busy(AssistantError):
+    """A turn is already running in the conversation."""
+
+    code = "busy"
+
+
+class FileRefused(AssistantError):
+    """An attached file cannot be read or used."""
+
+    code = "file_refused"
+
+
+class TooManyFiles(FileRefused):
+    """More files than one question may carry."""
+
+    code = "too_many_files"
+
+
+class UnsupportedKind(FileRefused):
+    """A file of a kind chat does not take."""
+
+    code = "unsupported_kind"
+
+
+class NoVision(FileRefused):
+    """Images for a model that cannot see them."""
+
+    code = "no_vision"
+
+
+class NotSupported(AssistantError):
+    """A feature that this version of the daemon does not offer."""
+
+    code = "not_supported"
+
+
+class ContextOverflow(AssistantError):
+    """The turn cannot fit the model's context, even after compaction."""
+
+    code = "context_overflow"
+
+
+class RouterUnreachable(AssistantError):
+    """The model server did not answer (refused, timed out, dropped)."""
+
+    code = "router_unreachable"
+
+
+class RouterError(AssistantError):
+    """The model server answered with an error; the message carries its own words."""
+
+    code = "router_error"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RouterContextOverflow(RouterError):
+    """The model server said the prompt exceeds its context."""
+
+    code = "router_context_overflow"
+
+
+class ShuttingDown(AssistantError):
+    """The daemon is stopping and takes no new turns."""
+
+    code = "shutting_down"
+
+
+class InternalError(AssistantError):
+    """Anything unexpected: the client gets this, the log gets the traceback."""
+
+    code = "internal"
+
+    def __init__(self, message: str = "internal error; the daemon's log (journalctl --user -u assistant) has the details") -> None:
+        super().__init__(message)

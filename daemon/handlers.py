@@ -1,0 +1,153 @@
+"""Request handlers: one method per request type, each emitting its answer.
+
+``ask`` belongs to the turn engine; the rest are short reads and writes of the
+history and the router's model list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from history import AsyncHistory, Conversation
+
+from . import __version__
+from .config import Config
+from .connection import Emit
+from .errors import AssistantError, NotFound, NotSupported
+from .protocol import Request
+from .router import RouterClient
+from .turns import TurnEngine
+
+__all__ = ["Handlers"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIST_LIMIT = 50
+CTX_LOOKUP_SECONDS = 2.0  # ``open`` shows ctx_max 0 rather than wait on a slow router
+
+
+class Handlers:
+    """Dispatches validated requests; see docs/PROTOCOL.md for each answer."""
+
+    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine) -> None:
+        self.config = config
+        self.history = history
+        self.router = router
+        self.engine = engine
+        self.started = time.monotonic()
+
+    async def __call__(self, request: Request, emit: Emit) -> None:
+        handler = getattr(self, "on_" + request.type, None)
+        if handler is None:
+            raise NotSupported(f"{request.type!r} is not available in this version of the daemon")
+        await handler(request, emit)
+
+    async def on_ask(self, request: Request, emit: Emit) -> None:
+        await self.engine.ask(request, emit)
+
+    async def on_cancel(self, request: Request, emit: Emit) -> None:
+        cid: int = request.get("conversation")
+        turn = self.engine.cancel(cid)
+        if turn is None:
+            await self._conversation(cid)  # not_found for a conversation that does not exist
+        emit({"type": "cancelled", "conversation": cid, "turn": turn})
+
+    async def on_conversations(self, request: Request, emit: Emit) -> None:
+        limit = request.get("limit", DEFAULT_LIST_LIMIT)
+        before = request.get("before")
+        items = await self.history.run(lambda s: s.list_conversations(limit, before))
+        emit({"type": "conversations", "items": [c.to_json() for c in items]})
+
+    async def on_open(self, request: Request, emit: Emit) -> None:
+        cid: int = request.get("conversation")
+        conv = await self._conversation(cid)
+        turns = await self.history.run(lambda s: s.turns(cid))
+        emit({
+            "type": "conversation",
+            "conversation": conv.id,
+            "title": conv.title,
+            "model": conv.model,
+            "settings": conv.settings,
+            "ctx_used": conv.ctx_used,
+            "ctx_max": await self._ctx_max(conv.model),
+            "created_at": conv.created_at,
+            "updated_at": conv.updated_at,
+            "running": self.engine.running_turn(cid),
+            "turns": [t.to_json() for t in turns],
+        })
+
+    async def on_delete(self, request: Request, emit: Emit) -> None:
+        cid: int = request.get("conversation")
+        await self._conversation(cid)
+        if self.engine.cancel(cid) is not None:
+            await self.engine.wait_turn(cid)  # its last write lands before the delete
+        if not await self.history.run(lambda s: s.delete_conversation(cid)):
+            raise NotFound(f"conversation {cid} does not exist")
+        emit({"type": "deleted", "conversation": cid})
+
+    async def on_models(self, request: Request, emit: Emit) -> None:
+        models = await self.router.models()
+        default = self.config.model or (models[0].id if models else None)
+        emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
+
+    async def on_settings(self, request: Request, emit: Emit) -> None:
+        cid: int = request.get("conversation")
+        await self._conversation(cid)
+        changes: dict[str, Any] = {}
+        if request.has("title"):
+            title = request.get("title").strip()
+            if title:
+                changes["title"] = title[:200]
+        if request.has("model"):
+            model = request.get("model") or None
+            if model is not None:
+                await self.router.model_info(model)  # not_found names the models there are
+            changes["model"] = model
+        if request.has("kb_injection"):
+            changes["settings"] = {"kb_injection": request.get("kb_injection")}
+        conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
+        if conv is None:
+            raise NotFound(f"conversation {cid} does not exist")
+        emit({
+            "type": "settings",
+            "conversation": conv.id,
+            "title": conv.title,
+            "model": conv.model,
+            "settings": conv.settings,
+        })
+
+    async def on_status(self, request: Request, emit: Emit) -> None:
+        reachable = await self.router.reachable()
+        model: str | None = self.config.model or None
+        if model is None and reachable:
+            try:
+                model = (await self.router.model_info(None)).id
+            except Exception:  # status must answer whatever the router says
+                logger.debug("no default model for status", exc_info=True)
+        emit({
+            "type": "status",
+            "version": __version__,
+            "router_url": self.config.router_url,
+            "router_reachable": reachable,
+            "model": model,
+            "uptime": round(time.monotonic() - self.started, 3),
+            "turns_running": self.engine.running,
+            "socket": str(self.config.socket_path),
+            "data_dir": str(self.config.data_dir),
+        })
+
+    async def _conversation(self, cid: int) -> Conversation:
+        conv = await self.history.run(lambda s: s.get_conversation(cid))
+        if conv is None:
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+        return conv
+
+    async def _ctx_max(self, model: str | None) -> int:
+        try:
+            info = await asyncio.wait_for(self.router.model_info(model), CTX_LOOKUP_SECONDS)
+        except (asyncio.TimeoutError, AssistantError):
+            return 0
+        return info.ctx_max

@@ -1,0 +1,160 @@
+"""The socket protocol: request validation and event encoding.
+
+Every request is one JSON object on one line with a ``type``; each type has a
+table of fields (``REQUESTS``) giving their JSON type and whether they must be
+present.  Unknown fields are ignored, a field of the wrong type is a
+``bad_request`` naming the field.  Events are JSON objects, one per line,
+carrying back the request's ``id`` when it had one.  ``docs/PROTOCOL.md`` is the
+reference the canvas is written against; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import AssistantError, BadRequest, UnknownType
+
+__all__ = [
+    "KB_INJECTION_MODES",
+    "MAX_FILES",
+    "MAX_LINE_BYTES",
+    "Request",
+    "decode_line",
+    "encode_event",
+    "error_event",
+    "validate",
+]
+
+MAX_LINE_BYTES = 1 << 20  # a request line over 1 MiB is refused
+MAX_FILES = 8  # seed 003: at most 8 files per question
+MAX_LIST_LIMIT = 500
+KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
+
+FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of a request: its JSON kind and whether it must be present."""
+
+    kind: FieldKind
+    required: bool = False
+
+
+S = FieldSpec
+# The requests this daemon serves and the fields each one reads.
+REQUESTS: dict[str, dict[str, FieldSpec]] = {
+    "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
+    "cancel": {"conversation": S("int", required=True)},
+    "conversations": {"limit": S("limit"), "before": S("str")},
+    "open": {"conversation": S("int", required=True)},
+    "delete": {"conversation": S("int", required=True)},
+    "models": {},
+    "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
+    "settings": {
+        "conversation": S("int", required=True),
+        "kb_injection": S("kb_mode"),
+        "title": S("str"),
+        "model": S("str_or_null"),
+    },
+    "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit")},
+    "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
+    "kb_list": {},
+    "kb_remove": {"kb": S("str", required=True)},
+    "kb_link": {"kb": S("str", required=True), "conversation": S("int"), "linked": S("bool")},
+    "status": {},
+}
+
+_KIND_NAMES = {
+    "str": "a string",
+    "int": "an integer",
+    "bool": "true or false",
+    "str_list": "a list of strings",
+    "str_or_null": "a string or null",
+    "kb_mode": "one of " + ", ".join(KB_INJECTION_MODES),
+    "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
+}
+
+
+@dataclass
+class Request:
+    """A validated request: its type, its ``id`` (if any) and its known fields."""
+
+    type: str
+    id: Any = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.args.get(name, default)
+
+    def has(self, name: str) -> bool:
+        return name in self.args
+
+
+def _valid(kind: FieldKind, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str_list":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "str_or_null":
+        return value is None or isinstance(value, str)
+    if kind == "kb_mode":
+        return value in KB_INJECTION_MODES
+    if kind == "limit":
+        return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
+    raise AssertionError(kind)
+
+
+def decode_line(line: bytes) -> dict[str, Any]:
+    """Decode one request line into a JSON object, or raise ``BadRequest``."""
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(f"the line is not valid JSON ({exc}); send one JSON object per line") from None
+    if not isinstance(obj, dict):
+        raise BadRequest('a request must be a JSON object such as {"type": "status"}')
+    return obj
+
+
+def validate(obj: dict[str, Any]) -> Request:
+    """Check a decoded request against ``REQUESTS``; raise ``BadRequest`` naming the fault."""
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest('the request has no "type"; see docs/PROTOCOL.md for the request types')
+    spec = REQUESTS.get(kind)
+    if spec is None:
+        raise UnknownType(f"unknown request type {kind!r}; known types: {', '.join(REQUESTS)}")
+    args: dict[str, Any] = {}
+    for name, fspec in spec.items():
+        value = obj.get(name)
+        if value is None and fspec.kind != "str_or_null":
+            # absent, or an explicit null, which reads as absent
+            if fspec.required:
+                raise BadRequest(f"{kind}: the field {name!r} is required")
+            continue
+        if name not in obj:
+            continue
+        if not _valid(fspec.kind, value):
+            raise BadRequest(f"{kind}: {name!r} must be {_KIND_NAMES[fspec.kind]}, not {json.dumps(value)[:60]}")
+        args[name] = value
+    return Request(type=kind, id=obj.get("id"), args=args)
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    """One event as a JSON line (UTF-8, no ASCII escaping: the canvas reads UTF-8)."""
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def error_event(exc: AssistantError, req_id: Any = None, **extra: Any) -> dict[str, Any]:
+    """The ``error`` event for a refusal; ``extra`` adds ``conversation``/``turn``."""
+    event: dict[str, Any] = {"type": "error", "code": exc.code, "message": exc.message}
+    if req_id is not None:
+        event["id"] = req_id
+    event.update(extra)
+    return event

@@ -1,0 +1,127 @@
+"""The daemon's lifecycle: start → serve → shutdown.
+
+``Server.serve`` binds (or takes systemd's socket), opens the history and the
+router client, tells systemd it is ready, and waits on an ``asyncio.Event`` set
+by SIGTERM/SIGINT.  Shutdown stops accepting, lets running turns finish within
+``shutdown_grace`` seconds, stops the rest (each stores what it has), closes
+the connections, and unlinks the socket it bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from history import AsyncHistory
+
+from .config import Config
+from .connection import Connection
+from .handlers import Handlers
+from .listener import Listener, bind_listener, socket_from_systemd
+from .notify import sd_notify
+from .router import RouterClient
+from .turns import TurnEngine
+
+__all__ = ["Server", "serve"]
+
+logger = logging.getLogger(__name__)
+
+
+class Server:
+    """One daemon: a listening socket, its connections, the turn engine."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._connections: set[Connection] = set()
+        self._requests: set[asyncio.Task[None]] = set()
+        self._listener: Listener | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._history: AsyncHistory | None = None
+        self._router: RouterClient | None = None
+        self._engine: TurnEngine | None = None
+        self._handlers: Handlers | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Run until asked to stop; always cleans up what it started."""
+        started = time.monotonic()
+        try:
+            await self._start()
+            logger.info(
+                "ready on %s in %.0f ms (router %s, data %s)",
+                self.config.socket_path, (time.monotonic() - started) * 1000,
+                self.config.router_url, self.config.data_dir,
+            )
+            sd_notify("READY=1")
+            self.ready.set()
+            await self._stop.wait()
+        finally:
+            await self._shutdown()
+
+    async def _start(self) -> None:
+        sock = socket_from_systemd()
+        if sock is not None:
+            self._listener = Listener(sock=sock, path=self.config.socket_path, owned=False)
+            logger.info("using the socket passed by systemd")
+        else:
+            self._listener = bind_listener(self.config.socket_path)
+        self.config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._history = await AsyncHistory.open(self.config.db_path)
+        interrupted = await self._history.run(lambda s: s.interrupt_running())
+        if interrupted:
+            logger.warning("%d turn(s) were cut by a crash; kept as interrupted", interrupted)
+        self._router = RouterClient(self.config)
+        self._engine = TurnEngine(self.config, self._history, self._router)
+        self._handlers = Handlers(self.config, self._history, self._router, self._engine)
+        self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._handlers is not None
+        connection = Connection(reader, writer, self._handlers, self._requests)
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self._connections.discard(connection)
+
+    async def _shutdown(self) -> None:
+        sd_notify("STOPPING=1")
+        if self._server is not None:
+            self._server.close()  # stop accepting; open connections stay for the turns' last events
+        if self._engine is not None:
+            await self._engine.shutdown(self.config.shutdown_grace)
+        if self._requests:
+            # short requests still in flight (a list, an open): they finish quickly
+            _done, pending = await asyncio.wait(self._requests, timeout=1.0)
+            for task in pending:
+                task.cancel()
+        for connection in list(self._connections):
+            connection.close()
+        if self._router is not None:
+            await self._router.aclose()
+        if self._history is not None:
+            await self._history.close()
+        if self._listener is not None:
+            self._listener.cleanup()
+            if not self._listener.owned:
+                self._listener.sock.close()
+        logger.info("stopped")
+
+
+async def serve(config: Config) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    server = Server(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.request_stop)
+    try:
+        await server.serve()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

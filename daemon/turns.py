@@ -1,0 +1,456 @@
+"""The turn engine: one question in, a streamed and stored reply out.
+
+A turn goes through fixed steps (SPEC "A turn"), each a method so the later
+pieces plug in where they belong:
+
+1. ``_validate``    the conversation, its lock (one turn each), the request's fields
+2. ``_resolve``     the model and its capabilities from the router
+3. ``_prepare``     attached files (refused before anything is stored or sent)
+4. ``_store_start`` the question is in history before the router hears of it
+5. ``_prompt``      system prompt + earlier turns (image refs resolved) + question
+6. ``_converse``    stream rounds with the router, running tool calls between them
+7. ``_finish``      the reply, however it ended, is stored; then ``done``/``error``
+
+Nothing is lost: the question is stored before the router is asked, the
+streaming reply is checkpointed every ``CHECKPOINT_SECONDS``, and a cancel, a
+router failure or a shutdown stores what arrived.  A crash leaves the turn
+``running``; the next start marks it ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from history import AsyncHistory, Conversation
+from recall import estimate_messages
+
+from .config import Config
+from .connection import Emit
+from .errors import (
+    AssistantError,
+    BadRequest,
+    Busy,
+    NotFound,
+    NotSupported,
+    RouterError,
+    RouterUnreachable,
+    ShuttingDown,
+    TooManyFiles,
+)
+from .protocol import MAX_FILES, Request, error_event
+from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, ToolCall, Usage
+
+__all__ = ["TurnEngine"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
+TITLE_WORDS = 8
+TITLE_MAX_CHARS = 60
+# keys we keep on stored messages that routers do not accept
+PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
+
+StopReason = Literal["cancelled", "interrupted"]
+
+
+@dataclass
+class TurnState:
+    """What one running turn has so far: enough to store it however it ends."""
+
+    conversation: int
+    turn: int
+    model: ModelInfo
+    messages: list[dict[str, Any]]  # this turn's messages, the question first
+    reply: str = ""
+    reasoning: str = ""
+    usage: Usage | None = None
+    prompt_estimate: int = 0
+    ctx_used: int = 0
+    stop: StopReason | None = None  # set by cancel() or shutdown()
+    last_checkpoint: float = field(default_factory=time.monotonic)
+    checkpoint_timer: asyncio.TimerHandle | None = None
+
+
+def provisional_title(text: str) -> str:
+    """The first words of the question, until the model offers a better title."""
+    words = text.split()
+    title = " ".join(words[:TITLE_WORDS])
+    if len(title) > TITLE_MAX_CHARS:
+        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
+    return title or "New conversation"
+
+
+def router_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stored messages as the router takes them: our bookkeeping keys removed."""
+    return [{k: v for k, v in m.items() if k not in PRIVATE_MESSAGE_KEYS} for m in messages]
+
+
+def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop assistant tool calls whose results never came (a turn cut mid-tool)."""
+    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    kept = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls and not all(c.get("id") in answered for c in calls):
+            continue
+        kept.append(message)
+    return kept
+
+
+class TurnEngine:
+    """Runs turns: at most one per conversation, any number across conversations."""
+
+    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient) -> None:
+        self.config = config
+        self.history = history
+        self.router = router
+        self._running: dict[int, TurnState] = {}
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._locked: set[int] = set()  # conversations with a turn starting or running
+        self._background: set[asyncio.Task[Any]] = set()
+        self._accepting = True
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    # -- public -----------------------------------------------------------------------------
+
+    async def ask(self, request: Request, emit: Emit) -> None:
+        """Serve one ``ask``: events go to ``emit``, the turn goes to history.
+
+        Every refusal is an ``error`` carrying ``conversation`` and ``turn`` (the
+        turn it would have been; null when the conversation does not exist).
+        """
+        cid: int | None = request.get("conversation")
+        where: dict[str, Any] = {"conversation": cid, "turn": None if cid else 1}
+        try:
+            if not self._accepting:
+                raise ShuttingDown("the daemon is shutting down; ask again once it is back")
+            if cid is not None and cid in self._locked:
+                where["turn"] = self.running_turn(cid)
+                raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
+            if cid is not None:
+                self._locked.add(cid)
+            try:
+                await self._ask(request, cid, emit, where)
+            finally:
+                if cid is not None:
+                    self._locked.discard(cid)
+        except AssistantError as exc:
+            emit(error_event(exc, **where))
+
+    def running_turn(self, cid: int) -> int | None:
+        """The turn now running in ``cid``, if any."""
+        state = self._running.get(cid)
+        return state.turn if state else None
+
+    def cancel(self, cid: int, reason: StopReason = "cancelled") -> int | None:
+        """Stop the running turn of ``cid``; its partial reply is kept. Returns its turn."""
+        state = self._running.get(cid)
+        task = self._tasks.get(cid)
+        if state is None or task is None:
+            return None
+        if state.stop is None:
+            state.stop = reason
+            task.cancel()
+        return state.turn
+
+    async def wait_turn(self, cid: int) -> None:
+        """Wait until ``cid`` has no running turn."""
+        task = self._tasks.get(cid)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def shutdown(self, grace: float) -> None:
+        """Take no new turns; let running ones finish within ``grace``, then stop them."""
+        self._accepting = False
+        tasks = list(self._tasks.values())
+        if tasks:
+            logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(tasks))
+            _done, pending = await asyncio.wait(tasks, timeout=grace)
+            for cid in list(self._running):
+                self.cancel(cid, "interrupted")
+            if pending:
+                await asyncio.wait(pending)
+        for task in self._background:
+            task.cancel()
+        if self._background:
+            await asyncio.wait(self._background)
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    async def _ask(self, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
+        text: str = request.get("text", "")
+        files: list[str] = request.get("files", [])
+        conv = await self._conversation(cid)
+        where["turn"] = conv.turns + 1 if conv else 1
+        self._validate(text, files)
+        try:
+            model = await self._resolve(request.get("model") or (conv.model if conv else None))
+        except (RouterUnreachable, RouterError) as exc:
+            # the question is kept even when the router cannot be reached
+            await self._store_failed(conv, text, exc, request.get("model"), emit)
+            return
+        content = await self._prepare(text, files, model)  # a refused file: nothing stored or sent
+        state = await self._store_start(conv, text, content, model)
+        emit({"type": "user", "conversation": state.conversation, "turn": state.turn, "text": text, "files": []})
+        self._running[state.conversation] = state
+        current = asyncio.current_task()
+        assert current is not None
+        self._tasks[state.conversation] = current
+        self._locked.add(state.conversation)
+        try:
+            await self._run(state, conv, emit)
+        finally:
+            self._running.pop(state.conversation, None)
+            self._tasks.pop(state.conversation, None)
+            self._locked.discard(state.conversation)
+        if conv is None and state.reply and self.config.auto_title:
+            self._spawn(self._make_title(state, text))
+
+    def _validate(self, text: str, files: list[str]) -> None:
+        if len(files) > MAX_FILES:
+            raise TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {len(files)}")
+        if files:
+            raise NotSupported("this daemon cannot take attached files yet; ask without them")
+        if not text.strip():
+            raise BadRequest("ask needs a question in 'text' (or files)")
+
+    async def _conversation(self, cid: int | None) -> Conversation | None:
+        if cid is None:
+            return None
+        conv = await self.history.run(lambda s: s.get_conversation(cid))
+        if conv is None:
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+        return conv
+
+    async def _resolve(self, model: str | None) -> ModelInfo:
+        return await self.router.model_info(model)
+
+    async def _prepare(self, text: str, files: list[str], model: ModelInfo) -> str | list[dict[str, Any]]:
+        """The user message's content. Attachments extend this step."""
+        return text
+
+    async def _store_start(
+        self, conv: Conversation | None, text: str, content: str | list[dict[str, Any]], model: ModelInfo
+    ) -> TurnState:
+        question = {"role": "user", "content": content}
+        title = provisional_title(text)
+        cid = conv.id if conv else None
+        conv_after, turn = await self.history.run(
+            lambda s: s.start_turn(cid, text, [question], [], model.id, title)
+        )
+        return TurnState(conversation=conv_after.id, turn=turn.turn, model=model, messages=[question])
+
+    async def _store_failed(
+        self, conv: Conversation | None, text: str, exc: AssistantError, model: str | None, emit: Emit
+    ) -> None:
+        question = {"role": "user", "content": text}
+        cid = conv.id if conv else None
+        conv_after, turn = await self.history.run(
+            lambda s: s.start_turn(cid, text, [question], [], model, provisional_title(text))
+        )
+        await self.history.run(
+            lambda s: s.finish_turn(
+                conv_after.id, turn.turn, messages=[question], reply="", status="error",
+                error=exc.message, error_code=exc.code,
+            )
+        )
+        emit({"type": "user", "conversation": conv_after.id, "turn": turn.turn, "text": text, "files": []})
+        emit(error_event(exc, conversation=conv_after.id, turn=turn.turn))
+
+    async def _prompt(self, state: TurnState, conv: Conversation | None) -> list[dict[str, Any]]:
+        prompt: list[dict[str, Any]] = []
+        if self.config.system_prompt:
+            prompt.append({"role": "system", "content": self.config.system_prompt})
+        if conv is not None:
+            for turn in await self.history.run(lambda s: s.turns(state.conversation)):
+                if turn.turn == state.turn or not turn.reply:
+                    continue  # a question without any answer would break role alternation
+                prompt.extend(router_messages(complete_exchanges(turn.messages)))
+        prompt.extend(router_messages(state.messages))
+        return prompt
+
+    async def _run(self, state: TurnState, conv: Conversation | None, emit: Emit) -> None:
+        where = {"conversation": state.conversation, "turn": state.turn}
+        try:
+            prompt = await self._prompt(state, conv)
+            state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
+            finish_reason = await self._converse(state, prompt, emit)
+        except asyncio.CancelledError:
+            if state.stop is None:
+                await self._finish(state, "interrupted", "interrupted")
+                raise  # not ours: someone is tearing the loop down
+            await self._finish(state, state.stop, state.stop)
+            emit(self._done_event(state, state.stop))
+            return
+        except AssistantError as exc:
+            await self._finish(state, "error", None, exc)
+            emit(error_event(exc, **where))
+            return
+        except Exception as exc:
+            logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
+            await self._finish(state, "error", None, AssistantError(f"internal error: {exc}"))
+            raise
+        await self._finish(state, "complete", finish_reason)
+        emit(self._done_event(state, finish_reason))
+
+    async def _converse(self, state: TurnState, prompt: list[dict[str, Any]], emit: Emit) -> str | None:
+        """Stream from the router; tool calls (when tools are offered) loop back in."""
+        emit({"type": "progress", "conversation": state.conversation, "turn": state.turn,
+              "stage": "waiting", "detail": f"waiting for {state.model.id}"})
+        end = await self._stream_round(state, prompt, None, emit)
+        return end.finish_reason
+
+    async def _stream_round(
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, emit: Emit
+    ) -> StreamEnd:
+        where = {"conversation": state.conversation, "turn": state.turn}
+        round_start = len(state.reply)
+        async for event in self.router.stream_chat(state.model.id, prompt, tools):
+            if isinstance(event, ContentDelta):
+                state.reply += event.text
+                emit({"type": "delta", **where, "text": event.text})
+                self._checkpoint(state)
+            elif isinstance(event, ReasoningDelta):
+                state.reasoning += event.text
+                emit({"type": "reasoning", **where, "text": event.text})
+            elif isinstance(event, StreamEnd):
+                state.usage = event.usage or state.usage
+                self._add_assistant(state, state.reply[round_start:], event.tool_calls)
+                return event
+        raise AssertionError("stream_chat ended without a StreamEnd")
+
+    def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls
+            ]
+        if state.reasoning:
+            message["reasoning_content"] = state.reasoning
+            state.reasoning = ""
+        state.messages.append(message)
+
+    def _checkpoint(self, state: TurnState) -> None:
+        """Save the streaming reply at most every CHECKPOINT_SECONDS, and soon after the last delta."""
+        if state.checkpoint_timer is not None:
+            return  # a save is already due
+        wait = state.last_checkpoint + CHECKPOINT_SECONDS - time.monotonic()
+        loop = asyncio.get_running_loop()
+        state.checkpoint_timer = loop.call_later(max(wait, 0.0), self._save_partial, state)
+
+    def _save_partial(self, state: TurnState) -> None:
+        state.checkpoint_timer = None
+        state.last_checkpoint = time.monotonic()
+        reply, cid, turn = state.reply, state.conversation, state.turn
+        # not awaited: the store thread runs calls in order, so finish_turn lands after it
+        self._spawn(self.history.run(lambda s: s.save_partial(cid, turn, reply)))
+
+    async def _finish(
+        self, state: TurnState, status: str, finish_reason: str | None, exc: AssistantError | None = None
+    ) -> None:
+        if state.checkpoint_timer is not None:
+            state.checkpoint_timer.cancel()
+            state.checkpoint_timer = None
+        messages = list(state.messages)
+        if messages[-1].get("role") == "user" or (state.reply and messages[-1].get("role") == "tool"):
+            # the reply was cut before its round ended: keep what streamed
+            partial: dict[str, Any] = {"role": "assistant", "content": state.reply}
+            if state.reasoning:
+                partial["reasoning_content"] = state.reasoning
+            if state.reply or state.reasoning:
+                messages.append(partial)
+        usage = state.usage
+        ctx_used = (
+            usage.prompt_tokens + usage.completion_tokens
+            if usage is not None
+            else state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
+        )
+        state.ctx_used = ctx_used
+        cid, turn = state.conversation, state.turn
+        store = self.history.run(
+            lambda s: s.finish_turn(
+                cid, turn, messages=messages, reply=state.reply, status=status,
+                finish_reason=finish_reason,
+                error=exc.message if exc else None, error_code=exc.code if exc else None,
+                prompt_tokens=usage.prompt_tokens if usage else None,
+                completion_tokens=usage.completion_tokens if usage else None,
+                ctx_used=ctx_used,
+            )
+        )
+        # a second cancel (shutdown after a user's cancel) must not lose the write
+        await asyncio.shield(store)
+
+    def _done_event(self, state: TurnState, finish_reason: str | None) -> dict[str, Any]:
+        usage = state.usage
+        return {
+            "type": "done",
+            "conversation": state.conversation,
+            "turn": state.turn,
+            "text": state.reply,
+            "finish_reason": finish_reason,
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens if usage else None,
+                "completion_tokens": usage.completion_tokens if usage else None,
+            },
+            "ctx_used": state.ctx_used,
+            "ctx_max": state.model.ctx_max,
+        }
+
+    # -- titles -----------------------------------------------------------------------------
+
+    async def _make_title(self, state: TurnState, question: str) -> None:
+        """Ask the model for a short title; keep the provisional one if that fails."""
+        prompt = [
+            {"role": "system", "content": "You name conversations. Answer with a title of at most six "
+             "words, no quotes, no punctuation at the end."},
+            {"role": "user", "content": f"Question: {question[:2000]}\n\nAnswer: {state.reply[:1000]}\n\nTitle:"},
+        ]
+        try:
+            raw = await self.router.complete(state.model.id, prompt, max_tokens=24)
+        except AssistantError as exc:
+            logger.info("no model-made title for conversation %d: %s", state.conversation, exc.message)
+            return
+        title = clean_title(raw)
+        if not title:
+            return
+        provisional = provisional_title(question)
+        cid = state.conversation
+
+        def update(store: Any) -> None:
+            conv = store.get_conversation(cid)
+            if conv is not None and conv.title == provisional:  # the user has not renamed it
+                store.update_conversation(cid, title=title)
+
+        await self.history.run(update)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task failed", exc_info=task.exception())
+
+
+def clean_title(raw: str) -> str:
+    """A model's title made presentable: one line, no quotes or thinking, bounded length."""
+    text = raw
+    if "</think>" in text:
+        text = text.split("</think>")[-1]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    title = lines[0].strip().strip("\"'`*#").removeprefix("Title:").strip().strip("\"'`*").rstrip(".")
+    if len(title) > TITLE_MAX_CHARS:
+        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
+    return title

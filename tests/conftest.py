@@ -1,0 +1,90 @@
+"""Fixtures: every path in tmp_path, a fake router on loopback, the real daemon on a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from daemon import Config, Server, load_config
+from tests.fakerouter import FakeRouter
+from tests.wire import Wire
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point socket, data and config into tmp_path; drop any ASSISTANT_* of the caller."""
+    for var in list(os.environ):
+        if var.startswith(("ASSISTANT_", "LISTEN_", "NOTIFY_SOCKET")):
+            monkeypatch.delenv(var)
+    # a short socket path: AF_UNIX paths are limited to 107 bytes
+    runtime = Path(f"/tmp/asst-test-{os.getpid()}-{abs(hash(tmp_path)) % 10**8}")
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    yield tmp_path
+    for child in runtime.iterdir():
+        child.unlink()
+    runtime.rmdir()
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    with FakeRouter() as fake:
+        yield fake
+
+
+@pytest.fixture
+def config(router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config:
+    monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
+    monkeypatch.setenv("ASSISTANT_AUTO_TITLE", "false")
+    monkeypatch.setenv("ASSISTANT_SHUTDOWN_GRACE", "0.5")
+    return load_config()
+
+
+class RunningDaemon:
+    """A Server running in the test's loop, stoppable and restartable."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.server: Server | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.server = Server(self.config)
+        self.task = asyncio.create_task(self.server.serve())
+        ready = asyncio.create_task(self.server.ready.wait())
+        done, _ = await asyncio.wait([ready, self.task], return_when=asyncio.FIRST_COMPLETED)
+        if self.task in done:
+            ready.cancel()
+            self.task.result()  # raises what stopped it
+
+    async def stop(self) -> None:
+        if self.server is not None and self.task is not None:
+            self.server.request_stop()
+            await self.task
+            self.server = None
+
+    async def connect(self) -> Wire:
+        return await Wire.open(self.config.socket_path)
+
+
+@pytest_asyncio.fixture
+async def daemon(config: Config) -> AsyncIterator[RunningDaemon]:
+    running = RunningDaemon(config)
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest_asyncio.fixture
+async def wire(daemon: RunningDaemon) -> AsyncIterator[Wire]:
+    client = await daemon.connect()
+    yield client
+    await client.close()

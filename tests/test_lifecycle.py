@@ -1,0 +1,247 @@
+"""The daemon as a process: socket files and modes, a live or stale socket, systemd
+readiness and socket activation, SIGTERM with a turn running, a crash, peer uids."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import stat
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from daemon import Config
+from tests.fakerouter import FakeRouter, Reply
+from tests.wire import Wire
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 30.0
+
+
+class DaemonProcess:
+    """``python3 assistant.py`` as a child, with a notify socket to learn when it is ready."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, notify: socket.socket) -> None:
+        self.proc = proc
+        self.notify = notify
+
+    @classmethod
+    async def spawn(cls, tmp: Path, extra_env: dict[str, str] | None = None, **popen: object) -> DaemonProcess:
+        notify_path = tmp / f"notify-{os.urandom(4).hex()}"
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(notify_path))
+        notify.setblocking(False)
+        env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), **(extra_env or {})}
+        proc = await asyncio.create_subprocess_exec(
+            *popen.pop("argv", [sys.executable, str(ROOT / "assistant.py")]),  # type: ignore[misc]
+            env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **popen,
+        )
+        return cls(proc, notify)
+
+    async def notified(self, state: str = "READY=1") -> bool:
+        """Wait for ``state`` from sd_notify; False if the process exited first."""
+        loop = asyncio.get_running_loop()
+        exited = asyncio.ensure_future(self.proc.wait())
+        try:
+            while True:
+                recv = asyncio.ensure_future(loop.sock_recv(self.notify, 4096))
+                done, _ = await asyncio.wait([recv, exited], timeout=READY_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+                if recv not in done:
+                    recv.cancel()
+                    return False
+                if state in recv.result().decode():
+                    return True
+        finally:
+            exited.cancel()
+
+    async def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        _out, err = await asyncio.wait_for(self.proc.communicate(), READY_TIMEOUT)
+        self.notify.close()
+        return self.proc.returncode or 0, err.decode()
+
+
+@pytest_asyncio.fixture
+async def spawned(config: Config, tmp_path: Path) -> AsyncIterator[list[DaemonProcess]]:
+    procs: list[DaemonProcess] = []
+    yield procs
+    for proc in procs:
+        await proc.stop(signal.SIGKILL)
+
+
+async def exit_of(proc: DaemonProcess) -> tuple[int, str]:
+    """Wait for a daemon that should refuse to start; its exit code and log."""
+    code = await asyncio.wait_for(proc.proc.wait(), READY_TIMEOUT)
+    _out, err = await proc.proc.communicate()
+    proc.notify.close()
+    return code, err.decode()
+
+
+async def start(procs: list[DaemonProcess], tmp: Path, **kw: object) -> DaemonProcess:
+    proc = await DaemonProcess.spawn(tmp, **kw)  # type: ignore[arg-type]
+    procs.append(proc)
+    assert await proc.notified(), (await proc.stop())[1]
+    return proc
+
+
+async def test_socket_is_private_and_removed_on_exit(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    proc = await start(spawned, tmp_path)
+    path = config.socket_path
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    code, err = await proc.stop()
+    assert code == 0, err
+    assert not path.exists()
+    assert "stopped" in err
+
+
+async def test_socket_directory_is_created_private(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    sock = Path(f"/tmp/asst-sub-{os.getpid()}") / "deeper" / "a.sock"
+    try:
+        await start(spawned, tmp_path, extra_env={"ASSISTANT_SOCKET": str(sock)})
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    finally:
+        await spawned.pop().stop()
+        sock.parent.rmdir()
+        sock.parent.parent.rmdir()
+
+
+async def test_stale_socket_is_replaced(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(config.socket_path))
+    stale.close()  # the file stays, nobody listens: what a crash leaves
+    await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    assert (await wire.request({"type": "status"}))["type"] == "status"
+    await wire.close()
+
+
+async def test_second_daemon_refuses_to_start(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    await start(spawned, tmp_path)
+    code, err = await exit_of(await DaemonProcess.spawn(tmp_path))
+    assert code == 1
+    assert "already serving" in err
+    # the first one is untouched
+    wire = await Wire.open(config.socket_path)
+    assert (await wire.request({"type": "status"}))["type"] == "status"
+    await wire.close()
+
+
+async def test_a_regular_file_at_the_socket_path_is_not_removed(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    config.socket_path.write_text("mine")
+    code, err = await exit_of(await DaemonProcess.spawn(tmp_path))
+    assert code == 1
+    assert "is not a socket" in err
+    assert config.socket_path.read_text() == "mine"
+
+
+async def test_sigterm_lets_a_turn_finish_briefly_then_stores_it(
+    spawned: list[DaemonProcess], config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    router.script(Reply(chunks=["kept ", "on ", "shutdown"], hang=True))
+    proc = await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    rid = await wire.send({"type": "ask", "text": "long story"})
+    events = await wire.until_reply(rid, "kept on shutdown")
+    cid = events[0]["conversation"]
+    proc.proc.send_signal(signal.SIGTERM)
+    # the turn cannot finish (the router hangs), so after the grace it is stopped and stored
+    done = (await wire.until(rid))[-1]
+    assert done["type"] == "done"
+    assert done["finish_reason"] == "interrupted"
+    await wire.close()
+    code, err = await proc.stop()
+    assert code == 0, err
+    proc2 = await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
+    assert turn["status"] == "interrupted"
+    assert turn["reply"] == "kept on shutdown"
+    await wire.close()
+    await proc2.stop()
+
+
+async def test_a_crash_keeps_the_question_and_checkpointed_reply(
+    spawned: list[DaemonProcess], config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    router.script(Reply(chunks=["before ", "the crash"], hang=True))
+    proc = await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    rid = await wire.send({"type": "ask", "text": "will you crash?"})
+    cid = (await wire.until_reply(rid, "before the crash"))[0]["conversation"]
+    # the streaming reply is checkpointed soon after its last delta; wait for that, then kill
+    for _ in range(200):
+        turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
+        if turn["reply"] == "before the crash":
+            break
+        await asyncio.sleep(0.05)
+    assert turn["status"] == "running"
+    await proc.stop(signal.SIGKILL)
+    await wire.close()
+    await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
+    assert turn["text"] == "will you crash?"
+    assert turn["status"] == "interrupted"
+    assert turn["reply"] == "before the crash"
+    await wire.close()
+
+
+async def test_socket_activation_uses_the_passed_socket(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    path = tmp_path / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    fd = listener.fileno()
+    # what systemd does: the socket as fd 3, LISTEN_PID naming the daemon's own pid
+    launcher = (
+        "import os, sys\n"
+        f"os.dup2({fd}, 3, inheritable=True)\n"
+        "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1')\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+    )
+    argv = [sys.executable, "-c", launcher, str(ROOT / "assistant.py")]
+    try:
+        proc = await start(spawned, tmp_path, argv=argv, pass_fds=(fd,))
+        listener.close()  # only the daemon holds it now
+        assert not config.socket_path.exists()  # it bound nothing of its own
+        wire = await Wire.open(path)
+        assert (await wire.request({"type": "status"}))["type"] == "status"
+        await wire.close()
+        code, err = await proc.stop()
+        assert code == 0, err
+        assert "using the socket passed by systemd" in err
+        assert path.exists()  # systemd's file: not ours to remove
+    finally:
+        listener.close()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+async def test_connections_from_another_uid_are_refused(daemon: object, config: Config) -> None:
+    # open the door wide, so only SO_PEERCRED stands between another user and the daemon
+    os.chmod(config.socket_path.parent, 0o755)
+    os.chmod(config.socket_path, 0o666)
+    code = (
+        "import socket, os, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        "s.sendall(b'{\"type\": \"status\"}\\n')\n"
+        "print(s.makefile().readline())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, str(config.socket_path), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), READY_TIMEOUT)
+    assert '"code":"forbidden"' in out.decode()
+    assert '"type":"status"' not in out.decode()

@@ -1,0 +1,384 @@
+"""The socket protocol through the real daemon: framing, validation, every request type."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeRouter, Reply
+from tests.wire import Wire, of_type, reply_text
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_status_answers_with_the_request_id(wire: Wire, router: FakeRouter) -> None:
+    event = await wire.request({"type": "status", "id": {"any": ["json", 1]}})
+    assert event["type"] == "status"
+    assert event["id"] == {"any": ["json", 1]}
+    assert event["router_url"] == router.url
+    assert event["router_reachable"] is True
+    assert event["model"] == "fake-text"
+    assert event["turns_running"] == 0
+
+
+async def test_not_json_gets_an_error_and_the_connection_lives(wire: Wire) -> None:
+    await wire.send_raw(b"this is not json\n")
+    event = await wire.read()
+    assert event["type"] == "error"
+    assert event["code"] == "bad_request"
+    assert "JSON" in event["message"]
+    assert (await wire.request({"type": "status"}))["type"] == "status"
+
+
+async def test_a_json_value_that_is_not_an_object_is_refused(wire: Wire) -> None:
+    await wire.send_raw(b"[1, 2]\n")
+    event = await wire.read()
+    assert event["code"] == "bad_request"
+
+
+async def test_line_over_one_mib_is_refused_and_skipped(wire: Wire) -> None:
+    huge = json.dumps({"type": "ask", "text": "x" * (1 << 20) + "y"}).encode()
+    await wire.send_raw(huge[: len(huge) // 2])
+    await wire.send_raw(huge[len(huge) // 2 :] + b"\n")
+    event = await wire.read()
+    assert event["type"] == "error"
+    assert event["code"] == "line_too_long"
+    # the rest of the long line was skipped, not parsed as a request
+    status = await wire.request({"type": "status"})
+    assert status["type"] == "status"
+    assert wire.events == [event]
+
+
+async def test_line_just_under_the_limit_is_parsed(wire: Wire) -> None:
+    padding = "p" * ((1 << 20) - 100)
+    rid = await wire.send({"type": "status", "pad": padding})
+    events = await wire.until(rid, ("status", "error"))
+    assert events[-1]["type"] == "status"
+
+
+async def test_unknown_type_names_the_known_ones(wire: Wire) -> None:
+    event = await wire.request({"type": "fly", "id": 7})
+    assert event["code"] == "unknown_type"
+    assert event["id"] == 7
+    assert "ask" in event["message"]
+
+
+async def test_missing_type_is_a_bad_request(wire: Wire) -> None:
+    event = await wire.request({"id": 3, "text": "hello"})
+    assert event["code"] == "bad_request"
+    assert event["id"] == 3
+
+
+@pytest.mark.parametrize(
+    "request_, field",
+    [
+        ({"type": "ask", "text": 5}, "text"),
+        ({"type": "ask", "text": "hi", "conversation": "1"}, "conversation"),
+        ({"type": "ask", "text": "hi", "conversation": True}, "conversation"),
+        ({"type": "ask", "text": "hi", "files": "/etc/passwd"}, "files"),
+        ({"type": "open"}, "conversation"),
+        ({"type": "conversations", "limit": 0}, "limit"),
+        ({"type": "settings", "conversation": 1, "kb_injection": "sometimes"}, "kb_injection"),
+    ],
+)
+async def test_wrongly_typed_fields_are_named(wire: Wire, request_: dict, field: str) -> None:
+    event = await wire.request(request_)
+    assert event["type"] == "error"
+    assert event["code"] == "bad_request"
+    assert repr(field) in event["message"]
+
+
+async def test_unknown_fields_are_ignored(wire: Wire) -> None:
+    event = await wire.request({"type": "status", "colour": "blue"})
+    assert event["type"] == "status"
+
+
+async def test_ask_streams_and_is_stored(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["Hel", "lo ", "there"], usage={"prompt_tokens": 21, "completion_tokens": 3}))
+    events = await wire.ask("hi", id="a1")
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "user"
+    assert kinds[-1] == "done"
+    assert all(e["id"] == "a1" for e in events)
+    user = events[0]
+    assert user["text"] == "hi" and user["files"] == [] and user["turn"] == 1
+    assert reply_text(events) == "Hello there"
+    done = events[-1]
+    assert done["text"] == "Hello there"
+    assert done["finish_reason"] == "stop"
+    assert done["usage"] == {"prompt_tokens": 21, "completion_tokens": 3}
+    assert done["ctx_used"] == 24
+    assert done["ctx_max"] == 4096
+    assert done["conversation"] == user["conversation"]
+    sent = router.requests[-1]
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["messages"][-1] == {"role": "user", "content": "hi"}
+    assert sent["messages"][0]["role"] == "system"
+
+    opened = await wire.request({"type": "open", "conversation": user["conversation"]})
+    assert opened["type"] == "conversation"
+    assert opened["ctx_used"] == 24
+    [turn] = opened["turns"]
+    assert turn["text"] == "hi" and turn["reply"] == "Hello there" and turn["status"] == "complete"
+    assert turn["turn"] == 1 and turn["tools"] == [] and turn["files"] == []
+
+
+async def test_reasoning_streams_separately(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(reasoning=["think ", "hard"], chunks=["answer"]))
+    events = await wire.ask("why?")
+    assert "".join(e["text"] for e in of_type(events, "reasoning")) == "think hard"
+    assert reply_text(events) == "answer"
+
+
+async def test_continued_conversation_sends_history(wire: Wire, router: FakeRouter) -> None:
+    first = await wire.ask("one")
+    cid = first[0]["conversation"]
+    second = await wire.ask("two", conversation=cid)
+    assert second[0]["turn"] == 2 and second[0]["conversation"] == cid
+    sent = router.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[1]["content"] == "one"
+    assert sent[2]["content"] == "You said: one"
+    assert sent[3]["content"] == "two"
+
+
+async def test_ask_refuses_empty_text(wire: Wire, router: FakeRouter) -> None:
+    events = await wire.ask("   ")
+    assert events[-1]["code"] == "bad_request"
+    assert router.requests == []
+
+
+async def test_ask_on_a_missing_conversation(wire: Wire) -> None:
+    events = await wire.ask("hi", conversation=999)
+    assert events[-1]["code"] == "not_found"
+    assert events[-1]["conversation"] == 999 and events[-1]["turn"] is None
+
+
+async def test_ask_with_an_unknown_model_names_the_models(wire: Wire, router: FakeRouter) -> None:
+    events = await wire.ask("hi", model="gpt-17")
+    assert events[-1]["code"] == "not_found"
+    assert "fake-text" in events[-1]["message"]
+    assert router.requests == []
+
+
+async def test_ask_uses_the_requested_model(wire: Wire, router: FakeRouter) -> None:
+    events = await wire.ask("hi", model="fake-vision")
+    assert events[-1]["ctx_max"] == 8192
+    assert router.requests[-1]["model"] == "fake-vision"
+
+
+async def test_several_requests_in_flight_on_one_connection(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["slow ", "part"], hang=True))
+    slow = await wire.send({"type": "ask", "text": "slow one"})
+    started = await wire.until_reply(slow, "slow part")
+    cid = started[0]["conversation"]
+    # while the first turn is still streaming, a second conversation and a status both answer
+    fast = await wire.ask("fast one")
+    assert fast[-1]["type"] == "done"
+    status = await wire.request({"type": "status"})
+    assert status["turns_running"] == 1
+    busy = await wire.ask("again", conversation=cid)
+    assert busy[-1]["code"] == "busy"
+    assert busy[-1]["conversation"] == cid
+    cancelled = await wire.request({"type": "cancel", "conversation": cid})
+    assert cancelled == {"type": "cancelled", "conversation": cid, "turn": 1, "id": cancelled["id"]}
+    events = await wire.until(slow)
+    assert events[-1]["type"] == "done"
+    assert events[-1]["finish_reason"] == "cancelled"
+    assert events[-1]["text"] == "slow part"
+
+
+async def test_cancel_keeps_the_partial_reply(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["partial ", "words"], hang=True))
+    rid = await wire.send({"type": "ask", "text": "tell me"})
+    events = await wire.until_reply(rid, "partial words")
+    cid = events[0]["conversation"]
+    await wire.request({"type": "cancel", "conversation": cid})
+    done = (await wire.until(rid))[-1]
+    assert done["finish_reason"] == "cancelled"
+    # the router saw the stream closed: generation stops there
+    for _ in range(100):
+        if router.disconnects:
+            break
+        await asyncio.sleep(0.05)
+    assert router.disconnects == 1
+    turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
+    assert turn["status"] == "cancelled"
+    assert turn["reply"] == "partial words"
+    # the next question sees the partial answer as history
+    await wire.ask("go on", conversation=cid)
+    assert router.requests[-1]["messages"][2] == {"role": "assistant", "content": "partial words"}
+
+
+async def test_cancel_when_nothing_runs(wire: Wire) -> None:
+    cid = (await wire.ask("hi"))[0]["conversation"]
+    event = await wire.request({"type": "cancel", "conversation": cid})
+    assert event["type"] == "cancelled" and event["turn"] is None
+    missing = await wire.request({"type": "cancel", "conversation": 4242})
+    assert missing["code"] == "not_found"
+
+
+async def test_router_unreachable_keeps_the_question(daemon: RunningDaemon, router: FakeRouter) -> None:
+    wire = await daemon.connect()
+    router.stop()
+    try:
+        events = await wire.ask("are you there?")
+        assert [e["type"] for e in events] == ["user", "error"]
+        error = events[-1]
+        assert error["code"] == "router_unreachable"
+        assert router.url in error["message"]
+        assert error["turn"] == 1
+        opened = await wire.request({"type": "open", "conversation": error["conversation"]})
+        [turn] = opened["turns"]
+        assert turn["text"] == "are you there?"
+        assert turn["status"] == "error"
+        assert turn["reply"] == ""
+        assert "router" in turn["error"] or router.url in turn["error"]
+    finally:
+        await wire.close()
+
+
+async def test_router_error_carries_the_servers_message(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(status=500, error="model failed to load: out of memory"))
+    events = await wire.ask("hi")
+    assert events[0]["type"] == "user"
+    assert events[-1]["code"] == "router_error"
+    assert "model failed to load: out of memory" in events[-1]["message"]
+    turn = (await wire.request({"type": "open", "conversation": events[0]["conversation"]}))["turns"][0]
+    assert turn["status"] == "error" and turn["text"] == "hi"
+
+
+async def test_router_failing_mid_reply_keeps_the_partial(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["half ", "an ", "answer", "never"], drop_after=3))
+    events = await wire.ask("explain")
+    assert events[-1]["type"] == "error"
+    assert events[-1]["code"] in ("router_error", "router_unreachable")
+    assert reply_text(events) == "half an answer"
+    turn = (await wire.request({"type": "open", "conversation": events[0]["conversation"]}))["turns"][0]
+    assert turn["status"] == "error"
+    assert turn["reply"] == "half an answer"
+    assert turn["error"]
+
+
+async def test_failed_turns_are_left_out_of_the_next_prompt(wire: Wire, router: FakeRouter) -> None:
+    first = await wire.ask("one")
+    cid = first[0]["conversation"]
+    router.script(Reply(status=500, error="boom"))
+    await wire.ask("two", conversation=cid)
+    await wire.ask("three", conversation=cid)
+    roles = [m["role"] for m in router.requests[-1]["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]  # no orphan "two"
+
+
+async def test_files_are_refused_until_attachments_land(wire: Wire, router: FakeRouter) -> None:
+    events = await wire.ask("look", files=["/etc/hostname"])
+    assert events[-1]["code"] == "not_supported"
+    nine = await wire.ask("look", files=[f"/tmp/{i}" for i in range(9)])
+    assert nine[-1]["code"] == "too_many_files"
+    assert router.requests == []
+    assert (await wire.request({"type": "conversations"}))["items"] == []
+
+
+async def test_conversations_list_newest_first_and_paginates(wire: Wire) -> None:
+    ids = [(await wire.ask(f"question {i}"))[0]["conversation"] for i in range(3)]
+    listed = await wire.request({"type": "conversations"})
+    assert [i["conversation"] for i in listed["items"]] == ids[::-1]
+    item = listed["items"][0]
+    assert item["title"] == "question 2" and item["turns"] == 1 and item["updated_at"]
+    page = await wire.request({"type": "conversations", "limit": 1, "before": item["updated_at"]})
+    assert [i["conversation"] for i in page["items"]] == [ids[1]]
+
+
+async def test_delete_hides_a_conversation_everywhere(wire: Wire) -> None:
+    cid = (await wire.ask("secret"))[0]["conversation"]
+    deleted = await wire.request({"type": "delete", "conversation": cid})
+    assert deleted["type"] == "deleted" and deleted["conversation"] == cid
+    assert (await wire.request({"type": "open", "conversation": cid}))["code"] == "not_found"
+    assert (await wire.request({"type": "conversations"}))["items"] == []
+    assert (await wire.ask("more", conversation=cid))[-1]["code"] == "not_found"
+    assert (await wire.request({"type": "delete", "conversation": cid}))["code"] == "not_found"
+
+
+async def test_delete_stops_a_running_turn(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["x"], hang=True))
+    rid = await wire.send({"type": "ask", "text": "long"})
+    cid = (await wire.until(rid, ("delta",)))[0]["conversation"]
+    deleted = await wire.request({"type": "delete", "conversation": cid})
+    assert deleted["type"] == "deleted"
+    assert (await wire.until(rid))[-1]["finish_reason"] == "cancelled"
+    assert (await wire.request({"type": "open", "conversation": cid}))["code"] == "not_found"
+
+
+async def test_settings_title_and_model(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("hi"))[0]["conversation"]
+    event = await wire.request({"type": "settings", "conversation": cid, "title": "  My chat ", "model": "fake-vision",
+                                "kb_injection": "both"})
+    assert event["type"] == "settings"
+    assert event["title"] == "My chat" and event["model"] == "fake-vision"
+    assert event["settings"]["kb_injection"] == "both"
+    await wire.ask("again", conversation=cid)
+    assert router.requests[-1]["model"] == "fake-vision"
+    bad = await wire.request({"type": "settings", "conversation": cid, "model": "nope"})
+    assert bad["code"] == "not_found"
+    reset = await wire.request({"type": "settings", "conversation": cid, "model": None})
+    assert reset["model"] is None and reset["title"] == "My chat"
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert opened["title"] == "My chat" and opened["model"] is None
+    missing = await wire.request({"type": "settings", "conversation": 999, "title": "x"})
+    assert missing["code"] == "not_found"
+
+
+async def test_models_lists_capabilities_and_default(wire: Wire) -> None:
+    event = await wire.request({"type": "models"})
+    assert event["default"] == "fake-text"
+    by_id = {m["id"]: m for m in event["items"]}
+    assert by_id["fake-text"] == {"id": "fake-text", "input_modalities": ["text"], "ctx_max": 4096}
+    assert by_id["fake-vision"]["input_modalities"] == ["text", "image"]
+    assert by_id["fake-vision"]["ctx_max"] == 8192
+
+
+async def test_models_when_the_router_is_down(wire: Wire, router: FakeRouter) -> None:
+    router.stop()
+    event = await wire.request({"type": "models"})
+    assert event["code"] == "router_unreachable"
+    status = await wire.request({"type": "status"})
+    assert status["router_reachable"] is False
+
+
+async def test_history_survives_a_restart(daemon: RunningDaemon, router: FakeRouter) -> None:
+    wire = await daemon.connect()
+    cid = (await wire.ask("remember me"))[0]["conversation"]
+    await wire.ask("and this", conversation=cid)
+    await wire.close()
+    await daemon.stop()
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        opened = await wire.request({"type": "open", "conversation": cid})
+        assert [t["text"] for t in opened["turns"]] == ["remember me", "and this"]
+        assert [t["reply"] for t in opened["turns"]] == ["You said: remember me", "You said: and this"]
+    finally:
+        await wire.close()
+
+
+async def test_a_client_that_leaves_does_not_lose_the_turn(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["still ", "stored"], delay=0.05))
+    wire = await daemon.connect()
+    rid = await wire.send({"type": "ask", "text": "bye"})
+    cid = (await wire.until(rid, ("user",)))[0]["conversation"]
+    await wire.close()
+    other = await daemon.connect()
+    try:
+        for _ in range(200):
+            opened = await other.request({"type": "open", "conversation": cid})
+            if opened["turns"][0]["status"] != "running":
+                break
+            await asyncio.sleep(0.05)
+        assert opened["turns"][0]["status"] == "complete"
+        assert opened["turns"][0]["reply"] == "still stored"
+    finally:
+        await other.close()
