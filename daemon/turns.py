@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from history import AsyncHistory, Conversation
+from history import AsyncHistory, Conversation, TurnStatus
 from recall import estimate_messages
 
 from .config import Config
@@ -354,7 +354,7 @@ class TurnEngine:
         self._spawn(self.history.run(lambda s: s.save_partial(cid, turn, reply)))
 
     async def _finish(
-        self, state: TurnState, status: str, finish_reason: str | None, exc: AssistantError | None = None
+        self, state: TurnState, status: TurnStatus, finish_reason: str | None, exc: AssistantError | None = None
     ) -> None:
         if state.checkpoint_timer is not None:
             state.checkpoint_timer.cancel()

@@ -1,0 +1,451 @@
+"""The client of the OpenAI-compatible model server ("the router").
+
+One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole
+life, so connections to llama-server are pooled and kept alive.  Every httpx
+failure becomes one of our errors (``raise ... from exc``): no answer at all is
+``RouterUnreachable`` with advice naming the URL, an HTTP error is
+``RouterError`` carrying the server's own message, and a prompt too long for the
+model is ``RouterContextOverflow``.
+
+Models and their capabilities come from ``GET /models``, cached for
+``MODELS_TTL`` seconds behind a lock so concurrent turns share one fetch.  Entries
+state their input modalities at the top level or under ``architecture`` (recent
+llama-server), and their context as ``meta.n_ctx``, ``context_length`` or
+``max_model_len``.  What an entry lacks is asked of llama-server's ``/props``
+(``?model=`` selects the model on llama-server's router mode and llama-swap;
+a single-model llama-server ignores it).  A router listing one model is asked
+at once; on a multi-model router the question waits until ``model_info`` picks
+a model, because asking there may load that model, and listing models must not
+load every one of them.
+
+Streaming happens only inside ``async with client.stream(...)``: cancelling
+the consuming task, or closing the generator, closes the HTTP response, so the
+server sees the disconnect and stops generating.  The final ``StreamEnd`` is
+yielded after the response is closed, so a consumer that stops there holds
+nothing open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx
+
+from .config import Config
+from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
+from .sse import (
+    ContentDelta,
+    ReasoningDelta,
+    StreamEnd,
+    StreamEvent,
+    ToolCall,
+    Usage,
+    error_from_body,
+    parse_chat_stream,
+)
+
+__all__ = [
+    "ContentDelta",
+    "MODELS_TTL",
+    "ModelInfo",
+    "ReasoningDelta",
+    "RouterClient",
+    "StreamEnd",
+    "StreamEvent",
+    "ToolCall",
+    "Usage",
+]
+
+logger = logging.getLogger(__name__)
+
+MODELS_TTL = 60.0  # seconds a model list is trusted; a model swapped in llama-swap shows up after this
+WRITE_TIMEOUT = 30.0  # seconds to send a request body (large base64 images included)
+POOL_TIMEOUT = 30.0  # seconds to wait for a free pooled connection
+MODELS_TIMEOUT = 30.0  # seconds to wait for /models
+PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx unknown rather than stall a turn
+REACHABLE_TIMEOUT = 3.0  # a status request answers quickly even when the router hangs
+DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end so the connection is reused
+MAX_RAW_ERROR = 500
+USER_AGENT = "assistant (local desktop daemon)"
+UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the router serves: what input it takes and its context size (0 = unknown)."""
+
+    id: str
+    input_modalities: tuple[str, ...] = ("text",)
+    ctx_max: int = 0
+
+    @property
+    def vision(self) -> bool:
+        return "image" in self.input_modalities
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "input_modalities": list(self.input_modalities), "ctx_max": self.ctx_max}
+
+
+@dataclass(frozen=True)
+class _Missing:
+    """What a model entry did not say, to be asked of /props."""
+
+    modalities: bool
+    ctx: bool
+
+
+def _modalities(entry: dict[str, Any]) -> tuple[str, ...] | None:
+    found = entry.get("input_modalities")
+    architecture = entry.get("architecture")
+    if found is None and isinstance(architecture, dict):
+        found = architecture.get("input_modalities")
+        modality = architecture.get("modality")
+        if found is None and isinstance(modality, str) and "->" in modality:
+            # OpenRouter's older form: "text+image->text"
+            found = modality.split("->", 1)[0].split("+")
+    if isinstance(found, list) and found and all(isinstance(m, str) for m in found):
+        return tuple(found)
+    return None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return int(value)
+
+
+def _context(entry: dict[str, Any]) -> int | None:
+    meta = entry.get("meta")
+    # meta.n_ctx_train is the training length, not what the server was started with: not used.
+    candidates = [meta.get("n_ctx") if isinstance(meta, dict) else None]
+    candidates += [entry.get("context_length"), entry.get("max_model_len")]
+    for value in candidates:
+        ctx = _positive_int(value)
+        if ctx is not None:
+            return ctx
+    return None
+
+
+def _props_facts(props: Any) -> tuple[tuple[str, ...] | None, int | None]:
+    """Modalities and context from a llama-server /props answer."""
+    if not isinstance(props, dict):
+        return None, None
+    modalities = None
+    flags = props.get("modalities")
+    if isinstance(flags, dict):
+        modalities = ("text",) + tuple(name for flag, name in (("vision", "image"), ("audio", "audio")) if flags.get(flag))
+    settings = props.get("default_generation_settings")
+    ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    return modalities, ctx or _positive_int(props.get("n_ctx"))
+
+
+def _server_body(response: httpx.Response) -> Any:
+    text = response.text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip()[:MAX_RAW_ERROR] or response.reason_phrase
+
+
+def _status_advice(status: int) -> str:
+    if status in (401, 403):
+        return "check api_key in the configuration"
+    if status == 404:
+        return "check router_url (it usually ends in /v1, e.g. http://127.0.0.1:8080/v1)"
+    if status == 503:
+        return "the server may still be loading the model; try again shortly"
+    return ""
+
+
+def _status_error(response: httpx.Response, url: str) -> RouterError:
+    error = error_from_body(_server_body(response), response.status_code, prefix=f"the model server at {url} answered")
+    advice = _status_advice(response.status_code)
+    if advice:
+        return type(error)(f"{error.message}; {advice}", error.status)
+    return error
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:g} s" if value is not None else "a long time"
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class RouterClient:
+    """Talks to the model server: models, streamed and plain chat, embeddings."""
+
+    def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._config = config
+        self._base = config.router_url.rstrip("/")
+        # llama-server serves /props beside /v1, not under it.
+        self._props_url = (self._base.removesuffix("/v1") or self._base) + "/props"
+        headers = {"User-Agent": USER_AGENT}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        timeout = httpx.Timeout(
+            connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
+        )
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
+        # The model list is small and quick; a stuck router must not hold the models lock for request_timeout.
+        self._models_timeout = httpx.Timeout(MODELS_TIMEOUT, connect=config.connect_timeout)
+        self._lock = asyncio.Lock()
+        self._models: list[ModelInfo] = []
+        self._missing: dict[str, _Missing] = {}
+        self._fetched_at: float | None = None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- models -----------------------------------------------------------------
+
+    def _fresh(self) -> bool:
+        return self._fetched_at is not None and time.monotonic() - self._fetched_at < MODELS_TTL
+
+    async def models(self, refresh: bool = False) -> list[ModelInfo]:
+        """The router's models, cached for ``MODELS_TTL`` seconds."""
+        async with self._lock:
+            if refresh or not self._fresh():
+                await self._fetch_models()
+            return list(self._models)
+
+    async def model_info(self, model: str | None = None) -> ModelInfo:
+        """The named model, else the configured one, else the router's first; ``NotFound`` if absent."""
+        wanted = model or self._config.model
+        async with self._lock:
+            fetched = not self._fresh()
+            if fetched:
+                await self._fetch_models()
+            info = self._find(wanted)
+            if info is None and not fetched:
+                await self._fetch_models()  # a model loaded since the last look
+                info = self._find(wanted)
+            if not self._models:
+                raise RouterError(
+                    f"the model server at {self._base} lists no models; load one (llama-server -m MODEL.gguf) "
+                    "or check router_url"
+                )
+            if info is None:
+                names = ", ".join(m.id for m in self._models)
+                fix = "pick one of those" if model else "fix model in the configuration"
+                raise NotFound(f"the model server has no model {wanted!r}; it has: {names}; {fix}")
+            if info.id in self._missing:
+                info = await self._probe(info)
+            return info
+
+    def _find(self, wanted: str) -> ModelInfo | None:
+        if not wanted:
+            return self._models[0] if self._models else None
+        return next((m for m in self._models if m.id == wanted), None)
+
+    async def _fetch_models(self) -> None:
+        url = f"{self._base}/models"
+        response = await self._request("GET", url, timeout=self._models_timeout)
+        body = self._json(response, url)
+        entries = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(entries, list):
+            raise RouterError(f"the model server at {url} did not answer with a model list; check router_url")
+        models: list[ModelInfo] = []
+        missing: dict[str, _Missing] = {}
+        override = self._config.ctx_max
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                continue
+            modalities, ctx = _modalities(entry), override or _context(entry)
+            models.append(ModelInfo(entry["id"], modalities or ("text",), ctx or 0))
+            if modalities is None or ctx is None:
+                missing[entry["id"]] = _Missing(modalities is None, ctx is None)
+        self._models, self._missing = models, missing
+        # An empty list (a server still loading) is asked again next time rather than cached.
+        self._fetched_at = time.monotonic() if models else None
+        logger.debug("router lists %d models: %s", len(models), ", ".join(m.id for m in models))
+        if len(models) == 1 and models[0].id in missing:
+            await self._probe(models[0])
+
+    async def _probe(self, info: ModelInfo) -> ModelInfo:
+        """Fill what the model entry lacked from /props; a router without /props leaves defaults."""
+        props = await self._props(info.id)
+        # Only now: a probe cancelled by an impatient caller is tried again by the next one.
+        missing = self._missing.pop(info.id)
+        modalities, ctx = _props_facts(props)
+        better = ModelInfo(
+            info.id,
+            modalities if missing.modalities and modalities else info.input_modalities,
+            ctx if missing.ctx and ctx else info.ctx_max,
+        )
+        self._models = [better if m.id == info.id else m for m in self._models]
+        return better
+
+    async def _props(self, model: str) -> Any:
+        """llama-server's /props for ``model`` as parsed JSON, or None when there is none."""
+        try:
+            response = await self._client.get(self._props_url, params={"model": model}, timeout=PROPS_TIMEOUT)
+            if response.status_code == 200:
+                return response.json()
+            logger.debug("no /props at %s: HTTP %d", self._props_url, response.status_code)
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.debug("no /props at %s: %s", self._props_url, _reason(exc))
+        return None
+
+    async def reachable(self) -> bool:
+        """Whether the router answers HTTP at all, within a few seconds; never raises."""
+        try:
+            await self._client.get(f"{self._base}/models", timeout=REACHABLE_TIMEOUT)
+        except Exception as exc:  # a status request must get an answer whatever went wrong
+            logger.debug("router at %s unreachable: %s", self._base, _reason(exc))
+            return False
+        return True
+
+    # -- chat -----------------------------------------------------------------
+
+    async def stream_chat(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **params: Any
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Stream a chat completion: deltas, then one ``StreamEnd``.
+
+        Cancel the consuming task or ``aclose()`` the generator to stop early;
+        either closes the HTTP response.
+        """
+        url = f"{self._base}/chat/completions"
+        body: dict[str, Any] = {"model": model, "messages": messages, **params}
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if tools:
+            body["tools"] = tools
+        logger.debug("POST %s model=%s messages=%d tools=%d", url, model, len(messages), len(tools or ()))
+        started = False
+        end: StreamEnd | None = None
+        try:
+            async with self._client.stream("POST", url, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _status_error(response, url)
+                started = True
+                lines = cast(AsyncGenerator[str, None], response.aiter_lines())
+                async with aclosing(lines), aclosing(parse_chat_stream(lines)) as events:
+                    async for event in events:
+                        if isinstance(event, StreamEnd):
+                            end = event
+                            await _drain(lines)
+                            break
+                        yield event
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, url, mid_stream=started) from exc
+        if end is None:  # parse_chat_stream ends with a StreamEnd or raises
+            raise RouterError(f"the model server at {url} ended the reply without a result")
+        yield end
+
+    async def complete(self, model: str, messages: list[dict[str, Any]], max_tokens: int = 64, **params: Any) -> str:
+        """A short non-streamed completion (titles, summaries): the reply's text."""
+        url = f"{self._base}/chat/completions"
+        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, **params}
+        body["stream"] = False
+        response = await self._request("POST", url, payload=body)
+        answer = self._json(response, url)
+        if isinstance(answer, dict) and answer.get("error"):
+            raise error_from_body(answer, prefix=f"the model server at {url} answered")
+        try:
+            content = answer["choices"][0]["message"].get("content")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise RouterError(f"the model server at {url} answered without a message: {response.text[:200]}") from None
+        return content if isinstance(content, str) else ""
+
+    # -- embeddings -------------------------------------------------------------
+
+    async def embed(self, model: str, inputs: list[str], timeout: float | None = None) -> list[list[float]]:
+        """One vector per input, in input order; ``timeout`` bounds the whole call."""
+        if not inputs:
+            return []
+        url = f"{self._config.embeddings_base.rstrip('/')}/embeddings"
+        body = {"model": model, "input": inputs}
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._request(
+                    "POST", url, payload=body, timeout=httpx.Timeout(timeout) if timeout is not None else None
+                )
+        except TimeoutError:
+            raise RouterUnreachable(
+                f"the embedding server at {url} did not answer within {timeout:g} s; check it, or set embedding_url"
+            ) from None
+        answer = self._json(response, url)
+        items = answer.get("data") if isinstance(answer, dict) else None
+        try:
+            ordered = sorted(items or (), key=lambda item: int(item.get("index", 0)))
+            vectors = [[float(x) for x in item["embedding"]] for item in ordered]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise RouterError(f"the embedding server at {url} answered without embeddings: {response.text[:200]}") from None
+        if len(vectors) != len(inputs):
+            raise RouterError(f"the embedding server at {url} returned {len(vectors)} vectors for {len(inputs)} inputs")
+        return vectors
+
+    # -- plumbing -----------------------------------------------------------------
+
+    async def _request(
+        self, method: str, url: str, *, payload: Any = None, timeout: httpx.Timeout | None = None
+    ) -> httpx.Response:
+        """Send a request; transport failures and HTTP errors become our errors."""
+        try:
+            response = await self._client.request(
+                method, url, json=payload, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT
+            )
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, url, timeout=timeout) from exc
+        if response.status_code >= 400:
+            raise _status_error(response, url)
+        return response
+
+    @staticmethod
+    def _json(response: httpx.Response, url: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise RouterError(
+                f"the model server at {url} answered with something that is not JSON: {response.text[:200]!r}; "
+                "check router_url"
+            ) from None
+
+    def _transport_error(
+        self, exc: httpx.HTTPError, url: str, *, mid_stream: bool = False, timeout: httpx.Timeout | None = None
+    ) -> AssistantError:
+        """Our error for an httpx failure, naming the URL and what to do."""
+        reason = _reason(exc)
+        timeout = timeout or self._client.timeout
+        if isinstance(exc, httpx.ReadTimeout):
+            return RouterUnreachable(
+                f"the model server at {url} sent nothing for {_seconds(timeout.read)}; it may be overloaded or stuck: "
+                "check it, or raise request_timeout"
+            )
+        if mid_stream:
+            return RouterError(
+                f"the model server closed the reply mid-stream ({reason}); it may have crashed or been restarted: "
+                "the partial reply is kept, ask again to continue"
+            )
+        if isinstance(exc, httpx.ConnectTimeout):
+            return RouterUnreachable(
+                f"no connection to the model server at {url} within {_seconds(timeout.connect)}; {UNREACHABLE_ADVICE}"
+            )
+        if isinstance(exc, httpx.ConnectError):
+            return RouterUnreachable(f"cannot connect to the model server at {url} ({reason}); {UNREACHABLE_ADVICE}")
+        if isinstance(exc, httpx.PoolTimeout):
+            return RouterUnreachable(f"too many requests to the model server at {url} at once; try again in a moment")
+        if isinstance(exc, httpx.TimeoutException):
+            return RouterUnreachable(f"the model server at {url} timed out ({type(exc).__name__}); check it")
+        return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows [DONE] (the body's end) so the connection returns to the pool."""
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass  # the response is closed either way; only its connection is lost

@@ -1,0 +1,164 @@
+"""The FTS5 message index: rowid layout, searchable text, query quoting.
+
+`message_fts` is a regular FTS5 table (it keeps its own copy of the text) whose
+rowid encodes where a message lives::
+
+    rowid = conversation_id << 32 | turn << 8 | n
+
+`n` is the message's index in the turn's `messages` list (0..254; 255 is kept for a
+compaction summary). Every conversation therefore owns one contiguous rowid range, and
+a per-conversation search adds `rowid BETWEEN lo AND hi` to the MATCH, which FTS5
+answers by seeking inside its doclists instead of filtering the whole corpus. An
+external-content table would need a content table keyed the same way plus triggers;
+the store writes these rows itself, in the same transaction as the turn, so the index
+cannot drift from `turns`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONVERSATION_SHIFT = 32
+TURN_SHIFT = 8
+# The turn field is 24 bits wide; the conversation id must stay below 2**31 so the
+# rowid fits SQLite's signed 64-bit integer.
+MAX_TURN = (1 << (CONVERSATION_SHIFT - TURN_SHIFT)) - 1
+MAX_CONVERSATION_ID = (1 << 31) - 1
+MAX_MESSAGE_INDEX = 254
+# Reserved slot in every turn's range for the compaction summary that replaces it.
+SUMMARY_SLOT = 255
+
+# Roles whose text is worth finding. System prompts are not stored in turns; an
+# assistant message carrying only tool_calls has no text and is skipped.
+INDEXED_ROLES = ("user", "assistant", "tool")
+
+CREATE_MESSAGE_FTS = """
+CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
+    body,
+    role UNINDEXED,
+    tokenize = 'unicode61 remove_diacritics 2'
+)
+"""
+INSERT_FTS_ROW = "INSERT INTO message_fts (rowid, body, role) VALUES (?, ?, ?)"
+DELETE_FTS_RANGE = "DELETE FROM message_fts WHERE rowid BETWEEN ? AND ?"
+
+
+def message_rowid(conversation_id: int, turn: int, n: int) -> int:
+    """The `message_fts` rowid of message `n` of `turn` in a conversation."""
+    if not 0 < conversation_id <= MAX_CONVERSATION_ID:
+        raise ValueError(f"conversation id {conversation_id} out of range")
+    if not 0 < turn <= MAX_TURN:
+        raise ValueError(f"turn {turn} out of range")
+    if not 0 <= n <= SUMMARY_SLOT:
+        raise ValueError(f"message index {n} out of range")
+    return conversation_id << CONVERSATION_SHIFT | turn << TURN_SHIFT | n
+
+
+def split_rowid(rowid: int) -> tuple[int, int, int]:
+    """(conversation_id, turn, n) encoded in a `message_fts` rowid."""
+    return (
+        rowid >> CONVERSATION_SHIFT,
+        (rowid >> TURN_SHIFT) & MAX_TURN,
+        rowid & 0xFF,
+    )
+
+
+def conversation_rowid_range(conversation_id: int) -> tuple[int, int]:
+    """Inclusive (lo, hi) rowid bounds of every row of one conversation."""
+    lo = conversation_id << CONVERSATION_SHIFT
+    return lo, lo | 0xFFFFFFFF
+
+
+def turn_rowid_range(conversation_id: int, turn: int) -> tuple[int, int]:
+    """Inclusive (lo, hi) rowid bounds of every row of one turn."""
+    lo = message_rowid(conversation_id, turn, 0)
+    return lo, lo | 0xFF
+
+
+def quote_fts(query: str) -> str:
+    """Make user text safe for MATCH: every token becomes a quoted phrase.
+
+    Wrapping each whitespace-separated token in double quotes (inner quotes doubled)
+    means `"`, `*`, `NOT`, `NEAR(`, `a:b` or a lone parenthesis are searched as text
+    instead of being read as FTS5 syntax; the phrases are ANDed. "" if nothing is left.
+    A NUL is treated as a space: FTS5 parses the expression as a C string, and a NUL
+    inside a quoted phrase would end it early ("unterminated string").
+    """
+    tokens = query.replace("\x00", " ").split()
+    return " ".join('"' + token.replace('"', '""') + '"' for token in tokens)
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The searchable text of one stored message ("" when it has none)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Image parts (image_url, image_ref) carry no words; only text parts count.
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def searchable_messages(messages: Iterable[dict[str, Any]]) -> Iterator[tuple[int, str, str]]:
+    """(n, role, text) for each message of a turn that belongs in the index."""
+    for n, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in INDEXED_ROLES:
+            continue
+        text = message_text(message)
+        if not text.strip():
+            continue
+        if n > MAX_MESSAGE_INDEX:
+            # A turn with this many messages is a runaway tool loop; its tail stays in
+            # `turns.messages` but has no rowid slot left to be indexed under.
+            logger.warning(
+                "turn has more than %d messages; the rest is not indexed",
+                MAX_MESSAGE_INDEX + 1,
+            )
+            return
+        yield n, str(role), text
+
+
+def index_turn(
+    conn: sqlite3.Connection,
+    conversation_id: int,
+    turn: int,
+    messages: Iterable[dict[str, Any]],
+) -> None:
+    """Replace a turn's rows in `message_fts`; call inside the turn's transaction."""
+    conn.execute(DELETE_FTS_RANGE, turn_rowid_range(conversation_id, turn))
+    conn.executemany(
+        INSERT_FTS_ROW,
+        (
+            (message_rowid(conversation_id, turn, n), text, role)
+            for n, role, text in searchable_messages(messages)
+        ),
+    )
+
+
+def unindex_conversation(conn: sqlite3.Connection, conversation_id: int) -> None:
+    """Drop every `message_fts` row of a conversation (one rowid range)."""
+    conn.execute(DELETE_FTS_RANGE, conversation_rowid_range(conversation_id))
+
+
+def load_messages(raw: str | None) -> list[dict[str, Any]]:
+    """`turns.messages` decoded; [] for a NULL or damaged value rather than an error."""
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []

@@ -1,0 +1,250 @@
+"""Schema migrations for history.db.
+
+`MIGRATIONS` is an ordered list of small named functions. `migrate()` applies each one
+not yet recorded in `_migrations`, in its own transaction together with its record, so
+an interrupted upgrade leaves the file before or after a migration, never halfway. An
+applied migration is never edited: a mistake is mended by appending a new one.
+
+history.db files written before migrations were tracked have `conversations` and
+`turns` but no `_migrations` table (and may or may not have `turns.files`). m001
+therefore creates only what is missing, adds any column an old table lacks, and fills
+the search index from the rows it finds, so such a file upgrades in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .fts import CREATE_MESSAGE_FTS, index_turn, load_messages
+from .records import utc_timestamp
+
+logger = logging.getLogger(__name__)
+
+Migration = Callable[[sqlite3.Connection], None]
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS _migrations (
+    name TEXT PRIMARY KEY,
+    applied_at TEXT NOT NULL
+)
+"""
+SELECT_APPLIED = "SELECT name FROM _migrations"
+INSERT_APPLIED = "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)"
+
+CREATE_CONVERSATIONS = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    -- Shown in the conversation list; '' until the daemon or the user names it.
+    title TEXT NOT NULL DEFAULT '',
+    -- The model chosen for this conversation; NULL follows the daemon's default, so
+    -- changing the default moves every conversation that never picked one.
+    model TEXT,
+    -- JSON object of per-conversation settings (kb_injection, ...): new settings need
+    -- no migration.
+    settings TEXT NOT NULL DEFAULT '{}',
+    -- Tokens the context held after the last reply, for the estimate and for deciding
+    -- when to compact without re-counting the whole history.
+    ctx_used INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    -- Last activity; the list is ordered by it and paged with it as the cursor.
+    updated_at TEXT NOT NULL,
+    -- Soft delete: the rows stay (recoverable by hand) but are invisible everywhere.
+    deleted_at TEXT
+)
+"""
+
+CREATE_TURNS = """
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    -- 1-based position in the conversation; the protocol names turns by it.
+    turn INTEGER NOT NULL,
+    -- The question as typed, shown again when the conversation is reopened.
+    text TEXT NOT NULL,
+    -- JSON list of this turn's messages in the router's chat format (user, assistant,
+    -- tool), extracted file text inline and images as image_ref parts: what is replayed
+    -- to the model and what the search index is built from.
+    messages TEXT NOT NULL,
+    -- Final assistant text, or the partial one checkpointed while it streamed, so a
+    -- cancel or a crash never loses what the user already saw.
+    reply TEXT NOT NULL DEFAULT '',
+    -- running, complete, cancelled, error or interrupted (left running by a crash).
+    status TEXT NOT NULL,
+    -- The message and stable code of the error that ended the turn, if one did.
+    error TEXT,
+    error_code TEXT,
+    -- The router's finish_reason (stop, length, tool_calls, cancelled ...).
+    finish_reason TEXT,
+    -- The model that answered, which may differ from the conversation's over time.
+    model TEXT,
+    -- Usage as reported by the router; NULL when it reported none.
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (conversation_id, turn)
+)
+"""
+
+# Columns an old table may lack, as ALTER TABLE ADD COLUMN accepts them (a NOT NULL
+# column needs a constant default there). Timestamps added this way are set to the
+# migration time, the best that can be said about rows that never had one.
+LATE_COLUMNS: dict[str, dict[str, str]] = {
+    "conversations": {
+        "title": "TEXT NOT NULL DEFAULT ''",
+        "model": "TEXT",
+        "settings": "TEXT NOT NULL DEFAULT '{}'",
+        "ctx_used": "INTEGER NOT NULL DEFAULT 0",
+        "created_at": "TEXT NOT NULL DEFAULT ''",
+        "updated_at": "TEXT NOT NULL DEFAULT ''",
+        "deleted_at": "TEXT",
+    },
+    "turns": {
+        "text": "TEXT NOT NULL DEFAULT ''",
+        "messages": "TEXT NOT NULL DEFAULT '[]'",
+        "reply": "TEXT NOT NULL DEFAULT ''",
+        "status": "TEXT NOT NULL DEFAULT 'complete'",
+        "error": "TEXT",
+        "error_code": "TEXT",
+        "finish_reason": "TEXT",
+        "model": "TEXT",
+        "prompt_tokens": "INTEGER",
+        "completion_tokens": "INTEGER",
+        "created_at": "TEXT NOT NULL DEFAULT ''",
+        "updated_at": "TEXT NOT NULL DEFAULT ''",
+    },
+}
+TIMESTAMP_COLUMNS = ("created_at", "updated_at")
+
+# Listing walks conversations newest first and pages by updated_at.
+CREATE_CONVERSATIONS_UPDATED_INDEX = """
+CREATE INDEX IF NOT EXISTS conversations_updated_at ON conversations (updated_at)
+"""
+# interrupt_running() runs at every start; the partial index holds only the few
+# running turns, so it stays instant however long the history grows.
+CREATE_TURNS_RUNNING_INDEX = """
+CREATE INDEX IF NOT EXISTS turns_running ON turns (status) WHERE status = 'running'
+"""
+# An old turns table may lack the UNIQUE constraint that gives this lookup its index.
+CREATE_TURNS_LOOKUP_INDEX = """
+CREATE INDEX IF NOT EXISTS turns_conversation_turn ON turns (conversation_id, turn)
+"""
+SELECT_TURNS_TO_INDEX = """
+SELECT t.conversation_id, t.turn, t.messages
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE c.deleted_at IS NULL
+"""
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    """Column names of a table, [] when it does not exist."""
+    return [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    """Whether a table (or virtual table) of that name exists."""
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def _has_index_on(conn: sqlite3.Connection, table: str, columns: list[str]) -> bool:
+    for index in conn.execute(f"PRAGMA index_list({table})").fetchall():
+        indexed = [row[2] for row in conn.execute(f"PRAGMA index_info({index[1]})")]
+        if indexed[: len(columns)] == columns:
+            return True
+    return False
+
+
+def _add_missing_columns(conn: sqlite3.Connection, table: str) -> None:
+    present = set(table_columns(conn, table))
+    now = utc_timestamp()
+    for name, definition in LATE_COLUMNS[table].items():
+        if name in present:
+            continue
+        logger.info("history: adding missing column %s.%s", table, name)
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+        if name in TIMESTAMP_COLUMNS:
+            conn.execute(f"UPDATE {table} SET {name} = ? WHERE {name} = ''", (now,))
+
+
+def _fill_message_fts(conn: sqlite3.Connection) -> None:
+    for conversation_id, turn, raw in conn.execute(SELECT_TURNS_TO_INDEX).fetchall():
+        try:
+            index_turn(conn, conversation_id, turn, load_messages(raw))
+        except ValueError:
+            # An id outside the rowid layout cannot be indexed; the turn itself is kept.
+            logger.warning("history: turn %s/%s not indexed", conversation_id, turn)
+
+
+def m001_initial(conn: sqlite3.Connection) -> None:
+    """Conversations, turns and the message index; completes a pre-migration file."""
+    conn.execute(CREATE_CONVERSATIONS)
+    conn.execute(CREATE_TURNS)
+    _add_missing_columns(conn, "conversations")
+    _add_missing_columns(conn, "turns")
+    conn.execute(CREATE_CONVERSATIONS_UPDATED_INDEX)
+    conn.execute(CREATE_TURNS_RUNNING_INDEX)
+    if not _has_index_on(conn, "turns", ["conversation_id", "turn"]):
+        conn.execute(CREATE_TURNS_LOOKUP_INDEX)
+    had_index = table_exists(conn, "message_fts")
+    conn.execute(CREATE_MESSAGE_FTS)
+    if not had_index:
+        # Turns written before the index existed must be findable too.
+        _fill_message_fts(conn)
+
+
+def m002_turn_files(conn: sqlite3.Connection) -> None:
+    """`turns.files`: the chip list of the files asked with (seed 003 "History")."""
+    # Some pre-migration files already gained the column by hand-run ALTER.
+    if "files" not in table_columns(conn, "turns"):
+        conn.execute("ALTER TABLE turns ADD COLUMN files TEXT NOT NULL DEFAULT '[]'")
+
+
+MIGRATIONS: list[Migration] = [
+    m001_initial,
+    m002_turn_files,
+]
+
+
+@contextmanager
+def immediate_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction: committed on success, rolled back on any exception.
+
+    BEGIN IMMEDIATE takes the write lock before the first read, so what a write method
+    reads (the next turn number, whether a conversation exists) cannot change under it
+    from another connection; the explicit BEGIN also puts DDL inside the transaction,
+    which Python's implicit transactions leave out.
+    """
+    with conn:
+        conn.execute("BEGIN IMMEDIATE")
+        yield conn
+
+
+def applied_migrations(conn: sqlite3.Connection) -> set[str]:
+    """Names recorded in `_migrations`."""
+    return {row[0] for row in conn.execute(SELECT_APPLIED)}
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply every missing migration in order; the names applied, [] when current."""
+    conn.execute(CREATE_MIGRATIONS_TABLE)
+    done = applied_migrations(conn)
+    # Filtering first means opening a current file takes no write lock at all.
+    pending = [m for m in MIGRATIONS if m.__name__ not in done]
+    applied: list[str] = []
+    for migration in pending:
+        name = migration.__name__
+        with immediate_transaction(conn):
+            # Checked inside the write lock: another process may have just applied it.
+            if name in applied_migrations(conn):
+                continue
+            logger.info("history: applying migration %s", name)
+            migration(conn)
+            conn.execute(INSERT_APPLIED, (name, utc_timestamp()))
+        applied.append(name)
+    return applied

@@ -1,0 +1,233 @@
+"""Records read from history.db, and how each is shown to a client."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+TurnStatus = Literal["running", "complete", "cancelled", "error", "interrupted"]
+TURN_STATUSES: tuple[TurnStatus, ...] = (
+    "running",
+    "complete",
+    "cancelled",
+    "error",
+    "interrupted",
+)
+
+# Microseconds keep timestamps distinct between quick successive writes, and the
+# fixed width makes text order equal time order, which listing and cursors rely on.
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+# Shown for a tool call whose result never arrived (the turn was cancelled mid-call).
+NO_RESULT_SUMMARY = "no result"
+SUMMARY_FALLBACK_CHARS = 120
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    """ISO-8601 UTC with microseconds, e.g. 2026-11-29T19:50:19.123456Z."""
+    return (moment or datetime.now(UTC)).astimezone(UTC).strftime(TIMESTAMP_FORMAT)
+
+
+def parse_timestamp(text: str) -> datetime:
+    """The datetime of a `utc_timestamp()` string."""
+    return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)
+
+
+def _json_value(raw: str | None, default: Any) -> Any:
+    # A hand-edited or half-migrated row must not make a whole conversation unreadable.
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+@dataclass
+class Conversation:
+    """One conversation row, with the number of turns it holds."""
+
+    id: int
+    title: str
+    model: str | None
+    settings: dict[str, Any]
+    ctx_used: int
+    created_at: str
+    updated_at: str
+    turns: int
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Conversation:
+        return cls(
+            id=row["id"],
+            title=row["title"],
+            model=row["model"],
+            settings=_json_value(row["settings"], {}),
+            ctx_used=row["ctx_used"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            turns=row["turn_count"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The item of a `conversations` listing."""
+        return {
+            "conversation": self.id,
+            "title": self.title,
+            "updated_at": self.updated_at,
+            "turns": self.turns,
+        }
+
+
+@dataclass
+class Turn:
+    """One question and everything the model did to answer it."""
+
+    conversation_id: int
+    turn: int
+    text: str
+    files: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    reply: str
+    status: TurnStatus
+    error: str | None
+    error_code: str | None
+    finish_reason: str | None
+    model: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Turn:
+        return cls(
+            conversation_id=row["conversation_id"],
+            turn=row["turn"],
+            text=row["text"],
+            files=_json_value(row["files"], []),
+            messages=_json_value(row["messages"], []),
+            reply=row["reply"],
+            status=row["status"],
+            error=row["error"],
+            error_code=row["error_code"],
+            finish_reason=row["finish_reason"],
+            model=row["model"],
+            prompt_tokens=row["prompt_tokens"],
+            completion_tokens=row["completion_tokens"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    @property
+    def usage(self) -> dict[str, int | None] | None:
+        """Token usage as the router reported it, None when it reported none."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool calls made in this turn, each with its outcome."""
+        return tool_calls(self.messages)
+
+    def to_json(self) -> dict[str, Any]:
+        """A turn as the `open` request shows it."""
+        return {
+            "turn": self.turn,
+            "text": self.text,
+            "files": self.files,
+            "reply": self.reply,
+            "tools": self.tools(),
+            "status": self.status,
+            "error": self.error,
+            "finish_reason": self.finish_reason,
+            "model": self.model,
+            "usage": self.usage,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass
+class SearchHit:
+    """One message found by full-text search; rank is -bm25, higher is better."""
+
+    conversation_id: int
+    turn: int
+    role: str
+    excerpt: str
+    rank: float
+    created_at: str
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> SearchHit:
+        return cls(
+            conversation_id=row["conversation_id"],
+            turn=row["turn"],
+            role=row["role"],
+            excerpt=row["excerpt"],
+            # bm25() is negative with lower meaning better; flipped so callers (and
+            # the model reading conversation_search results) see "bigger is better".
+            rank=-float(row["rank"]),
+            created_at=row["created_at"],
+        )
+
+
+def parse_arguments(raw: Any) -> Any:
+    """Tool-call arguments as a JSON object when they are one, else as sent."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return raw
+        if isinstance(value, dict):
+            return value
+    return raw
+
+
+def _outcome(result: dict[str, Any] | None) -> tuple[bool, str]:
+    if result is None:
+        return False, NO_RESULT_SUMMARY
+    content = result.get("content")
+    text = content if isinstance(content, str) else ""
+    # Results stored by the daemon carry "ok"/"summary"; older rows fall back to the
+    # "Error: ..." convention tool failures are reported to the model with.
+    ok = result.get("ok")
+    summary = result.get("summary")
+    return (
+        bool(ok) if ok is not None else not text.startswith("Error"),
+        summary if isinstance(summary, str) else text[:SUMMARY_FALLBACK_CHARS],
+    )
+
+
+def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`{name, arguments, ok, summary}` per assistant tool call, in call order."""
+    results = {
+        m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"
+    }
+    calls: list[dict[str, Any]] = []
+    for message in messages:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            function = call.get("function") or {}
+            ok, summary = _outcome(results.get(call.get("id")))
+            calls.append(
+                {
+                    "name": function.get("name", ""),
+                    "arguments": parse_arguments(function.get("arguments")),
+                    "ok": ok,
+                    "summary": summary,
+                }
+            )
+    return calls

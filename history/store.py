@@ -1,0 +1,441 @@
+"""HistoryStore: conversations, turns and their search index in one SQLite file.
+
+Synchronous on purpose: one connection, used from one thread (`AsyncHistory` in aio.py
+supplies that thread for the daemon). It migrates in its constructor, and every write
+method is one transaction. A turn's `message_fts` rows are rewritten in the same
+transaction as the turn itself (no triggers), so search never disagrees with `turns`.
+
+Lookups return None / False / [] for a missing or soft-deleted conversation; turning
+that into a protocol error is the daemon's business, not the store's.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import sqlite3
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .fts import (
+    CONVERSATION_SHIFT,
+    MAX_TURN,
+    TURN_SHIFT,
+    conversation_rowid_range,
+    index_turn,
+    quote_fts,
+    unindex_conversation,
+)
+from .migrations import immediate_transaction, migrate
+from .records import (
+    TIMESTAMP_FORMAT,
+    TURN_STATUSES,
+    Conversation,
+    SearchHit,
+    Turn,
+    TurnStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+MEMORY = ":memory:"
+
+# WAL lets readers (the CLI, a backup) work while the daemon writes; NORMAL sync is
+# durable across application crashes in WAL mode and much cheaper than FULL; the busy
+# timeout rides out another process's short write instead of failing at once.
+CONNECTION_PRAGMAS = (
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA busy_timeout = 5000",
+    "PRAGMA foreign_keys = ON",
+)
+
+DEFAULT_LIST_LIMIT = 50
+DEFAULT_CONVERSATION_HITS = 5
+DEFAULT_ALL_HITS = 20
+# Tokens of context around the matched terms in an excerpt; brackets mark the match.
+SNIPPET_TOKENS = 12
+SEARCH_SNIPPET = f"snippet(message_fts, 0, '[', ']', '…', {SNIPPET_TOKENS})"
+
+CONVERSATION_SELECT = """
+SELECT c.id, c.title, c.model, c.settings, c.ctx_used, c.created_at, c.updated_at,
+       (SELECT count(*) FROM turns AS t WHERE t.conversation_id = c.id) AS turn_count
+FROM conversations AS c
+"""
+SELECT_CONVERSATION = CONVERSATION_SELECT + "WHERE c.id = ? AND c.deleted_at IS NULL"
+# id breaks ties between equal timestamps; the updated_at index already ends in rowid.
+LIST_ORDER = "ORDER BY c.updated_at DESC, c.id DESC LIMIT ?"
+LIST_CONVERSATIONS = CONVERSATION_SELECT + "WHERE c.deleted_at IS NULL " + LIST_ORDER
+LIST_CONVERSATIONS_BEFORE = (
+    CONVERSATION_SELECT
+    + "WHERE c.deleted_at IS NULL AND c.updated_at < ? "
+    + LIST_ORDER
+)
+IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
+INSERT_CONVERSATION = """
+INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)
+"""
+TOUCH_CONVERSATION = "UPDATE conversations SET updated_at = ? WHERE id = ?"
+FINISH_CONVERSATION = """
+UPDATE conversations SET ctx_used = coalesce(?, ctx_used), updated_at = ? WHERE id = ?
+"""
+UPDATE_CONVERSATION = "UPDATE conversations SET title = ?, model = ?, settings = ? WHERE id = ?"
+SOFT_DELETE_CONVERSATION = """
+UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
+"""
+
+TURN_COLUMNS = """
+t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
+t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
+t.created_at, t.updated_at
+"""
+SELECT_TURNS = f"""
+SELECT {TURN_COLUMNS}
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY t.turn
+"""
+SELECT_TURN = f"""
+SELECT {TURN_COLUMNS}
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
+"""
+# The row itself whatever became of its conversation: a turn still finishes (and is
+# returned to the daemon) when its conversation was deleted while it ran.
+SELECT_TURN_ROW = f"""
+SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
+"""
+NEXT_TURN = "SELECT coalesce(max(turn), 0) + 1 FROM turns WHERE conversation_id = ?"
+INSERT_TURN = """
+INSERT INTO turns (conversation_id, turn, text, files, messages, status, model,
+                   created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)
+"""
+# Only a running turn takes checkpoints: a late one must not overwrite a final reply.
+SAVE_PARTIAL = """
+UPDATE turns SET reply = ? WHERE conversation_id = ? AND turn = ? AND status = 'running'
+"""
+FINISH_TURN = """
+UPDATE turns
+SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_code = ?,
+    prompt_tokens = ?, completion_tokens = ?, updated_at = ?
+WHERE conversation_id = ? AND turn = ?
+"""
+INTERRUPT_RUNNING = """
+UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'running'
+"""
+
+# Ranking: bm25() over the one indexed column. It is selected once, aliased, and
+# ordered by that alias on purpose: `SELECT rank ... ORDER BY rank` runs bm25's
+# corpus-wide document-frequency count twice (once in FTS5's internal sorter, once for
+# the output column), doubling the cost of a query with a common word.
+SEARCH_RANK = "bm25(message_fts)"
+# The inner query ranks inside FTS5 and stops at the limit before anything is joined;
+# the join then only dates the few hits and drops any of a deleted conversation.
+_SEARCH_TEMPLATE = f"""
+SELECT h.conversation_id, h.turn, h.role, h.excerpt, h.score AS rank, t.created_at
+FROM (
+    SELECT rowid >> {CONVERSATION_SHIFT} AS conversation_id,
+           (rowid >> {TURN_SHIFT}) & {MAX_TURN} AS turn,
+           role, {SEARCH_SNIPPET} AS excerpt, {SEARCH_RANK} AS score
+    FROM message_fts
+    WHERE message_fts MATCH :query {{scope}}
+    ORDER BY score
+    LIMIT :limit
+) AS h
+JOIN turns AS t ON t.conversation_id = h.conversation_id AND t.turn = h.turn
+JOIN conversations AS c ON c.id = h.conversation_id AND c.deleted_at IS NULL
+ORDER BY h.score
+"""
+SEARCH_CONVERSATION = _SEARCH_TEMPLATE.format(
+    scope="AND rowid BETWEEN :lo AND :hi AND (:role IS NULL OR role = :role)"
+)
+SEARCH_ALL = _SEARCH_TEMPLATE.format(scope="")
+
+
+class _Unset(enum.Enum):
+    """Marks an argument left out, where None is itself a value to store."""
+
+    UNSET = enum.auto()
+
+
+UNSET = _Unset.UNSET
+
+
+def _create_private(path: Path) -> None:
+    # Conversations are private: the file is made 0600 before SQLite opens it, and the
+    # -wal/-shm files SQLite creates copy the database file's permissions.
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class HistoryStore:
+    """Conversations, turns and the message index in one SQLite file."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = path if str(path) == MEMORY else Path(path)
+        if isinstance(self.path, Path):
+            directory = self.path.parent
+            if not directory.exists():
+                directory.mkdir(parents=True, mode=0o700)
+                directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+            _create_private(self.path)
+        self._last_time: datetime | None = None
+        self._conn = sqlite3.connect(self.path)
+        try:
+            self._conn.row_factory = sqlite3.Row
+            for pragma in CONNECTION_PRAGMAS:
+                self._conn.execute(pragma)
+            migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        self._conn.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _now(self) -> str:
+        # Strictly increasing within this store, so two writes in one microsecond (or a
+        # clock stepping back) cannot give equal updated_at values and make the
+        # `before` cursor skip or repeat a conversation.
+        now = datetime.now(UTC)
+        if self._last_time is not None and now <= self._last_time:
+            now = self._last_time + timedelta(microseconds=1)
+        self._last_time = now
+        return now.strftime(TIMESTAMP_FORMAT)
+
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate_transaction(self._conn)
+
+    # -- conversations -------------------------------------------------------------
+
+    def _conversation(self, cid: int) -> Conversation | None:
+        row = self._conn.execute(SELECT_CONVERSATION, (cid,)).fetchone()
+        return Conversation.from_row(row) if row else None
+
+    def _is_live(self, cid: int) -> bool:
+        return self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
+
+    def _insert_conversation(self, title: str, model: str | None) -> int:
+        now = self._now()
+        cursor = self._conn.execute(INSERT_CONVERSATION, (title, model, now, now))
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def create_conversation(self, title: str = "", model: str | None = None) -> Conversation:
+        """A new, empty conversation."""
+        with self._transaction():
+            cid = self._insert_conversation(title, model)
+            conversation = self._conversation(cid)
+        assert conversation is not None
+        return conversation
+
+    def get_conversation(self, cid: int) -> Conversation | None:
+        """The conversation, None if it is missing or deleted."""
+        return self._conversation(cid)
+
+    def list_conversations(
+        self, limit: int = DEFAULT_LIST_LIMIT, before: str | None = None
+    ) -> list[Conversation]:
+        """Live conversations, most recently active first; `before` pages by updated_at."""
+        if before is None:
+            rows = self._conn.execute(LIST_CONVERSATIONS, (limit,))
+        else:
+            rows = self._conn.execute(LIST_CONVERSATIONS_BEFORE, (before, limit))
+        return [Conversation.from_row(row) for row in rows]
+
+    def update_conversation(
+        self,
+        cid: int,
+        *,
+        title: str | None = None,
+        model: str | None | _Unset = UNSET,
+        settings: dict[str, Any] | None = None,
+    ) -> Conversation | None:
+        """Change title, model (None = daemon default) or settings (merged in).
+
+        updated_at is left alone: the list is ordered by conversation activity, and
+        renaming an old conversation should not bring it to the top.
+        """
+        with self._transaction():
+            current = self._conversation(cid)
+            if current is None:
+                return None
+            self._conn.execute(
+                UPDATE_CONVERSATION,
+                (
+                    current.title if title is None else title,
+                    current.model if model is UNSET else model,
+                    _dumps({**current.settings, **(settings or {})}),
+                    cid,
+                ),
+            )
+            return self._conversation(cid)
+
+    def delete_conversation(self, cid: int) -> bool:
+        """Soft-delete it and drop its search rows; False if missing or already gone."""
+        with self._transaction():
+            deleted = self._conn.execute(SOFT_DELETE_CONVERSATION, (self._now(), cid))
+            if deleted.rowcount == 0:
+                return False
+            unindex_conversation(self._conn, cid)
+        return True
+
+    # -- turns ---------------------------------------------------------------------
+
+    def _turn_row(self, cid: int, turn: int) -> Turn | None:
+        row = self._conn.execute(SELECT_TURN_ROW, (cid, turn)).fetchone()
+        return Turn.from_row(row) if row else None
+
+    def start_turn(
+        self,
+        cid: int | None,
+        text: str,
+        messages: list[dict[str, Any]],
+        files: list[dict[str, Any]],
+        model: str | None,
+        title: str = "",
+    ) -> tuple[Conversation, Turn]:
+        """Record a new running turn (creating the conversation when cid is None).
+
+        `title` names a conversation created here and is ignored otherwise. Raises
+        LookupError when cid names a missing or deleted conversation; the daemon checks
+        first, this only guards the row.
+        """
+        with self._transaction():
+            if cid is None:
+                cid = self._insert_conversation(title, None)
+            elif not self._is_live(cid):
+                raise LookupError(f"conversation {cid} not found")
+            number = self._conn.execute(NEXT_TURN, (cid,)).fetchone()[0]
+            now = self._now()
+            self._conn.execute(
+                INSERT_TURN,
+                (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
+            )
+            index_turn(self._conn, cid, number, messages)
+            self._conn.execute(TOUCH_CONVERSATION, (now, cid))
+            conversation = self._conversation(cid)
+            turn = self._turn_row(cid, number)
+        assert conversation is not None and turn is not None
+        return conversation, turn
+
+    def save_partial(self, cid: int, turn: int, reply: str) -> None:
+        """Checkpoint a streaming reply; a crash then keeps what was already shown."""
+        with self._transaction():
+            self._conn.execute(SAVE_PARTIAL, (reply, cid, turn))
+
+    def finish_turn(
+        self,
+        cid: int,
+        turn: int,
+        *,
+        messages: list[dict[str, Any]],
+        reply: str,
+        status: TurnStatus,
+        finish_reason: str | None = None,
+        error: str | None = None,
+        error_code: str | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        ctx_used: int | None = None,
+    ) -> Turn:
+        """Store the turn's final messages and outcome and re-index it.
+
+        Raises LookupError when the turn does not exist. A turn whose conversation was
+        deleted while it ran is still saved, but not indexed: deleted conversations
+        never reappear in search.
+        """
+        if status not in TURN_STATUSES:
+            raise ValueError(f"unknown turn status {status!r}")
+        with self._transaction():
+            now = self._now()
+            updated = self._conn.execute(
+                FINISH_TURN,
+                (
+                    _dumps(messages), reply, status, finish_reason, error, error_code,
+                    prompt_tokens, completion_tokens, now, cid, turn,
+                ),
+            )
+            if updated.rowcount == 0:
+                raise LookupError(f"turn {turn} of conversation {cid} not found")
+            if self._is_live(cid):
+                index_turn(self._conn, cid, turn, messages)
+                self._conn.execute(FINISH_CONVERSATION, (ctx_used, now, cid))
+            result = self._turn_row(cid, turn)
+        assert result is not None
+        return result
+
+    def turns(self, cid: int) -> list[Turn]:
+        """Every turn of a live conversation, in order ([] if missing or deleted)."""
+        return [Turn.from_row(row) for row in self._conn.execute(SELECT_TURNS, (cid,))]
+
+    def turn(self, cid: int, n: int) -> Turn | None:
+        """Turn n (1-based) of a live conversation, or None."""
+        row = self._conn.execute(SELECT_TURN, (cid, n)).fetchone()
+        return Turn.from_row(row) if row else None
+
+    def interrupt_running(self) -> int:
+        """Mark turns a crash left running as interrupted; how many there were.
+
+        Their question and last checkpointed reply stay as they are.
+        """
+        with self._transaction():
+            count = self._conn.execute(INTERRUPT_RUNNING, (self._now(),)).rowcount
+        if count:
+            logger.info("history: %d turn(s) left running were marked interrupted", count)
+        return count
+
+    # -- search --------------------------------------------------------------------
+
+    def search_conversation(
+        self,
+        cid: int,
+        query: str,
+        limit: int = DEFAULT_CONVERSATION_HITS,
+        role: str | None = None,
+    ) -> list[SearchHit]:
+        """Best bm25 matches among one conversation's messages ("all"/None: any role)."""
+        match = quote_fts(query)
+        if not match or limit <= 0:
+            return []
+        lo, hi = conversation_rowid_range(cid)
+        params = {
+            "query": match,
+            "lo": lo,
+            "hi": hi,
+            "role": None if role in (None, "all") else role,
+            "limit": limit,
+        }
+        return [SearchHit.from_row(r) for r in self._conn.execute(SEARCH_CONVERSATION, params)]
+
+    def search_all(self, query: str, limit: int = DEFAULT_ALL_HITS) -> list[SearchHit]:
+        """Best bm25 matches across every live conversation."""
+        match = quote_fts(query)
+        if not match or limit <= 0:
+            return []
+        params = {"query": match, "limit": limit}
+        return [SearchHit.from_row(r) for r in self._conn.execute(SEARCH_ALL, params)]

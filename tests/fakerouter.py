@@ -1,0 +1,668 @@
+"""A fake OpenAI-compatible model server: a real HTTP/1.1 server on loopback.
+
+Used by the pytest suite, by ``python3 assistant.py --test`` and by the
+benchmarks, so it imports the standard library only.  It runs its own asyncio
+loop in a background thread (``asyncio.start_server`` and a minimal HTTP/1.1
+parser), which lets it stream SSE chunk by chunk with real flushes, keep
+connections alive between requests the way httpx's pool expects, and notice a
+client that hangs up in the middle of a stream (``disconnects``).
+
+It imitates llama-server where servers differ: ``/v1/models`` entries with
+``architecture.input_modalities`` and ``meta`` (``"llama"`` format), ``/props``
+with ``modalities`` and ``default_generation_settings.n_ctx`` (honouring
+``?model=`` like llama-server's router mode and llama-swap), a first chunk with
+``"content": null``, tool calls streamed by ``index`` in several pieces, a
+usage chunk with ``"choices": []``, and errors as
+``{"error": {"code", "message", "type"}}``.
+
+    with FakeRouter() as fake:
+        fake.script(Reply(text="Hello there", reasoning=["Thinking."]))
+        ...  # point the client at fake.url
+        assert fake.requests[-1]["stream"] is True
+
+Run ``python -m tests.fakerouter [--port N]`` to serve in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import hashlib
+import http
+import json
+import logging
+import math
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+__all__ = ["FakeModel", "FakeRouter", "Reply", "fake_embedding"]
+
+logger = logging.getLogger(__name__)
+
+ModelsFormat = Literal["llama", "top", "bare"]
+
+HOST = "127.0.0.1"
+HEADER_LIMIT = 64 * 1024  # request line and headers
+BATCH_BYTES = 64 * 1024  # coalesce unpaced SSE events into writes of about this size
+EMBED_DIM = 8
+START_TIMEOUT = 10.0
+COMPLETE_DEFAULT = "Fake title"
+# Rough characters per token for the "auto" prompt_tokens count.
+CHARS_PER_TOKEN = 4
+ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
+
+
+@dataclass
+class FakeModel:
+    """A model the fake serves: its id, input modalities and context size."""
+
+    id: str
+    input_modalities: list[str] = field(default_factory=lambda: ["text"])
+    n_ctx: int = 4096
+
+
+def default_models() -> list[FakeModel]:
+    return [FakeModel("fake-text", ["text"], 4096), FakeModel("fake-vision", ["text", "image"], 8192)]
+
+
+@dataclass
+class Reply:
+    """One scripted answer to a chat request; the fields say what and how to send."""
+
+    text: str | None = None  # split into word chunks unless ``chunks`` is given
+    chunks: list[str] | None = None
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None  # each {"id", "name", "arguments"}
+    finish_reason: str | None = None  # default "stop", or "tool_calls" when there are some
+    usage: dict[str, int] | None | Literal["auto"] = "auto"
+    delay: float = 0.0  # seconds before each chunk (and before a non-streamed answer)
+    status: int = 200
+    error: str | None = None  # with status >= 400: the HTTP error; with 200: an error mid-stream
+    error_type: str | None = None  # e.g. "exceed_context_size_error"
+    legacy_error: bool = False  # mid-stream error as llama-server's old ``error:`` field
+    drop_after: int | None = None  # close the connection after this many chunks
+    hang: bool = False  # send the chunks, then nothing until the client hangs up
+    first_content_null: bool = True
+
+
+def _words(text: str) -> list[str]:
+    """Split text the way a model streams it: one word (with its leading space) a chunk."""
+    return re.findall(r"\s*\S+\s*$|\s*\S+", text) or ([text] if text else [])
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _rough_tokens(body: dict[str, Any]) -> int:
+    chars = sum(len(_message_text(m)) for m in body.get("messages") or () if isinstance(m, dict))
+    return max(1, chars // CHARS_PER_TOKEN)
+
+
+def fake_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
+    """A deterministic unit vector: hashed bag of words, so texts sharing words point alike."""
+    vector = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        vector[digest[0] % dim] += 1.0 if digest[1] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:
+        vector[0], norm = 1.0, 1.0
+    return [x / norm for x in vector]
+
+
+@dataclass
+class _Request:
+    """A parsed HTTP request."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    keep_alive: bool
+
+
+class _ClientGone(Exception):
+    """The client closed the connection while we were streaming to it."""
+
+
+class FakeRouter:
+    """The fake server; ``start()``/``stop()`` or use it as a context manager."""
+
+    def __init__(
+        self,
+        models: list[FakeModel] | None = None,
+        models_format: ModelsFormat = "llama",
+        props: bool = True,
+        *,
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
+        self.models = default_models() if models is None else models
+        self.models_format = models_format
+        self.props = props
+        self.api_key = api_key  # when set, requests must carry "Authorization: Bearer <key>"
+        self.embed_dim = EMBED_DIM
+        self.embed_delay = 0.0
+        self.embed_fail = False
+        self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
+        self.requests: list[dict[str, Any]] = []
+        self.embedding_requests: list[dict[str, Any]] = []
+        self.hits: collections.Counter[str] = collections.Counter()  # path -> requests served
+        self.disconnects = 0
+        self.connections = 0  # TCP connections accepted: keep-alive reuse shows as fewer
+        self._port_wanted = port
+        self._port = 0
+        self._cond = threading.Condition()
+        self._stream_queue: collections.deque[Reply] = collections.deque()
+        self._complete_queue: collections.deque[Reply] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._startup_error: BaseException | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._counter = 0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The base URL a client uses, ending in ``/v1``."""
+        return f"http://{HOST}:{self._port}/v1"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def start(self) -> FakeRouter:
+        if self._thread is not None:
+            raise RuntimeError("FakeRouter already started")
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="fakerouter", daemon=True)
+        self._thread.start()
+        if not ready.wait(START_TIMEOUT):
+            raise RuntimeError("FakeRouter did not start")
+        if self._startup_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise RuntimeError(f"FakeRouter could not start: {self._startup_error}") from self._startup_error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(START_TIMEOUT)
+        self._thread = None
+
+    def __enter__(self) -> FakeRouter:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except BaseException as exc:  # reported to start(); a thread must not die loudly
+            self._startup_error = exc
+            ready.set()
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        server = await asyncio.start_server(self._connection, HOST, self._port_wanted, limit=HEADER_LIMIT)
+        self._port = server.sockets[0].getsockname()[1]
+        ready.set()
+        async with server:
+            await self._stopping.wait()
+            server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            # Closed transports release their sockets on the next loop iterations.
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+    # -- scripting and recording ----------------------------------------
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies for the next streaming chat requests, first in first out."""
+        with self._cond:
+            self._stream_queue.extend(replies)
+
+    def script_complete(self, *replies: Reply) -> None:
+        """Queue replies for the next non-streaming chat requests (titles, summaries)."""
+        with self._cond:
+            self._complete_queue.extend(replies)
+
+    def wait_requests(self, n: int, timeout: float = 10.0) -> bool:
+        """Block until ``n`` chat requests have arrived; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.requests) >= n, timeout)
+
+    def wait_disconnects(self, n: int, timeout: float = 10.0) -> bool:
+        """Block until ``n`` streams were abandoned by their client; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.disconnects >= n, timeout)
+
+    def reset(self) -> None:
+        """Forget recorded requests, queued replies and the embedder knobs; the models stay."""
+        with self._cond:
+            self.requests.clear()
+            self.embedding_requests.clear()
+            self.hits.clear()
+            self.disconnects = 0
+            self.connections = 0
+            self._stream_queue.clear()
+            self._complete_queue.clear()
+            self.embed_delay = 0.0
+            self.embed_fail = False
+            self.props_delay = 0.0
+
+    def _note_disconnect(self) -> None:
+        with self._cond:
+            self.disconnects += 1
+            self._cond.notify_all()
+
+    # -- HTTP plumbing -------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        with self._cond:
+            self.connections += 1
+        try:
+            while True:
+                request = await self._read_request(reader, writer)
+                if request is None or not await self._dispatch(request, reader, writer):
+                    break
+        except (_ClientGone, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        except asyncio.LimitOverrunError:
+            writer.write(_response_bytes(431, {"error": {"code": 431, "message": "headers too large"}}, False))
+        except Exception:
+            logger.exception("fake router: request failed")
+            writer.write(_response_bytes(500, {"error": {"code": 500, "message": "fake router crashed"}}, False))
+        finally:
+            self._connections.discard(task)
+            if self._stopping is not None and self._stopping.is_set():
+                writer.transport.abort()  # a client that stopped reading must not delay stop()
+            else:
+                writer.close()
+
+    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return None  # the client closed an idle keep-alive connection
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = await _read_chunked(reader)
+        else:
+            body = await reader.readexactly(int(headers.get("content-length") or 0))
+        connection = headers.get("connection", "").lower()
+        keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
+        parts = urlsplit(target)
+        return _Request(method, parts.path, dict(parse_qsl(parts.query)), headers, body, keep_alive)
+
+    async def _dispatch(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; return whether the connection may serve another."""
+        path = request.path.rstrip("/") or "/"
+        with self._cond:
+            self.hits[path] += 1
+        # llama-server answers its OpenAI routes with and without the /v1 prefix.
+        route = (request.method, path.removeprefix("/v1"))
+        if route[1] != "/health" and self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return await _send(writer, 401, _error_body(401, "Invalid API Key", "authentication_error"), request)
+        if route == ("GET", "/models"):
+            return await _send(writer, 200, self._models_body(), request)
+        if (request.method, path) == ("GET", "/props"):
+            return await self._props(request, writer)
+        if route == ("GET", "/health"):
+            return await _send(writer, 200, {"status": "ok"}, request)
+        if route == ("POST", "/chat/completions"):
+            return await self._chat(request, reader, writer)
+        if route == ("POST", "/embeddings"):
+            return await self._embeddings(request, writer)
+        return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
+
+    # -- endpoints -------------------------------------------------------------
+
+    def _models_body(self) -> dict[str, Any]:
+        data = []
+        for model in self.models:
+            entry: dict[str, Any] = {"id": model.id, "object": "model", "created": 0, "owned_by": "llamacpp"}
+            if self.models_format == "llama":
+                entry["architecture"] = {"input_modalities": list(model.input_modalities), "output_modalities": ["text"]}
+                # n_ctx_train is deliberately larger: a client must not take it for the runtime context.
+                entry["meta"] = {"n_ctx": model.n_ctx, "n_ctx_train": model.n_ctx * 8, "n_vocab": 32000}
+            elif self.models_format == "top":
+                entry["input_modalities"] = list(model.input_modalities)
+            data.append(entry)
+        return {"object": "list", "data": data}
+
+    async def _props(self, request: _Request, writer: asyncio.StreamWriter) -> bool:
+        if self.props_delay:
+            await asyncio.sleep(self.props_delay)
+        if not self.props or not self.models:
+            return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
+        wanted = request.query.get("model")
+        model = next((m for m in self.models if m.id == wanted), None) if wanted else self.models[0]
+        if model is None:
+            return await _send(writer, 400, _error_body(400, f"model {wanted!r} not found", "invalid_request_error"), request)
+        body = {
+            "default_generation_settings": {"n_ctx": model.n_ctx, "params": {"temperature": 0.8}},
+            "total_slots": 1,
+            "model_path": f"/models/{model.id}.gguf",
+            "modalities": {"vision": "image" in model.input_modalities, "audio": "audio" in model.input_modalities},
+            "build_info": "fake",
+        }
+        return await _send(writer, 200, body, request)
+
+    def _next_reply(self, body: dict[str, Any], stream: bool) -> Reply:
+        with self._cond:
+            queue = self._stream_queue if stream else self._complete_queue
+            if queue:
+                return queue.popleft()
+        if not stream:
+            return Reply(text=COMPLETE_DEFAULT)
+        users = [m for m in body.get("messages") or () if isinstance(m, dict) and m.get("role") == "user"]
+        return Reply(text="You said: " + (_message_text(users[-1]) if users else ""))
+
+    async def _chat(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        try:
+            body = json.loads(request.body)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            return await _send(writer, 400, _error_body(400, f"invalid JSON: {exc}", "invalid_request_error"), request)
+        stream = bool(body.get("stream"))
+        with self._cond:
+            self.requests.append({"path": request.path, **body})
+            self._counter += 1
+            serial = self._counter
+            self._cond.notify_all()
+        reply = self._next_reply(body, stream)
+        if reply.status >= 400:
+            kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")
+            return await _send(writer, reply.status, _error_body(reply.status, reply.error or "fake error", kind), request)
+        chunks = _Chunks(reply, body, serial)
+        if not stream:
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+            return await _send(writer, 200, chunks.completion(), request)
+        return await self._stream(chunks, request, reader, writer)
+
+    async def _stream(self, chunks: _Chunks, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        reply = chunks.reply
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Transfer-Encoding: chunked\r\n"
+            + (b"" if request.keep_alive else b"Connection: close\r\n")
+            + b"\r\n"
+        )
+        pieces = chunks.pieces()
+        if reply.drop_after is not None:
+            pieces = pieces[: reply.drop_after]
+        try:
+            await self._write_events(chunks.prologue() + pieces, reply.delay, reader, writer)
+            if reply.drop_after is not None:
+                # Flush what was sent, then close without the final chunk: a crashed server.
+                writer.transport.set_write_buffer_limits(0)
+                await writer.drain()
+                writer.transport.close()
+                return False
+            if reply.hang:
+                await writer.drain()
+                while await reader.read(HEADER_LIMIT):
+                    pass  # a client sends nothing mid-response; we wait for its hang-up
+                raise _ClientGone
+            await self._write_events(chunks.epilogue(), 0.0, reader, writer)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except (_ClientGone, ConnectionError):
+            self._note_disconnect()
+            writer.transport.abort()
+            return False
+        return request.keep_alive
+
+    async def _write_events(
+        self, events: list[bytes], delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Send SSE events as HTTP chunks: each paced and flushed, or coalesced when unpaced."""
+        if delay > 0:
+            for event in events:
+                await asyncio.sleep(delay)
+                if reader.at_eof() or reader.exception() is not None or writer.transport.is_closing():
+                    raise _ClientGone
+                writer.write(_frame(event))
+                await writer.drain()
+            return
+        batch = bytearray()
+        for event in events:
+            batch += event
+            if len(batch) >= BATCH_BYTES:
+                writer.write(_frame(bytes(batch)))
+                batch.clear()
+                await writer.drain()
+        if batch:
+            writer.write(_frame(bytes(batch)))
+        await writer.drain()
+
+    async def _embeddings(self, request: _Request, writer: asyncio.StreamWriter) -> bool:
+        try:
+            body = json.loads(request.body)
+            inputs = body["input"]
+        except (ValueError, KeyError, TypeError) as exc:
+            return await _send(writer, 400, _error_body(400, f"bad request: {exc}", "invalid_request_error"), request)
+        with self._cond:
+            self.embedding_requests.append({"path": request.path, **body})
+            self._cond.notify_all()
+            delay, fail, dim = self.embed_delay, self.embed_fail, self.embed_dim
+        if delay:
+            await asyncio.sleep(delay)
+        if fail:
+            return await _send(writer, 500, _error_body(500, "fake embedder failure", "server_error"), request)
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        data = [{"object": "embedding", "index": i, "embedding": fake_embedding(str(t), dim)} for i, t in enumerate(texts)]
+        tokens = sum(len(str(t).split()) for t in texts)
+        # Reversed on purpose: the OpenAI API promises order only through "index".
+        answer = {
+            "object": "list",
+            "model": body.get("model", ""),
+            "data": data[::-1],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return await _send(writer, 200, answer, request)
+
+
+class _Chunks:
+    """Builds the SSE events (and the non-streamed answer) of one scripted reply."""
+
+    def __init__(self, reply: Reply, body: dict[str, Any], serial: int) -> None:
+        self.reply = reply
+        self.body = body
+        self.model = str(body.get("model") or "fake")
+        self.common = {
+            "created": int(time.time()),
+            "id": f"chatcmpl-fake{serial}",
+            "model": self.model,
+            "system_fingerprint": "fake",
+            "object": "chat.completion.chunk",
+        }
+        if reply.chunks is not None:
+            self.content = list(reply.chunks)
+        else:
+            self.content = _words(reply.text or "") if reply.text is not None else []
+        self.calls = [self._call(i, c) for i, c in enumerate(reply.tool_calls or ())]
+
+    @staticmethod
+    def _call(index: int, call: dict[str, Any]) -> dict[str, str]:
+        arguments = call.get("arguments", "{}")
+        return {
+            "id": str(call.get("id") or f"call_fake{index}"),
+            "name": str(call["name"]),
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+        }
+
+    def _event(self, choices: list[Any], **extra: Any) -> bytes:
+        return b"data: " + json.dumps({"choices": choices, **self.common, **extra}).encode() + b"\n\n"
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return self._event([{"finish_reason": None, "index": 0, "delta": delta}])
+
+    @property
+    def finish_reason(self) -> str:
+        return self.reply.finish_reason or ("tool_calls" if self.calls else "stop")
+
+    def prologue(self) -> list[bytes]:
+        if not self.reply.first_content_null:
+            return []
+        return [self._delta({"role": "assistant", "content": None})]
+
+    def pieces(self) -> list[bytes]:
+        """The counted chunks: reasoning, then content, then tool-call fragments."""
+        out = [self._delta({"reasoning_content": piece}) for piece in self.reply.reasoning]
+        # Content chunks dominate benchmarks: build them from a template, not json.dumps of a dict.
+        prefix = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
+        suffix = (b'}}],' + json.dumps(self.common)[1:].encode()) + b"\n\n"
+        out.extend(prefix + json.dumps(piece).encode() + suffix for piece in self.content)
+        for index, call in enumerate(self.calls):
+            head = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": ""}}
+            out.append(self._delta({"tool_calls": [head]}))
+            for piece in _split_even(call["arguments"], ARGUMENT_PIECES):
+                out.append(self._delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+        return out
+
+    def _piece_count(self) -> int:
+        calls = sum(1 + len(list(_split_even(c["arguments"], ARGUMENT_PIECES))) for c in self.calls)
+        return len(self.reply.reasoning) + len(self.content) + calls
+
+    def usage(self) -> dict[str, int] | None:
+        if self.reply.usage == "auto":
+            prompt, completion = _rough_tokens(self.body), self._piece_count()
+            return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return self.reply.usage
+
+    def epilogue(self) -> list[bytes]:
+        reply = self.reply
+        if reply.error:
+            error = {"code": 500, "message": reply.error, "type": reply.error_type or "server_error"}
+            if reply.legacy_error:
+                return [b"error: " + json.dumps(error).encode() + b"\n\n", b"data: [DONE]\n\n"]
+            return [b"data: " + json.dumps({"error": error}).encode() + b"\n\n"]
+        out = [self._event([{"finish_reason": self.finish_reason, "index": 0, "delta": {}}])]
+        usage = self.usage()
+        options = self.body.get("stream_options") or {}
+        if usage is not None and isinstance(options, dict) and options.get("include_usage"):
+            out.append(self._event([], usage=usage))
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+    def completion(self) -> dict[str, Any]:
+        """The whole answer to a request without ``stream``."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reply.reasoning:
+            message["reasoning_content"] = "".join(self.reply.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in self.calls
+            ]
+        answer = {
+            **self.common,
+            "object": "chat.completion",
+            "choices": [{"finish_reason": self.finish_reason, "index": 0, "message": message}],
+        }
+        usage = self.usage()
+        if usage is not None:
+            answer["usage"] = usage
+        return answer
+
+
+def _frame(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def _split_even(text: str, parts: int) -> Iterator[str]:
+    size = max(1, math.ceil(len(text) / parts))
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def _error_body(code: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "type": kind}}
+
+
+def _response_bytes(status: int, body: Any, keep_alive: bool) -> bytes:
+    payload = json.dumps(body).encode()
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Status"
+    return (
+        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+    ).encode() + payload
+
+
+async def _send(writer: asyncio.StreamWriter, status: int, body: Any, request: _Request) -> bool:
+    writer.write(_response_bytes(status, body, request.keep_alive))
+    await writer.drain()
+    return request.keep_alive
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    body = bytearray()
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                pass  # trailers
+            return bytes(body)
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve in the foreground until SIGINT or SIGTERM, printing the URL."""
+    parser = argparse.ArgumentParser(prog="python -m tests.fakerouter", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    parser.add_argument("--format", choices=["llama", "top", "bare"], default="llama", help="shape of /v1/models")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    # Set explicitly: a shell starting us in the background leaves SIGINT ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with FakeRouter(models_format=args.format, port=args.port) as fake:
+        print(fake.url, flush=True)
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

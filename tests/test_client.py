@@ -1,0 +1,104 @@
+"""The command-line client, run as a real process against the real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeRouter, Reply
+from tests.wire import Wire
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), *args,
+        cwd=ROOT, env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_ask_streams_the_reply(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["Paris ", "is the capital."]))
+    code, out, err = await cli("ask", "capital", "of", "France?")
+    assert code == 0, err
+    assert out.strip() == "Paris is the capital."
+    assert "conversation 1, turn 1" in err
+    assert router.requests[-1]["messages"][-1]["content"] == "capital of France?"
+
+
+async def test_ask_continues_a_conversation(daemon: RunningDaemon, router: FakeRouter) -> None:
+    await cli("ask", "first")
+    code, out, err = await cli("ask", "-c", "1", "second")
+    assert code == 0, err
+    assert "turn 2" in err
+    code, out, err = await cli("ask", "--continue", "third")
+    assert "conversation 1, turn 3" in err
+    code, out, err = await cli("ask", "--new", "fresh")
+    assert "conversation 2, turn 1" in err
+
+
+async def test_ask_json_prints_every_event(daemon: RunningDaemon) -> None:
+    code, out, _ = await cli("ask", "--json", "hi")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["type"] for e in events][0] == "user"
+    assert events[-1]["type"] == "done"
+    assert events[-1]["text"] == "You said: hi"
+
+
+async def test_ask_error_exits_non_zero(daemon: RunningDaemon) -> None:
+    code, out, err = await cli("ask", "-c", "77", "hello?")
+    assert code == 1
+    assert "not_found" in err and "conversation 77" in err
+
+
+async def test_conversations_open_delete(daemon: RunningDaemon) -> None:
+    await cli("ask", "what is a daemon")
+    code, out, _ = await cli("conversations")
+    assert code == 0
+    assert "what is a daemon" in out and "1 turns" in out
+    code, out, _ = await cli("open", "1")
+    assert "you: what is a daemon" in out
+    assert "assistant: You said: what is a daemon" in out
+    code, out, _ = await cli("open", "1", "--json")
+    assert json.loads(out)["turns"][0]["reply"] == "You said: what is a daemon"
+    code, out, _ = await cli("delete", "1")
+    assert code == 0 and "deleted conversation 1" in out
+    code, out, err = await cli("open", "1")
+    assert code == 1 and "not_found" in err
+
+
+async def test_models_and_status(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, out, _ = await cli("models")
+    assert code == 0
+    assert "* fake-text  ctx 4096  inputs text" in out
+    assert "fake-vision" in out and "image" in out
+    code, out, _ = await cli("status")
+    assert code == 0
+    assert f"router {router.url} (reachable)" in out
+    code, out, _ = await cli("status", "--json")
+    assert json.loads(out)["router_reachable"] is True
+
+
+async def test_an_interrupted_turn_is_marked_in_open(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(status=503, error="loading model"))
+    await cli("ask", "too early")
+    code, out, _ = await cli("open", "1")
+    assert "[error: " in out and "loading model" in out
+
+
+async def test_no_daemon_is_a_clear_message(tmp_path: Path) -> None:
+    code, out, err = await cli("status", env={"ASSISTANT_SOCKET": str(tmp_path / "none.sock")})
+    assert code == 2
+    assert "no daemon answers" in err and "make run" in err

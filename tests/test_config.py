@@ -1,0 +1,89 @@
+"""Configuration: defaults, the TOML file, ASSISTANT_* overrides, XDG paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from daemon import ConfigError, load_config
+
+
+def test_defaults(tmp_path: Path) -> None:
+    config = load_config({"HOME": str(tmp_path)})
+    assert config.router_url == "http://127.0.0.1:8080/v1"
+    assert config.kb_top_k == 3
+    assert config.compact_at == 0.75
+    assert config.model == "" and config.ctx_max == 0
+    assert config.embeddings_base == config.router_url
+    assert config.data_dir == tmp_path / ".local" / "share" / "assistant"
+    assert config.db_path == config.data_dir / "history.db"
+    assert config.socket_path == Path(f"/tmp/assistant-{os.getuid()}/assistant.sock")
+
+
+def test_xdg_paths(tmp_path: Path) -> None:
+    config = load_config({
+        "HOME": str(tmp_path), "XDG_RUNTIME_DIR": "/run/user/1000", "XDG_DATA_HOME": str(tmp_path / "d"),
+    })
+    assert config.socket_path == Path("/run/user/1000/assistant.sock")
+    assert config.data_dir == tmp_path / "d" / "assistant"
+
+
+def test_explicit_paths_win(tmp_path: Path) -> None:
+    config = load_config({
+        "HOME": str(tmp_path), "XDG_RUNTIME_DIR": "/run/user/1000",
+        "ASSISTANT_SOCKET": "/tmp/x.sock", "ASSISTANT_DATA_DIR": str(tmp_path / "data"),
+    })
+    assert config.socket_path == Path("/tmp/x.sock")
+    assert config.data_dir == tmp_path / "data"
+
+
+def test_file_then_environment(tmp_path: Path) -> None:
+    (tmp_path / "assistant").mkdir()
+    (tmp_path / "assistant" / "config.toml").write_text(
+        'router_url = "http://10.0.0.2:9000/v1/"\nmodel = "qwen"\nkb_top_k = 5\ncompact_at = 0.6\n'
+        'system_prompt = """Be brief."""\nembedding_model = "nomic"\n'
+    )
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "ASSISTANT_KB_TOP_K": "7",
+           "ASSISTANT_AUTO_TITLE": "no", "ASSISTANT_EMBEDDING_URL": "http://127.0.0.1:9999/v1"}
+    config = load_config(env)
+    assert config.router_url == "http://10.0.0.2:9000/v1"  # trailing slash dropped
+    assert config.model == "qwen" and config.system_prompt == "Be brief."
+    assert config.kb_top_k == 7  # the environment wins over the file
+    assert config.compact_at == 0.6
+    assert config.auto_title is False
+    assert config.embeddings_base == "http://127.0.0.1:9999/v1"
+    assert config.config_path == tmp_path / "assistant" / "config.toml"
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"ASSISTANT_KB_TOP_K": "three"}, "kb_top_k must be a int"),
+        ({"ASSISTANT_COMPACT_AT": "2"}, "compact_at must be between"),
+        ({"ASSISTANT_ROUTER_URL": "localhost:8080"}, "must start with http"),
+        ({"ASSISTANT_REQUEST_TIMEOUT": "0"}, "positive number"),
+        ({"ASSISTANT_AUTO_TITLE": "maybe"}, "auto_title must be a bool"),
+    ],
+)
+def test_bad_values_are_named(tmp_path: Path, env: dict[str, str], words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"HOME": str(tmp_path), **env})
+    assert words in info.value.message
+
+
+def test_unknown_key_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('routr_url = "http://x"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
+    assert "unknown key 'routr_url'" in info.value.message
+
+
+def test_broken_toml(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("model = \n")
+    with pytest.raises(ConfigError) as info:
+        load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
+    assert str(path) in info.value.message

@@ -1,0 +1,250 @@
+"""history.db schema: a fresh migration, an old pre-migration file, atomicity."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from history import HistoryStore
+from history import migrations as migrations_module
+from history.migrations import MIGRATIONS, m001_initial, migrate, table_columns
+from history.records import parse_timestamp
+
+CONVERSATION_COLUMNS = [
+    "id", "title", "model", "settings", "ctx_used", "created_at", "updated_at",
+    "deleted_at",
+]
+TURN_COLUMNS_M001 = [
+    "id", "conversation_id", "turn", "text", "messages", "reply", "status", "error",
+    "error_code", "finish_reason", "model", "prompt_tokens", "completion_tokens",
+    "created_at", "updated_at",
+]
+ALL_MIGRATIONS = ["m001_initial", "m002_turn_files"]
+
+
+@contextmanager
+def connect(path: Path) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(path)) as conn:
+        yield conn
+
+
+def migration_rows(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    return conn.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall()
+
+
+def schema_sql(conn: sqlite3.Connection, name: str) -> str:
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+    assert row is not None, f"{name} missing"
+    return str(row[0])
+
+
+def test_migration_list_is_ordered_and_named() -> None:
+    assert [m.__name__ for m in MIGRATIONS] == ALL_MIGRATIONS
+
+
+def test_migrate_empty_database(tmp_path: Path) -> None:
+    with connect(tmp_path / "history.db") as conn:
+        assert migrate(conn) == ALL_MIGRATIONS
+
+        assert table_columns(conn, "conversations") == CONVERSATION_COLUMNS
+        assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files"]
+        assert table_columns(conn, "_migrations") == ["name", "applied_at"]
+        assert table_columns(conn, "message_fts") == ["body", "role"]
+
+        fts_sql = schema_sql(conn, "message_fts")
+        assert "fts5" in fts_sql
+        assert "role UNINDEXED" in fts_sql
+        assert "remove_diacritics 2" in fts_sql
+        # A regular FTS5 table, not external-content: it keeps its own text.
+        assert "content=" not in fts_sql.replace(" ", "")
+        assert "conversations_updated_at" in schema_sql(conn, "conversations_updated_at")
+        assert "WHERE status = 'running'" in schema_sql(conn, "turns_running")
+        # UNIQUE(conversation_id, turn) already indexes the lookup; no duplicate index.
+        assert conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'turns_conversation_turn'"
+        ).fetchone() == (0,)
+
+        rows = migration_rows(conn)
+        assert [name for name, _ in rows] == ALL_MIGRATIONS
+        for _, applied_at in rows:
+            parse_timestamp(applied_at)  # raises unless ISO-8601 UTC with microseconds
+
+        # Current already: nothing applied, records untouched.
+        assert migrate(conn) == []
+        assert migration_rows(conn) == rows
+
+
+def test_new_files_column_defaults_to_empty_list(tmp_path: Path) -> None:
+    with connect(tmp_path / "history.db") as conn:
+        migrate(conn)
+        conn.execute(
+            "INSERT INTO conversations (id, created_at, updated_at) VALUES (1, 'x', 'x')"
+        )
+        conn.execute(
+            "INSERT INTO turns (conversation_id, turn, text, messages, status, created_at,"
+            " updated_at) VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')"
+        )
+        assert conn.execute("SELECT files FROM turns").fetchone() == ("[]",)
+        assert conn.execute("SELECT settings, ctx_used, title FROM conversations").fetchone() == (
+            "{}", 0, "",
+        )
+
+
+def test_m001_has_no_files_column_and_m002_adds_it(tmp_path: Path) -> None:
+    with connect(tmp_path / "history.db") as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        with conn:
+            m001_initial(conn)
+            conn.execute(migrations_module.INSERT_APPLIED, ("m001_initial", "t"))
+        assert "files" not in table_columns(conn, "turns")
+
+        assert migrate(conn) == ["m002_turn_files"]
+        assert table_columns(conn, "turns")[-1] == "files"
+
+
+def build_old_schema(path: Path, *, with_files: bool) -> None:
+    """A history.db as written before migrations were tracked."""
+    files_column = ", files TEXT" if with_files else ""
+    with connect(path) as conn:
+        conn.executescript(
+            f"""
+            CREATE TABLE conversations (
+                id INTEGER PRIMARY KEY,
+                title TEXT NOT NULL DEFAULT '',
+                model TEXT,
+                settings TEXT NOT NULL DEFAULT '{{}}',
+                ctx_used INTEGER NOT NULL DEFAULT 0,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL,
+                deleted_at TEXT
+            );
+            -- No error_code column yet, and maybe no files column.
+            CREATE TABLE turns (
+                id INTEGER PRIMARY KEY,
+                conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+                turn INTEGER NOT NULL,
+                text TEXT NOT NULL,
+                messages TEXT NOT NULL,
+                reply TEXT NOT NULL DEFAULT '',
+                status TEXT NOT NULL,
+                error TEXT,
+                finish_reason TEXT,
+                model TEXT,
+                prompt_tokens INTEGER,
+                completion_tokens INTEGER,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL{files_column},
+                UNIQUE (conversation_id, turn)
+            );
+            INSERT INTO conversations (id, title, created_at, updated_at, deleted_at) VALUES
+                (1, 'Old one', '2026-10-01T10:00:00.000000Z', '2026-10-01T10:05:00.000000Z', NULL),
+                (2, 'Gone', '2026-10-02T10:00:00.000000Z', '2026-10-02T10:00:00.000000Z',
+                 '2026-10-03T00:00:00.000000Z');
+            """
+        )
+        turns = [
+            (1, 1, "what is a marmoset", "A small monkey."),
+            (1, 2, "and a tamarin", "A related monkey."),
+            (2, 1, "secret deleted question", "secret deleted answer"),
+        ]
+        for cid, n, text, reply in turns:
+            messages = [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": reply},
+            ]
+            conn.execute(
+                "INSERT INTO turns (conversation_id, turn, text, messages, reply, status,"
+                " model, prompt_tokens, completion_tokens, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, 'complete', 'old-model', 10, 5,"
+                " '2026-10-01T10:00:00.000000Z', '2026-10-01T10:00:00.000000Z')",
+                (cid, n, text, json.dumps(messages), reply),
+            )
+        if with_files:
+            conn.execute(
+                """UPDATE turns SET files = '[{"name":"a.txt","kind":"text"}]' WHERE turn = 1"""
+            )
+        conn.commit()
+
+
+def test_old_schema_file_upgrades_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    build_old_schema(path, with_files=False)
+
+    with HistoryStore(path) as store:
+        turns = store.turns(1)
+        assert [(t.turn, t.text, t.reply) for t in turns] == [
+            (1, "what is a marmoset", "A small monkey."),
+            (2, "and a tamarin", "A related monkey."),
+        ]
+        assert all(t.files == [] for t in turns)
+        assert all(t.error_code is None for t in turns)
+        assert turns[0].usage == {"prompt_tokens": 10, "completion_tokens": 5}
+        conversation = store.get_conversation(1)
+        assert conversation is not None
+        assert (conversation.title, conversation.turns) == ("Old one", 2)
+        assert store.get_conversation(2) is None
+        # The old turns were put in the new search index; the deleted one was not.
+        assert [(h.conversation_id, h.turn, h.role) for h in store.search_all("tamarin")] == [
+            (1, 2, "user")
+        ]
+        assert store.search_all("monkey") != []
+        assert store.search_all("secret") == []
+        # And the upgraded file takes new turns.
+        _, new = store.start_turn(1, "more", [{"role": "user", "content": "more"}], [], None)
+        assert new.turn == 3
+
+    with connect(path) as conn:
+        columns = table_columns(conn, "turns")
+        assert "files" in columns and "error_code" in columns
+        assert conn.execute("SELECT count(*) FROM turns").fetchone() == (4,)
+        assert conn.execute("SELECT count(*) FROM conversations").fetchone() == (2,)
+        rows = migration_rows(conn)
+        assert [name for name, _ in rows] == ALL_MIGRATIONS
+
+    # Re-opening is a no-op: nothing re-applied, nothing re-indexed twice.
+    with HistoryStore(path) as store:
+        assert len(store.search_all("tamarin")) == 1
+    with connect(path) as conn:
+        assert migration_rows(conn) == rows
+        assert migrate(conn) == []
+
+
+def test_old_schema_that_already_has_files_keeps_them(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    build_old_schema(path, with_files=True)
+
+    with HistoryStore(path) as store:
+        first, second = store.turns(1)
+        assert first.files == [{"name": "a.txt", "kind": "text"}]
+        assert second.files == []  # NULL in the old column reads as no files
+    with connect(path) as conn:
+        assert table_columns(conn, "turns").count("files") == 1
+        assert [name for name, _ in migration_rows(conn)] == ALL_MIGRATIONS
+
+
+def test_failed_migration_leaves_no_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def m003_broken(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE half_done (x INTEGER)")
+        conn.execute("ALTER TABLE turns ADD COLUMN doomed TEXT")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", [*MIGRATIONS, m003_broken])
+    path = tmp_path / "history.db"
+    with pytest.raises(RuntimeError, match="boom"):
+        HistoryStore(path)
+
+    with connect(path) as conn:
+        # The migrations before it were committed, each on its own...
+        assert [name for name, _ in migration_rows(conn)] == ALL_MIGRATIONS
+        # ...and the broken one rolled back whole, DDL included.
+        assert conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'half_done'"
+        ).fetchone() == (0,)
+        assert "doomed" not in table_columns(conn, "turns")
