@@ -50,8 +50,8 @@ class Handlers:
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
-        turn = self.engine.cancel(cid)
-        if turn is None:
+        turn = self.engine.running_turn(cid)
+        if not self.engine.cancel(cid):
             await self._conversation(cid)  # not_found for a conversation that does not exist
         emit({"type": "cancelled", "conversation": cid, "turn": turn})
 
@@ -82,7 +82,7 @@ class Handlers:
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
         await self._conversation(cid)
-        if self.engine.cancel(cid) is not None:
+        if self.engine.cancel(cid):
             await self.engine.wait_turn(cid)  # its last write lands before the delete
         if not await self.history.run(lambda s: s.delete_conversation(cid)):
             raise NotFound(f"conversation {cid} does not exist")

@@ -45,6 +45,10 @@ class Server:
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
 
+    @property
+    def engine(self) -> TurnEngine | None:
+        return self._engine
+
     def request_stop(self) -> None:
         self._stop.set()
 

@@ -70,7 +70,6 @@ class TurnState:
     usage: Usage | None = None
     prompt_estimate: int = 0
     ctx_used: int = 0
-    stop: StopReason | None = None  # set by cancel() or shutdown()
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -101,6 +100,15 @@ def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+@dataclass
+class Slot:
+    """A conversation's one turn, from the moment its ``ask`` is accepted."""
+
+    task: asyncio.Task[Any]
+    state: TurnState | None = None  # None until the question is stored
+    stop: StopReason | None = None  # set by cancel() or shutdown()
+
+
 class TurnEngine:
     """Runs turns: at most one per conversation, any number across conversations."""
 
@@ -108,15 +116,13 @@ class TurnEngine:
         self.config = config
         self.history = history
         self.router = router
-        self._running: dict[int, TurnState] = {}
-        self._tasks: dict[int, asyncio.Task[Any]] = {}
-        self._locked: set[int] = set()  # conversations with a turn starting or running
+        self._slots: dict[int, Slot] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._accepting = True
 
     @property
     def running(self) -> int:
-        return len(self._tasks)
+        return sum(1 for slot in self._slots.values() if slot.state is not None)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -131,49 +137,51 @@ class TurnEngine:
         try:
             if not self._accepting:
                 raise ShuttingDown("the daemon is shutting down; ask again once it is back")
-            if cid is not None and cid in self._locked:
+            if cid is not None and cid in self._slots:
                 where["turn"] = self.running_turn(cid)
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
-            if cid is not None:
-                self._locked.add(cid)
-            try:
-                await self._ask(request, cid, emit, where)
-            finally:
-                if cid is not None:
-                    self._locked.discard(cid)
+            await self._ask(request, cid, emit, where)
         except AssistantError as exc:
             emit(error_event(exc, **where))
 
     def running_turn(self, cid: int) -> int | None:
         """The turn now running in ``cid``, if any."""
-        state = self._running.get(cid)
-        return state.turn if state else None
+        slot = self._slots.get(cid)
+        return slot.state.turn if slot and slot.state else None
 
-    def cancel(self, cid: int, reason: StopReason = "cancelled") -> int | None:
-        """Stop the running turn of ``cid``; its partial reply is kept. Returns its turn."""
-        state = self._running.get(cid)
-        task = self._tasks.get(cid)
-        if state is None or task is None:
-            return None
-        if state.stop is None:
-            state.stop = reason
-            task.cancel()
-        return state.turn
+    def cancel(self, cid: int, reason: StopReason = "cancelled") -> bool:
+        """Stop the turn of ``cid`` (its partial reply is kept); False when none runs.
+
+        A turn still starting (its question not yet stored) stops as soon as it is.
+        """
+        slot = self._slots.get(cid)
+        if slot is None:
+            return False
+        if slot.stop is None:
+            slot.stop = reason
+            if slot.state is not None:
+                slot.task.cancel()
+        return True
 
     async def wait_turn(self, cid: int) -> None:
-        """Wait until ``cid`` has no running turn."""
-        task = self._tasks.get(cid)
-        if task is not None:
-            await asyncio.wait([task])
+        """Wait until ``cid`` has no turn starting or running."""
+        slot = self._slots.get(cid)
+        if slot is not None:
+            await asyncio.wait([slot.task])
+
+    async def settle(self) -> None:
+        """Wait for background work (titles, checkpoints) to finish."""
+        while self._background:
+            await asyncio.wait(list(self._background))
 
     async def shutdown(self, grace: float) -> None:
         """Take no new turns; let running ones finish within ``grace``, then stop them."""
         self._accepting = False
-        tasks = list(self._tasks.values())
+        tasks = [slot.task for slot in self._slots.values()]
         if tasks:
             logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(tasks))
             _done, pending = await asyncio.wait(tasks, timeout=grace)
-            for cid in list(self._running):
+            for cid in list(self._slots):
                 self.cancel(cid, "interrupted")
             if pending:
                 await asyncio.wait(pending)
@@ -185,6 +193,20 @@ class TurnEngine:
     # -- the steps -----------------------------------------------------------------------------
 
     async def _ask(self, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
+        current = asyncio.current_task()
+        assert current is not None
+        slot = Slot(task=current)
+        if cid is not None:
+            self._slots[cid] = slot  # before the first await: a second ask is busy at once
+        try:
+            await self._ask_in(slot, request, cid, emit, where)
+        finally:
+            for key in [k for k, v in self._slots.items() if v is slot]:
+                del self._slots[key]
+
+    async def _ask_in(
+        self, slot: Slot, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]
+    ) -> None:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
         conv = await self._conversation(cid)
@@ -198,18 +220,10 @@ class TurnEngine:
             return
         content = await self._prepare(text, files, model)  # a refused file: nothing stored or sent
         state = await self._store_start(conv, text, content, model)
+        slot.state = state
+        self._slots[state.conversation] = slot
         emit({"type": "user", "conversation": state.conversation, "turn": state.turn, "text": text, "files": []})
-        self._running[state.conversation] = state
-        current = asyncio.current_task()
-        assert current is not None
-        self._tasks[state.conversation] = current
-        self._locked.add(state.conversation)
-        try:
-            await self._run(state, conv, emit)
-        finally:
-            self._running.pop(state.conversation, None)
-            self._tasks.pop(state.conversation, None)
-            self._locked.discard(state.conversation)
+        await self._run(state, slot, conv, emit)
         if conv is None and state.reply and self.config.auto_title:
             self._spawn(self._make_title(state, text))
 
@@ -236,33 +250,38 @@ class TurnEngine:
         """The user message's content. Attachments extend this step."""
         return text
 
+    async def _start_turn(
+        self, conv: Conversation | None, text: str, question: dict[str, Any], model: str | None
+    ) -> tuple[int, int]:
+        """Store the question as a running turn; its (conversation, turn)."""
+        cid = conv.id if conv else None
+        try:
+            conv_after, turn = await self.history.run(
+                lambda s: s.start_turn(cid, text, [question], [], model, provisional_title(text))
+            )
+        except LookupError:  # deleted between our check and the write
+            raise NotFound(f"conversation {cid} was deleted") from None
+        return conv_after.id, turn.turn
+
     async def _store_start(
         self, conv: Conversation | None, text: str, content: str | list[dict[str, Any]], model: ModelInfo
     ) -> TurnState:
         question = {"role": "user", "content": content}
-        title = provisional_title(text)
-        cid = conv.id if conv else None
-        conv_after, turn = await self.history.run(
-            lambda s: s.start_turn(cid, text, [question], [], model.id, title)
-        )
-        return TurnState(conversation=conv_after.id, turn=turn.turn, model=model, messages=[question])
+        cid, turn = await self._start_turn(conv, text, question, model.id)
+        return TurnState(conversation=cid, turn=turn, model=model, messages=[question])
 
     async def _store_failed(
         self, conv: Conversation | None, text: str, exc: AssistantError, model: str | None, emit: Emit
     ) -> None:
         question = {"role": "user", "content": text}
-        cid = conv.id if conv else None
-        conv_after, turn = await self.history.run(
-            lambda s: s.start_turn(cid, text, [question], [], model, provisional_title(text))
-        )
+        cid, turn = await self._start_turn(conv, text, question, model)
         await self.history.run(
             lambda s: s.finish_turn(
-                conv_after.id, turn.turn, messages=[question], reply="", status="error",
-                error=exc.message, error_code=exc.code,
+                cid, turn, messages=[question], reply="", status="error", error=exc.message, error_code=exc.code
             )
         )
-        emit({"type": "user", "conversation": conv_after.id, "turn": turn.turn, "text": text, "files": []})
-        emit(error_event(exc, conversation=conv_after.id, turn=turn.turn))
+        emit({"type": "user", "conversation": cid, "turn": turn, "text": text, "files": []})
+        emit(error_event(exc, conversation=cid, turn=turn))
 
     async def _prompt(self, state: TurnState, conv: Conversation | None) -> list[dict[str, Any]]:
         prompt: list[dict[str, Any]] = []
@@ -276,18 +295,20 @@ class TurnEngine:
         prompt.extend(router_messages(state.messages))
         return prompt
 
-    async def _run(self, state: TurnState, conv: Conversation | None, emit: Emit) -> None:
+    async def _run(self, state: TurnState, slot: Slot, conv: Conversation | None, emit: Emit) -> None:
         where = {"conversation": state.conversation, "turn": state.turn}
         try:
+            if slot.stop is not None:
+                raise asyncio.CancelledError  # cancelled while it was starting
             prompt = await self._prompt(state, conv)
             state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
             finish_reason = await self._converse(state, prompt, emit)
         except asyncio.CancelledError:
-            if state.stop is None:
+            if slot.stop is None:
                 await self._finish(state, "interrupted", "interrupted")
                 raise  # not ours: someone is tearing the loop down
-            await self._finish(state, state.stop, state.stop)
-            emit(self._done_event(state, state.stop))
+            await self._finish(state, slot.stop, slot.stop)
+            emit(self._done_event(state, slot.stop))
             return
         except AssistantError as exc:
             await self._finish(state, "error", None, exc)

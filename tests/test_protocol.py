@@ -382,3 +382,31 @@ async def test_a_client_that_leaves_does_not_lose_the_turn(daemon: RunningDaemon
         assert opened["turns"][0]["reply"] == "still stored"
     finally:
         await other.close()
+
+
+async def test_cancel_right_after_ask_stops_it_as_soon_as_it_is_stored(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    # both lines in one write: the cancel arrives while the ask is still starting
+    await wire.send_raw(
+        json.dumps({"type": "ask", "id": "a", "text": "second", "conversation": cid}).encode() + b"\n"
+        + json.dumps({"type": "cancel", "id": "c", "conversation": cid}).encode() + b"\n"
+    )
+    events = await wire.until("a")
+    assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "cancelled"
+    turns = (await wire.request({"type": "open", "conversation": cid}))["turns"]
+    assert [t["status"] for t in turns] == ["complete", "cancelled"]
+    assert turns[1]["text"] == "second"
+    assert len(router.requests) == 1  # the second question never reached the router
+
+
+async def test_delete_right_after_ask_leaves_nothing_behind(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    await wire.send_raw(
+        json.dumps({"type": "ask", "id": "a", "text": "second", "conversation": cid}).encode() + b"\n"
+        + json.dumps({"type": "delete", "id": "d", "conversation": cid}).encode() + b"\n"
+    )
+    deleted = (await wire.until("d", ("deleted", "error")))[-1]
+    assert deleted["type"] == "deleted"
+    assert (await wire.until("a"))[-1]["finish_reason"] == "cancelled"
+    assert (await wire.request({"type": "open", "conversation": cid}))["code"] == "not_found"
+    assert (await wire.request({"type": "conversations"}))["items"] == []

@@ -1,0 +1,92 @@
+"""Conversation titles: the question's first words at once, the model's title after the first reply."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from daemon import Config
+from daemon.turns import clean_title, provisional_title
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeRouter, Reply
+from tests.wire import Wire
+
+
+class Titled:
+    """A daemon that makes titles, and a way to wait for them."""
+
+    def __init__(self, running: RunningDaemon, wire: Wire) -> None:
+        self.running = running
+        self.wire = wire
+
+    async def ask(self, text: str, **fields: object) -> list[dict]:
+        events = await self.wire.ask(text, **fields)
+        assert self.running.server is not None and self.running.server.engine is not None
+        await self.running.server.engine.settle()  # the title is made in the background
+        return events
+
+    async def title(self, cid: int) -> str:
+        return (await self.wire.request({"type": "open", "conversation": cid}))["title"]
+
+
+@pytest_asyncio.fixture
+async def titled(config: Config) -> AsyncIterator[Titled]:
+    running = RunningDaemon(dataclasses.replace(config, auto_title=True))
+    await running.start()
+    wire = await running.connect()
+    yield Titled(running, wire)
+    await wire.close()
+    await running.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_model_names_a_new_conversation(titled: Titled, router: FakeRouter) -> None:
+    router.script_complete(Reply(text='"Rust borrow checker basics."'))
+    events = await titled.ask("how does the borrow checker in rust work, in simple words please")
+    assert await titled.title(events[0]["conversation"]) == "Rust borrow checker basics"
+    title_request = [r for r in router.requests if not r.get("stream")][-1]
+    assert "borrow checker" in title_request["messages"][-1]["content"]
+    assert title_request["max_tokens"] == 24
+
+
+@pytest.mark.asyncio
+async def test_a_failed_title_keeps_the_first_words(titled: Titled, router: FakeRouter) -> None:
+    router.script_complete(Reply(status=500, error="no"))
+    events = await titled.ask("what is a good name for a cat")
+    assert len([r for r in router.requests if not r.get("stream")]) == 1
+    assert await titled.title(events[0]["conversation"]) == "what is a good name for a cat"
+
+
+@pytest.mark.asyncio
+async def test_a_renamed_conversation_keeps_its_name(titled: Titled, router: FakeRouter) -> None:
+    router.script_complete(Reply(text="Model title", delay=0.2))
+    rid = await titled.wire.send({"type": "ask", "text": "rename me"})
+    cid = (await titled.wire.until(rid))[0]["conversation"]
+    await titled.wire.request({"type": "settings", "conversation": cid, "title": "Mine"})
+    assert titled.running.server is not None and titled.running.server.engine is not None
+    await titled.running.server.engine.settle()
+    assert await titled.title(cid) == "Mine"
+
+
+@pytest.mark.asyncio
+async def test_only_the_first_turn_asks_for_a_title(titled: Titled, router: FakeRouter) -> None:
+    events = await titled.ask("one")
+    cid = events[0]["conversation"]
+    assert await titled.title(cid) == "Fake title"
+    await titled.ask("two", conversation=cid)
+    assert len([r for r in router.requests if not r.get("stream")]) == 1
+
+
+def test_provisional_title() -> None:
+    assert provisional_title("  a b c d e f g h i j ") == "a b c d e f g h"
+    assert provisional_title("x" * 100).endswith("…") and len(provisional_title("x" * 100)) == 60
+    assert provisional_title("   ") == "New conversation"
+
+
+def test_clean_title() -> None:
+    assert clean_title('<think>hmm</think>\n"Title: Cats and dogs."') == "Cats and dogs"
+    assert clean_title("**Rust**\nextra line") == "Rust"
+    assert clean_title("   ") == ""
