@@ -130,27 +130,31 @@ INTERRUPT_RUNNING = """
 UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'running'
 """
 
-# Ranking: bm25() over the one indexed column. It is selected once, aliased, and
-# ordered by that alias on purpose: `SELECT rank ... ORDER BY rank` runs bm25's
-# corpus-wide document-frequency count twice (once in FTS5's internal sorter, once for
-# the output column), doubling the cost of a query with a common word.
+# Ranking is bm25() over the one indexed column. Its cost is dominated by counting, once
+# per query, every row of the whole table that holds each query term (its IDF), so two
+# shapes are avoided on purpose:
+# - `SELECT rank ... ORDER BY rank` counts twice (FTS5's internal sorter, then the
+#   output column): bm25 is selected once under an alias and ordered by that alias;
+# - snippet() next to bm25 in a LIMITed subquery is built for every match before the
+#   sort: the hits are ranked first (rowid and score only) and only the few kept are
+#   looked up again, by rowid, for their role and excerpt.
 SEARCH_RANK = "bm25(message_fts)"
-# The inner query ranks inside FTS5 and stops at the limit before anything is joined;
-# the join then only dates the few hits and drops any of a deleted conversation.
 _SEARCH_TEMPLATE = f"""
-SELECT h.conversation_id, h.turn, h.role, h.excerpt, h.score AS rank, t.created_at
-FROM (
-    SELECT rowid >> {CONVERSATION_SHIFT} AS conversation_id,
-           (rowid >> {TURN_SHIFT}) & {MAX_TURN} AS turn,
-           role, {SEARCH_SNIPPET} AS excerpt, {SEARCH_RANK} AS score
+WITH hits AS MATERIALIZED (
+    SELECT rowid AS id, {SEARCH_RANK} AS score
     FROM message_fts
     WHERE message_fts MATCH :query {{scope}}
     ORDER BY score
     LIMIT :limit
-) AS h
-JOIN turns AS t ON t.conversation_id = h.conversation_id AND t.turn = h.turn
-JOIN conversations AS c ON c.id = h.conversation_id AND c.deleted_at IS NULL
-ORDER BY h.score
+)
+SELECT t.conversation_id, t.turn, message_fts.role, {SEARCH_SNIPPET} AS excerpt,
+       h.score AS rank, t.created_at
+FROM hits AS h
+CROSS JOIN message_fts ON message_fts.rowid = h.id AND message_fts MATCH :query
+JOIN turns AS t ON t.conversation_id = h.id >> {CONVERSATION_SHIFT}
+               AND t.turn = (h.id >> {TURN_SHIFT}) & {MAX_TURN}
+JOIN conversations AS c ON c.id = t.conversation_id AND c.deleted_at IS NULL
+ORDER BY h.score, h.id
 """
 SEARCH_CONVERSATION = _SEARCH_TEMPLATE.format(
     scope="AND rowid BETWEEN :lo AND :hi AND (:role IS NULL OR role = :role)"
