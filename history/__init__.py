@@ -18,7 +18,9 @@ from .fts import (
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
+    Attachment,
     Conversation,
+    NewAttachment,
     SearchHit,
     Turn,
     TurnStatus,
@@ -29,6 +31,8 @@ from .store import UNSET, HistoryStore
 
 __all__ = [
     "AsyncHistory",
+    "Attachment",
+    "NewAttachment",
     "CONVERSATION_SHIFT",
     "Conversation",
     "HistoryStore",

@@ -205,9 +205,45 @@ def m002_turn_files(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE turns ADD COLUMN files TEXT NOT NULL DEFAULT '[]'")
 
 
+CREATE_ATTACHMENTS = """
+CREATE TABLE attachments (
+    -- The id attachment_recall names; looked up only together with conversation_id,
+    -- so an id from another conversation reads as not found.
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    -- The turn that carried it.
+    turn INTEGER NOT NULL,
+    -- The chip's name, and where the file was read from: an image is re-read from
+    -- there (checked against sha256), never copied into the database.
+    name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    -- text, image or pdf; and the MIME type the recall tool reports.
+    kind TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    pages INTEGER,
+    -- The whole extracted text, not cut to the turn's budget (a large cap aside), for
+    -- attachment_recall to page through after the inline copy left the context.
+    full_text TEXT,
+    created_at TEXT NOT NULL
+)
+"""
+CREATE_ATTACHMENTS_INDEX = """
+CREATE INDEX attachments_conversation ON attachments (conversation_id, id)
+"""
+
+
+def m003_attachments(conn: sqlite3.Connection) -> None:
+    """`attachments`: each attached file's metadata and full text, per conversation."""
+    conn.execute(CREATE_ATTACHMENTS)
+    conn.execute(CREATE_ATTACHMENTS_INDEX)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
+    m003_attachments,
 ]
 
 

@@ -155,6 +155,71 @@ class Turn:
 
 
 @dataclass
+class Attachment:
+    """A file attached in a conversation: its metadata, and its full text when loaded."""
+
+    id: int
+    conversation_id: int
+    turn: int
+    name: str
+    path: str
+    kind: str
+    content_type: str
+    size_bytes: int
+    sha256: str
+    pages: int | None
+    created_at: str
+    has_text: bool
+    full_text: str | None = None  # only from HistoryStore.attachment()
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Attachment:
+        keys = row.keys()
+        return cls(
+            id=row["id"],
+            conversation_id=row["conversation_id"],
+            turn=row["turn"],
+            name=row["name"],
+            path=row["path"],
+            kind=row["kind"],
+            content_type=row["content_type"],
+            size_bytes=row["size_bytes"],
+            sha256=row["sha256"],
+            pages=row["pages"],
+            created_at=row["created_at"],
+            has_text=bool(row["has_text"]),
+            full_text=row["full_text"] if "full_text" in keys else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """An item of attachment_recall's ``list``."""
+        return {
+            "id": self.id,
+            "filename": self.name,
+            "content_type": self.content_type,
+            "size_bytes": self.size_bytes,
+            "has_text": self.has_text,
+            "pages": self.pages,
+            "turn": self.turn,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass
+class NewAttachment:
+    """An attachment to store with the turn that carries it."""
+
+    name: str
+    path: str
+    kind: str
+    content_type: str
+    size_bytes: int
+    sha256: str
+    pages: int | None = None
+    full_text: str | None = None
+
+
+@dataclass
 class SearchHit:
     """One message found by full-text search; rank is -bm25, higher is better."""
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sqlite3
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +35,8 @@ from .fts import (
 from .migrations import immediate_transaction, migrate
 from .records import (
     TIMESTAMP_FORMAT,
+    Attachment,
+    NewAttachment,
     TURN_STATUSES,
     Conversation,
     SearchHit,
@@ -111,6 +114,28 @@ SELECT_TURN_ROW = f"""
 SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
 """
 NEXT_TURN = "SELECT coalesce(max(turn), 0) + 1 FROM turns WHERE conversation_id = ?"
+ATTACHMENT_COLUMNS = """
+a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
+a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text
+"""
+# Joined to the conversation so a deleted conversation's files are gone too.
+LIST_ATTACHMENTS = f"""
+SELECT {ATTACHMENT_COLUMNS}
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY a.id
+"""
+SELECT_ATTACHMENT = f"""
+SELECT {ATTACHMENT_COLUMNS}, a.full_text
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND a.id = ? AND c.deleted_at IS NULL
+"""
+INSERT_ATTACHMENT = """
+INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes,
+                         sha256, pages, full_text, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
 INSERT_TURN = """
 INSERT INTO turns (conversation_id, turn, text, files, messages, status, model,
                    created_at, updated_at)
@@ -322,10 +347,12 @@ class HistoryStore:
         files: list[dict[str, Any]],
         model: str | None,
         title: str = "",
+        attachments: Sequence[NewAttachment] = (),
     ) -> tuple[Conversation, Turn]:
         """Record a new running turn (creating the conversation when cid is None).
 
-        `title` names a conversation created here and is ignored otherwise. Raises
+        `title` names a conversation created here and is ignored otherwise; the turn's
+        `attachments` are stored with it, in the same transaction. Raises
         LookupError when cid names a missing or deleted conversation; the daemon checks
         first, this only guards the row.
         """
@@ -341,11 +368,25 @@ class HistoryStore:
                 (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
             )
             index_turn(self._conn, cid, number, messages)
+            self._conn.executemany(INSERT_ATTACHMENT, [
+                (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
+                 a.pages, a.full_text, now)
+                for a in attachments
+            ])
             self._conn.execute(TOUCH_CONVERSATION, (now, cid))
             conversation = self._conversation(cid)
             turn = self._turn_row(cid, number)
         assert conversation is not None and turn is not None
         return conversation, turn
+
+    def attachments(self, cid: int) -> list[Attachment]:
+        """The conversation's attachments, oldest first, without their text."""
+        return [Attachment.from_row(r) for r in self._conn.execute(LIST_ATTACHMENTS, (cid,))]
+
+    def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
+        """One attachment with its full text; None unless it belongs to ``cid``."""
+        row = self._conn.execute(SELECT_ATTACHMENT, (cid, attachment_id)).fetchone()
+        return Attachment.from_row(row) if row else None
 
     def save_partial(self, cid: int, turn: int, reply: str) -> None:
         """Checkpoint a streaming reply; a crash then keeps what was already shown."""

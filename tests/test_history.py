@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from history import (
+    NewAttachment,
     SUMMARY_SLOT,
     AsyncHistory,
     Conversation,
@@ -705,3 +706,27 @@ async def test_async_history_open_failure_leaves_no_thread(tmp_path: Path) -> No
     for thread in history_threads():
         thread.join(timeout=2)
     assert history_threads() == []
+
+
+def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) -> None:
+    doc = NewAttachment(name="report.pdf", path="/home/u/report.pdf", kind="pdf",
+                        content_type="application/pdf", size_bytes=4520, sha256="ab" * 32,
+                        pages=3, full_text="[page 1]\nhello")
+    pic = NewAttachment(name="cat.png", path="/home/u/cat.png", kind="image",
+                        content_type="image/png", size_bytes=99, sha256="cd" * 32)
+    conv, turn = store.start_turn(None, "look", [user("look")], [], None, "t", attachments=[doc, pic])
+    other, _ = store.start_turn(None, "other", [user("other")], [], None, "t2")
+    listed = store.attachments(conv.id)
+    assert [a.name for a in listed] == ["report.pdf", "cat.png"]
+    assert listed[0].turn == turn.turn and listed[0].pages == 3
+    assert listed[0].has_text is True and listed[1].has_text is False
+    assert listed[0].full_text is None  # the list never carries the text
+    assert listed[0].to_json()["filename"] == "report.pdf"
+    loaded = store.attachment(conv.id, listed[0].id)
+    assert loaded is not None and loaded.full_text == "[page 1]\nhello"
+    # the same id through another conversation is not found
+    assert store.attachment(other.id, listed[0].id) is None
+    assert store.attachments(other.id) == []
+    store.delete_conversation(conv.id)
+    assert store.attachments(conv.id) == []
+    assert store.attachment(conv.id, listed[0].id) is None

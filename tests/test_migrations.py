@@ -24,7 +24,7 @@ TURN_COLUMNS_M001 = [
     "error_code", "finish_reason", "model", "prompt_tokens", "completion_tokens",
     "created_at", "updated_at",
 ]
-ALL_MIGRATIONS = ["m001_initial", "m002_turn_files"]
+ALL_MIGRATIONS = ["m001_initial", "m002_turn_files", "m003_attachments"]
 
 
 @contextmanager
@@ -55,6 +55,11 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files"]
         assert table_columns(conn, "_migrations") == ["name", "applied_at"]
         assert table_columns(conn, "message_fts") == ["body", "role"]
+        assert table_columns(conn, "attachments") == [
+            "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
+            "size_bytes", "sha256", "pages", "full_text", "created_at",
+        ]
+        assert "attachments_conversation" in schema_sql(conn, "attachments_conversation")
 
         fts_sql = schema_sql(conn, "message_fts")
         assert "fts5" in fts_sql
@@ -103,7 +108,7 @@ def test_m001_has_no_files_column_and_m002_adds_it(tmp_path: Path) -> None:
             conn.execute(migrations_module.INSERT_APPLIED, ("m001_initial", "t"))
         assert "files" not in table_columns(conn, "turns")
 
-        assert migrate(conn) == ["m002_turn_files"]
+        assert migrate(conn) == ["m002_turn_files", "m003_attachments"]
         assert table_columns(conn, "turns")[-1] == "files"
 
 
