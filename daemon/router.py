@@ -194,7 +194,10 @@ class RouterClient:
         timeout = httpx.Timeout(
             connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
         )
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
+        # TLS only when a URL asks for it: loading the CA bundle costs ~20 ms of start-up
+        # for the common case of a router on loopback.
+        tls = any(url.startswith("https:") for url in (config.router_url, config.embeddings_base))
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, verify=tls)
         # The model list is small and quick; a stuck router must not hold the models lock for request_timeout.
         self._models_timeout = httpx.Timeout(MODELS_TIMEOUT, connect=config.connect_timeout)
         self._lock = asyncio.Lock()

@@ -65,13 +65,20 @@ class TurnState:
     turn: int
     model: ModelInfo
     messages: list[dict[str, Any]]  # this turn's messages, the question first
-    reply: str = ""
+    parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
     prompt_estimate: int = 0
     ctx_used: int = 0
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def reply(self) -> str:
+        """The reply so far (appending to a list keeps a long stream linear)."""
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
 
 
 def provisional_title(text: str) -> str:
@@ -288,10 +295,9 @@ class TurnEngine:
         if self.config.system_prompt:
             prompt.append({"role": "system", "content": self.config.system_prompt})
         if conv is not None:
-            for turn in await self.history.run(lambda s: s.turns(state.conversation)):
-                if turn.turn == state.turn or not turn.reply:
-                    continue  # a question without any answer would break role alternation
-                prompt.extend(router_messages(complete_exchanges(turn.messages)))
+            cid, turn = state.conversation, state.turn
+            for messages in await self.history.run(lambda s: s.answered_messages(cid, turn)):
+                prompt.extend(router_messages(complete_exchanges(messages)))
         prompt.extend(router_messages(state.messages))
         return prompt
 
@@ -335,7 +341,7 @@ class TurnEngine:
         round_start = len(state.reply)
         async for event in self.router.stream_chat(state.model.id, prompt, tools):
             if isinstance(event, ContentDelta):
-                state.reply += event.text
+                state.parts.append(event.text)
                 emit({"type": "delta", **where, "text": event.text})
                 self._checkpoint(state)
             elif isinstance(event, ReasoningDelta):

@@ -29,6 +29,7 @@ from .fts import (
     TURN_SHIFT,
     conversation_rowid_range,
     index_turn,
+    load_messages,
     quote_fts,
     unindex_conversation,
 )
@@ -134,6 +135,14 @@ INSERT_ATTACHMENT = """
 INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes,
                          sha256, pages, full_text, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+# A turn without any reply (an error before the first word) is left out of prompts:
+# a question without an answer would break the roles' alternation.
+SELECT_ANSWERED_MESSAGES = """
+SELECT t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn < ? AND t.reply != '' AND c.deleted_at IS NULL
+ORDER BY t.turn
 """
 
 INSERT_TURN = """
@@ -437,6 +446,15 @@ class HistoryStore:
     def turns(self, cid: int) -> list[Turn]:
         """Every turn of a live conversation, in order ([] if missing or deleted)."""
         return [Turn.from_row(row) for row in self._conn.execute(SELECT_TURNS, (cid,))]
+
+    def answered_messages(self, cid: int, before: int) -> list[list[dict[str, Any]]]:
+        """The messages of each turn before ``before`` that got a reply, in order.
+
+        What a prompt replays: only the one column, so a long conversation costs one
+        cheap read per turn instead of whole rows.
+        """
+        rows = self._conn.execute(SELECT_ANSWERED_MESSAGES, (cid, before))
+        return [load_messages(raw) for (raw,) in rows]
 
     def turn(self, cid: int, n: int) -> Turn | None:
         """Turn n (1-based) of a live conversation, or None."""
