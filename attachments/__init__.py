@@ -1,6 +1,49 @@
 """Files attached to a question: classify, extract, budget, image references.
 
-Filled by the attachments work (seed 003); until then ``ask`` refuses files.
+Seed 003 is the design.  The daemon calls, per turn:
+
+- ``prepare_files(paths, model=, vision=, ctx_max=, ctx_used=)`` → ``Prepared``
+  per file (chip, text block, images, full text for recall), or raises
+  ``FileRefused`` / ``TooManyFiles`` / ``UnsupportedKind`` / ``NoVision`` with a
+  message for the user;
+- ``user_content(text, prepared)`` → the user message's content for the router
+  and for storage (images as ``image_ref`` parts);
+- ``resolve_image_refs(messages)`` on stored history before sending it again;
+- ``estimate_files(paths, ...)`` for the ``estimate`` request.
+
+This package imports nothing of the daemon but its errors.
 """
 
-__all__: list[str] = []
+from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
+from .classify import Kind
+from .extract import (
+    DEFAULT_IMAGE_TOKENS,
+    MAX_FILES,
+    Chip,
+    ImageAttachment,
+    Prepared,
+    estimate_files,
+    prepare_files,
+)
+from .images import MAX_IMAGE_BYTES
+from .pdf import MAX_PAGE_IMAGES
+from .refs import image_ref, resolve_image_refs, user_content
+
+__all__ = [
+    "DEFAULT_IMAGE_TOKENS",
+    "FULL_TEXT_CAP",
+    "MAX_FILES",
+    "MAX_IMAGE_BYTES",
+    "MAX_PAGE_IMAGES",
+    "Chip",
+    "ImageAttachment",
+    "Kind",
+    "Prepared",
+    "budget_chars",
+    "estimate_files",
+    "fair_shares",
+    "image_ref",
+    "prepare_files",
+    "resolve_image_refs",
+    "user_content",
+]

@@ -1,0 +1,365 @@
+"""Preparing a question's files for the model: check, classify, extract, budget.
+
+``prepare_files`` runs in three steps, and any refusal in any step refuses the
+whole question before anything is sent (seed 003):
+
+1. Stage: each path is checked (``files.check_path``), its first 8 KiB read
+   and classified, and an image's size checked against the 20 MB limit.  More
+   than ``MAX_FILES`` paths, or an image for a model without vision, is refused
+   here, before any extraction work.
+2. Extract, all files concurrently: text files are read in bounded chunks in
+   a worker thread, up to ``FULL_TEXT_CAP`` characters (never the whole of a
+   huge log); PDFs go through ``pdf.py``; images through ``images.py``.  A PDF
+   that needs page images for a model without vision is refused here, as soon
+   as its text layer shows it.
+3. Budget: the text budget is shared by water-filling (``budget.py``) and each
+   block cut to its share; a cut block says so in its header and its chip.
+
+A text file's ``sha256`` is computed while it is read, so it is known only when
+the file was read whole (up to ``FULL_TEXT_CAP``); hashing a 10 GB log to attach
+its first pages would cost a minute of disk reads.  Images and PDFs are always
+hashed: their image references need it.
+
+``estimate_files`` answers the ``estimate`` request with the same staging and
+refusals but cheap extraction: text files by size, PDFs by their text layer
+(no rendering), images at a flat token cost; all cut to the same shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import hashlib
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from daemon.errors import NoVision, TooManyFiles
+
+from . import pdf
+from .budget import ESTIMATE_CHARS_PER_TOKEN, FULL_TEXT_CAP, budget_chars, fair_shares
+from .classify import Kind, classify
+from .files import check_path, open_regular, read_head, sha256_file
+from .images import MAX_IMAGE_BYTES, load_image, too_large
+from .tasks import gather_all
+
+__all__ = [
+    "DEFAULT_IMAGE_TOKENS",
+    "MAX_FILES",
+    "Chip",
+    "ImageAttachment",
+    "Prepared",
+    "estimate_files",
+    "prepare_files",
+]
+
+logger = logging.getLogger(__name__)
+
+# seed 003: at most 8 files per question
+MAX_FILES = 8
+# SPEC: images count a flat per-model cost, 765 tokens by default
+DEFAULT_IMAGE_TOKENS = 765
+# bytes read per step from a text file: keeps memory flat however big the file
+TEXT_READ_CHUNK = 1024 * 1024
+
+
+@dataclass
+class Chip:
+    """What the canvas draws for one attached file."""
+
+    name: str
+    kind: Kind
+    pages: int | None
+    truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The chip as the protocol sends it (``pages`` only for a PDF)."""
+        data: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.pages is not None:
+            data["pages"] = self.pages
+        data["truncated"] = self.truncated
+        return data
+
+
+@dataclass
+class ImageAttachment:
+    """One image for the model: an image file, or a rendered PDF page (``page`` set)."""
+
+    name: str
+    path: str
+    sha256: str
+    page: int | None
+    data_url: str
+    mime: str
+    width: int
+    height: int
+
+    def label(self) -> str:
+        """The text part naming the image just before it."""
+        return f"[image: {self.name}]" if self.page is None else f"[image: {self.name}, page {self.page}]"
+
+    def url_part(self) -> dict[str, Any]:
+        """The OpenAI ``image_url`` content part."""
+        return {"type": "image_url", "image_url": {"url": self.data_url}}
+
+
+@dataclass
+class Prepared:
+    """One attached file, extracted and cut to its share of the budget.
+
+    ``text_block`` is the ``--- file: NAME ---`` block the model gets (text and
+    PDF; None for an image).  ``full_text`` is the whole extracted text for the
+    recall tools, at most ``FULL_TEXT_CAP`` characters (a note ends it when
+    cut); for a PDF its pages are joined by form feeds, so
+    ``full_text.split("\\f")[n - 1]`` is page n.  ``sha256`` is None only for a
+    text file too large to have been read whole.
+    """
+
+    path: str
+    name: str
+    kind: Kind
+    size_bytes: int
+    sha256: str | None
+    mime: str
+    chip: Chip
+    text_block: str | None
+    images: list[ImageAttachment] = field(default_factory=list)
+    full_text: str | None = None
+    pages: int | None = None
+
+
+@dataclass
+class _Staged:
+    """A checked and classified file, before extraction."""
+
+    path: str
+    name: str
+    kind: Kind
+    mime: str
+    size: int
+
+
+@dataclass
+class _Extracted:
+    """A file's extraction before the budget cuts it."""
+
+    body: str | None
+    need: int
+    full_text: str | None
+    sha256: str | None
+    total: int
+    unit: str
+    images: list[ImageAttachment] = field(default_factory=list)
+    pages: int | None = None
+    truncated: bool = False
+
+
+def _stage_file(path: str) -> _Staged:
+    """Check, sniff and classify one path (blocking; runs in a worker thread)."""
+    info = check_path(path)
+    name = os.path.basename(path)
+    found = classify(name, read_head(path))
+    if found.kind == "image" and info.st_size > MAX_IMAGE_BYTES:
+        raise too_large(name, info.st_size)
+    return _Staged(path, name, found.kind, found.mime, info.st_size)
+
+
+async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[_Staged]:
+    """Stage every path, refusing too many files and images for a blind model."""
+    if len(paths) > MAX_FILES:
+        raise TooManyFiles(f"{len(paths)} files attached; a question takes at most {MAX_FILES}, send fewer")
+    staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
+    if not vision and any(item.kind == "image" for item in staged):
+        raise NoVision(f"{model} cannot see images")
+    return staged
+
+
+def _read_text(path: str) -> tuple[str, bool, str | None]:
+    """Up to ``FULL_TEXT_CAP`` characters of a text file, whether that is all of it, and its hash if so.
+
+    Blocking; runs in a worker thread.  Reads ``TEXT_READ_CHUNK`` bytes at a time
+    and stops as soon as it holds more than the cap, so memory stays bounded
+    however large the file.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    digest = hashlib.sha256()
+    parts: list[str] = []
+    count = 0
+    with open_regular(path) as handle:
+        while True:
+            chunk = handle.read(TEXT_READ_CHUNK)
+            final = not chunk
+            digest.update(chunk)
+            # NUL has no place in text and trips C-string code down the line
+            piece = decoder.decode(chunk, final=final).replace("\x00", "\ufffd")
+            if count == 0 and piece.startswith("\ufeff"):
+                piece = piece[1:]  # a UTF-8 byte order mark is not content
+            if count + len(piece) > FULL_TEXT_CAP:
+                parts.append(piece[: FULL_TEXT_CAP - count])
+                return "".join(parts), False, None
+            parts.append(piece)
+            count += len(piece)
+            if final:
+                return "".join(parts), True, digest.hexdigest()
+
+
+async def _extract_text(item: _Staged) -> _Extracted:
+    """A text file's extraction."""
+    text, complete, sha256 = await asyncio.to_thread(_read_text, item.path)
+    if complete:
+        return _Extracted(text, len(text), text, sha256, len(text), "characters")
+    # the budget never reaches past the cap, and the header gives the size in bytes
+    full = text + f"\n[… the file is longer: only the first {FULL_TEXT_CAP} characters are kept]"
+    return _Extracted(text, max(len(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
+
+
+async def _extract_image(item: _Staged) -> _Extracted:
+    """An image file's extraction: the data URL the model sees."""
+    encoded, sha256 = await asyncio.to_thread(load_image, item.path, item.name)
+    image = ImageAttachment(item.name, item.path, sha256, None, encoded.data_url, encoded.mime,
+                            encoded.width, encoded.height)
+    return _Extracted(None, 0, None, sha256, 0, "characters", images=[image])
+
+
+async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
+    """A PDF's extraction: its text layer, and its pages without text rendered."""
+    hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
+    try:
+        text = await pdf.read_text(item.path, item.name)
+        shown, hidden = pdf.pages_to_show(text)
+        if shown and not vision:
+            raise NoVision(f"{model} cannot see images")
+        rendered = await gather_all(
+            pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in shown
+        )
+        sha256 = await hashing
+    finally:
+        hashing.cancel()
+        await asyncio.gather(hashing, return_exceptions=True)
+    images = [
+        ImageAttachment(item.name, item.path, sha256, page, encoded.data_url, encoded.mime,
+                        encoded.width, encoded.height)
+        for page, encoded in zip(shown, rendered)
+    ]
+    body = pdf.pdf_body(text, shown)
+    cut = bool(hidden) or text.cut or len(text.page_texts) < text.total_pages
+    return _Extracted(body, len(body), pdf.pdf_full_text(text), sha256, len(body), "characters",
+                      images=images, pages=text.total_pages, truncated=cut)
+
+
+def _header(name: str, pages: int | None, note: str | None) -> str:
+    """The ``--- file: NAME (facts) ---`` line that opens a block."""
+    facts = []
+    if pages is not None:
+        facts.append(f"{pages} page" + ("" if pages == 1 else "s"))
+    if note:
+        facts.append(note)
+    return f"--- file: {name} ({'; '.join(facts)}) ---" if facts else f"--- file: {name} ---"
+
+
+def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
+    """The Prepared file: its block cut to ``share`` characters and marked when cut."""
+    block = None
+    cut = done.truncated
+    if done.body is not None:
+        body = done.body
+        note = None
+        if share < done.need:
+            body = body[:share]
+            cut = True
+            if done.unit == "bytes":
+                note = f"truncated: first {len(body)} characters of {done.total} bytes"
+            else:
+                note = f"truncated: first {len(body)} of {done.total} characters"
+        elif not body:
+            note = "empty"
+        ending = "" if not body or body.endswith("\n") else "\n"
+        block = _header(item.name, done.pages, note) + "\n" + body + ending
+    return Prepared(
+        path=item.path,
+        name=item.name,
+        kind=item.kind,
+        size_bytes=item.size,
+        sha256=done.sha256,
+        mime=item.mime,
+        chip=Chip(item.name, item.kind, done.pages, cut),
+        text_block=block,
+        images=done.images,
+        full_text=done.full_text,
+        pages=done.pages,
+    )
+
+
+async def _extract(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
+    """Extract one staged file by its kind."""
+    if item.kind == "text":
+        return await _extract_text(item)
+    if item.kind == "image":
+        return await _extract_image(item)
+    return await _extract_pdf(item, model=model, vision=vision, limit=limit)
+
+
+async def prepare_files(
+    paths: Sequence[str], *, model: str, vision: bool, ctx_max: int, ctx_used: int
+) -> list[Prepared]:
+    """Check, extract and budget a question's files, in the order given.
+
+    Raises FileRefused (or its TooManyFiles, UnsupportedKind, NoVision) for the
+    first file that cannot be used; then nothing should be sent.
+    """
+    started = time.monotonic()
+    staged = await _stage_all(paths, model=model, vision=vision)
+    limit = asyncio.Semaphore(pdf.RENDER_CONCURRENCY)
+    extracted = await gather_all(_extract(item, model=model, vision=vision, limit=limit) for item in staged)
+    shares = fair_shares([done.need for done in extracted], budget_chars(ctx_max, ctx_used))
+    prepared = [_finish(item, done, share) for item, done, share in zip(staged, extracted, shares)]
+    logger.debug("prepared %d files (%d images) in %.3f s", len(prepared),
+                 sum(len(item.images) for item in prepared), time.monotonic() - started)
+    return prepared
+
+
+async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int]:
+    """A staged file's text need (characters) and image count, without rendering anything."""
+    if item.kind == "text":
+        return item.size, 0
+    if item.kind == "image":
+        return 0, 1
+    text = await pdf.read_text(item.path, item.name)
+    shown, _ = pdf.pages_to_show(text)
+    if shown and not vision:
+        raise NoVision(f"{model} cannot see images")
+    return len(pdf.pdf_body(text, shown)), len(shown)
+
+
+async def estimate_files(
+    paths: Sequence[str],
+    *,
+    image_tokens: int = DEFAULT_IMAGE_TOKENS,
+    model: str = "",
+    vision: bool = True,
+    ctx_max: int = 0,
+    ctx_used: int = 0,
+) -> list[dict[str, Any]]:
+    """``[{name, kind, tokens}]`` for the ``estimate`` request: what sending these files would cost.
+
+    Text is counted at 4 characters a token (seed 000), cut to the same shares
+    of the budget ``prepare_files`` would give; each image or PDF page image
+    costs ``image_tokens``.  Raises the same refusals as ``prepare_files`` for
+    paths, kinds, sizes and vision; damaged images are only found by
+    ``prepare_files``, which decodes them.
+    """
+    staged = await _stage_all(paths, model=model, vision=vision)
+    counted = await gather_all(_estimate_one(item, model=model, vision=vision) for item in staged)
+    shares = fair_shares([need for need, _ in counted], budget_chars(ctx_max, ctx_used))
+    return [
+        {
+            "name": item.name,
+            "kind": item.kind,
+            "tokens": math.ceil(share / ESTIMATE_CHARS_PER_TOKEN) + images * image_tokens,
+        }
+        for item, (_, images), share in zip(staged, counted, shares)
+    ]

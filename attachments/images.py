@@ -1,0 +1,231 @@
+"""Images for the model: checked with Pillow, sent as base64 data URLs.
+
+Every image is verified and fully decoded before it is sent, so a damaged file
+or a decompression bomb is refused with a clear message instead of failing on
+the model server.  ``Image.MAX_IMAGE_PIXELS`` is set explicitly to
+``MAX_IMAGE_PIXELS``; Pillow raises ``DecompressionBombError`` over twice that
+and warns over it, and we refuse both (and check the size ourselves, so the
+refusal does not depend on how warnings are filtered).
+
+What is sent:
+
+- a PNG or a JPEG no larger than ``MAX_SIDE`` on its longest side goes as its
+  original bytes, untouched;
+- anything else is re-encoded: larger images are scaled down to ``MAX_SIDE``
+  (2048 px: more than vision encoders use, which tile or resize to about
+  1000 px, while keeping small print legible); WebP and GIF are re-encoded
+  because not every server decodes them (llama.cpp's loader has no WebP, and
+  an animated GIF becomes its first frame); a JPEG whose EXIF says "rotated"
+  is turned upright, because servers ignore EXIF orientation; CMYK and other
+  unusual modes become RGB.  Pictures with transparency become PNG, photos
+  (JPEG and WebP sources) JPEG.
+
+Everything here is blocking CPU work: call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import os
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from daemon.errors import FileRefused
+
+from .files import open_regular
+
+__all__ = [
+    "ACCEPTED_FORMATS",
+    "EncodedImage",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "MAX_SIDE",
+    "encode_image",
+    "encode_png",
+    "load_image",
+    "too_large",
+]
+
+logger = logging.getLogger(__name__)
+
+# the seed's limit: an image file over 20 MB is refused
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# about 8000 x 8000: far beyond any photo a model needs, far below a bomb's billions
+MAX_IMAGE_PIXELS = 64_000_000
+# longest side sent to the model; larger images are scaled down (see the docstring)
+MAX_SIDE = 2048
+# the formats chat takes (seed 003), as Pillow names them
+ACCEPTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
+# formats every OpenAI-compatible server decodes, so they may go as they are
+PASS_THROUGH_FORMATS = frozenset({"PNG", "JPEG"})
+# modes those servers decode without surprises
+PASS_THROUGH_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
+JPEG_QUALITY = 90
+EXIF_ORIENTATION = 0x0112
+
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+
+# What Pillow raises for a damaged or truncated file, by format plugin.
+_DAMAGED = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError)
+# Over MAX_IMAGE_PIXELS Pillow warns, over twice that it raises; where warnings are
+# errors (the test suite) the warning arrives as an exception as well.
+_BOMB = (Image.DecompressionBombError, Image.DecompressionBombWarning)
+
+
+@dataclass
+class EncodedImage:
+    """An image ready for the model: its data URL and the pixel size it has there."""
+
+    data_url: str
+    mime: str
+    width: int
+    height: int
+    reencoded: bool
+
+
+def too_large(name: str, size: int) -> FileRefused:
+    """The refusal of an image file over ``MAX_IMAGE_BYTES``."""
+    return FileRefused(
+        f"{name}: the image is {size / 1e6:.1f} MB, over the 20 MB limit; "
+        "attach a smaller or scaled-down copy"
+    )
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    """A base64 ``data:`` URL of ``data``."""
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _bomb(name: str, width: int, height: int) -> FileRefused:
+    """The refusal of an image with too many pixels."""
+    return FileRefused(
+        f"{name}: the image claims {width} x {height} pixels, more than the "
+        f"{MAX_IMAGE_PIXELS // 1_000_000} megapixels allowed (it may be a decompression bomb); "
+        "attach a scaled-down copy"
+    )
+
+
+def _damaged(name: str) -> FileRefused:
+    """The refusal of an image Pillow cannot decode."""
+    return FileRefused(f"{name}: the image is damaged or incomplete and cannot be decoded; attach an intact copy")
+
+
+def _open_checked(data: bytes, name: str) -> Image.Image:
+    """Open ``data`` with Pillow, refusing unsupported formats and too many pixels."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except _BOMB:
+        raise FileRefused(
+            f"{name}: the image has far too many pixels (a decompression bomb?); attach a scaled-down copy"
+        ) from None
+    except Image.UnidentifiedImageError:
+        raise FileRefused(
+            f"{name}: not a PNG, JPEG, WebP or GIF image Pillow can read; attach one of those"
+        ) from None
+    except _DAMAGED:
+        raise _damaged(name) from None
+    if image.format not in ACCEPTED_FORMATS:
+        fmt = image.format
+        image.close()
+        raise FileRefused(
+            f"{name}: a {fmt} image; chat supports text, images (PNG, JPEG, WebP, GIF) and PDF — convert it first"
+        )
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        image.close()
+        raise _bomb(name, width, height)
+    return image
+
+
+def _needs_reencode(image: Image.Image) -> bool:
+    """Whether ``image`` must be re-encoded before a server can take it as it is."""
+    if image.format not in PASS_THROUGH_FORMATS or image.mode not in PASS_THROUGH_MODES:
+        return True
+    if max(image.size) > MAX_SIDE:
+        return True
+    if image.format == "JPEG" and image.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        return True
+    return False
+
+
+def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
+    """``image`` upright, within ``MAX_SIDE``, as PNG (transparency) or JPEG (photos)."""
+    source_format = image.format
+    upright = ImageOps.exif_transpose(image) or image
+    transparent = upright.mode in ("RGBA", "LA", "PA") or "transparency" in upright.info
+    if transparent:
+        converted = upright.convert("RGBA")
+    elif upright.mode in ("L", "1"):
+        converted = upright.convert("L")
+    else:
+        converted = upright.convert("RGB")
+    converted.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    if not transparent and source_format in ("JPEG", "WEBP"):
+        converted.save(buffer, "JPEG", quality=JPEG_QUALITY)
+        return buffer.getvalue(), "image/jpeg", converted
+    converted.save(buffer, "PNG", compress_level=6)
+    return buffer.getvalue(), "image/png", converted
+
+
+def encode_image(data: bytes, name: str) -> EncodedImage:
+    """Check ``data`` (a whole image file) and make it the data URL the model gets.
+
+    Raises FileRefused for an unsupported format, a bomb or a damaged file.
+    """
+    with _open_checked(data, name) as probe:
+        try:
+            probe.verify()
+        except _DAMAGED:
+            raise _damaged(name) from None
+    with _open_checked(data, name) as image:
+        try:
+            image.load()
+        except _BOMB:
+            raise _bomb(name, *image.size) from None
+        except _DAMAGED:
+            raise _damaged(name) from None
+        if not _needs_reencode(image):
+            mime = Image.MIME.get(image.format or "", "image/png")
+            return EncodedImage(_data_url(mime, data), mime, image.width, image.height, reencoded=False)
+        try:
+            encoded, mime, result = _reencode(image)
+        except _DAMAGED:
+            raise _damaged(name) from None
+        logger.debug("re-encoded %s: %s %dx%d -> %s %dx%d", name, image.format, image.width,
+                     image.height, mime, result.width, result.height)
+        return EncodedImage(_data_url(mime, encoded), mime, result.width, result.height, reencoded=True)
+
+
+def load_image(path: str, name: str) -> tuple[EncodedImage, str]:
+    """Read the image at ``path`` (at most ``MAX_IMAGE_BYTES``), encode it, and hash what was read."""
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_IMAGE_BYTES:
+            raise too_large(name, size)
+        # one byte more than allowed tells a file that grew since it was checked
+        try:
+            data = handle.read(MAX_IMAGE_BYTES + 1)
+        except OSError as exc:
+            raise FileRefused(f"{path}: cannot be read ({exc.strerror}); check the file") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise too_large(name, len(data))
+    return encode_image(data, name), hashlib.sha256(data).hexdigest()
+
+
+def encode_png(image: Image.Image, max_side: int, compress_level: int = 1) -> EncodedImage:
+    """``image`` scaled down to ``max_side`` if larger, as a PNG data URL.
+
+    A low ``compress_level`` is deliberate: for rendered pages, zlib at its
+    default level costs several times the rendering itself, and the data URL
+    only crosses loopback.
+    """
+    if max(image.size) > max_side:
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", compress_level=compress_level)
+    return EncodedImage(_data_url("image/png", buffer.getvalue()), "image/png", image.width, image.height, True)
