@@ -11,12 +11,14 @@ import logging
 import time
 from typing import Any
 
+from attachments import estimate_files
 from history import AsyncHistory, Conversation
+from recall import estimate_text
 
 from . import __version__
 from .config import Config
 from .connection import Emit
-from .errors import AssistantError, NotFound, NotSupported
+from .errors import AssistantError, NotFound, NotSupported, RouterError, RouterUnreachable
 from .protocol import Request
 from .router import RouterClient
 from .turns import TurnEngine
@@ -92,6 +94,30 @@ class Handlers:
         models = await self.router.models()
         default = self.config.model or (models[0].id if models else None)
         emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
+
+    async def on_estimate(self, request: Request, emit: Emit) -> None:
+        """Tokens a staged question and its files would add, before it is sent (seed 000 §3)."""
+        cid: int | None = request.get("conversation")
+        conv = await self._conversation(cid) if cid is not None else None
+        ctx_used = conv.ctx_used if conv else 0
+        try:
+            model = await self.router.model_info(request.get("model") or (conv.model if conv else None))
+            name, vision, ctx_max = model.id, model.vision, model.ctx_max
+        except (RouterUnreachable, RouterError):
+            name, vision, ctx_max = "", True, 0  # a meter still works while the router is away
+        files = await estimate_files(
+            request.get("files", []), image_tokens=self.config.image_tokens, model=name, vision=vision,
+            ctx_max=ctx_max, ctx_used=ctx_used,
+        )
+        text_tokens = estimate_text(request.get("text", ""))
+        emit({
+            "type": "estimate",
+            "conversation": cid,
+            "tokens": text_tokens + sum(f["tokens"] for f in files),
+            "files": files,
+            "ctx_used": ctx_used,
+            "ctx_max": ctx_max,
+        })
 
     async def on_settings(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from history import AsyncHistory, Conversation, TurnStatus
+from attachments import Prepared, prepare_files, resolve_image_refs, user_content
+from history import AsyncHistory, Conversation, NewAttachment, TurnStatus
 from recall import estimate_messages
 
 from .config import Config
@@ -35,7 +36,6 @@ from .errors import (
     BadRequest,
     Busy,
     NotFound,
-    NotSupported,
     RouterError,
     RouterUnreachable,
     ShuttingDown,
@@ -64,7 +64,8 @@ class TurnState:
     conversation: int
     turn: int
     model: ModelInfo
-    messages: list[dict[str, Any]]  # this turn's messages, the question first
+    messages: list[dict[str, Any]]  # this turn's messages as stored, the question first
+    question: dict[str, Any]  # the question as the router gets it (images inline)
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
@@ -219,28 +220,29 @@ class TurnEngine:
         conv = await self._conversation(cid)
         where["turn"] = conv.turns + 1 if conv else 1
         self._validate(text, files)
+        chosen: str | None = request.get("model") or None
         try:
-            model = await self._resolve(request.get("model") or (conv.model if conv else None))
+            model = await self._resolve(chosen or (conv.model if conv else None))
         except (RouterUnreachable, RouterError) as exc:
-            # the question is kept even when the router cannot be reached
-            await self._store_failed(conv, text, exc, request.get("model"), emit)
+            # the question (and its files) are kept even when the router cannot be reached
+            offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
+            prepared = await self._prepare(files, offline, conv, where, emit)
+            await self._store_failed(conv, text, prepared, exc, emit, chosen)
             return
-        content = await self._prepare(text, files, model)  # a refused file: nothing stored or sent
-        state = await self._store_start(conv, text, content, model)
+        prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
+        state = await self._store_start(conv, text, prepared, model, chosen)
         slot.state = state
         self._slots[state.conversation] = slot
-        emit({"type": "user", "conversation": state.conversation, "turn": state.turn, "text": text, "files": []})
+        emit(self._user_event(state.conversation, state.turn, text, prepared))
         await self._run(state, slot, conv, emit)
         if conv is None and state.reply and self.config.auto_title:
-            self._spawn(self._make_title(state, text))
+            self._spawn(self._make_title(state, text or " ".join(p.name for p in prepared)))
 
     def _validate(self, text: str, files: list[str]) -> None:
         if len(files) > MAX_FILES:
             raise TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {len(files)}")
-        if files:
-            raise NotSupported("this daemon cannot take attached files yet; ask without them")
-        if not text.strip():
-            raise BadRequest("ask needs a question in 'text' (or files)")
+        if not text.strip() and not files:
+            raise BadRequest("ask needs a question in 'text', or files")
 
     async def _conversation(self, cid: int | None) -> Conversation | None:
         if cid is None:
@@ -253,41 +255,74 @@ class TurnEngine:
     async def _resolve(self, model: str | None) -> ModelInfo:
         return await self.router.model_info(model)
 
-    async def _prepare(self, text: str, files: list[str], model: ModelInfo) -> str | list[dict[str, Any]]:
-        """The user message's content. Attachments extend this step."""
-        return text
+    async def _prepare(
+        self, files: list[str], model: ModelInfo, conv: Conversation | None, where: dict[str, Any], emit: Emit
+    ) -> list[Prepared]:
+        """Read the attached files within the text budget (seed 003); refusals raise."""
+        if not files:
+            return []
+        emit({"type": "progress", **where, "stage": "extracting", "detail": f"reading {len(files)} file(s)"})
+        return await prepare_files(
+            files, model=model.id, vision=model.vision, ctx_max=model.ctx_max, ctx_used=conv.ctx_used if conv else 0
+        )
+
+    @staticmethod
+    def _user_event(cid: int, turn: int, text: str, prepared: list[Prepared]) -> dict[str, Any]:
+        return {"type": "user", "conversation": cid, "turn": turn, "text": text,
+                "files": [p.chip.to_json() for p in prepared]}
 
     async def _start_turn(
-        self, conv: Conversation | None, text: str, question: dict[str, Any], model: str | None
+        self, conv: Conversation | None, text: str, question: dict[str, Any], model: str | None,
+        prepared: list[Prepared], chosen: str | None,
     ) -> tuple[int, int]:
-        """Store the question as a running turn; its (conversation, turn)."""
+        """Store the question (and its files' records) as a running turn; its (conversation, turn).
+
+        ``chosen`` is the model the ask named: a new conversation keeps it as its own.
+        """
         cid = conv.id if conv else None
+        chips = [p.chip.to_json() for p in prepared]
+        title = provisional_title(text or " ".join(p.name for p in prepared))
+        records = [
+            NewAttachment(name=p.name, path=p.path, kind=p.kind, content_type=p.mime, size_bytes=p.size_bytes,
+                          sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
+            for p in prepared
+        ]
         try:
             conv_after, turn = await self.history.run(
-                lambda s: s.start_turn(cid, text, [question], [], model, provisional_title(text))
+                lambda s: s.start_turn(cid, text, [question], chips, model, title, attachments=records,
+                                       conversation_model=chosen)
             )
         except LookupError:  # deleted between our check and the write
             raise NotFound(f"conversation {cid} was deleted") from None
         return conv_after.id, turn.turn
 
+    @staticmethod
+    def _questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The user message for the router and for storage (images as image_ref parts)."""
+        if not prepared:
+            return {"role": "user", "content": text}, {"role": "user", "content": text}
+        for_router, for_storage = user_content(text, prepared)
+        return {"role": "user", "content": for_router}, {"role": "user", "content": for_storage}
+
     async def _store_start(
-        self, conv: Conversation | None, text: str, content: str | list[dict[str, Any]], model: ModelInfo
+        self, conv: Conversation | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None
     ) -> TurnState:
-        question = {"role": "user", "content": content}
-        cid, turn = await self._start_turn(conv, text, question, model.id)
-        return TurnState(conversation=cid, turn=turn, model=model, messages=[question])
+        question, stored = self._questions(text, prepared)
+        cid, turn = await self._start_turn(conv, text, stored, model.id, prepared, chosen)
+        return TurnState(conversation=cid, turn=turn, model=model, messages=[stored], question=question)
 
     async def _store_failed(
-        self, conv: Conversation | None, text: str, exc: AssistantError, model: str | None, emit: Emit
+        self, conv: Conversation | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
+        chosen: str | None,
     ) -> None:
-        question = {"role": "user", "content": text}
-        cid, turn = await self._start_turn(conv, text, question, model)
+        _question, stored = self._questions(text, prepared)
+        cid, turn = await self._start_turn(conv, text, stored, chosen, prepared, chosen)
         await self.history.run(
             lambda s: s.finish_turn(
-                cid, turn, messages=[question], reply="", status="error", error=exc.message, error_code=exc.code
+                cid, turn, messages=[stored], reply="", status="error", error=exc.message, error_code=exc.code
             )
         )
-        emit({"type": "user", "conversation": cid, "turn": turn, "text": text, "files": []})
+        emit(self._user_event(cid, turn, text, prepared))
         emit(error_event(exc, conversation=cid, turn=turn))
 
     async def _prompt(self, state: TurnState, conv: Conversation | None) -> list[dict[str, Any]]:
@@ -296,9 +331,13 @@ class TurnEngine:
             prompt.append({"role": "system", "content": self.config.system_prompt})
         if conv is not None:
             cid, turn = state.conversation, state.turn
+            earlier: list[dict[str, Any]] = []
             for messages in await self.history.run(lambda s: s.answered_messages(cid, turn)):
-                prompt.extend(router_messages(complete_exchanges(messages)))
-        prompt.extend(router_messages(state.messages))
+                earlier.extend(complete_exchanges(messages))
+            # images in history come back from their files, checked by hash (seed 003)
+            prompt.extend(router_messages(await resolve_image_refs(earlier, vision=state.model.vision)))
+        prompt.append(state.question)
+        prompt.extend(router_messages(state.messages[1:]))
         return prompt
 
     async def _run(self, state: TurnState, slot: Slot, conv: Conversation | None, emit: Emit) -> None:

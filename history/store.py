@@ -357,17 +357,19 @@ class HistoryStore:
         model: str | None,
         title: str = "",
         attachments: Sequence[NewAttachment] = (),
+        conversation_model: str | None = None,
     ) -> tuple[Conversation, Turn]:
         """Record a new running turn (creating the conversation when cid is None).
 
-        `title` names a conversation created here and is ignored otherwise; the turn's
+        `title` and `conversation_model` (NULL: the daemon's default) describe a
+        conversation created here and are ignored otherwise; the turn's
         `attachments` are stored with it, in the same transaction. Raises
         LookupError when cid names a missing or deleted conversation; the daemon checks
         first, this only guards the row.
         """
         with self._transaction():
             if cid is None:
-                cid = self._insert_conversation(title, None)
+                cid = self._insert_conversation(title, conversation_model)
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
             number = self._conn.execute(NEXT_TURN, (cid,)).fetchone()[0]

@@ -274,15 +274,6 @@ async def test_failed_turns_are_left_out_of_the_next_prompt(wire: Wire, router: 
     assert roles == ["system", "user", "assistant", "user"]  # no orphan "two"
 
 
-async def test_files_are_refused_until_attachments_land(wire: Wire, router: FakeRouter) -> None:
-    events = await wire.ask("look", files=["/etc/hostname"])
-    assert events[-1]["code"] == "not_supported"
-    nine = await wire.ask("look", files=[f"/tmp/{i}" for i in range(9)])
-    assert nine[-1]["code"] == "too_many_files"
-    assert router.requests == []
-    assert (await wire.request({"type": "conversations"}))["items"] == []
-
-
 async def test_conversations_list_newest_first_and_paginates(wire: Wire) -> None:
     ids = [(await wire.ask(f"question {i}"))[0]["conversation"] for i in range(3)]
     listed = await wire.request({"type": "conversations"})

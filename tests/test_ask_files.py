@@ -1,0 +1,258 @@
+"""Files on ``ask`` through the real socket (seed 003): chips, extraction into the
+prompt, image references in history, every refusal, the budget, ``estimate``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon import Config
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeRouter
+from tests.samples import Scan, make_pdf, make_png, make_sparse
+from tests.wire import Wire, of_type
+
+pytestmark = pytest.mark.asyncio
+
+
+def parts(request: dict[str, Any], role: str = "user", index: int = -1) -> list[dict[str, Any]]:
+    """The content parts of a message the router received (the last user message by default)."""
+    messages = [m for m in request["messages"] if m["role"] == role]
+    content = messages[index]["content"]
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+def user_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The turn's ``user`` event (``progress: extracting`` comes before it)."""
+    [user] = of_type(events, "user")
+    return user
+
+
+def text_of(request: dict[str, Any], index: int = -1) -> str:
+    return "\n".join(p["text"] for p in parts(request, index=index) if p["type"] == "text")
+
+
+def images_of(request: dict[str, Any], index: int = -1) -> list[str]:
+    return [p["image_url"]["url"] for p in parts(request, index=index) if p["type"] == "image_url"]
+
+
+def stored_messages(config: Config, cid: int, turn: int) -> list[dict[str, Any]]:
+    with sqlite3.connect(config.db_path) as conn:
+        row = conn.execute("SELECT messages FROM turns WHERE conversation_id = ? AND turn = ?", (cid, turn)).fetchone()
+    conn.close()
+    return json.loads(row[0])
+
+
+async def test_text_and_code_files_reach_the_model(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the meeting is on Tuesday\n")
+    code = tmp_path / "main.rs"
+    code.write_text('fn main() { println!("hi"); }\n')
+    events = await wire.ask("summarise", files=[str(notes), str(code)])
+    assert [e["type"] for e in events[:2]] == ["progress", "user"]
+    user = user_of(events)
+    assert user["files"] == [
+        {"name": "notes.txt", "kind": "text", "truncated": False},
+        {"name": "main.rs", "kind": "text", "truncated": False},
+    ]
+    assert of_type(events, "progress")[0]["stage"] == "extracting"
+    assert events[-1]["type"] == "done"
+    sent = text_of(router.requests[-1])
+    assert sent.startswith("summarise")
+    assert "--- file: notes.txt ---" in sent and "the meeting is on Tuesday" in sent
+    assert "--- file: main.rs ---" in sent and 'println!("hi")' in sent
+    opened = await wire.request({"type": "open", "conversation": user["conversation"]})
+    assert opened["turns"][0]["files"] == user["files"]
+
+
+async def test_files_without_text(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "todo.md"
+    notes.write_text("- buy milk\n")
+    events = await wire.ask("", files=[str(notes)])
+    assert events[-1]["type"] == "done"
+    assert "buy milk" in text_of(router.requests[-1])
+    listed = await wire.request({"type": "conversations"})
+    assert listed["items"][0]["title"] == "todo.md"
+
+
+async def test_an_image_is_sent_and_kept_as_a_reference(
+    wire: Wire, router: FakeRouter, config: Config, tmp_path: Path
+) -> None:
+    cat = make_png(tmp_path / "cat.png", (40, 30))
+    events = await wire.ask("what is this?", files=[str(cat)], model="fake-vision")
+    assert user_of(events)["files"] == [{"name": "cat.png", "kind": "image", "truncated": False}]
+    [url] = images_of(router.requests[-1])
+    assert url.startswith("data:image/png;base64,")
+    cid = user_of(events)["conversation"]
+    stored = stored_messages(config, cid, 1)[0]["content"]
+    [ref] = [p for p in stored if p["type"] == "image_ref"]
+    assert ref["name"] == "cat.png" and ref["path"] == str(cat) and len(ref["sha256"]) == 64
+    assert "base64" not in json.dumps(stored)  # the image itself never goes into history
+
+    # the next turn resolves the reference from the file again
+    await wire.ask("and now?", conversation=cid)
+    assert images_of(router.requests[-1], index=0) == [url]
+    # once the file changes, the model is told it is gone
+    make_png(cat, (41, 30))
+    await wire.ask("still there?", conversation=cid)
+    assert images_of(router.requests[-1], index=0) == []
+    assert "[image cat.png is no longer available]" in text_of(router.requests[-1], index=0)
+
+
+async def test_pdf_text_page_and_blank_page(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    pdf = make_pdf(tmp_path / "report.pdf", ["Quarterly revenue grew by nine percent.", None])
+    events = await wire.ask("read it", files=[str(pdf)], model="fake-vision")
+    assert user_of(events)["files"] == [{"name": "report.pdf", "kind": "pdf", "pages": 2, "truncated": False}]
+    request = router.requests[-1]
+    assert "Quarterly revenue grew by nine percent." in text_of(request)
+    assert "--- file: report.pdf" in text_of(request)
+    assert len(images_of(request)) == 1  # the text-less page, rendered
+
+
+async def test_scanned_pages_on_a_text_model_are_refused(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    pdf = make_pdf(tmp_path / "scan.pdf", [Scan("hello")])
+    events = await wire.ask("read it", files=[str(pdf)])
+    error = events[-1]
+    assert [e["type"] for e in events] == ["progress", "error"]
+    assert error["code"] == "no_vision"
+    assert "fake-text cannot see images" in error["message"]
+    assert error["turn"] == 1
+    assert router.requests == []
+
+
+async def test_an_image_on_a_text_model_is_refused(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    cat = make_png(tmp_path / "cat.png")
+    events = await wire.ask("see?", files=[str(cat)])
+    assert events[-1]["code"] == "no_vision"
+    assert events[-1]["message"] == "fake-text cannot see images"
+    assert router.requests == []
+
+
+async def test_a_long_file_is_cut_to_the_budget(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    log = tmp_path / "big.log"
+    log.write_text("line of log text\n" * 5000)  # 85,000 characters; the budget is 6,144
+    events = await wire.ask("what happened?", files=[str(log)])
+    assert user_of(events)["files"] == [{"name": "big.log", "kind": "text", "truncated": True}]
+    sent = text_of(router.requests[-1])
+    assert "truncated" in sent.split("\n", 3)[2]  # the block's header says so
+    assert 6000 < len(sent) < 7000
+
+
+async def test_a_huge_sparse_file_is_read_only_to_the_budget(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    huge = make_sparse(tmp_path / "huge.log", 4 << 30, head=b"start of the log\n")
+    events = await wire.ask("look", files=[str(huge)])
+    assert events[-1]["type"] == "done"
+    assert user_of(events)["files"][0]["truncated"] is True
+    assert len(text_of(router.requests[-1])) < 8000
+
+
+@pytest.mark.parametrize(
+    "make, code, words",
+    [
+        (lambda d: "relative/path.txt", "file_refused", "absolute"),
+        (lambda d: str(d / "missing.txt"), "file_refused", "missing.txt"),
+        (lambda d: str(d), "file_refused", "a folder, not a file"),
+        (lambda d: "/dev/null", "file_refused", "not a regular file"),
+        (lambda d: str(make_sparse(d / "huge.png", 21 << 20, b"\x89PNG\r\n\x1a\n")), "file_refused", "20 MB"),
+        (lambda d: str(_binary(d / "blob.bin")), "unsupported_kind", "chat supports text, images and PDF"),
+    ],
+)
+async def test_refusals_send_and_store_nothing(
+    wire: Wire, router: FakeRouter, tmp_path: Path, make: Any, code: str, words: str
+) -> None:
+    events = await wire.ask("look", files=[make(tmp_path)])
+    assert events[-1]["type"] == "error"
+    assert events[-1]["code"] == code
+    assert words in events[-1]["message"]
+    assert events[-1]["turn"] == 1
+    assert router.requests == []
+    assert (await wire.request({"type": "conversations"}))["items"] == []
+
+
+def _binary(path: Path) -> Path:
+    path.write_bytes(bytes(range(256)) * 40)
+    return path
+
+
+async def test_a_fifo_is_refused_without_being_opened(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    # an open for reading would block until a writer came: the answer proves it never happened
+    events = await asyncio.wait_for(wire.ask("look", files=[str(fifo)]), 10)
+    assert events[-1]["code"] == "file_refused"
+    assert "not a regular file" in events[-1]["message"]
+
+
+async def test_a_symlink_to_a_file_is_followed(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    target = tmp_path / "real.txt"
+    target.write_text("linked content")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    events = await wire.ask("look", files=[str(link)])
+    assert events[-1]["type"] == "done"
+    assert "linked content" in text_of(router.requests[-1])
+
+
+async def test_more_than_eight_files(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    paths = []
+    for i in range(9):
+        path = tmp_path / f"f{i}.txt"
+        path.write_text("x")
+        paths.append(str(path))
+    events = await wire.ask("look", files=paths)
+    assert events[-1]["code"] == "too_many_files"
+    assert router.requests == []
+
+
+async def test_files_are_kept_when_the_router_is_down(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    router.stop()
+    events = await wire.ask("read", files=[str(notes)])
+    assert user_of(events)["files"][0]["name"] == "notes.txt"
+    assert events[-1]["code"] == "router_unreachable"
+    turn = (await wire.request({"type": "open", "conversation": user_of(events)["conversation"]}))["turns"][0]
+    assert turn["files"] == user_of(events)["files"] and turn["status"] == "error"
+
+
+async def test_estimate_counts_staged_text_and_files(wire: Wire, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a" * 4000)
+    cat = make_png(tmp_path / "cat.png")
+    event = await wire.request({"type": "estimate", "text": "x" * 40, "files": [str(notes), str(cat)],
+                                "model": "fake-vision"})
+    assert event["type"] == "estimate"
+    assert event["files"] == [
+        {"name": "notes.txt", "kind": "text", "tokens": 1000},
+        {"name": "cat.png", "kind": "image", "tokens": 765},
+    ]
+    assert event["tokens"] == 10 + 1000 + 765
+    assert event["ctx_used"] == 0 and event["ctx_max"] == 8192
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    later = await wire.request({"type": "estimate", "text": "more", "conversation": cid})
+    assert later["ctx_used"] > 0 and later["files"] == []
+    refused = await wire.request({"type": "estimate", "files": [str(cat)]})
+    assert refused["code"] == "no_vision"
+
+
+async def test_restart_keeps_files_and_their_references(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    cat = make_png(tmp_path / "cat.png")
+    wire = await daemon.connect()
+    cid = user_of(await wire.ask("see", files=[str(cat)], model="fake-vision"))["conversation"]
+    await wire.close()
+    await daemon.stop()
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
+        assert turn["files"] == [{"name": "cat.png", "kind": "image", "truncated": False}]
+        await wire.ask("again", conversation=cid, model="fake-vision")
+        assert len(images_of(router.requests[-1], index=0)) == 1
+    finally:
+        await wire.close()
