@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import tempfile
 import traceback
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daemon import Config, Server, load_config
-from tests.fakerouter import FakeRouter, Reply
-from tests.wire import Wire, reply_text
+from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from tests.samples import make_pdf, make_png
+from tests.wire import Wire, of_type, reply_text
 
 __all__ = ["run_selfcheck"]
 
@@ -141,12 +143,124 @@ async def _restart(ctx: Context) -> None:
     expect(turn["text"] == "remember this" and turn["reply"] == "You said: remember this", f"after restart: {turn}")
 
 
+# -- attachments (seed 003 "Testing") ----------------------------------------------------------
+
+
+def _user(events: list[dict]) -> dict:
+    users = of_type(events, "user")
+    expect(len(users) == 1, f"no user event: {events}")
+    return users[0]
+
+
+def _sent_text(ctx: Context, index: int = -1) -> str:
+    content = [m for m in ctx.router.requests[-1]["messages"] if m["role"] == "user"][index]["content"]
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content if p["type"] == "text")
+
+
+def _sent_images(ctx: Context, index: int = -1) -> int:
+    content = [m for m in ctx.router.requests[-1]["messages"] if m["role"] == "user"][index]["content"]
+    return sum(1 for p in content if isinstance(content, list) and p["type"] == "image_url")
+
+
+@check("files are classified: text, a code suffix, an image, a PDF; an unknown kind is refused")
+async def _classify(ctx: Context) -> None:
+    (ctx.scratch / "notes.txt").write_text("plain notes")
+    (ctx.scratch / "tool.py").write_text("print('hi')")
+    make_png(ctx.scratch / "dot.png")
+    make_pdf(ctx.scratch / "doc.pdf", ["hello pdf"])
+    names = ["notes.txt", "tool.py", "dot.png", "doc.pdf"]
+    events = await ctx.wire.ask("what are these?", files=[str(ctx.scratch / n) for n in names], model="fake-vision")
+    kinds = [chip["kind"] for chip in _user(events)["files"]]
+    expect(kinds == ["text", "text", "image", "pdf"], f"kinds: {kinds}")
+    (ctx.scratch / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    refused = (await ctx.wire.ask("and this?", files=[str(ctx.scratch / "blob.bin")]))[-1]
+    expect(refused.get("code") == "unsupported_kind" and "chat supports text, images and PDF" in refused["message"],
+           f"unknown kind: {refused}")
+
+
+@check("a PDF with one text page and one blank page gives the text and one page image")
+async def _pdf(ctx: Context) -> None:
+    pdf = make_pdf(ctx.scratch / "two.pdf", ["The answer is forty-two.", None])
+    events = await ctx.wire.ask("read", files=[str(pdf)], model="fake-vision")
+    chip = _user(events)["files"][0]
+    expect(chip == {"name": "two.pdf", "kind": "pdf", "pages": 2, "truncated": False}, f"chip: {chip}")
+    expect("The answer is forty-two." in _sent_text(ctx), "the PDF's text did not reach the model")
+    expect(_sent_images(ctx) == 1, f"page images sent: {_sent_images(ctx)}")
+
+
+@check("a file cut to a small budget is marked in its block and its chip")
+async def _truncation(ctx: Context) -> None:
+    (ctx.scratch / "long.txt").write_text("word " * 2000)
+    events = await ctx.wire.ask("summarise", files=[str(ctx.scratch / "long.txt")], model="fake-tiny")
+    chip = _user(events)["files"][0]
+    expect(chip["truncated"] is True, f"chip: {chip}")
+    header = next(line for line in _sent_text(ctx).splitlines() if line.startswith("--- file: long.txt"))
+    expect("truncated" in header, f"header: {header}")
+    expect(len(_sent_text(ctx)) < 1000, f"sent {len(_sent_text(ctx))} characters for a 600-character budget")
+
+
+@check("an image reference resolves after a save and reload, and is unavailable once the file changes")
+async def _image_ref(ctx: Context) -> None:
+    image = make_png(ctx.scratch / "cat.png", (32, 32))
+    events = await ctx.wire.ask("see", files=[str(image)], model="fake-vision")
+    cid = _user(events)["conversation"]
+    await ctx.restart()
+    await ctx.wire.ask("again", conversation=cid)
+    expect(_sent_images(ctx, index=0) == 1, "the stored image did not come back after a restart")
+    make_png(image, (33, 32))
+    await ctx.wire.ask("and now", conversation=cid)
+    expect(_sent_images(ctx, index=0) == 0, "a changed image was still sent")
+    expect("[image cat.png is no longer available]" in _sent_text(ctx, index=0), "no unavailable notice")
+
+
+@check("an image for a text-only model is refused: '<model> cannot see images'")
+async def _no_vision(ctx: Context) -> None:
+    image = make_png(ctx.scratch / "v.png")
+    error = (await ctx.wire.ask("see", files=[str(image)], model="fake-text"))[-1]
+    expect(error.get("code") == "no_vision" and error["message"] == "fake-text cannot see images", f"{error}")
+    expect(ctx.router.requests == [], "something was sent to the model")
+
+
+@check("each refusal: not absolute, missing, not a regular file, unreadable, too big, too many")
+async def _refusals(ctx: Context) -> None:
+    fifo = ctx.scratch / "fifo"
+    os.mkfifo(fifo)
+    big = ctx.scratch / "big.png"
+    with big.open("wb") as fh:
+        fh.write(b"\x89PNG\r\n\x1a\n")
+        fh.truncate(21 << 20)
+    dangling = ctx.scratch / "dangling.txt"
+    dangling.symlink_to(ctx.scratch / "nowhere")
+    cases = {
+        "relative.txt": "file_refused",
+        str(ctx.scratch / "missing.txt"): "file_refused",
+        str(fifo): "file_refused",
+        "/dev/null": "file_refused",
+        str(dangling): "file_refused",
+        str(big): "file_refused",
+    }
+    if os.geteuid() != 0:  # root reads any file, so only an ordinary user can check this one
+        locked = ctx.scratch / "locked.txt"
+        locked.write_text("secret")
+        locked.chmod(0)
+        cases[str(locked)] = "file_refused"
+    for path, code in cases.items():
+        error = (await ctx.wire.ask("look", files=[path], model="fake-vision"))[-1]
+        expect(error.get("code") == code, f"{path}: {error}")
+    nine = (await ctx.wire.ask("look", files=[str(ctx.scratch / "notes.txt")] * 9))[-1]
+    expect(nine.get("code") == "too_many_files", f"nine files: {nine}")
+    expect(ctx.router.requests == [], "a refused question reached the model")
+
+
 # -- the runner ---------------------------------------------------------------------------------
 
 
 async def _run(verbose: bool) -> int:
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="assistant-selfcheck-") as tmp, FakeRouter() as router:
+    models = [*default_models(), FakeModel("fake-tiny", n_ctx=400)]  # a 600-character text budget
+    with tempfile.TemporaryDirectory(prefix="assistant-selfcheck-") as tmp, FakeRouter(models=models) as router:
         scratch = Path(tmp)
         env = {
             "HOME": tmp,

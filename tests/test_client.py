@@ -102,3 +102,28 @@ async def test_no_daemon_is_a_clear_message(tmp_path: Path) -> None:
     code, out, err = await cli("status", env={"ASSISTANT_SOCKET": str(tmp_path / "none.sock")})
     assert code == 2
     assert "no daemon answers" in err and "make run" in err
+
+
+async def test_ask_with_files(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    from tests.samples import make_pdf, make_png
+
+    pdf = make_pdf(tmp_path / "a.pdf", ["alpha beta gamma"])
+    png = make_png(tmp_path / "b.png")
+    code, out, err = await cli("ask", "what are these", "-f", str(pdf), "-f", str(png), "-m", "fake-vision")
+    assert code == 0, err
+    sent = router.requests[-1]["messages"][-1]["content"]
+    assert any("alpha beta gamma" in p.get("text", "") for p in sent)
+    assert any(p["type"] == "image_url" for p in sent)
+    code, out, _ = await cli("open", "1")
+    assert "file: a.pdf (pdf)" in out and "file: b.png (image)" in out
+
+
+async def test_ask_with_a_relative_file_path(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    (tmp_path / "rel.txt").write_text("relative content")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "ask", "read", "-f", "rel.txt",
+        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "relative content" in router.requests[-1]["messages"][-1]["content"][0]["text"]
