@@ -128,7 +128,17 @@ def _render_status(event: dict[str, Any], out: TextIO) -> None:
     print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
 
 
+def _render_results(event: dict[str, Any], out: TextIO) -> None:
+    if not event["conversations"]:
+        print(f"nothing found for {event['query']!r}", file=out)
+    for group in event["conversations"]:
+        print(f"{group['conversation']:>5}  {group['title']}", file=out)
+        for hit in group["hits"]:
+            print(f"       [{hit['turn']}] {hit['role']}: {hit['excerpt']}", file=out)
+
+
 RENDERERS = {
+    "results": _render_results,
     "conversations": _render_conversations,
     "conversation": _render_conversation,
     "models": _render_models,
@@ -210,6 +220,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             request["limit"] = args.limit
         elif args.command in ("open", "delete"):
             request["conversation"] = args.conversation_id
+        elif args.command == "search":
+            request.update(query=" ".join(args.words), limit=args.limit)
+            if args.conversation is not None:
+                request["conversation"] = args.conversation
         return await _simple(client, request, args.json, out)
     finally:
         await client.close()
@@ -235,6 +249,10 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     for name, text in (("open", "show a conversation"), ("delete", "delete a conversation")):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("conversation_id", type=int, metavar="N")
+    search = sub.add_parser("search", parents=[common], help="full-text search of your conversations")
+    search.add_argument("words", nargs="+")
+    search.add_argument("-c", "--conversation", type=int, help="only conversation N")
+    search.add_argument("-n", "--limit", type=int, default=20)
     sub.add_parser("models", parents=[common], help="list the router's models")
     sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
 

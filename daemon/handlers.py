@@ -12,13 +12,13 @@ import time
 from typing import Any
 
 from attachments import estimate_files
-from history import AsyncHistory, Conversation
+from history import AsyncHistory, Conversation, HistoryStore, SearchHit
 from recall import estimate_text
 
 from . import __version__
 from .config import Config
 from .connection import Emit
-from .errors import AssistantError, NotFound, NotSupported, RouterError, RouterUnreachable
+from .errors import AssistantError, BadRequest, NotFound, NotSupported, RouterError, RouterUnreachable
 from .protocol import Request
 from .router import RouterClient
 from .turns import TurnEngine
@@ -28,6 +28,7 @@ __all__ = ["Handlers"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
+DEFAULT_SEARCH_LIMIT = 20
 CTX_LOOKUP_SECONDS = 2.0  # ``open`` shows ctx_max 0 rather than wait on a slow router
 
 
@@ -145,6 +146,24 @@ class Handlers:
             "settings": conv.settings,
         })
 
+    async def on_search(self, request: Request, emit: Emit) -> None:
+        """Full-text search of the user's conversations, hits grouped by conversation."""
+        query: str = request.get("query")
+        cid: int | None = request.get("conversation")
+        limit: int = request.get("limit", DEFAULT_SEARCH_LIMIT)
+        if not query.strip():
+            raise BadRequest("search needs words in 'query'")
+        if cid is not None:
+            await self._conversation(cid)
+
+        def search(store: HistoryStore) -> tuple[list[SearchHit], dict[int, Conversation]]:
+            hits = store.search_conversation(cid, query, limit) if cid is not None else store.search_all(query, limit)
+            convs = {c: store.get_conversation(c) for c in {h.conversation_id for h in hits}}
+            return hits, {c: conv for c, conv in convs.items() if conv is not None}
+
+        hits, convs = await self.history.run(search)
+        emit({"type": "results", "query": query, "total": len(hits), "conversations": group_hits(hits, convs)})
+
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()
         model: str | None = self.config.model or None
@@ -177,3 +196,26 @@ class Handlers:
         except (asyncio.TimeoutError, AssistantError):
             return 0
         return info.ctx_max
+
+
+def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[dict[str, Any]]:
+    """Hits grouped by conversation: best-ranked group first, the newer one on a tie."""
+    groups: dict[int, list[SearchHit]] = {}
+    for hit in hits:
+        if hit.conversation_id in convs:
+            groups.setdefault(hit.conversation_id, []).append(hit)
+    order = sorted(groups, key=lambda c: convs[c].updated_at, reverse=True)
+    order.sort(key=lambda c: -max(h.rank for h in groups[c]))  # stable: the newer first on a tie
+    return [
+        {
+            "conversation": c,
+            "title": convs[c].title,
+            "updated_at": convs[c].updated_at,
+            "hits": [
+                {"turn": h.turn, "role": h.role, "excerpt": h.excerpt, "rank": round(h.rank, 4),
+                 "timestamp": h.created_at}
+                for h in sorted(groups[c], key=lambda h: -h.rank)
+            ],
+        }
+        for c in order
+    ]

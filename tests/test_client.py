@@ -127,3 +127,12 @@ async def test_ask_with_a_relative_file_path(daemon: RunningDaemon, router: Fake
     _out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert "relative content" in router.requests[-1]["messages"][-1]["content"][0]["text"]
+
+
+async def test_search_command(daemon: RunningDaemon) -> None:
+    await cli("ask", "where do penguins live")
+    code, out, _ = await cli("search", "penguins")
+    assert code == 0
+    assert "where do penguins live" in out and "[penguins]" in out.lower()
+    code, out, _ = await cli("search", "zebras")
+    assert "nothing found for 'zebras'" in out
