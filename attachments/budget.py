@@ -36,8 +36,9 @@ CHARS_PER_TOKEN = 3
 DEFAULT_BUDGET_CHARS = 24_000
 # seed 000 (tokens.js): the staged-attachment estimate divides by 4
 ESTIMATE_CHARS_PER_TOKEN = 4
-# the full text kept per document for attachment_recall: 8 Mi characters
-FULL_TEXT_CAP = 8 * 1024 * 1024
+# the full text kept per document for attachment_recall: 2 Mi characters (about half a
+# million tokens, beyond any local context; more only costs memory and disk)
+FULL_TEXT_CAP = 2 * 1024 * 1024
 
 
 def budget_chars(ctx_max: int, ctx_used: int) -> int:

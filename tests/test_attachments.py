@@ -759,3 +759,4 @@ async def test_empty_file_and_odd_bytes_in_text(tmp_path: Path) -> None:
     first, second = await prepare(empty, odd)
     assert first.text_block == "--- file: empty.txt (empty) ---\n" and first.full_text == ""
     assert second.text_block == "--- file: odd.log ---\nBOM first\ufffdnul \ufffd bad byte\n"
+
