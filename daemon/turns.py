@@ -35,6 +35,7 @@ from .errors import (
     AssistantError,
     BadRequest,
     Busy,
+    InternalError,
     NotFound,
     RouterError,
     RouterUnreachable,
@@ -359,10 +360,11 @@ class TurnEngine:
             await self._finish(state, "error", None, exc)
             emit(error_event(exc, **where))
             return
-        except Exception as exc:
+        except Exception:
             logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
-            await self._finish(state, "error", None, AssistantError(f"internal error: {exc}"))
-            raise
+            await self._finish(state, "error", None, InternalError())
+            emit(error_event(InternalError(), **where))
+            return
         await self._finish(state, "complete", finish_reason)
         emit(self._done_event(state, finish_reason))
 
