@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Full-text search on a history of a million messages, and turns stored per second.
 
-The history: ``--conversations`` (200) conversations of 1,000 to 10,000 messages,
+The history: ``--conversations`` (200) conversations of about 1,000 to 9,000 messages,
 ``--messages`` (1,000,000) in all, alternating a user question (median 12 words) and an
 assistant reply (median 67 words). Words are drawn from a Zipf distribution (s = 1.07)
-over 60,000 words: English function words first, then made-up words, so "the" is in
-86% of messages, a mid word in about 1% and a rare one in a few dozen. The history is
-written straight into the schema (turns and message_fts rows, as the store writes them,
-in transactions of 100 turns so the FTS5 index has the segments a grown index has) and
-cached under /tmp, since generating it takes about a minute; ``--rebuild`` makes it
-again. Nothing is written into the repository.
+over 60,000 words: English function words first, then made-up words. The query words
+come from three bands of that vocabulary, printed with how many messages hold them:
+common (the 15 most frequent: from "the" in 87% of messages to 24%), mid (ranks 41 to
+3,000: 10% down to 0.1%) and rare (ranks 8,001 on: a few dozen to a few hundred
+messages). The history is written straight into the schema (turns and message_fts
+rows, as the store writes them, in transactions of 100 turns so the FTS5 index has the
+segments of a grown one) and cached under /tmp, since making it takes half a minute;
+``--rebuild`` makes it again. Nothing is written into the repository.
 
 Measured, all through ``HistoryStore`` (the daemon adds one thread hop, ~0.1 ms):
 - ``search_conversation`` (conversation_search, 5 hits): p50/p95/max over
@@ -17,8 +19,9 @@ Measured, all through ``HistoryStore`` (the daemon adds one thread hop, ~0.1 ms)
   one in five with a role filter, each in a random conversation; twice: first with
   nothing known about the words (each new common word costs one capped count), then
   again. The same queries as a ``LIKE`` scan of the conversation's stored messages give
-  the ratio.
-- ``search_all`` (the user's ``search``, 20 hits): the same statistics.
+  the ratio, and as plain bm25 over every query word (the design history/search.py
+  replaces) show how often the fast ranking returns the same hits.
+- ``search_all`` (the user's ``search``, 20 hits): the same.
 - turns stored per second (``start_turn`` + ``finish_turn``, the index kept in step in
   the same transactions) on a copy of the big history, and on an empty one.
 Targets: per conversation p95 < 15 ms and max < 50 ms; all conversations p95 < 20 ms;
@@ -36,7 +39,7 @@ import sqlite3
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +48,7 @@ import numpy as np
 
 from benchlib import header, temp_dir, terminate_on_sigterm, verdict
 
-from history import HistoryStore, conversation_rowid_range, message_rowid
+from history import HistoryStore, SearchHit, conversation_rowid_range, message_rowid, quote_fts
 
 CORPUS_VERSION = 2  # bump when the generator changes: the cache name carries it
 SEED = 20260401
@@ -60,7 +63,9 @@ TURNS_PER_COMMIT = 100
 BANDS = {"common": (0, 15), "mid": (40, 3_000), "rare": (8_000, VOCABULARY_SIZE)}
 ROLE_FILTER_SHARE = 0.2
 LIKE_SAMPLES = 100  # LIKE scans of one conversation, for the ratio
-LIKE_ALL_SAMPLES = 3  # LIKE scans of everything: about a second each
+LIKE_ALL_SAMPLES = 3  # LIKE scans of everything: about half a second each
+AGREEMENT_SAMPLES = 150  # queries also answered by plain bm25, to show what the speed costs
+AGREEMENT_ALL_SAMPLES = 40
 WRITE_TURNS = 2_000
 
 TARGET_CONVERSATION_P95 = 15.0  # ms
@@ -211,9 +216,26 @@ def ensure_corpus(corpus: Corpus, rebuild: bool) -> Path:
         return path
     print(f"history: generating {path} ...")
     started = time.perf_counter()
-    write_corpus(path, corpus)
+    try:
+        write_corpus(path, corpus)
+    except BaseException:
+        for leftover in path.parent.glob(path.with_suffix(".partial").name + "*"):
+            leftover.unlink(missing_ok=True)  # a gigabyte not to leave behind
+        raise
     print(f"history: generated in {time.perf_counter() - started:.1f} s, {path.stat().st_size / 1e6:.0f} MB")
     return path
+
+
+def describe_bands(conn: sqlite3.Connection, corpus: Corpus) -> None:
+    """How many messages hold the first and the last word of each band the queries draw from."""
+    total = conn.execute("SELECT count(*) FROM message_fts_docsize").fetchone()[0]
+    for band, (first, end) in BANDS.items():
+        shares = []
+        for rank in (first, end - 1):
+            word = corpus.words[rank]
+            docs = conn.execute("SELECT count(*) FROM message_fts WHERE message_fts MATCH ?", (quote_fts(word),)).fetchone()[0]
+            shares.append(f"{word!r} in {docs:,} ({docs / total:.2%})")
+        print(f"  {band:6} words (ranks {first + 1}-{end}): {shares[0]} to {shares[1]} of {total:,} messages")
 
 
 def make_queries(corpus: Corpus, count: int, seed: int) -> list[Query]:
@@ -277,6 +299,39 @@ def like_all(conn: sqlite3.Connection, query: Query) -> int:
     return len(conn.execute(sql, [f"%{w}%" for w in words]).fetchall())
 
 
+# The plain design the issue measured: every phrase in one bm25() expression.
+EXACT_SEARCH = """
+SELECT rowid FROM message_fts
+WHERE message_fts MATCH :query AND rowid BETWEEN :lo AND :hi AND (:role IS NULL OR role = :role)
+ORDER BY bm25(message_fts), rowid DESC
+LIMIT :limit
+"""
+
+
+def exact_hits(conn: sqlite3.Connection, query: str, bounds: tuple[int, int], role: str | None, limit: int) -> list[int]:
+    params = {"query": quote_fts(query), "lo": bounds[0], "hi": bounds[1], "role": role, "limit": limit}
+    return [row[0] for row in conn.execute(EXACT_SEARCH, params)]
+
+
+def hit_rowids(hits: list[SearchHit]) -> list[int]:
+    slot = {"user": 0, "assistant": 1}
+    return [message_rowid(h.conversation_id, h.turn, slot[h.role]) for h in hits]
+
+
+def agreement(pairs: list[tuple[Query, list[int], list[int], float]]) -> None:
+    """How often the fast ranking returns what bm25 over every phrase returns."""
+    for band in ("rare", "mid", "common"):
+        picked = [(ours, exact) for q, ours, exact, _ in pairs if kind(q) == band]
+        if not picked:
+            continue
+        same = sum(1 for ours, exact in picked if set(ours) == set(exact))
+        overlap = statistics.mean(len(set(o) & set(e)) / len(e) if e else float(not o) for o, e in picked)
+        label = f"{band} word" if band != "common" else "common words only"
+        print(f"    {label:18} same hits {same}/{len(picked)}, mean overlap {overlap:.0%}")
+    slow = [t for *_, t in pairs]
+    print(f"    (bm25 over every phrase took {summary(slow)})")
+
+
 def bench_conversation_search(store: HistoryStore, queries: list[Query]) -> list[float]:
     times = []
     for query in queries:
@@ -299,6 +354,7 @@ def search_section(path: Path, corpus: Corpus, count: int) -> dict[str, float]:
     results: dict[str, float] = {}
     with HistoryStore(path) as store:
         conn = store._conn  # the same connection, for the LIKE baseline
+        describe_bands(conn, corpus)
         # the file's pages into the OS cache, as in a daemon that has been running
         for query in make_queries(corpus, 50, SEED + 4):
             store.search_conversation(query.conversation, query.text.split()[0], 5)
@@ -322,6 +378,14 @@ def search_section(path: Path, corpus: Corpus, count: int) -> dict[str, float]:
         )
         sizes = sorted(corpus.sizes)
         print(f"  conversations: {sizes[0]}..{sizes[-1]} messages, median {statistics.median(sizes):.0f}")
+        compared = []
+        for q in queries[:AGREEMENT_SAMPLES]:
+            bounds = conversation_rowid_range(q.conversation)
+            elapsed, exact = timed(lambda: exact_hits(conn, q.text, bounds, q.role, 5))
+            ours = hit_rowids(store.search_conversation(q.conversation, q.text, 5, q.role))
+            compared.append((q, ours, exact, elapsed))
+        print(f"  against bm25 over every phrase ({len(compared)} of the queries, top 5):")
+        agreement(compared)
 
         print(f"\nsearch over all conversations, {len(all_queries)} queries, 20 hits")
         cold_all = bench_search_all(store, all_queries)
@@ -329,6 +393,12 @@ def search_section(path: Path, corpus: Corpus, count: int) -> dict[str, float]:
         print(f"  first pass: {summary(cold_all)}")
         by_kind(all_queries, cold_all)
         print(f"  again:      {summary(warm_all)}")
+        compared = []
+        for q in [q for q in all_queries if kind(q) != "common"][:AGREEMENT_ALL_SAMPLES]:
+            elapsed, exact = timed(lambda: exact_hits(conn, q.text, (0, (1 << 63) - 1), None, 20))
+            compared.append((q, hit_rowids(store.search_all(q.text, 20)), exact, elapsed))
+        print(f"  against bm25 over every phrase ({len(compared)} queries with a rare or mid word, top 20):")
+        agreement(compared)
         like_times = [timed(lambda: like_all(conn, q))[0] for q in all_queries[:LIKE_ALL_SAMPLES]]
         print(f"  LIKE scan of every conversation ({len(like_times)} queries): {summary(like_times)}")
         results["all_p95"] = percentile(cold_all, 0.95)

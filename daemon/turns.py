@@ -7,9 +7,10 @@ pieces plug in where they belong:
 2. ``_resolve``     the model and its capabilities from the router
 3. ``_prepare``     attached files (refused before anything is stored or sent)
 4. ``_store_start`` the question is in history before the router hears of it
-5. ``_prompt``      system prompt + earlier turns (image refs resolved) + question
-6. ``_converse``    stream rounds with the router, running tool calls between them
-7. ``_finish``      the reply, however it ended, is stored; then ``done``/``error``
+5. ``_converse``    the prompt (``context.ContextBuilder``: compaction, summary, image
+                    refs resolved), then stream rounds with the router, running the
+                    model's tool calls (``recall.Toolbox``) between them
+6. ``_finish``      the reply, however it ended, is stored; then ``done``/``error``
 
 Nothing is lost: the question is stored before the router is asked, the
 streaming reply is checkpointed every ``CHECKPOINT_SECONDS``, and a cancel, a
@@ -20,30 +21,34 @@ router failure or a shutdown stores what arrived.  A crash leaves the turn
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attachments import Prepared, prepare_files, resolve_image_refs, user_content
+from attachments import Prepared, budget_chars, prepare_files, user_content
 from history import AsyncHistory, Conversation, NewAttachment, TurnStatus
-from recall import estimate_messages
+from recall import Tool, ToolContext, default_toolbox, estimate_messages
 
 from .config import Config
 from .connection import Emit
+from .context import ContextBuilder, router_messages
 from .errors import (
     AssistantError,
     BadRequest,
     Busy,
     InternalError,
     NotFound,
+    RouterContextOverflow,
     RouterError,
     RouterUnreachable,
     ShuttingDown,
     TooManyFiles,
 )
 from .protocol import MAX_FILES, Request, error_event
-from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, ToolCall, Usage
+from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
 
 __all__ = ["TurnEngine"]
 
@@ -52,8 +57,9 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 60
-# keys we keep on stored messages that routers do not accept
-PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
+MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
+LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
+ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
 
 StopReason = Literal["cancelled", "interrupted"]
 
@@ -92,23 +98,6 @@ def provisional_title(text: str) -> str:
     return title or "New conversation"
 
 
-def router_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stored messages as the router takes them: our bookkeeping keys removed."""
-    return [{k: v for k, v in m.items() if k not in PRIVATE_MESSAGE_KEYS} for m in messages]
-
-
-def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop assistant tool calls whose results never came (a turn cut mid-tool)."""
-    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
-    kept = []
-    for message in messages:
-        calls = message.get("tool_calls")
-        if calls and not all(c.get("id") in answered for c in calls):
-            continue
-        kept.append(message)
-    return kept
-
-
 @dataclass
 class Slot:
     """A conversation's one turn, from the moment its ``ask`` is accepted."""
@@ -125,6 +114,9 @@ class TurnEngine:
         self.config = config
         self.history = history
         self.router = router
+        self.context = ContextBuilder(config, history, router)
+        self.toolbox = default_toolbox()
+        self._no_tools: set[str] = set()  # models whose server refused the tools parameter
         self._slots: dict[int, Slot] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._accepting = True
@@ -326,29 +318,12 @@ class TurnEngine:
         emit(self._user_event(cid, turn, text, prepared))
         emit(error_event(exc, conversation=cid, turn=turn))
 
-    async def _prompt(self, state: TurnState, conv: Conversation | None) -> list[dict[str, Any]]:
-        prompt: list[dict[str, Any]] = []
-        if self.config.system_prompt:
-            prompt.append({"role": "system", "content": self.config.system_prompt})
-        if conv is not None:
-            cid, turn = state.conversation, state.turn
-            earlier: list[dict[str, Any]] = []
-            for messages in await self.history.run(lambda s: s.answered_messages(cid, turn)):
-                earlier.extend(complete_exchanges(messages))
-            # images in history come back from their files, checked by hash (seed 003)
-            prompt.extend(router_messages(await resolve_image_refs(earlier, vision=state.model.vision)))
-        prompt.append(state.question)
-        prompt.extend(router_messages(state.messages[1:]))
-        return prompt
-
     async def _run(self, state: TurnState, slot: Slot, conv: Conversation | None, emit: Emit) -> None:
         where = {"conversation": state.conversation, "turn": state.turn}
         try:
             if slot.stop is not None:
                 raise asyncio.CancelledError  # cancelled while it was starting
-            prompt = await self._prompt(state, conv)
-            state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
-            finish_reason = await self._converse(state, prompt, emit)
+            finish_reason = await self._converse(state, emit)
         except asyncio.CancelledError:
             if slot.stop is None:
                 await self._finish(state, "interrupted", "interrupted")
@@ -368,31 +343,115 @@ class TurnEngine:
         await self._finish(state, "complete", finish_reason)
         emit(self._done_event(state, finish_reason))
 
-    async def _converse(self, state: TurnState, prompt: list[dict[str, Any]], emit: Emit) -> str | None:
-        """Stream from the router; tool calls (when tools are offered) loop back in."""
-        emit({"type": "progress", "conversation": state.conversation, "turn": state.turn,
-              "stage": "waiting", "detail": f"waiting for {state.model.id}"})
-        end = await self._stream_round(state, prompt, None, emit)
-        return end.finish_reason
+    async def _converse(self, state: TurnState, emit: Emit) -> str | None:
+        """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times.
+
+        A router that says the prompt overflowed its context gets one harder
+        compaction and one retry, as long as nothing has streamed yet.
+        """
+        where = {"conversation": state.conversation, "turn": state.turn}
+
+        def progress(stage: str, detail: str) -> None:
+            emit({"type": "progress", **where, "stage": stage, "detail": detail})
+
+        prompt = await self.context.build(state.conversation, state.turn, state.model, [state.question], progress)
+        state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
+        ctx = ToolContext(
+            conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
+            max_chars=budget_chars(state.model.ctx_max, state.prompt_estimate),
+        )
+        offered = [] if state.model.id in self._no_tools else await self.toolbox.offer(ctx)
+        progress("waiting", f"waiting for {state.model.id}")
+        for round_no in range(MAX_TOOL_ROUNDS + 1):
+            tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
+            if offered and tools is None:
+                prompt.append({"role": "user", "content": LAST_ROUND_NOTE})
+            try:
+                end = await self._stream_round(state, prompt, tools, emit)
+            except RouterContextOverflow:
+                if round_no or state.reply:
+                    raise
+                prompt = await self.context.build(
+                    state.conversation, state.turn, state.model, [state.question], progress, force=True
+                )
+                end = await self._stream_round(state, prompt, tools, emit)
+            if not end.tool_calls or tools is None:
+                return end.finish_reason
+            prompt.extend(router_messages(state.messages[-1:]))
+            prompt.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
+        raise AssertionError("the last round offers no tools")
+
+    async def _run_tools(
+        self, state: TurnState, offered: list[Tool], calls: list[ToolCall], ctx: ToolContext, emit: Emit
+    ) -> list[dict[str, Any]]:
+        """Run one round's tool calls concurrently; their messages for the prompt."""
+        where = {"conversation": state.conversation, "turn": state.turn}
+        for call in calls:
+            emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
+        results = await asyncio.gather(*(self.toolbox.call(offered, c.name, c.arguments, ctx) for c in calls))
+        for_prompt: list[dict[str, Any]] = []
+        images: list[dict[str, Any]] = []
+        for call, result in zip(calls, results):
+            message = {"role": "tool", "tool_call_id": call.id, "content": result.content,
+                       "ok": result.ok, "summary": result.summary}
+            state.messages.append(message)
+            for_prompt.extend(router_messages([message]))
+            images.extend(result.images)
+            emit({"type": "tool", **where, "name": call.name, "arguments": parsed_arguments(call.arguments),
+                  "ok": result.ok, "summary": result.summary})
+        if images:
+            # tool messages carry text only: a recalled image is shown in a message of its own,
+            # for this turn's prompt (history keeps the tool's text, the file keeps the image)
+            for_prompt.append({"role": "user", "content": [
+                {"type": "text", "text": "The image(s) the attachment_recall tool returned:"}, *images]})
+        return for_prompt
 
     async def _stream_round(
         self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, emit: Emit
     ) -> StreamEnd:
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = len(state.reply)
-        async for event in self.router.stream_chat(state.model.id, prompt, tools):
+        separate = bool(state.reply)  # a later round's text starts a new paragraph
+        async for event in self._stream(state, prompt, tools):
             if isinstance(event, ContentDelta):
-                state.parts.append(event.text)
-                emit({"type": "delta", **where, "text": event.text})
+                text = ROUND_SEPARATOR + event.text if separate else event.text
+                separate = False
+                state.parts.append(text)
+                emit({"type": "delta", **where, "text": text})
                 self._checkpoint(state)
             elif isinstance(event, ReasoningDelta):
                 state.reasoning += event.text
                 emit({"type": "reasoning", **where, "text": event.text})
             elif isinstance(event, StreamEnd):
                 state.usage = event.usage or state.usage
-                self._add_assistant(state, state.reply[round_start:], event.tool_calls)
-                return event
+                calls = event.tool_calls if tools else []  # calls nobody offered are not run
+                self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
+                return StreamEnd(event.finish_reason, calls, event.usage, event.text)
         raise AssertionError("stream_chat ended without a StreamEnd")
+
+    def _stream(
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> AsyncIterator[StreamEvent]:
+        """The router's stream; a server that refuses ``tools`` is asked again without them."""
+        if not tools:
+            return self.router.stream_chat(state.model.id, prompt, None)
+        return self._stream_with_tools(state, prompt, tools)
+
+    async def _stream_with_tools(
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> AsyncIterator[StreamEvent]:
+        started = False
+        try:
+            async for event in self.router.stream_chat(state.model.id, prompt, tools):
+                started = True
+                yield event
+        except RouterError as exc:
+            if started or not rejects_tools(exc):
+                raise
+            logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
+            self._no_tools.add(state.model.id)
+            async for event in self.router.stream_chat(state.model.id, prompt, None):
+                yield event
 
     def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -508,6 +567,22 @@ class TurnEngine:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task failed", exc_info=task.exception())
+
+
+def parsed_arguments(raw: str) -> Any:
+    """A tool call's arguments as JSON when they are JSON, else the raw text."""
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return raw
+
+
+def rejects_tools(exc: RouterError) -> bool:
+    """Whether the router refused the request because of ``tools`` (no tool support, or
+    llama-server without --jinja): ask again without them."""
+    return (exc.status in (400, 422, 500, 501)) and "tool" in exc.message.lower() and not isinstance(
+        exc, RouterContextOverflow
+    )
 
 
 def clean_title(raw: str) -> str:

@@ -5,13 +5,14 @@ rowid encodes where a message lives::
 
     rowid = conversation_id << 32 | turn << 8 | n
 
-`n` is the message's index in the turn's `messages` list (0..254; 255 is kept for a
-compaction summary). Every conversation therefore owns one contiguous rowid range, and
-a per-conversation search adds `rowid BETWEEN lo AND hi` to the MATCH, which FTS5
-answers by seeking inside its doclists instead of filtering the whole corpus. An
-external-content table would need a content table keyed the same way plus triggers;
-the store writes these rows itself, in the same transaction as the turn, so the index
-cannot drift from `turns`.
+`n` is the message's index in the turn's `messages` list (0..254). Slot 255 holds the
+summary of a compaction that ends at that turn, under role 'summary' (only the latest
+summary of a conversation is kept in the index). Every conversation therefore owns one
+contiguous rowid range, and a per-conversation search adds `rowid BETWEEN lo AND hi` to
+the MATCH, which FTS5 answers by seeking inside its doclists instead of filtering the
+whole corpus (how results are ranked: search.py). An external-content table would need
+a content table keyed the same way plus triggers; the store writes these rows itself,
+in the same transaction as the turn, so the index cannot drift from `turns`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
 """
 INSERT_FTS_ROW = "INSERT INTO message_fts (rowid, body, role) VALUES (?, ?, ?)"
 DELETE_FTS_RANGE = "DELETE FROM message_fts WHERE rowid BETWEEN ? AND ?"
+# The role a compaction summary is indexed under (conversation_search shows it).
+SUMMARY_ROLE = "summary"
+DELETE_FTS_ROW = "DELETE FROM message_fts WHERE rowid = ?"
+SELECT_FTS_RANGE = "SELECT rowid, body, role FROM message_fts WHERE rowid BETWEEN ? AND ?"
 
 
 def message_rowid(conversation_id: int, turn: int, n: int) -> int:
@@ -81,17 +86,28 @@ def turn_rowid_range(conversation_id: int, turn: int) -> tuple[int, int]:
     return lo, lo | 0xFF
 
 
-def quote_fts(query: str) -> str:
-    """Make user text safe for MATCH: every token becomes a quoted phrase.
+def turn_message_range(conversation_id: int, turn: int) -> tuple[int, int]:
+    """Inclusive (lo, hi) rowid bounds of a turn's messages: its summary slot left out."""
+    lo = message_rowid(conversation_id, turn, 0)
+    return lo, lo | MAX_MESSAGE_INDEX
 
-    Wrapping each whitespace-separated token in double quotes (inner quotes doubled)
-    means `"`, `*`, `NOT`, `NEAR(`, `a:b` or a lone parenthesis are searched as text
-    instead of being read as FTS5 syntax; the phrases are ANDed. "" if nothing is left.
-    A NUL is treated as a space: FTS5 parses the expression as a C string, and a NUL
-    inside a quoted phrase would end it early ("unterminated string").
+
+def quoted_phrases(query: str) -> list[str]:
+    """User text as FTS5 phrases, one per whitespace-separated token, each quoted.
+
+    Wrapping each token in double quotes (inner quotes doubled) means `"`, `*`, `NOT`,
+    `NEAR(`, `a:b` or a lone parenthesis are searched as text instead of being read as
+    FTS5 syntax. A NUL is treated as a space: FTS5 parses the expression as a C string,
+    and a NUL inside a quoted phrase would end it early ("unterminated string").
+    Repeated tokens are kept once: they would only repeat the same filter.
     """
     tokens = query.replace("\x00", " ").split()
-    return " ".join('"' + token.replace('"', '""') + '"' for token in tokens)
+    return list(dict.fromkeys('"' + token.replace('"', '""') + '"' for token in tokens))
+
+
+def quote_fts(query: str) -> str:
+    """Make user text safe for MATCH: its quoted phrases, ANDed; "" if nothing is left."""
+    return " ".join(quoted_phrases(query))
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -136,16 +152,58 @@ def index_turn(
     conversation_id: int,
     turn: int,
     messages: Iterable[dict[str, Any]],
-) -> None:
-    """Replace a turn's rows in `message_fts`; call inside the turn's transaction."""
-    conn.execute(DELETE_FTS_RANGE, turn_rowid_range(conversation_id, turn))
+) -> int:
+    """Bring a turn's message rows in `message_fts` in line with ``messages``.
+
+    Call inside the turn's transaction; returns the number of rows written. Rows that
+    already hold the same text are left alone: finishing a turn then writes only its
+    reply, not the question again (an FTS5 delete writes a tombstone for every token, so
+    rewriting the question doubled what each turn added to the index). A compaction
+    summary in the turn's summary slot is not the turn's to replace and stays.
+    """
+    wanted = {
+        message_rowid(conversation_id, turn, n): (text, role)
+        for n, role, text in searchable_messages(messages)
+    }
+    current = {
+        rowid: (body, role)
+        for rowid, body, role in conn.execute(
+            SELECT_FTS_RANGE, turn_message_range(conversation_id, turn)
+        )
+    }
     conn.executemany(
-        INSERT_FTS_ROW,
-        (
-            (message_rowid(conversation_id, turn, n), text, role)
-            for n, role, text in searchable_messages(messages)
-        ),
+        DELETE_FTS_ROW,
+        [(rowid,) for rowid, row in current.items() if wanted.get(rowid) != row],
     )
+    rows = [
+        (rowid, text, role)
+        for rowid, (text, role) in wanted.items()
+        if current.get(rowid) != (text, role)
+    ]
+    conn.executemany(INSERT_FTS_ROW, rows)
+    return len(rows)
+
+
+def index_summary(
+    conn: sqlite3.Connection,
+    conversation_id: int,
+    through_turn: int,
+    summary: str,
+    earlier_turns: Iterable[int] = (),
+) -> None:
+    """Make a compaction summary the conversation's one findable summary.
+
+    It takes the summary slot of the last turn it folds. The summaries of earlier
+    compactions (ending at ``earlier_turns``) leave the index, their rows staying in
+    `compactions`: each new summary is built from the last and would only repeat it.
+    """
+    conn.executemany(
+        DELETE_FTS_ROW,
+        [(message_rowid(conversation_id, t, SUMMARY_SLOT),) for t in set(earlier_turns)],
+    )
+    rowid = message_rowid(conversation_id, through_turn, SUMMARY_SLOT)
+    conn.execute(DELETE_FTS_ROW, (rowid,))
+    conn.execute(INSERT_FTS_ROW, (rowid, summary, SUMMARY_ROLE))
 
 
 def unindex_conversation(conn: sqlite3.Connection, conversation_id: int) -> None:

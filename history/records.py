@@ -239,7 +239,29 @@ class SearchHit:
             excerpt=row["excerpt"],
             # bm25() is negative with lower meaning better; flipped so callers (and
             # the model reading conversation_search results) see "bigger is better".
-            rank=-float(row["rank"]),
+            # (0.0 - x, not -x: an unranked hit's 0.0 must not read as -0.0.)
+            rank=0.0 - float(row["rank"]),
+            created_at=row["created_at"],
+        )
+
+
+@dataclass
+class Compaction:
+    """A stored summary standing for turns 1..through_turn of a conversation."""
+
+    id: int
+    conversation_id: int
+    through_turn: int
+    summary: str
+    created_at: str
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> Compaction:
+        return cls(
+            id=row["id"],
+            conversation_id=row["conversation_id"],
+            through_turn=row["through_turn"],
+            summary=row["summary"],
             created_at=row["created_at"],
         )
 

@@ -1,4 +1,4 @@
-"""HistoryStore: conversations, turns and their search index in one SQLite file.
+"""HistoryStore: conversations, turns, attachments, compactions and the search index.
 
 Synchronous on purpose: one connection, used from one thread (`AsyncHistory` in aio.py
 supplies that thread for the daemon). It migrates in its constructor, and every write
@@ -23,23 +23,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from . import search
 from .fts import (
-    CONVERSATION_SHIFT,
     MAX_TURN,
     TURN_SHIFT,
     conversation_rowid_range,
+    index_summary,
     index_turn,
     load_messages,
-    quote_fts,
     unindex_conversation,
 )
 from .migrations import immediate_transaction, migrate
 from .records import (
     TIMESTAMP_FORMAT,
-    Attachment,
-    NewAttachment,
     TURN_STATUSES,
+    Attachment,
+    Compaction,
     Conversation,
+    NewAttachment,
     SearchHit,
     Turn,
     TurnStatus,
@@ -51,10 +52,14 @@ MEMORY = ":memory:"
 
 # WAL lets readers (the CLI, a backup) work while the daemon writes; NORMAL sync is
 # durable across application crashes in WAL mode and much cheaper than FULL; the busy
-# timeout rides out another process's short write instead of failing at once.
+# timeout rides out another process's short write instead of failing at once. With NORMAL
+# the only fsyncs are a checkpoint's, and they were most of what storing a turn cost
+# (bench/bench_search.py): checkpointing every 4,000 pages (a WAL of up to 16 MB)
+# instead of SQLite's 1,000 pays them a quarter as often.
 CONNECTION_PRAGMAS = (
     "PRAGMA journal_mode = WAL",
     "PRAGMA synchronous = NORMAL",
+    "PRAGMA wal_autocheckpoint = 4000",
     "PRAGMA busy_timeout = 5000",
     "PRAGMA foreign_keys = ON",
 )
@@ -62,9 +67,6 @@ CONNECTION_PRAGMAS = (
 DEFAULT_LIST_LIMIT = 50
 DEFAULT_CONVERSATION_HITS = 5
 DEFAULT_ALL_HITS = 20
-# Tokens of context around the matched terms in an excerpt; brackets mark the match.
-SNIPPET_TOKENS = 12
-SEARCH_SNIPPET = f"snippet(message_fts, 0, '[', ']', '…', {SNIPPET_TOKENS})"
 
 CONVERSATION_SELECT = """
 SELECT c.id, c.title, c.model, c.settings, c.ctx_used, c.created_at, c.updated_at,
@@ -126,6 +128,12 @@ FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
 WHERE a.conversation_id = ? AND c.deleted_at IS NULL
 ORDER BY a.id
 """
+HAS_ATTACHMENTS = """
+SELECT EXISTS (
+    SELECT 1 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+    WHERE a.conversation_id = ? AND c.deleted_at IS NULL
+)
+"""
 SELECT_ATTACHMENT = f"""
 SELECT {ATTACHMENT_COLUMNS}, a.full_text
 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
@@ -142,6 +150,14 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 SELECT_ANSWERED_MESSAGES = """
 SELECT t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
 WHERE t.conversation_id = ? AND t.turn < ? AND t.reply != '' AND c.deleted_at IS NULL
+ORDER BY t.turn
+"""
+
+# The same, numbered, from after a compaction's last turn: what a compacted prompt replays.
+SELECT_ANSWERED_TURNS = """
+SELECT t.turn, t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn > ? AND t.turn < ? AND t.reply != ''
+  AND c.deleted_at IS NULL
 ORDER BY t.turn
 """
 
@@ -164,36 +180,19 @@ INTERRUPT_RUNNING = """
 UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'running'
 """
 
-# Ranking is bm25() over the one indexed column. Its cost is dominated by counting, once
-# per query, every row of the whole table that holds each query term (its IDF), so two
-# shapes are avoided on purpose:
-# - `SELECT rank ... ORDER BY rank` counts twice (FTS5's internal sorter, then the
-#   output column): bm25 is selected once under an alias and ordered by that alias;
-# - snippet() next to bm25 in a LIMITed subquery is built for every match before the
-#   sort: the hits are ranked first (rowid and score only) and only the few kept are
-#   looked up again, by rowid, for their role and excerpt.
-SEARCH_RANK = "bm25(message_fts)"
-_SEARCH_TEMPLATE = f"""
-WITH hits AS MATERIALIZED (
-    SELECT rowid AS id, {SEARCH_RANK} AS score
-    FROM message_fts
-    WHERE message_fts MATCH :query {{scope}}
-    ORDER BY score
-    LIMIT :limit
-)
-SELECT t.conversation_id, t.turn, message_fts.role, {SEARCH_SNIPPET} AS excerpt,
-       h.score AS rank, t.created_at
-FROM hits AS h
-CROSS JOIN message_fts ON message_fts.rowid = h.id AND message_fts MATCH :query
-JOIN turns AS t ON t.conversation_id = h.id >> {CONVERSATION_SHIFT}
-               AND t.turn = (h.id >> {TURN_SHIFT}) & {MAX_TURN}
-JOIN conversations AS c ON c.id = t.conversation_id AND c.deleted_at IS NULL
-ORDER BY h.score, h.id
+INSERT_COMPACTION = """
+INSERT INTO compactions (conversation_id, through_turn, summary, created_at)
+VALUES (?, ?, ?, ?)
 """
-SEARCH_CONVERSATION = _SEARCH_TEMPLATE.format(
-    scope="AND rowid BETWEEN :lo AND :hi AND (:role IS NULL OR role = :role)"
-)
-SEARCH_ALL = _SEARCH_TEMPLATE.format(scope="")
+SELECT_COMPACTION_TURNS = "SELECT through_turn FROM compactions WHERE conversation_id = ?"
+SELECT_LATEST_COMPACTION = """
+SELECT k.id, k.conversation_id, k.through_turn, k.summary, k.created_at
+FROM compactions AS k JOIN conversations AS c ON c.id = k.conversation_id
+WHERE k.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY k.through_turn DESC, k.id DESC
+LIMIT 1
+"""
+SELECT_TURN_EXISTS = "SELECT 1 FROM turns WHERE conversation_id = ? AND turn = ?"
 
 
 class _Unset(enum.Enum):
@@ -228,6 +227,8 @@ class HistoryStore:
                 directory.chmod(0o700)  # mkdir's mode is filtered by the umask
             _create_private(self.path)
         self._last_time: datetime | None = None
+        # How common each searched phrase is, learnt by searches (history/search.py).
+        self._phrases = search.PhraseStats()
         self._conn = sqlite3.connect(self.path)
         try:
             self._conn.row_factory = sqlite3.Row
@@ -340,6 +341,7 @@ class HistoryStore:
             if deleted.rowcount == 0:
                 return False
             unindex_conversation(self._conn, cid)
+        self._phrases.forget()
         return True
 
     # -- turns ---------------------------------------------------------------------
@@ -378,7 +380,7 @@ class HistoryStore:
                 INSERT_TURN,
                 (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
             )
-            index_turn(self._conn, cid, number, messages)
+            self._phrases.indexed(index_turn(self._conn, cid, number, messages))
             self._conn.executemany(INSERT_ATTACHMENT, [
                 (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
                  a.pages, a.full_text, now)
@@ -393,6 +395,10 @@ class HistoryStore:
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""
         return [Attachment.from_row(r) for r in self._conn.execute(LIST_ATTACHMENTS, (cid,))]
+
+    def has_attachments(self, cid: int) -> bool:
+        """Whether the (live) conversation has any attachment: attachment_recall's offer."""
+        return bool(self._conn.execute(HAS_ATTACHMENTS, (cid,)).fetchone()[0])
 
     def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
         """One attachment with its full text; None unless it belongs to ``cid``."""
@@ -439,7 +445,7 @@ class HistoryStore:
             if updated.rowcount == 0:
                 raise LookupError(f"turn {turn} of conversation {cid} not found")
             if self._is_live(cid):
-                index_turn(self._conn, cid, turn, messages)
+                self._phrases.indexed(index_turn(self._conn, cid, turn, messages))
                 self._conn.execute(FINISH_CONVERSATION, (ctx_used, now, cid))
             result = self._turn_row(cid, turn)
         assert result is not None
@@ -458,6 +464,16 @@ class HistoryStore:
         rows = self._conn.execute(SELECT_ANSWERED_MESSAGES, (cid, before))
         return [load_messages(raw) for (raw,) in rows]
 
+    def answered_turns(
+        self, cid: int, before: int, after: int = 0
+    ) -> list[tuple[int, list[dict[str, Any]]]]:
+        """(turn, messages) of each turn after ``after`` and before ``before`` that got a reply.
+
+        ``after`` is the last turn a compaction summary stands for: those are not replayed.
+        """
+        rows = self._conn.execute(SELECT_ANSWERED_TURNS, (cid, after, before))
+        return [(turn, load_messages(raw)) for turn, raw in rows]
+
     def turn(self, cid: int, n: int) -> Turn | None:
         """Turn n (1-based) of a live conversation, or None."""
         row = self._conn.execute(SELECT_TURN, (cid, n)).fetchone()
@@ -474,6 +490,34 @@ class HistoryStore:
             logger.info("history: %d turn(s) left running were marked interrupted", count)
         return count
 
+    # -- compaction ----------------------------------------------------------------
+
+    def add_compaction(self, cid: int, through_turn: int, summary: str) -> Compaction:
+        """Store a summary standing for turns 1..through_turn, and index it for search.
+
+        The turns themselves are untouched (and stay findable). Raises LookupError when
+        the conversation is missing or deleted or has no such turn.
+        """
+        with self._transaction():
+            if not self._is_live(cid):
+                raise LookupError(f"conversation {cid} not found")
+            if self._conn.execute(SELECT_TURN_EXISTS, (cid, through_turn)).fetchone() is None:
+                raise LookupError(f"conversation {cid} has no turn {through_turn}")
+            earlier = [row[0] for row in self._conn.execute(SELECT_COMPACTION_TURNS, (cid,))]
+            self._conn.execute(INSERT_COMPACTION, (cid, through_turn, summary, self._now()))
+            index_summary(self._conn, cid, through_turn, summary, earlier)
+            compaction = self.latest_compaction(cid)
+        self._phrases.indexed(1)
+        if earlier:
+            self._phrases.forget()
+        assert compaction is not None
+        return compaction
+
+    def latest_compaction(self, cid: int) -> Compaction | None:
+        """The compaction reaching furthest into the conversation, None if none (or deleted)."""
+        row = self._conn.execute(SELECT_LATEST_COMPACTION, (cid,)).fetchone()
+        return Compaction.from_row(row) if row else None
+
     # -- search --------------------------------------------------------------------
 
     def search_conversation(
@@ -482,25 +526,29 @@ class HistoryStore:
         query: str,
         limit: int = DEFAULT_CONVERSATION_HITS,
         role: str | None = None,
+        before_turn: int | None = None,
     ) -> list[SearchHit]:
-        """Best bm25 matches among one conversation's messages ("all"/None: any role)."""
-        match = quote_fts(query)
-        if not match or limit <= 0:
-            return []
+        """Best bm25 matches among one conversation's messages ("all"/None: any role).
+
+        ``before_turn`` leaves that turn and later ones out (the running turn's own
+        question would match its own words). Ranking as history/search.py describes:
+        exactly bm25 below 100,000 messages.
+        """
         lo, hi = conversation_rowid_range(cid)
-        params = {
-            "query": match,
-            "lo": lo,
-            "hi": hi,
-            "role": None if role in (None, "all") else role,
-            "limit": limit,
-        }
-        return [SearchHit.from_row(r) for r in self._conn.execute(SEARCH_CONVERSATION, params)]
+        if before_turn is not None:
+            if before_turn <= 1:
+                return []
+            hi = min(hi, lo + (min(before_turn, MAX_TURN + 1) << TURN_SHIFT) - 1)
+        return search.search(
+            self._conn,
+            self._phrases,
+            query,
+            limit,
+            (lo, hi),
+            None if role in (None, "all") else role,
+            search.CONVERSATION_CAP,
+        )
 
     def search_all(self, query: str, limit: int = DEFAULT_ALL_HITS) -> list[SearchHit]:
-        """Best bm25 matches across every live conversation."""
-        match = quote_fts(query)
-        if not match or limit <= 0:
-            return []
-        params = {"query": match, "limit": limit}
-        return [SearchHit.from_row(r) for r in self._conn.execute(SEARCH_ALL, params)]
+        """Best bm25 matches across every live conversation, newest first for equal rank."""
+        return search.search(self._conn, self._phrases, query, limit, cap=search.ALL_CAP)

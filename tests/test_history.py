@@ -28,6 +28,8 @@ from history import (
     split_rowid,
     turn_rowid_range,
 )
+from history import fts as history_fts
+from history import search as history_search
 from history import store as history_store
 from history.records import parse_timestamp
 
@@ -79,8 +81,8 @@ def fts_rows(path: Path, cid: int) -> list[tuple[int, str, str]]:
 
 
 def test_open_creates_private_directory_and_file_in_wal_mode(db_path: Path) -> None:
-    with HistoryStore(db_path):
-        pass
+    with HistoryStore(db_path) as store:
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 4000
     assert stat.S_IMODE(db_path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
     with closing(sqlite3.connect(db_path)) as conn:
@@ -722,13 +724,14 @@ def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) 
     assert listed[0].has_text is True and listed[1].has_text is False
     assert listed[0].full_text is None  # the list never carries the text
     assert listed[0].to_json()["filename"] == "report.pdf"
+    assert store.has_attachments(conv.id) and not store.has_attachments(other.id)
     loaded = store.attachment(conv.id, listed[0].id)
     assert loaded is not None and loaded.full_text == "[page 1]\nhello"
     # the same id through another conversation is not found
     assert store.attachment(other.id, listed[0].id) is None
     assert store.attachments(other.id) == []
     store.delete_conversation(conv.id)
-    assert store.attachments(conv.id) == []
+    assert store.attachments(conv.id) == [] and not store.has_attachments(conv.id)
     assert store.attachment(conv.id, listed[0].id) is None
 
 
@@ -743,3 +746,112 @@ def test_answered_messages_leave_out_unanswered_and_later_turns(store: HistorySt
     assert store.answered_messages(cid, 3) == [got[0]]
     store.delete_conversation(cid)
     assert store.answered_messages(cid, 4) == []
+
+
+# -- index upkeep and the fast ranking (history/search.py) -------------------------------
+
+
+def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_path: Path) -> None:
+    conversation, _ = store.start_turn(None, "q", [user("first question")], [], None)
+    cid = conversation.id
+    with closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("BEGIN IMMEDIATE")
+        same = [user("first question"), assistant("an answer"), assistant("more")]
+        assert history_fts.index_turn(conn, cid, 1, same) == 2  # the question was already there
+        assert history_fts.index_turn(conn, cid, 1, same) == 0
+        changed = [user("first question, edited"), assistant("an answer")]
+        assert history_fts.index_turn(conn, cid, 1, changed) == 1
+        conn.commit()
+    assert [row[2] for row in fts_rows(db_path, cid)] == ["first question, edited", "an answer"]
+
+
+def test_before_turn_leaves_out_the_running_turn(store: HistoryStore) -> None:
+    cid = ask(store, None, "the walrus question", "walrus answer").conversation_id
+    ask(store, cid, "walrus again", "ok")
+    store.start_turn(cid, "where was the walrus", [user("where was the walrus")], [], None)
+    assert {h.turn for h in store.search_conversation(cid, "walrus")} == {1, 2, 3}
+    assert {h.turn for h in store.search_conversation(cid, "walrus", before_turn=3)} == {1, 2}
+    assert store.search_conversation(cid, "walrus", before_turn=1) == []
+    assert len(store.search_conversation(cid, "walrus", before_turn=10**9)) == 4  # turn 1 twice
+
+
+@pytest.fixture
+def few_frequent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phrase in more than 3 messages counts as frequent, as one in 100,000 does at scale."""
+    monkeypatch.setattr(history_search, "FREQUENT_DOCS", 3)
+
+
+@pytest.mark.usefixtures("few_frequent")
+def test_frequent_words_filter_but_do_not_rank(store: HistoryStore) -> None:
+    cid = ask(store, None, "common filler", "common words here").conversation_id
+    ask(store, cid, "common heron", "common")
+    ask(store, cid, "heron heron heron", "no")  # the best heron match, but not "common"
+    ask(store, cid, "common heron heron", "common")
+    hits = store.search_conversation(cid, "common heron")
+    # every hit holds both words; ranked by "heron" alone (two of them beat one)
+    assert [(h.turn, h.role) for h in hits] == [(4, "user"), (2, "user")]
+    assert hits[0].rank > hits[1].rank > 0
+    alone = {(h.turn, h.role): h.rank for h in store.search_conversation(cid, "heron")}
+    assert hits[0].rank == alone[(4, "user")]  # "common" added nothing to the score
+    assert "[common]" in hits[0].excerpt and "[heron]" in hits[0].excerpt
+
+
+@pytest.mark.usefixtures("few_frequent")
+def test_a_query_of_frequent_words_lists_newest_first(store: HistoryStore) -> None:
+    cid = ask(store, None, "common common common", "x").conversation_id
+    for i in range(4):
+        ask(store, cid, f"common {i}", "y")
+    ask(store, cid, "nothing", "common answer")
+    hits = store.search_conversation(cid, "common", limit=3)
+    assert [(h.turn, h.role) for h in hits] == [(6, "assistant"), (5, "user"), (4, "user")]
+    assert [h.rank for h in hits] == [0.0, 0.0, 0.0]
+    assert [h.turn for h in store.search_conversation(cid, "common", role="user", limit=2)] == [5, 4]
+    assert [h.turn for h in store.search_all("common", limit=1)] == [6]
+
+
+def test_only_the_newest_matches_are_ranked(store: HistoryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    cid = ask(store, None, "tapir tapir tapir", "x").conversation_id  # the best, but oldest
+    ask(store, cid, "tapir once", "y")
+    ask(store, cid, "tapir twice tapir", "z")
+    assert store.search_conversation(cid, "tapir", limit=1)[0].turn == 1
+    monkeypatch.setattr(history_search, "CONVERSATION_CAP", 2)
+    assert [h.turn for h in store.search_conversation(cid, "tapir")] == [3, 2]
+    monkeypatch.setattr(history_search, "ALL_CAP", 1)
+    assert [h.turn for h in store.search_all("tapir")] == [3]
+
+
+def test_phrase_classes_are_remembered(store: HistoryStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history_search, "FREQUENT_DOCS", 2)
+    cid = ask(store, None, "stoat", "stoat").conversation_id
+    counts: list[str] = []
+    store._conn.set_trace_callback(
+        lambda sql: counts.append(sql) if "LIMIT" in sql and "count(*)" in sql else None
+    )
+    store.search_conversation(cid, "stoat")
+    store.search_conversation(cid, "stoat")
+    assert len(counts) == 1  # weighed (2 rows), and 0 rows indexed since
+    ask(store, cid, "a stoat", "b")  # one more row holding it: it may be frequent now
+    hits = store.search_conversation(cid, "stoat")
+    assert len(counts) == 2 and [h.rank for h in hits] == [0.0, 0.0, 0.0]  # 3 rows: frequent
+    store.search_conversation(cid, "stoat")
+    assert len(counts) == 2  # frequent stays frequent...
+    other = ask(store, None, "x", "y").conversation_id
+    store.delete_conversation(other)
+    store.search_conversation(cid, "stoat")
+    assert len(counts) == 3  # ...until rows are deleted
+
+
+def test_answered_turns_start_after_a_compaction(store: HistoryStore) -> None:
+    first = ask(store, None, "one", "first answer")
+    cid = first.conversation_id
+    _, failed = store.start_turn(cid, "two", [user("two")], [], None)
+    store.finish_turn(cid, failed.turn, messages=[user("two")], reply="", status="error", error="boom")
+    ask(store, cid, "three", "third answer")
+    ask(store, cid, "four", "fourth answer")
+    assert [(n, m[0]["content"]) for n, m in store.answered_turns(cid, 5)] == [
+        (1, "one"), (3, "three"), (4, "four"),
+    ]
+    assert [n for n, _ in store.answered_turns(cid, 4, after=1)] == [3]
+    assert store.answered_turns(cid, 5, after=4) == []
+    store.delete_conversation(cid)
+    assert store.answered_turns(cid, 5) == []

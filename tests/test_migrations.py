@@ -24,7 +24,10 @@ TURN_COLUMNS_M001 = [
     "error_code", "finish_reason", "model", "prompt_tokens", "completion_tokens",
     "created_at", "updated_at",
 ]
-ALL_MIGRATIONS = ["m001_initial", "m002_turn_files", "m003_attachments"]
+ALL_MIGRATIONS = [
+    "m001_initial", "m002_turn_files", "m003_attachments", "m004_compactions",
+    "m005_message_fts_automerge",
+]
 
 
 @contextmanager
@@ -60,6 +63,13 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
             "size_bytes", "sha256", "pages", "full_text", "created_at",
         ]
         assert "attachments_conversation" in schema_sql(conn, "attachments_conversation")
+        assert table_columns(conn, "compactions") == [
+            "id", "conversation_id", "through_turn", "summary", "created_at",
+        ]
+        assert "(conversation_id, through_turn)" in schema_sql(conn, "compactions_conversation")
+        assert conn.execute(
+            "SELECT v FROM message_fts_config WHERE k = 'automerge'"
+        ).fetchone() == (migrations_module.FTS_AUTOMERGE,)
 
         fts_sql = schema_sql(conn, "message_fts")
         assert "fts5" in fts_sql
@@ -108,7 +118,7 @@ def test_m001_has_no_files_column_and_m002_adds_it(tmp_path: Path) -> None:
             conn.execute(migrations_module.INSERT_APPLIED, ("m001_initial", "t"))
         assert "files" not in table_columns(conn, "turns")
 
-        assert migrate(conn) == ["m002_turn_files", "m003_attachments"]
+        assert migrate(conn) == ALL_MIGRATIONS[1:]
         assert table_columns(conn, "turns")[-1] == "files"
 
 
@@ -253,3 +263,22 @@ def test_failed_migration_leaves_no_trace(
             "SELECT count(*) FROM sqlite_master WHERE name = 'half_done'"
         ).fetchone() == (0,)
         assert "doomed" not in table_columns(conn, "turns")
+
+
+def test_a_file_from_before_compactions_upgrades(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "history.db"
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", MIGRATIONS[:3])
+    with HistoryStore(path) as store:
+        conversation, _ = store.start_turn(None, "about lemurs", [{"role": "user", "content": "about lemurs"}], [], None)
+    with connect(path) as conn:
+        assert conn.execute("SELECT v FROM message_fts_config WHERE k = 'automerge'").fetchone() is None
+    monkeypatch.undo()
+
+    with HistoryStore(path) as store:
+        assert [h.turn for h in store.search_conversation(conversation.id, "lemurs")] == [1]
+        assert store.latest_compaction(conversation.id) is None
+        store.add_compaction(conversation.id, 1, "They talked about lemurs.")
+        assert [h.role for h in store.search_conversation(conversation.id, "talked")] == ["summary"]
+    with connect(path) as conn:
+        assert [name for name, _ in migration_rows(conn)] == ALL_MIGRATIONS
+        assert conn.execute("SELECT v FROM message_fts_config WHERE k = 'automerge'").fetchone() == (8,)

@@ -1,0 +1,150 @@
+"""The prompt of a turn, built to fit the model's context.
+
+Order: one system message (the system prompt, then — once older turns are
+compacted — the list of files no longer inline and the summary standing for
+those turns), the turns after the summary (image references resolved from
+their files), then this turn's own messages.
+
+Compaction (seed 000 §3): when the prompt would pass ``compact_at`` of
+``ctx_max``, the oldest turns but the last few are summarised by the model into
+a stored summary that replaces them in the prompt; the turns themselves stay in
+history and in the search index, where the recall tools reach them.  The summary
+goes into the one system message because many chat templates refuse a second
+one.  A prompt that still cannot fit is refused with ``context_overflow``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from attachments import resolve_image_refs
+from history import AsyncHistory, Compaction, HistoryStore
+from recall import attachment_manifest, estimate_messages, estimate_text, plan_compaction, summarize, summary_message
+
+from .config import Config
+from .errors import AssistantError, ContextOverflow
+from .router import ModelInfo, RouterClient
+
+__all__ = ["ContextBuilder", "complete_exchanges", "router_messages"]
+
+logger = logging.getLogger(__name__)
+
+# keys we keep on stored messages that routers do not accept
+PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
+SUMMARY_TOKENS = 600  # the most a summary may take, so room is kept for it
+KEEP_LAST_TURNS = 2  # never folded: the model needs the recent exchange verbatim
+FORCED_COMPACT_AT = 0.5  # after the router said the prompt overflowed: make real room
+
+Progress = Callable[[str, str], None]
+
+
+def router_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stored messages as the router takes them: our bookkeeping keys removed."""
+    return [{k: v for k, v in m.items() if k not in PRIVATE_MESSAGE_KEYS} for m in messages]
+
+
+def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop assistant tool calls whose results never came (a turn cut mid-tool)."""
+    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    kept = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls and not all(c.get("id") in answered for c in calls):
+            continue
+        kept.append(message)
+    return kept
+
+
+class ContextBuilder:
+    """Builds prompts for one daemon; compacts conversations that outgrow the context."""
+
+    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient) -> None:
+        self.config = config
+        self.history = history
+        self.router = router
+
+    async def build(
+        self,
+        cid: int,
+        turn: int,
+        model: ModelInfo,
+        current: list[dict[str, Any]],
+        progress: Progress,
+        force: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
+
+        ``force`` compacts harder (the router said the last prompt overflowed) and
+        raises ``ContextOverflow`` when nothing is left to fold.
+        """
+        compaction, turns = await self.history.run(lambda s: _earlier(s, cid, turn))
+        image_tokens = self.config.image_tokens
+        fixed = (
+            estimate_text(self.config.system_prompt) + estimate_messages(current, image_tokens) + SUMMARY_TOKENS
+        )
+        sizes = [(n, estimate_messages(messages, image_tokens)) for n, messages in turns]
+        compact_at = FORCED_COMPACT_AT if force else self.config.compact_at
+        through = plan_compaction(sizes, fixed, model.ctx_max, compact_at, KEEP_LAST_TURNS)
+        if through is None and force:
+            raise ContextOverflow(
+                f"this question does not fit {model.id}'s context of {model.ctx_max} tokens even after "
+                "compacting; attach fewer or smaller files, or start a new conversation"
+            )
+        if through is not None:
+            folded = [m for n, messages in turns if n <= through for m in messages]
+            compaction = await self._compact(cid, model, compaction, folded, through, progress) or compaction
+            turns = [(n, m) for n, m in turns if compaction is None or n > compaction.through_turn]
+        system = await self._system(cid, turn, compaction, [n for n, _ in turns])
+        earlier = await resolve_image_refs([m for _, ms in turns for m in ms], vision=model.vision)
+        prompt = [system, *router_messages(earlier), *current] if system else [*router_messages(earlier), *current]
+        needed = estimate_messages(prompt, image_tokens)
+        if model.ctx_max and needed > model.ctx_max:
+            raise ContextOverflow(
+                f"this turn needs about {needed} tokens but {model.id}'s context holds {model.ctx_max}; "
+                "attach fewer or smaller files, or start a new conversation"
+            )
+        return prompt
+
+    async def _compact(
+        self,
+        cid: int,
+        model: ModelInfo,
+        previous: Compaction | None,
+        folded: list[dict[str, Any]],
+        through: int,
+        progress: Progress,
+    ) -> Compaction | None:
+        """Summarise turns up to ``through`` and store it; None (logged) if the model fails."""
+        progress("compacting", f"summarising turns 1-{through} to make room")
+        # what the summariser may read: its own context less the summary it writes
+        room = max(model.ctx_max - SUMMARY_TOKENS, 1000) * 3 if model.ctx_max else None
+        try:
+            summary = await summarize(
+                self.router, model.id, previous.summary if previous else None, folded, SUMMARY_TOKENS,
+                max_input_chars=room,
+            )
+        except AssistantError as exc:
+            logger.warning("compaction of conversation %d failed: %s", cid, exc.message)
+            return None
+        return await self.history.run(lambda s: s.add_compaction(cid, through, summary))
+
+    async def _system(
+        self, cid: int, turn: int, compaction: Compaction | None, inline: list[int]
+    ) -> dict[str, Any] | None:
+        parts = [self.config.system_prompt] if self.config.system_prompt else []
+        if compaction is not None:
+            attachments = await self.history.run(lambda s: s.attachments(cid))
+            manifest = attachment_manifest(attachments, {*inline, turn})
+            if manifest:
+                parts.append(manifest)
+            parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
+        return {"role": "system", "content": "\n\n".join(parts)} if parts else None
+
+
+def _earlier(store: HistoryStore, cid: int, turn: int) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:
+    """The latest compaction and the answered turns after it, in one trip to the store."""
+    compaction = store.latest_compaction(cid)
+    after = compaction.through_turn if compaction else 0
+    return compaction, [(n, complete_exchanges(m)) for n, m in store.answered_turns(cid, turn, after)]

@@ -1,0 +1,287 @@
+"""attachment_recall: the model re-reads a file attached earlier in its conversation.
+
+Seed 000 §1. ``list`` shows the conversation's files; ``read`` returns one of them:
+documents from the full text stored when they were attached (never cut to the turn's
+budget), paged so that a read fits what is left of the context; images re-read from
+where they were attached, checked against the hash taken then.
+
+Scoped by construction: the store is only ever asked with ``ctx.conversation``, and
+``HistoryStore.attachment`` matches the id together with it, so an id from another
+conversation reads as not found. No argument names a path.
+
+A PDF's stored text is its pages joined by ``PAGE_BREAK`` (a form feed, as
+attachments/pdf.py ``pdf_full_text`` joins them: ``split("\\f")[n - 1]`` is page n). Text
+without a form feed but with lines ``[page N]`` is split at those lines instead. A read
+without ``page`` shows the pages with a ``[page N]`` line before each, so offsets run
+over that text; a page without text (scanned) says so instead of being empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import re
+from typing import Any
+
+from history import Attachment
+
+from .toolbox import (
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    integer_argument,
+    json_content,
+    string_argument,
+)
+
+__all__ = [
+    "MAX_IMAGE_BASE64",
+    "PAGE_BREAK",
+    "PAGE_MARKER",
+    "AttachmentRecall",
+    "document_pages",
+]
+
+PAGE_BREAK = "\f"  # between the pages of a stored PDF text
+PAGE_MARKER = "[page {n}]"  # the line before each page of a PDF read whole
+PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)  # the fallback split
+SCANNED_PAGE = (
+    "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
+    "text; ask the user what it shows, or to attach it as an image]"
+)
+MAX_IMAGE_BASE64 = 10 * 1024 * 1024  # seed 000 §1: larger images would blow up the context
+# Characters kept free in a text read for the JSON around the text.
+ENVELOPE_CHARS = 400
+MIN_READ_CHARS = 200  # a read smaller than this is not worth making
+GONE = "the file has changed or is gone; ask the user to attach it again"
+LIST_CUT_NOTE = "only the newest fit in the context"
+
+
+def document_pages(text: str) -> list[str]:
+    """A stored PDF text split into its pages (one page when it has no markers)."""
+    if PAGE_BREAK in text:
+        return text.split(PAGE_BREAK)
+    starts = list(PAGE_MARKER_LINE.finditer(text))
+    if not starts:
+        return [text]
+    pages = [text[m.end() : n.start()] for m, n in zip(starts, starts[1:])]
+    pages.append(text[starts[-1].end() :])
+    return [page.strip("\n") for page in pages]
+
+
+def _page_text(pages: list[str], n: int) -> str:
+    """Page ``n`` (1-based) as the model reads it."""
+    text = pages[n - 1]
+    return text if text.strip() else SCANNED_PAGE.format(n=n)
+
+
+def _whole_document(pages: list[str]) -> str:
+    """A PDF's pages, each after its ``PAGE_MARKER`` line."""
+    return "\n\n".join(
+        PAGE_MARKER.format(n=n) + "\n" + _page_text(pages, n) for n in range(1, len(pages) + 1)
+    )
+
+
+def _read_unchanged(path: str, size: int) -> bytes | None:
+    """The file's bytes, or None when its size is no longer ``size`` (never reading more)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size != size:
+            return None
+        return handle.read(size + 1)
+
+
+class AttachmentRecall(Tool):
+    """List the conversation's attachments, or read one of them again."""
+
+    name = "attachment_recall"
+    description = (
+        "Re-read files attached earlier in this conversation, whose content may no longer "
+        "be in your context. Use action='list' to see them (id, name, type, pages), then "
+        "action='read' with an attachment_id to get the content. Long documents come in "
+        "parts: read on from next_offset, or give page=N for one page of a PDF."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["list", "read"], "description": "list or read"},
+            "attachment_id": {
+                "type": "integer",
+                "description": "The id of the attachment to read (from action='list'); required for read.",
+            },
+            "offset": {
+                "type": "integer",
+                "description": "Character offset to read from (default 0): the next_offset of the previous read.",
+            },
+            "max_chars": {
+                "type": "integer",
+                "description": "At most this many characters (default: as many as fit).",
+            },
+            "page": {"type": "integer", "description": "For a PDF: read only this page (1-based)."},
+        },
+        "required": ["action"],
+    }
+
+    async def available(self, ctx: ToolContext) -> bool:
+        cid = ctx.conversation
+        return await ctx.history.run(lambda s: s.has_attachments(cid))
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        action = string_argument(arguments, "action")
+        if action == "list":
+            return await self._list(ctx)
+        if action == "read":
+            return await self._read(arguments, ctx)
+        raise ToolError("action must be 'list' or 'read'")
+
+    # -- list -------------------------------------------------------------------------
+
+    async def _list(self, ctx: ToolContext) -> ToolResult:
+        cid = ctx.conversation
+        attachments = await ctx.history.run(lambda s: s.attachments(cid))
+        items = [a.to_json() for a in attachments]
+        body: dict[str, Any] = {"attachments": items, "count": len(items)}
+        if len(json_content(body)) > ctx.max_chars:
+            # too many to fit what is left of the context: the newest are kept
+            frame = {**body, "attachments": [], "shown": len(items), "note": LIST_CUT_NOTE}
+            room = ctx.max_chars - len(json_content(frame))
+            kept = len(items)
+            sizes = [len(json_content(item)) + 1 for item in items]  # +1: the comma
+            while kept and sum(sizes[len(items) - kept :]) > room:
+                kept -= 1
+            body = {**frame, "attachments": items[len(items) - kept :], "shown": kept}
+        return ToolResult(
+            content=json_content(body), ok=True, summary=f"listed {len(items)} attachment(s)"
+        )
+
+    # -- read -------------------------------------------------------------------------
+
+    async def _read(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        wanted = integer_argument(arguments, "attachment_id")
+        if wanted is None:
+            raise ToolError("action=read needs attachment_id; call action=list to see the ids")
+        cid = ctx.conversation
+        attachment = await ctx.history.run(lambda s: s.attachment(cid, wanted))
+        if attachment is None:
+            raise ToolError(f"no attachment {wanted} in this conversation; call action=list")
+        if attachment.kind == "image":
+            return await self._image(attachment, ctx)
+        return self._text(attachment, arguments, ctx)
+
+    def _text(self, attachment: Attachment, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        source, page, pages = self._source(attachment, integer_argument(arguments, "page"))
+        offset = integer_argument(arguments, "offset") or 0
+        if not 0 <= offset < len(source):
+            raise ToolError(f"offset {offset} is outside the text (0 to {len(source) - 1})")
+        body = self._text_body(attachment, source, offset, self._read_limit(arguments, ctx), page, pages)
+        # JSON escapes (\n, \") lengthen the text: cutting as many characters as the excess
+        # always fits, each character being at least one in JSON
+        excess = len(json_content(body)) - ctx.max_chars
+        if excess > 0 and body["returned_chars"] > excess:
+            body = self._text_body(attachment, source, offset, body["returned_chars"] - excess, page, pages)
+        where = f" page {page}" if page is not None else ""
+        summary = (
+            f"read {attachment.name}{where}: {body['returned_chars']:,} of {len(source):,} characters"
+            f" from {offset:,}"
+        )
+        return ToolResult(content=json_content(body), ok=True, summary=summary)
+
+    @staticmethod
+    def _source(attachment: Attachment, page: int | None) -> tuple[str, int | None, int | None]:
+        """The text a read pages through (the document, or one page), the page, the page count."""
+        text = attachment.full_text or ""
+        if not text.strip():
+            what = "no text layer (a scanned PDF?)" if attachment.kind == "pdf" else "no text"
+            raise ToolError(f"{attachment.name} has {what}; ask the user what it contains")
+        if attachment.kind != "pdf":
+            if page is not None:
+                raise ToolError(f"{attachment.name} is not a PDF; page only applies to PDFs, use offset")
+            return text, None, None
+        pages = document_pages(text)
+        count = attachment.pages or len(pages)
+        if page is None:
+            return _whole_document(pages), None, count
+        if not 1 <= page <= len(pages):
+            raise ToolError(f"{attachment.name} has text for pages 1 to {len(pages)}; not page {page}")
+        return _page_text(pages, page), page, count
+
+    @staticmethod
+    def _read_limit(arguments: dict[str, Any], ctx: ToolContext) -> int:
+        room = ctx.max_chars - ENVELOPE_CHARS
+        if room < MIN_READ_CHARS:
+            raise ToolError(
+                "there is no room left in the context for more of this file; answer from what you have"
+            )
+        requested = integer_argument(arguments, "max_chars")
+        if requested is not None and requested < 1:
+            raise ToolError("max_chars must be at least 1")
+        return min(requested or room, room)
+
+    @staticmethod
+    def _text_body(
+        attachment: Attachment, source: str, offset: int, limit: int, page: int | None, pages: int | None
+    ) -> dict[str, Any]:
+        chunk = source[offset : offset + limit]
+        end = offset + len(chunk)
+        body: dict[str, Any] = {
+            "id": attachment.id,
+            "filename": attachment.name,
+            "content_type": attachment.content_type,
+            "content_type_returned": "text",
+            "pages": pages,
+        }
+        if page is not None:
+            body["page"] = page
+        body.update(
+            offset=offset,
+            returned_chars=len(chunk),
+            total_chars=len(source),
+            next_offset=end if end < len(source) else None,
+            content=chunk,
+        )
+        return body
+
+    async def _image(self, attachment: Attachment, ctx: ToolContext) -> ToolResult:
+        if not ctx.vision:
+            raise ToolError(
+                f"{attachment.name} is an image and this model cannot see images; tell the user, "
+                "who can switch to a vision model to look at it"
+            )
+        # base64 makes 4 characters of every 3 bytes
+        encoded_size = (attachment.size_bytes + 2) // 3 * 4
+        if encoded_size > MAX_IMAGE_BASE64:
+            raise ToolError(self._too_large(attachment, encoded_size))
+        try:
+            data = await asyncio.to_thread(_read_unchanged, attachment.path, attachment.size_bytes)
+        except OSError:
+            raise ToolError(GONE) from None
+        if data is None or hashlib.sha256(data).hexdigest() != attachment.sha256:
+            raise ToolError(GONE)
+        encoded = base64.b64encode(data).decode("ascii")
+        if len(encoded) > MAX_IMAGE_BASE64:  # the file grew without changing? never, but be sure
+            raise ToolError(self._too_large(attachment, len(encoded)))
+        url = f"data:{attachment.content_type};base64,{encoded}"
+        body = {
+            "id": attachment.id,
+            "filename": attachment.name,
+            "content_type": attachment.content_type,
+            "content_type_returned": "base64_image",
+            # The data URL goes to the model as an image part (ToolResult.images): as text
+            # it would cost a token per ~3 characters, in this prompt and every later one.
+            "content": f"[the image {attachment.name} is shown to you as an image part]",
+        }
+        return ToolResult(
+            content=json_content(body),
+            ok=True,
+            summary=f"showed {attachment.name} ({len(data):,} bytes)",
+            images=[{"type": "image_url", "image_url": {"url": url}}],
+        )
+
+    @staticmethod
+    def _too_large(attachment: Attachment, encoded_size: int) -> str:
+        return (
+            f"{attachment.name} is too large to show again ({encoded_size / 1048576:.1f} MB as base64, "
+            f"the limit is {MAX_IMAGE_BASE64 // 1048576} MB); ask the user to attach a smaller version"
+        )

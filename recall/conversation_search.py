@@ -1,0 +1,112 @@
+"""conversation_search: keyword search over the earlier turns of the model's conversation.
+
+Seed 000 §2, on the FTS5 index of history (history/search.py): the user's text with the
+files inlined in it, the assistant's replies, tool results and the compaction summary;
+bm25-ranked, with ``snippet()`` excerpts where ``[brackets]`` mark the words found.
+
+Scoped by construction: the search is bounded to ``ctx.conversation``'s rowid range, and
+to the turns before the one being answered, whose question would otherwise find itself.
+The query is quoted word by word before MATCH (``history.quote_fts``), so ``"``, ``*``,
+``NOT``, ``NEAR(`` or ``:`` are searched as text. Words are ANDed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from history import SearchHit
+
+from .toolbox import (
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    integer_argument,
+    json_content,
+    one_line,
+    string_argument,
+)
+
+__all__ = ["DEFAULT_RESULTS", "MAX_RESULTS", "ConversationSearch"]
+
+RoleFilter = Literal["all", "user", "assistant"]
+ROLE_FILTERS: tuple[RoleFilter, ...] = ("all", "user", "assistant")
+DEFAULT_RESULTS = 5
+MAX_RESULTS = 20
+MAX_QUERY_WORDS = 32  # each word is a filter: past a few, a search finds nothing anyway
+RANK_DIGITS = 4  # significant: bm25 of a word in half the messages is ~1e-6
+
+
+def _result(hit: SearchHit) -> dict[str, Any]:
+    return {
+        "turn": hit.turn,
+        "role": hit.role,
+        "excerpt": hit.excerpt,
+        "timestamp": hit.created_at,
+        "rank": float(f"{hit.rank:.{RANK_DIGITS}g}"),
+    }
+
+
+class ConversationSearch(Tool):
+    """Find earlier messages of this conversation by keywords."""
+
+    name = "conversation_search"
+    description = (
+        "Search the earlier messages of this conversation by keywords: the user's "
+        "messages (with the text of files they attached), your replies, tool results "
+        "and the summary of compacted turns. Use it when a detail from earlier is no "
+        "longer in your context. Every word must match; results are best first, with "
+        "the matched words in [brackets]."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Search keywords"},
+            "max_results": {
+                "type": "integer",
+                "description": f"Maximum results (1-{MAX_RESULTS}, default {DEFAULT_RESULTS})",
+            },
+            "role_filter": {
+                "type": "string",
+                "enum": list(ROLE_FILTERS),
+                "description": "Only messages of this role (default all)",
+            },
+        },
+        "required": ["query"],
+    }
+
+    async def available(self, ctx: ToolContext) -> bool:
+        return ctx.turn > 1
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        query = string_argument(arguments, "query")
+        if query is None or not query.strip():
+            raise ToolError("query must be some keywords to search for")
+        if len(query.split()) > MAX_QUERY_WORDS:
+            raise ToolError(f"search with a few keywords (at most {MAX_QUERY_WORDS}): every word must match")
+        wanted = integer_argument(arguments, "max_results")
+        limit = DEFAULT_RESULTS if wanted is None else max(1, min(MAX_RESULTS, wanted))
+        role = string_argument(arguments, "role_filter") or "all"
+        if role not in ROLE_FILTERS:
+            raise ToolError(f"role_filter must be one of {', '.join(ROLE_FILTERS)}")
+        cid, turn = ctx.conversation, ctx.turn
+        hits = await ctx.history.run(
+            lambda s: s.search_conversation(cid, query, limit, role, before_turn=turn)
+        )
+        results = [_result(hit) for hit in hits]
+        body: dict[str, Any] = {
+            "results": results,
+            "query": query,
+            "total": len(results),
+            "conversation": cid,
+        }
+        # the weakest results give way when they do not all fit the context
+        while len(json_content(body)) > ctx.max_chars and body["results"]:
+            body["results"] = body["results"][:-1]
+            body["total"] = len(body["results"])
+        found = body["total"]
+        return ToolResult(
+            content=json_content(body),
+            ok=True,
+            summary=one_line(f"searched for {query!r}: {found} result{'s' if found != 1 else ''}"),
+        )

@@ -1,0 +1,50 @@
+"""The attachment manifest: what attachment_recall can fetch, named in the system prompt.
+
+Once a file's turn has left the prompt (compacted, or never replayed), the model no
+longer knows the file existed, and a tool it has no reason to call goes unused. The
+manifest lists those files (name, kind, pages, id) so the model can ask for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from history import Attachment
+
+__all__ = ["MANIFEST_HEADER", "MAX_MANIFEST_FILES", "attachment_manifest"]
+
+MANIFEST_HEADER = (
+    "Files attached earlier in this conversation, no longer shown here in full. "
+    "Read any of them again with the attachment_recall tool "
+    "(action='read', attachment_id=ID):"
+)
+MAX_MANIFEST_FILES = 50  # the newest; the tool's action='list' shows them all
+
+
+def _describe(attachment: Attachment) -> str:
+    if attachment.kind == "pdf":
+        pages = attachment.pages
+        kind = f"PDF, {pages} page{'s' if pages != 1 else ''}" if pages else "PDF"
+        if not attachment.has_text:
+            kind += ", no text layer"
+    elif attachment.kind == "image":
+        kind = f"image, {attachment.content_type}"
+    else:
+        kind = f"text, {attachment.size_bytes:,} bytes"
+    return f"- id {attachment.id}: {attachment.name} ({kind}; turn {attachment.turn})"
+
+
+def attachment_manifest(attachments: Sequence[Attachment], inline_turns: Collection[int]) -> str | None:
+    """The system-prompt block naming the attachments whose turn is not in the prompt.
+
+    ``inline_turns`` are the turns the prompt carries whole (their files inline); None
+    when every attachment is among them.
+    """
+    missing = [a for a in attachments if a.turn not in inline_turns]
+    if not missing:
+        return None
+    shown = missing[-MAX_MANIFEST_FILES:]
+    lines = [MANIFEST_HEADER, *(_describe(a) for a in shown)]
+    if len(missing) > len(shown):
+        lines.append(f"(and {len(missing) - len(shown)} older ones: action='list' shows them all)")
+    return "\n".join(lines)

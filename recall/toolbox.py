@@ -1,0 +1,203 @@
+"""The model's tools: what each offers, and calling them so that a failure is an answer.
+
+A ``Tool`` describes itself in the OpenAI ``tools`` format, says whether it can work in
+this turn (``available``), and runs with the ``ToolContext`` of the turn: its own
+conversation and nothing else, so no argument can reach another conversation.
+
+``Toolbox.call`` never raises (``CancelledError`` aside): an unknown tool, one not offered
+this turn, arguments that are not a JSON object, a ``ToolError`` or any exception in the
+tool all become an ``"Error: ..."`` result the model reads and can act on, and the turn
+goes on (llm's ``execute_tool_calls``). Unexpected exceptions are logged with their
+traceback; tool output never is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from history import AsyncHistory
+
+__all__ = [
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolResult",
+    "Toolbox",
+    "error_result",
+    "integer_argument",
+    "json_content",
+    "string_argument",
+]
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_MAX_CHARS = 120  # the one line the UI shows per call
+ERROR_PREFIX = "Error: "
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch: its own conversation, nothing else."""
+
+    conversation: int
+    history: AsyncHistory
+    max_chars: int  # how much text one result may carry (what is left of the context)
+    vision: bool  # whether the model can be shown images
+    turn: int  # the turn being answered; turns 1..turn-1 are the earlier ones
+
+
+@dataclass
+class ToolResult:
+    """What a tool call gave: the text the model reads, and a line for the UI."""
+
+    content: str  # JSON text, or "Error: ..." when ok is False
+    ok: bool
+    summary: str  # one line
+    images: list[dict[str, Any]] = field(default_factory=list)  # image_url parts to show a vision model
+
+
+class ToolError(Exception):
+    """Bad arguments or a request the tool cannot serve; the message is for the model."""
+
+
+def one_line(text: str, limit: int = SUMMARY_MAX_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def json_content(value: Any) -> str:
+    """A tool result as the JSON text the model reads (UTF-8 as is, compact)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def error_result(name: str, message: str) -> ToolResult:
+    """The result that tells the model its call failed, and why."""
+    return ToolResult(
+        content=ERROR_PREFIX + message, ok=False, summary=one_line(f"{name} failed: {message}")
+    )
+
+
+class Tool(ABC):
+    """One tool the model may call."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters: ClassVar[dict[str, Any]]  # JSON Schema of the arguments object
+
+    def definition(self) -> dict[str, Any]:
+        """The tool in the OpenAI ``tools`` format."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    @abstractmethod
+    async def available(self, ctx: ToolContext) -> bool:
+        """Whether the tool can do anything useful in this turn."""
+
+    @abstractmethod
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Do the call; raise ``ToolError`` for arguments or requests it cannot serve."""
+
+
+def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The call's arguments as a dict; ``ToolError`` unless they are a JSON object."""
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or not raw.strip():
+        return {}  # models send "" for a call without arguments
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ToolError(f"the arguments are not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise ToolError(f"the arguments must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def integer_argument(arguments: dict[str, Any], key: str) -> int | None:
+    """An integer argument (a numeric string too, as models often send); None if absent."""
+    value = arguments.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ToolError(f"{key} must be an integer, not {json_content(value)}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, int):
+        return value
+    raise ToolError(f"{key} must be an integer, not {json_content(value)}")
+
+
+def string_argument(arguments: dict[str, Any], key: str) -> str | None:
+    """A string argument; None if absent."""
+    value = arguments.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ToolError(f"{key} must be a string, not {json_content(value)}")
+
+
+class Toolbox:
+    """The daemon's tools; offers those that can work and runs the calls the model makes."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        names = [tool.name for tool in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two tools share a name: {names}")
+        self.tools = list(tools)
+
+    async def offer(self, ctx: ToolContext) -> list[Tool]:
+        """The tools available in this turn, in the toolbox's order.
+
+        A tool whose ``available`` fails is left out (and logged) rather than failing
+        the turn.
+        """
+        offered = []
+        for tool in self.tools:
+            try:
+                if await tool.available(ctx):
+                    offered.append(tool)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("tool %s: availability check failed; not offered", tool.name)
+        return offered
+
+    async def call(
+        self, offered: Sequence[Tool], name: str, raw_arguments: str | dict[str, Any] | None, ctx: ToolContext
+    ) -> ToolResult:
+        """Run one call the model made; every failure becomes an error result."""
+        tool = next((t for t in offered if t.name == name), None)
+        if tool is None:
+            if any(t.name == name for t in self.tools):
+                return error_result(name, f"the tool {name} is not available in this conversation")
+            known = ", ".join(t.name for t in offered) or "none"
+            return error_result(name, f"there is no tool named {name!r}; the tools here are: {known}")
+        try:
+            result = await tool.run(parse_arguments(raw_arguments), ctx)
+        except asyncio.CancelledError:
+            raise
+        except ToolError as exc:
+            logger.info("tool %s refused: %s", name, one_line(str(exc)))
+            return error_result(name, str(exc))
+        except Exception as exc:
+            logger.exception("tool %s failed", name)
+            return error_result(name, f"the tool failed ({type(exc).__name__}: {exc})")
+        logger.debug("tool %s: %s", name, result.summary)
+        return result
