@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
 SUMMARY_TOKENS = 600  # the most a summary may take, so room is kept for it
 KEEP_LAST_TURNS = 2  # never folded: the model needs the recent exchange verbatim
-FORCED_COMPACT_AT = 0.5  # after the router said the prompt overflowed: make real room
+# after the router said the prompt overflowed, our estimate was wrong: fold all we may
+FORCED_COMPACT_AT = 0.1
 
 Progress = Callable[[str, str], None]
 

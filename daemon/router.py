@@ -71,7 +71,7 @@ POOL_TIMEOUT = 30.0  # seconds to wait for a free pooled connection
 MODELS_TIMEOUT = 30.0  # seconds to wait for /models
 PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx unknown rather than stall a turn
 REACHABLE_TIMEOUT = 3.0  # a status request answers quickly even when the router hangs
-DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end so the connection is reused
+STREAM_HEADERS = {"Connection": "close"}
 MAX_RAW_ERROR = 500
 USER_AGENT = "assistant (local desktop daemon)"
 UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
@@ -327,7 +327,9 @@ class RouterClient:
         started = False
         end: StreamEnd | None = None
         try:
-            async with self._client.stream("POST", url, json=body) as response:
+            # a fresh connection per stream: llama-server closes one soon after a stream ends
+            # while announcing keep-alive, so a pooled one loses the next request (make e2e)
+            async with self._client.stream("POST", url, json=body, headers=STREAM_HEADERS) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response, url)
@@ -337,7 +339,6 @@ class RouterClient:
                     async for event in events:
                         if isinstance(event, StreamEnd):
                             end = event
-                            await _drain(lines)
                             break
                         yield event
         except httpx.HTTPError as exc:
@@ -442,13 +443,3 @@ class RouterClient:
         if isinstance(exc, httpx.TimeoutException):
             return RouterUnreachable(f"the model server at {url} timed out ({type(exc).__name__}); check it")
         return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")
-
-
-async def _drain(lines: AsyncIterator[str]) -> None:
-    """Read what follows [DONE] (the body's end) so the connection returns to the pool."""
-    try:
-        async with asyncio.timeout(DRAIN_SECONDS):
-            async for _ in lines:
-                pass
-    except (TimeoutError, httpx.HTTPError):
-        pass  # the response is closed either way; only its connection is lost

@@ -59,6 +59,9 @@ CHARS_PER_TOKEN = 4
 ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
 
 
+STREAM_LINGER = 0.02  # seconds a connection stays open after a stream, as llama-server's does
+
+
 @dataclass
 class FakeModel:
     """A model the fake serves: its id, input modalities and context size."""
@@ -448,7 +451,10 @@ class FakeRouter:
             self._note_disconnect()
             writer.transport.abort()
             return False
-        return request.keep_alive
+        # llama-server offers keep-alive but closes a connection soon after a stream ends,
+        # without answering what arrives on it: a client that pools it loses its next request.
+        await asyncio.sleep(STREAM_LINGER)
+        return False
 
     async def _write_events(
         self, events: list[bytes], delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -1,0 +1,252 @@
+"""Model tools through the real socket: the fake router streams real ``tool_calls``,
+the daemon runs them, feeds the results back, and stores and shows every call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from tests.samples import make_pdf, make_png
+from tests.wire import Wire, of_type, reply_text
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    models = [*default_models(), FakeModel("fake-small", ["text", "image"], n_ctx=1500)]
+    with FakeRouter(models=models) as fake:
+        yield fake
+
+
+def call(name: str, arguments: dict[str, Any] | str, call_id: str = "call_1") -> Reply:
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return Reply(tool_calls=[{"id": call_id, "name": name, "arguments": raw}])
+
+
+def tool_names(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+async def ask_with_file(wire: Wire, path: Path, text: str = "keep this", **fields: Any) -> int:
+    events = await wire.ask(text, files=[str(path)], **fields)
+    assert events[-1]["type"] == "done", events[-1]
+    return of_type(events, "user")[0]["conversation"]
+
+
+async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    assert "tools" not in router.requests[-1]  # nothing to recall, nothing to search
+    await wire.ask("again", conversation=cid)
+    assert tool_names(router.requests[-1]) == ["conversation_search"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha")
+    await wire.ask("file", files=[str(notes)], conversation=cid)
+    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search"]
+    other = await ask_with_file(wire, notes)
+    assert router.requests[-1]["tools"] and tool_names(router.requests[-1]) == ["attachment_recall"]
+    assert other != cid
+
+
+async def test_attachment_recall_list_and_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the launch code is 4711\n")
+    cid = await ask_with_file(wire, notes)
+    router.script(
+        call("attachment_recall", {"action": "list"}),
+        call("attachment_recall", {"action": "read", "attachment_id": 1}, "call_2"),
+        Reply(chunks=["It is ", "4711."]),
+    )
+    events = await wire.ask("what was the code?", conversation=cid)
+    tools = of_type(events, "tool")
+    assert [(t["name"], t["arguments"], t["ok"]) for t in tools] == [
+        ("attachment_recall", {"action": "list"}, True),
+        ("attachment_recall", {"action": "read", "attachment_id": 1}, True),
+    ]
+    assert all(t["summary"] for t in tools)
+    assert "tool" in [e["stage"] for e in of_type(events, "progress")]
+    assert reply_text(events).endswith("It is 4711.")
+    assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "stop"
+    listing = json.loads(tool_messages(router.requests[-2])[0]["content"])
+    assert listing["count"] == 1 and listing["attachments"][0]["filename"] == "notes.txt"
+    read = json.loads(tool_messages(router.requests[-1])[-1]["content"])
+    assert "the launch code is 4711" in read["content"] and read["content_type_returned"] == "text"
+    # the assistant's tool calls are sent back exactly as the model made them
+    assistant = [m for m in router.requests[-1]["messages"] if m["role"] == "assistant"][-1]
+    assert assistant["tool_calls"][0]["id"] == "call_2"
+    # open shows the calls; the next turn replays them whole
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert [t["name"] for t in opened["turns"][1]["tools"]] == ["attachment_recall", "attachment_recall"]
+    assert opened["turns"][1]["tools"][1]["ok"] is True
+    await wire.ask("thanks", conversation=cid)
+    replayed = router.requests[-1]["messages"]
+    assert [m["role"] for m in replayed].count("tool") == 2
+    assert all(set(m) <= {"role", "content", "tool_call_id", "tool_calls"} for m in replayed if m["role"] == "tool")
+
+
+async def test_an_attachment_of_another_conversation_is_not_found(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret words")
+    await ask_with_file(wire, secret)  # attachment 1, conversation 1
+    mine = tmp_path / "mine.txt"
+    mine.write_text("harmless")
+    cid = await ask_with_file(wire, mine)  # attachment 2, conversation 2
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="ok"))
+    events = await wire.ask("read attachment 1", conversation=cid)
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False
+    content = tool_messages(router.requests[-1])[0]["content"]
+    assert content.startswith("Error:") and "top secret" not in content
+    assert events[-1]["type"] == "done"
+
+
+async def test_paging_through_a_long_document(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    pdf = make_pdf(tmp_path / "book.pdf", [f"Chapter {n} text." for n in range(1, 6)])
+    cid = await ask_with_file(wire, pdf, model="fake-vision")
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1, "page": 4}), Reply(text="ok"))
+    await wire.ask("what does page 4 say?", conversation=cid)
+    read = json.loads(tool_messages(router.requests[-1])[0]["content"])
+    assert "Chapter 4 text." in read["content"] and "Chapter 3" not in read["content"]
+    router.script(
+        call("attachment_recall", {"action": "read", "attachment_id": 1, "offset": 0, "max_chars": 40}),
+        call("attachment_recall", {"action": "read", "attachment_id": 1, "offset": 40, "max_chars": 40}, "call_2"),
+        Reply(text="ok"),
+    )
+    await wire.ask("read the start", conversation=cid)
+    first, second = (json.loads(m["content"]) for m in tool_messages(router.requests[-1])[-2:])
+    assert first["returned_chars"] == 40 and first["next_offset"] == 40
+    assert first["content"].startswith("[page 1]") and "Chapter 1 text." in first["content"]
+    assert second["content"] != first["content"] and second["total_chars"] == first["total_chars"]
+
+
+async def test_a_recalled_image_is_shown_to_a_vision_model(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    image = make_png(tmp_path / "chart.png", (30, 20))
+    cid = await ask_with_file(wire, image, model="fake-vision")
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="a chart"))
+    events = await wire.ask("look again", conversation=cid)
+    assert of_type(events, "tool")[0]["ok"] is True
+    last = router.requests[-1]["messages"][-1]
+    assert last["role"] == "user"
+    assert any(p["type"] == "image_url" and p["image_url"]["url"].startswith("data:image/png") for p in last["content"])
+    assert "data:image" not in tool_messages(router.requests[-1])[0]["content"]
+
+
+async def test_conversation_search_finds_earlier_turns(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(text="The meeting moved to Thursday at noon."))
+    cid = (await wire.ask("when is the meeting?"))[0]["conversation"]
+    await wire.ask("unrelated chat", conversation=cid)
+    router.script(call("conversation_search", {"query": "meeting", "max_results": 50}), Reply(text="Thursday."))
+    events = await wire.ask("remind me about the meeting day", conversation=cid)
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is True and tool["arguments"]["query"] == "meeting"
+    found = json.loads(tool_messages(router.requests[-1])[0]["content"])
+    assert found["conversation"] == cid and found["query"] == "meeting"
+    assert {r["turn"] for r in found["results"]} == {1}  # never the question being answered
+    assert any("[meeting]" in r["excerpt"].lower() for r in found["results"])
+
+
+@pytest.mark.parametrize(
+    "reply, words",
+    [
+        (call("conversation_search", "{not json"), "Error"),
+        (call("no_such_tool", {}), "no tool named"),
+        (call("attachment_recall", {"action": "list"}), "not available"),  # nothing attached here
+        (call("conversation_search", {"query": 'NEAR( "*'}), ""),
+    ],
+)
+async def test_bad_calls_become_error_results_not_failed_turns(
+    wire: Wire, router: FakeRouter, reply: Reply, words: str
+) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(reply, Reply(text="recovered"))
+    events = await wire.ask("second", conversation=cid)
+    assert events[-1]["type"] == "done"
+    assert reply_text(events).endswith("recovered")
+    assert words in tool_messages(router.requests[-1])[0]["content"]
+
+
+async def test_at_most_eight_rounds_then_the_model_must_answer(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(*[call("conversation_search", {"query": "first"}, f"c{i}") for i in range(9)])
+    events = await wire.ask("loop forever", conversation=cid)
+    assert len(of_type(events, "tool")) == 8
+    last = router.requests[-1]
+    assert "tools" not in last
+    assert "Answer now" in last["messages"][-1]["content"]
+    assert events[-1]["type"] == "done"
+    turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][1]
+    assert len(turn["tools"]) == 8 and turn["status"] == "complete"
+
+
+async def test_a_router_that_refuses_tools_is_asked_without_them(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(Reply(status=500, error="tools param requires --jinja flag"))
+    events = await wire.ask("second", conversation=cid)
+    assert events[-1]["type"] == "done" and reply_text(events) == "You said: second"
+    assert "tools" in router.requests[-2] and "tools" not in router.requests[-1]
+    await wire.ask("third", conversation=cid)
+    assert "tools" not in router.requests[-1]  # remembered for this model
+
+
+async def test_compaction_summarises_old_turns_and_keeps_them(wire: Wire, router: FakeRouter) -> None:
+    router.script_complete(Reply(text="Earlier: questions about the first topics."))
+    cid, compacted = None, None
+    for n in range(10):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        fields = {"model": "fake-small"} if cid is None else {"conversation": cid}
+        events = await wire.ask(f"question {n} about topic{n} " + "filler " * 40, **fields)
+        cid = of_type(events, "user")[0]["conversation"]
+        if "compacting" in [e["stage"] for e in of_type(events, "progress")]:
+            compacted = n
+            break
+    assert compacted is not None and compacted >= 2
+    assert events[-1]["type"] == "done"
+    sent = router.requests[-1]["messages"]
+    assert sent[0]["role"] == "system" and "Earlier: questions about the first topics." in sent[0]["content"]
+    assert [m["role"] for m in sent].count("system") == 1
+    assert "topic0 " not in json.dumps(sent)  # folded into the summary
+    assert f"topic{compacted} " in json.dumps(sent) and f"topic{compacted - 1} " in json.dumps(sent)
+    summarised = [r for r in router.requests if not r.get("stream")][-1]
+    assert "topic0" in json.dumps(summarised["messages"])  # the summariser read the old turns
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert len(opened["turns"]) == compacted + 1 and opened["turns"][0]["text"].startswith("question 0")
+    found = await wire.request({"type": "search", "query": "topic0", "conversation": cid})
+    assert found["total"] >= 1  # the originals stay searchable
+    # the next turn reuses the stored summary without asking for another
+    await wire.ask("one more", conversation=cid)
+    assert "Earlier: questions about the first topics." in router.requests[-1]["messages"][0]["content"]
+
+
+async def test_a_context_overflow_from_the_router_compacts_and_retries(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("one " * 50))[0]["conversation"]  # a 4096 context: no compaction of its own
+    for n in range(3):
+        await wire.ask(f"more {n} " + "text " * 50, conversation=cid)
+    router.script(Reply(status=400, error="request (2000 tokens) exceeds the available context size (1500 tokens)",
+                        error_type="exceed_context_size_error"))
+    router.script_complete(Reply(text="Summary of the start."))
+    events = await wire.ask("next", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    assert "compacting" in [e["stage"] for e in of_type(events, "progress")]
+    assert "Summary of the start." in router.requests[-1]["messages"][0]["content"]
+
+
+async def test_a_turn_that_cannot_fit_is_a_clear_error(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    image_heavy = [str(make_png(tmp_path / f"i{n}.png")) for n in range(3)]  # 3 x 765 tokens > 1500
+    events = await wire.ask("look", files=image_heavy, model="fake-small")
+    error = events[-1]
+    assert error["type"] == "error" and error["code"] == "context_overflow"
+    assert "1500" in error["message"] and "fewer or smaller files" in error["message"]
+    assert router.requests == []  # refused before anything was sent
+    turn = (await wire.request({"type": "open", "conversation": error["conversation"]}))["turns"][0]
+    assert turn["status"] == "error" and turn["text"] == "look"  # the question is kept
