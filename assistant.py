@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from daemon import AssistantError, load_config, serve
+from daemon import AssistantError, load_config
 from daemon.client import add_client_commands, run_client
 
 logger = logging.getLogger("assistant")
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command not in (None, "serve"):
         return run_client(args)
     setup_logging(args.verbose)
+    # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
+    from daemon import serve
+
     try:
         config = load_config()
         asyncio.run(serve(config))

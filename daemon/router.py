@@ -84,6 +84,9 @@ class ModelInfo:
     id: str
     input_modalities: tuple[str, ...] = ("text",)
     ctx_max: int = 0
+    # False when llama-server's /props says the chat template has no tool support: the
+    # server then drops `tools` silently, so offering them only costs prompt tokens
+    tools: bool = True
 
     @property
     def vision(self) -> bool:
@@ -133,17 +136,19 @@ def _context(entry: dict[str, Any]) -> int | None:
     return None
 
 
-def _props_facts(props: Any) -> tuple[tuple[str, ...] | None, int | None]:
-    """Modalities and context from a llama-server /props answer."""
+def _props_facts(props: Any) -> tuple[tuple[str, ...] | None, int | None, bool]:
+    """Modalities, context and tool support from a llama-server /props answer."""
     if not isinstance(props, dict):
-        return None, None
+        return None, None, True
     modalities = None
     flags = props.get("modalities")
     if isinstance(flags, dict):
         modalities = ("text",) + tuple(name for flag, name in (("vision", "image"), ("audio", "audio")) if flags.get(flag))
     settings = props.get("default_generation_settings")
     ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
-    return modalities, ctx or _positive_int(props.get("n_ctx"))
+    caps = props.get("chat_template_caps")
+    tools = not (isinstance(caps, dict) and caps.get("supports_tools") is False)
+    return modalities, ctx or _positive_int(props.get("n_ctx")), tools
 
 
 def _server_body(response: httpx.Response) -> Any:
@@ -278,11 +283,12 @@ class RouterClient:
         props = await self._props(info.id)
         # Only now: a probe cancelled by an impatient caller is tried again by the next one.
         missing = self._missing.pop(info.id)
-        modalities, ctx = _props_facts(props)
+        modalities, ctx, tools = _props_facts(props)
         better = ModelInfo(
             info.id,
             modalities if missing.modalities and modalities else info.input_modalities,
             ctx if missing.ctx and ctx else info.ctx_max,
+            tools,
         )
         self._models = [better if m.id == info.id else m for m in self._models]
         return better

@@ -360,8 +360,9 @@ class TurnEngine:
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
             max_chars=budget_chars(state.model.ctx_max, state.prompt_estimate),
         )
-        offered = [] if state.model.id in self._no_tools else await self.toolbox.offer(ctx)
-        progress("waiting", f"waiting for {state.model.id}")
+        tools_work = state.model.tools and state.model.id not in self._no_tools
+        offered = await self.toolbox.offer(ctx) if tools_work else []
+        progress("waiting", f"waiting for {display_name(state.model.id)}")
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
             if offered and tools is None:
@@ -567,6 +568,11 @@ class TurnEngine:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task failed", exc_info=task.exception())
+
+
+def display_name(model: str) -> str:
+    """A model id for people: llama-server without --alias names a model by its GGUF path."""
+    return model.rsplit("/", 1)[-1].removesuffix(".gguf")
 
 
 def parsed_arguments(raw: str) -> Any:

@@ -69,6 +69,7 @@ class FakeModel:
     id: str
     input_modalities: list[str] = field(default_factory=lambda: ["text"])
     n_ctx: int = 4096
+    tools: bool = True  # /props chat_template_caps.supports_tools, as llama-server reports it
 
 
 def default_models() -> list[FakeModel]:
@@ -383,6 +384,7 @@ class FakeRouter:
             "model_path": f"/models/{model.id}.gguf",
             "modalities": {"vision": "image" in model.input_modalities, "audio": "audio" in model.input_modalities},
             "build_info": "fake",
+            "chat_template_caps": {"supports_tools": model.tools, "supports_tool_calls": model.tools},
         }
         return await _send(writer, 200, body, request)
 

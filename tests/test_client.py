@@ -136,3 +136,13 @@ async def test_search_command(daemon: RunningDaemon) -> None:
     assert "where do penguins live" in out and "[penguins]" in out.lower()
     code, out, _ = await cli("search", "zebras")
     assert "nothing found for 'zebras'" in out
+
+
+async def test_the_client_needs_only_the_standard_library() -> None:
+    # the canvas may call `assistant ask` with the system Python, which has no httpx or Pillow
+    code = "import sys, assistant; heavy = {'httpx', 'PIL', 'pypdf', 'numpy'} & set(sys.modules); print(sorted(heavy))"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    assert out.decode().strip() == "[]"

@@ -419,3 +419,12 @@ async def test_failing_and_slow_embedder(client: RouterClient, fake: FakeRouter)
     fake.embed_delay = 30
     with pytest.raises(RouterUnreachable, match="within 0.2 s"):
         await client.embed("e", ["x"], timeout=0.2)
+
+
+@pytest.mark.asyncio
+async def test_props_tells_a_template_without_tools(make_client: MakeClient) -> None:
+    with FakeRouter(models=[FakeModel("plain", n_ctx=2048, tools=False)], models_format="bare") as fake:
+        info = await make_client(router_url=fake.url).model_info(None)
+        assert info == ModelInfo("plain", ("text",), 2048, tools=False)
+    with FakeRouter(models=[FakeModel("able", n_ctx=2048)], models_format="bare") as fake:
+        assert (await make_client(router_url=fake.url).model_info(None)).tools is True

@@ -3,6 +3,7 @@ the daemon runs them, feeds the results back, and stores and shows every call.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from daemon import Config
+from tests.conftest import RunningDaemon
 from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.samples import make_pdf, make_png
 from tests.wire import Wire, of_type, reply_text
@@ -250,3 +253,18 @@ async def test_a_turn_that_cannot_fit_is_a_clear_error(wire: Wire, router: FakeR
     assert router.requests == []  # refused before anything was sent
     turn = (await wire.request({"type": "open", "conversation": error["conversation"]}))["turns"][0]
     assert turn["status"] == "error" and turn["text"] == "look"  # the question is kept
+
+
+async def test_no_tools_for_a_template_without_them(config: Config) -> None:
+    # llama-server drops `tools` silently for such a template: offering them is waste
+    with FakeRouter(models=[FakeModel("plain", tools=False)], models_format="bare") as plain:
+        running = RunningDaemon(dataclasses.replace(config, router_url=plain.url))
+        await running.start()
+        wire = await running.connect()
+        try:
+            cid = (await wire.ask("one"))[0]["conversation"]
+            await wire.ask("two", conversation=cid)
+            assert "tools" not in plain.requests[-1]
+        finally:
+            await wire.close()
+            await running.stop()
