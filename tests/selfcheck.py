@@ -9,6 +9,7 @@ Needs nothing beyond the project's own dependencies (no pytest).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -254,12 +255,92 @@ async def _refusals(ctx: Context) -> None:
     expect(ctx.router.requests == [], "a refused question reached the model")
 
 
+# -- model tools and compaction (seed 000 §1-§3) ----------------------------------------------
+
+
+def _call(name: str, arguments: dict, call_id: str = "call_1") -> Reply:
+    return Reply(tool_calls=[{"id": call_id, "name": name, "arguments": json.dumps(arguments)}])
+
+
+def _tool_results(ctx: Context) -> list[str]:
+    return [m["content"] for m in ctx.router.requests[-1]["messages"] if m["role"] == "tool"]
+
+
+@check("attachment_recall lists and reads a file; the calls are tool events and stay in history")
+async def _recall(ctx: Context) -> None:
+    (ctx.scratch / "plan.txt").write_text("step one: water the plants")
+    events = await ctx.wire.ask("keep this", files=[str(ctx.scratch / "plan.txt")])
+    cid = _user(events)["conversation"]
+    listing = _call("attachment_recall", {"action": "list"})
+    ctx.router.script(listing, Reply(text="ok"))
+    await ctx.wire.ask("what files?", conversation=cid)
+    aid = json.loads(_tool_results(ctx)[-1])["attachments"][0]["id"]
+    ctx.router.script(_call("attachment_recall", {"action": "read", "attachment_id": aid}), Reply(text="Water."))
+    events = await ctx.wire.ask("what is step one?", conversation=cid)
+    tools = of_type(events, "tool")
+    expect(len(tools) == 1 and tools[0]["ok"] is True, f"tool events: {tools}")
+    expect("water the plants" in _tool_results(ctx)[-1], "the file's text did not come back to the model")
+    opened = await ctx.wire.request({"type": "open", "conversation": cid})
+    expect(opened["turns"][-1]["tools"][0]["name"] == "attachment_recall", f"open: {opened['turns'][-1]}")
+
+
+@check("a tool cannot reach another conversation's attachment")
+async def _scoping(ctx: Context) -> None:
+    (ctx.scratch / "secret.txt").write_text("the vault code is 0451")
+    secret = _user(await ctx.wire.ask("mine", files=[str(ctx.scratch / "secret.txt")]))["conversation"]
+    ctx.router.script(_call("attachment_recall", {"action": "list"}), Reply(text="ok"))
+    await ctx.wire.ask("list", conversation=secret)
+    aid = json.loads(_tool_results(ctx)[-1])["attachments"][0]["id"]
+    (ctx.scratch / "other.txt").write_text("nothing")
+    other = _user(await ctx.wire.ask("other", files=[str(ctx.scratch / "other.txt")]))["conversation"]
+    ctx.router.script(_call("attachment_recall", {"action": "read", "attachment_id": aid}), Reply(text="no"))
+    events = await ctx.wire.ask("read it", conversation=other)
+    result = _tool_results(ctx)[-1]
+    expect(of_type(events, "tool")[0]["ok"] is False and "0451" not in result, f"leaked: {result}")
+
+
+@check("conversation_search finds an earlier turn, with a highlighted excerpt")
+async def _conversation_search(ctx: Context) -> None:
+    ctx.router.script(Reply(text="Your flight leaves at 7:40 from gate B12."))
+    cid = _user(await ctx.wire.ask("when does my flight leave?"))["conversation"]
+    ctx.router.script(_call("conversation_search", {"query": "flight gate"}), Reply(text="B12"))
+    await ctx.wire.ask("which gate was it?", conversation=cid)
+    found = json.loads(_tool_results(ctx)[-1])
+    expect(found["total"] >= 1 and found["results"][0]["turn"] == 1, f"search: {found}")
+    expect("[" in found["results"][0]["excerpt"], f"excerpt: {found['results'][0]}")
+
+
+@check("compaction summarises old turns when the context fills; originals stay searchable")
+async def _compaction(ctx: Context) -> None:
+    ctx.router.script_complete(Reply(text="SUMMARY: early questions about gardening."))
+    cid = None
+    for n in range(10):
+        ctx.router.script(Reply(text=f"Answer {n} " + "lorem " * 60))
+        fields = {"model": "fake-small"} if cid is None else {"conversation": cid}
+        events = await ctx.wire.ask(f"garden question {n} " + "words " * 40, **fields)
+        cid = _user(events)["conversation"]
+        if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+            break
+    else:
+        raise AssertionError("ten turns in a 1500-token context never compacted")
+    system = ctx.router.requests[-1]["messages"][0]["content"]
+    expect("SUMMARY: early questions about gardening." in system, f"system message: {system[:200]}")
+    opened = await ctx.wire.request({"type": "open", "conversation": cid})
+    expect(opened["turns"][0]["text"].startswith("garden question 0"), "the first turn is gone from history")
+    found = await ctx.wire.request({"type": "search", "query": "garden", "conversation": cid})
+    expect(found["total"] >= 1, f"search after compaction: {found}")
+
+
 # -- the runner ---------------------------------------------------------------------------------
 
 
 async def _run(verbose: bool) -> int:
     failures = 0
-    models = [*default_models(), FakeModel("fake-tiny", n_ctx=400)]  # a 600-character text budget
+    models = [
+        *default_models(),
+        FakeModel("fake-tiny", n_ctx=400),  # a 600-character text budget
+        FakeModel("fake-small", ["text", "image"], n_ctx=1500),  # fills up in a few turns
+    ]
     with tempfile.TemporaryDirectory(prefix="assistant-selfcheck-") as tmp, FakeRouter(models=models) as router:
         scratch = Path(tmp)
         env = {
