@@ -92,7 +92,8 @@ async def direct_run(http: httpx.AsyncClient, url: str, expected: str) -> Run:
     parts: list[str] = []
     first: float | None = None
     started = time.perf_counter()
-    async with http.stream("POST", f"{url}/chat/completions", json=body) as response:
+    # as the daemon does: a fresh connection per stream (llama-server and the fake close it after)
+    async with http.stream("POST", f"{url}/chat/completions", json=body, headers={"Connection": "close"}) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             size += len(line) + 1

@@ -71,7 +71,8 @@ async def direct_ttft(http: httpx.AsyncClient, url: str, messages: list[dict[str
     body = {"model": FAKE_MODEL, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     first: float | None = None
     started = time.perf_counter()
-    async with http.stream("POST", f"{url}/chat/completions", json=body) as response:
+    # as the daemon does: a fresh connection per stream (llama-server and the fake close it after)
+    async with http.stream("POST", f"{url}/chat/completions", json=body, headers={"Connection": "close"}) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
