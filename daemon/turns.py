@@ -21,7 +21,6 @@ router failure or a shutdown stores what arrived.  A crash leaves the turn
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import Prepared, budget_chars, prepare_files, user_content
-from history import AsyncHistory, Conversation, NewAttachment, TurnStatus
+from history import AsyncHistory, Conversation, NewAttachment, TurnStatus, parse_arguments
 from recall import Tool, ToolContext, default_toolbox, estimate_messages
 
 from .config import Config
@@ -398,7 +397,7 @@ class TurnEngine:
             state.messages.append(message)
             for_prompt.extend(router_messages([message]))
             images.extend(result.images)
-            emit({"type": "tool", **where, "name": call.name, "arguments": parsed_arguments(call.arguments),
+            emit({"type": "tool", **where, "name": call.name, "arguments": parse_arguments(call.arguments),
                   "ok": result.ok, "summary": result.summary})
         if images:
             # tool messages carry text only: a recalled image is shown in a message of its own,
@@ -573,14 +572,6 @@ class TurnEngine:
 def display_name(model: str) -> str:
     """A model id for people: llama-server without --alias names a model by its GGUF path."""
     return model.rsplit("/", 1)[-1].removesuffix(".gguf")
-
-
-def parsed_arguments(raw: str) -> Any:
-    """A tool call's arguments as JSON when they are JSON, else the raw text."""
-    try:
-        return json.loads(raw) if raw else {}
-    except ValueError:
-        return raw
 
 
 def rejects_tools(exc: RouterError) -> bool:

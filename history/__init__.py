@@ -28,6 +28,7 @@ from .records import (
     SearchHit,
     Turn,
     TurnStatus,
+    parse_arguments,
     tool_calls,
     utc_timestamp,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "message_rowid",
     "message_text",
     "migrate",
+    "parse_arguments",
     "quote_fts",
     "quoted_phrases",
     "split_rowid",
