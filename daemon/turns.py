@@ -48,14 +48,13 @@ from .errors import (
 )
 from .protocol import MAX_FILES, Request, error_event
 from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
+from .titles import make_title, provisional_title
 
 __all__ = ["TurnEngine"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
-TITLE_WORDS = 8
-TITLE_MAX_CHARS = 60
 MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
@@ -86,15 +85,6 @@ class TurnState:
         if len(self.parts) > 1:
             self.parts[:] = ["".join(self.parts)]
         return self.parts[0] if self.parts else ""
-
-
-def provisional_title(text: str) -> str:
-    """The first words of the question, until the model offers a better title."""
-    words = text.split()
-    title = " ".join(words[:TITLE_WORDS])
-    if len(title) > TITLE_MAX_CHARS:
-        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
-    return title or "New conversation"
 
 
 @dataclass
@@ -228,7 +218,8 @@ class TurnEngine:
         emit(self._user_event(state.conversation, state.turn, text, prepared))
         await self._run(state, slot, conv, emit)
         if conv is None and state.reply and self.config.auto_title:
-            self._spawn(self._make_title(state, text or " ".join(p.name for p in prepared)))
+            question = text or " ".join(p.name for p in prepared)
+            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, question, state.reply))
 
     def _validate(self, text: str, files: list[str]) -> None:
         if len(files) > MAX_FILES:
@@ -531,33 +522,6 @@ class TurnEngine:
             "ctx_max": state.model.ctx_max,
         }
 
-    # -- titles -----------------------------------------------------------------------------
-
-    async def _make_title(self, state: TurnState, question: str) -> None:
-        """Ask the model for a short title; keep the provisional one if that fails."""
-        prompt = [
-            {"role": "system", "content": "You name conversations. Answer with a title of at most six "
-             "words, no quotes, no punctuation at the end."},
-            {"role": "user", "content": f"Question: {question[:2000]}\n\nAnswer: {state.reply[:1000]}\n\nTitle:"},
-        ]
-        try:
-            raw = await self.router.complete(state.model.id, prompt, max_tokens=24)
-        except AssistantError as exc:
-            logger.info("no model-made title for conversation %d: %s", state.conversation, exc.message)
-            return
-        title = clean_title(raw)
-        if not title:
-            return
-        provisional = provisional_title(question)
-        cid = state.conversation
-
-        def update(store: Any) -> None:
-            conv = store.get_conversation(cid)
-            if conv is not None and conv.title == provisional:  # the user has not renamed it
-                store.update_conversation(cid, title=title)
-
-        await self.history.run(update)
-
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -580,17 +544,3 @@ def rejects_tools(exc: RouterError) -> bool:
     return (exc.status in (400, 422, 500, 501)) and "tool" in exc.message.lower() and not isinstance(
         exc, RouterContextOverflow
     )
-
-
-def clean_title(raw: str) -> str:
-    """A model's title made presentable: one line, no quotes or thinking, bounded length."""
-    text = raw
-    if "</think>" in text:
-        text = text.split("</think>")[-1]
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    title = lines[0].strip().strip("\"'`*#").removeprefix("Title:").strip().strip("\"'`*").rstrip(".")
-    if len(title) > TITLE_MAX_CHARS:
-        title = title[: TITLE_MAX_CHARS - 1].rstrip() + "…"
-    return title

@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 
 from daemon import Config
-from daemon.turns import clean_title, provisional_title
+from daemon.titles import clean_title, provisional_title
 from tests.conftest import RunningDaemon
 from tests.fakerouter import FakeRouter, Reply
 from tests.wire import Wire

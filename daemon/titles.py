@@ -1,0 +1,65 @@
+"""Conversation titles: the question's first words at once, the model's after the first reply."""
+
+from __future__ import annotations
+
+import logging
+
+from history import AsyncHistory, HistoryStore
+
+from .errors import AssistantError
+from .router import RouterClient
+
+__all__ = ["clean_title", "make_title", "provisional_title"]
+
+logger = logging.getLogger(__name__)
+
+TITLE_WORDS = 8
+TITLE_MAX_CHARS = 60
+TITLE_TOKENS = 24
+TITLE_INSTRUCTIONS = (
+    "You name conversations. Answer with a title of at most six words, no quotes, no punctuation at the end."
+)
+
+
+def _bounded(title: str) -> str:
+    return title[: TITLE_MAX_CHARS - 1].rstrip() + "…" if len(title) > TITLE_MAX_CHARS else title
+
+
+def provisional_title(text: str) -> str:
+    """The first words of the question, until the model offers a better title."""
+    return _bounded(" ".join(text.split()[:TITLE_WORDS])) or "New conversation"
+
+
+def clean_title(raw: str) -> str:
+    """A model's title made presentable: one line, no quotes or thinking, bounded length."""
+    text = raw.split("</think>")[-1]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    title = lines[0].strip("\"'`*#").removeprefix("Title:").strip().strip("\"'`*").rstrip(".")
+    return _bounded(title)
+
+
+async def make_title(
+    router: RouterClient, history: AsyncHistory, cid: int, model: str, question: str, reply: str
+) -> None:
+    """Ask the model for a short title; keep the provisional one if that fails or was changed."""
+    prompt = [
+        {"role": "system", "content": TITLE_INSTRUCTIONS},
+        {"role": "user", "content": f"Question: {question[:2000]}\n\nAnswer: {reply[:1000]}\n\nTitle:"},
+    ]
+    try:
+        title = clean_title(await router.complete(model, prompt, max_tokens=TITLE_TOKENS))
+    except AssistantError as exc:
+        logger.info("no model-made title for conversation %d: %s", cid, exc.message)
+        return
+    if not title:
+        return
+    provisional = provisional_title(question)
+
+    def update(store: HistoryStore) -> None:
+        conv = store.get_conversation(cid)
+        if conv is not None and conv.title == provisional:  # the user has not renamed it
+            store.update_conversation(cid, title=title)
+
+    await history.run(update)
