@@ -388,6 +388,17 @@ class FakeRouter:
         }
         return await _send(writer, 200, body, request)
 
+    def _image_for_blind_model(self, body: dict[str, Any]) -> bool:
+        model = next((m for m in self.models if m.id == body.get("model")), None)
+        if model is None or "image" in model.input_modalities:
+            return False
+        return any(
+            isinstance(part, dict) and part.get("type") == "image_url"
+            for message in body.get("messages") or ()
+            if isinstance(message, dict) and isinstance(message.get("content"), list)
+            for part in message["content"]
+        )
+
     def _next_reply(self, body: dict[str, Any], stream: bool) -> Reply:
         with self._cond:
             queue = self._stream_queue if stream else self._complete_queue
@@ -411,6 +422,10 @@ class FakeRouter:
             self._counter += 1
             serial = self._counter
             self._cond.notify_all()
+        if self._image_for_blind_model(body):
+            # what llama-server answers for an image to a model loaded without its mmproj
+            message = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
+            return await _send(writer, 500, _error_body(500, message, "server_error"), request)
         reply = self._next_reply(body, stream)
         if reply.status >= 400:
             kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")

@@ -246,3 +246,21 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
     assert out.decode().strip() == (
         '{"type":"error","code":"forbidden","message":"this daemon serves only its own user"}'
     )
+
+
+async def test_sigterm_lets_a_short_turn_finish(
+    spawned: list[DaemonProcess], config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    # five chunks 50 ms apart: done within the 0.5 s grace
+    router.script(Reply(chunks=["all ", "of ", "it ", "gets ", "through"], delay=0.05))
+    proc = await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path)
+    rid = await wire.send({"type": "ask", "text": "quick one"})
+    await wire.until(rid, ("delta",))
+    proc.proc.send_signal(signal.SIGTERM)
+    done = (await wire.until(rid))[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "stop"
+    assert done["text"] == "all of it gets through"
+    await wire.close()
+    code, err = await proc.stop()
+    assert code == 0, err

@@ -428,3 +428,12 @@ async def test_props_tells_a_template_without_tools(make_client: MakeClient) -> 
         assert info == ModelInfo("plain", ("text",), 2048, tools=False)
     with FakeRouter(models=[FakeModel("able", n_ctx=2048)], models_format="bare") as fake:
         assert (await make_client(router_url=fake.url).model_info(None)).tools is True
+
+
+@pytest.mark.asyncio
+async def test_an_image_for_a_text_model_is_the_servers_error(client: RouterClient, fake: FakeRouter) -> None:
+    # as llama-server answers it (HTTP 500); the daemon refuses such a turn before sending it
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]
+    with pytest.raises(RouterError) as info:
+        await drain(client.stream_chat("fake-text", image))
+    assert "image input is not supported" in info.value.message and info.value.status == 500

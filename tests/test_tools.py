@@ -268,3 +268,23 @@ async def test_no_tools_for_a_template_without_them(config: Config) -> None:
         finally:
             await wire.close()
             await running.stop()
+
+
+async def test_after_compaction_the_system_message_lists_the_files_left_out(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    notes = tmp_path / "minutes.txt"
+    notes.write_text("the budget was approved\n")
+    router.script_complete(Reply(text="Earlier: the user shared meeting minutes."))
+    events = await wire.ask("keep these minutes", files=[str(notes)], model="fake-small")
+    cid = of_type(events, "user")[0]["conversation"]
+    for n in range(10):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        events = await wire.ask(f"question {n} " + "filler " * 40, conversation=cid)
+        if "compacting" in [e["stage"] for e in of_type(events, "progress")]:
+            break
+    system = router.requests[-1]["messages"][0]["content"]
+    assert "Earlier: the user shared meeting minutes." in system
+    assert "- id 1: minutes.txt (text, 24 bytes; turn 1)" in system
+    assert "attachment_recall" in system
+    assert "the budget was approved" not in json.dumps(router.requests[-1]["messages"][1:])
