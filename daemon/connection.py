@@ -93,6 +93,7 @@ class Connection:
         self._writer = writer
         self._handler = handler
         self._tasks = tasks  # the server's set, so shutdown can wait for them
+        self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
         self._pending: list[bytes] = []
         self.closed = False
 
@@ -139,10 +140,13 @@ class Connection:
                     self.send(error_event(exc))
                 elif isinstance(line, bytes) and line.strip():
                     self._start(line)
+            # the client is done sending (`echo ... | socat` half-closes): answer what it asked
+            if self._mine:
+                await asyncio.wait(self._mine)
         except (ConnectionError, OSError) as exc:
             logger.debug("connection read ended: %s", exc)
         finally:
-            # the requests keep running: a turn is stored even when its client left
+            # requests still running go on: a turn is stored even when its client left
             self.close()
 
     def _start(self, line: bytes) -> None:
@@ -157,8 +161,9 @@ class Connection:
             self.send(error_event(exc, obj.get("id")))
             return
         task = asyncio.create_task(self._run(request), name=f"request-{request.type}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        for tasks in (self._tasks, self._mine):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def _run(self, request: Request) -> None:
         def emit(event: dict[str, Any]) -> None:

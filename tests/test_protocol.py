@@ -401,3 +401,13 @@ async def test_delete_right_after_ask_leaves_nothing_behind(wire: Wire, router: 
     assert (await wire.until("a"))[-1]["finish_reason"] == "cancelled"
     assert (await wire.request({"type": "open", "conversation": cid}))["code"] == "not_found"
     assert (await wire.request({"type": "conversations"}))["items"] == []
+
+
+async def test_a_client_that_half_closes_still_gets_its_answers(wire: Wire) -> None:
+    # what `echo '{"type":"ask",...}' | socat - UNIX-CONNECT:...` does
+    await wire.send_raw(b'{"type":"status","id":1}\n{"type":"ask","id":2,"text":"hi"}\n')
+    wire.writer.write_eof()
+    events = await wire.until(2)
+    assert events[-1]["type"] == "done" and events[-1]["text"] == "You said: hi"
+    assert [e for e in wire.events if e.get("id") == 1][0]["type"] == "status"
+    assert await wire.reader.read() == b""  # then the daemon hangs up
