@@ -21,6 +21,7 @@ import pytest
 from daemon import Config, load_config
 from daemon.errors import AssistantError, RouterError
 from daemon.router import ContentDelta, RouterClient
+from daemon.turns import display_name
 from tests.conftest import RunningDaemon
 from tests.e2e.conftest import Sent
 from tests.e2e.realserver import busy_slots, get, installed_or_skip_reason, llama, metrics, post, prompt_tokens, wait_idle
@@ -84,7 +85,8 @@ async def test_a_streamed_ask_arrives_token_by_token(wire: Wire, llama_server: A
     usage = done["usage"]
     assert usage["prompt_tokens"] > 0
     assert usage["completion_tokens"] >= len(deltas)  # each delta is at least one token
-    assert of_type(events, "progress")[0]["detail"] == f"waiting for {model_id(llama_server)}"
+    # without --alias the id is the GGUF's path; people are shown its name
+    assert of_type(events, "progress")[0]["detail"] == f"waiting for {display_name(model_id(llama_server))}"
     assert sent.chats[0]["model"] == model_id(llama_server)
 
 
