@@ -14,7 +14,7 @@ Seed 003 is the design.  The daemon calls, per turn:
 This package imports nothing of the daemon but its errors.
 """
 
-from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
+from .budget import FULL_TEXT_CAP, budget_chars, fair_shares, text_weight
 from .classify import Kind
 from .extract import (
     DEFAULT_IMAGE_TOKENS,
@@ -45,5 +45,6 @@ __all__ = [
     "image_ref",
     "prepare_files",
     "resolve_image_refs",
+    "text_weight",
     "user_content",
 ]

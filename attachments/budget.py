@@ -26,8 +26,11 @@ __all__ = [
     "DEFAULT_BUDGET_CHARS",
     "ESTIMATE_CHARS_PER_TOKEN",
     "FULL_TEXT_CAP",
+    "NON_ASCII_WEIGHT",
     "budget_chars",
+    "cut_to_weight",
     "fair_shares",
+    "text_weight",
 ]
 
 # seed 003: 3 characters per token when sizing the budget
@@ -39,6 +42,32 @@ ESTIMATE_CHARS_PER_TOKEN = 4
 # the full text kept per document for attachment_recall: 2 Mi characters (about half a
 # million tokens, beyond any local context; more only costs memory and disk)
 FULL_TEXT_CAP = 2 * 1024 * 1024
+
+
+# A character outside ASCII (CJK, Cyrillic, emoji, U+FFFD) costs a tokenizer one or two
+# tokens (SmolLM2 on llama-server: two for CJK), where ASCII runs CHARS_PER_TOKEN to one;
+# counted at two tokens, such text is cut before it can overflow the context.
+NON_ASCII_WEIGHT = 2 * CHARS_PER_TOKEN
+
+
+def text_weight(text: str) -> int:
+    """``text``'s length in budget characters: ASCII one each, others NON_ASCII_WEIGHT."""
+    if text.isascii():
+        return len(text)
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return ascii_chars + NON_ASCII_WEIGHT * (len(text) - ascii_chars)
+
+
+def cut_to_weight(text: str, weight: int) -> str:
+    """The longest start of ``text`` whose weight is at most ``weight``."""
+    if text_weight(text[:weight]) <= weight and (len(text) <= weight or text.isascii()):
+        return text[:weight]
+    total = 0
+    for index, char in enumerate(text):
+        total += 1 if char.isascii() else NON_ASCII_WEIGHT
+        if total > weight:
+            return text[:index]
+    return text
 
 
 def budget_chars(ctx_max: int, ctx_used: int) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 from daemon.errors import NoVision, TooManyFiles
 
 from . import pdf
-from .budget import ESTIMATE_CHARS_PER_TOKEN, FULL_TEXT_CAP, budget_chars, fair_shares
+from .budget import ESTIMATE_CHARS_PER_TOKEN, FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
 from .classify import Kind, classify
 from .files import check_path, open_regular, read_head, sha256_file
 from .images import MAX_IMAGE_BYTES, load_image, too_large
@@ -211,10 +211,10 @@ async def _extract_text(item: _Staged) -> _Extracted:
     """A text file's extraction."""
     text, complete, sha256 = await asyncio.to_thread(_read_text, item.path)
     if complete:
-        return _Extracted(text, len(text), text, sha256, len(text), "characters")
+        return _Extracted(text, text_weight(text), text, sha256, len(text), "characters")
     # the budget never reaches past the cap, and the header gives the size in bytes
     full = text + f"\n[… the file is longer: only the first {FULL_TEXT_CAP} characters are kept]"
-    return _Extracted(text, max(len(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
+    return _Extracted(text, max(text_weight(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
 
 
 async def _extract_image(item: _Staged) -> _Extracted:
@@ -247,7 +247,7 @@ async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asynci
     ]
     body = pdf.pdf_body(text, shown)
     cut = bool(hidden) or text.cut or len(text.page_texts) < text.total_pages
-    return _Extracted(body, len(body), pdf.pdf_full_text(text), sha256, len(body), "characters",
+    return _Extracted(body, text_weight(body), pdf.pdf_full_text(text), sha256, len(body), "characters",
                       images=images, pages=text.total_pages, truncated=cut)
 
 
@@ -269,7 +269,7 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         body = done.body
         note = None
         if share < done.need:
-            body = body[:share]
+            body = cut_to_weight(body, share)
             cut = True
             if done.unit == "bytes":
                 note = f"truncated: first {len(body)} characters of {done.total} bytes"

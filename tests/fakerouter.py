@@ -111,8 +111,12 @@ def _message_text(message: dict[str, Any]) -> str:
 
 
 def _rough_tokens(body: dict[str, Any]) -> int:
-    chars = sum(len(_message_text(m)) for m in body.get("messages") or () if isinstance(m, dict))
-    return max(1, chars // CHARS_PER_TOKEN)
+    """A tokenizer's count, roughly: ASCII at CHARS_PER_TOKEN a token, and other scripts at
+    two tokens a character, as SmolLM2's tokenizer counts CJK text on llama-server."""
+    texts = [_message_text(m) for m in body.get("messages") or () if isinstance(m, dict)]
+    ascii_chars = sum(len(t.encode("ascii", "ignore")) for t in texts)
+    other_chars = sum(len(t) for t in texts) - ascii_chars
+    return max(1, ascii_chars // CHARS_PER_TOKEN + 2 * other_chars)
 
 
 def fake_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
@@ -388,6 +392,19 @@ class FakeRouter:
         }
         return await _send(writer, 200, body, request)
 
+    def _overflow(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """llama-server's answer to a prompt over the model's context, when it is one."""
+        model = next((m for m in self.models if m.id == body.get("model")), None)
+        tokens = _rough_tokens(body)
+        if model is None or tokens <= model.n_ctx:
+            return None
+        message = (
+            f"request ({tokens} tokens) exceeds the available context size ({model.n_ctx} tokens), "
+            "try increasing it"
+        )
+        return {"error": {"code": 400, "message": message, "type": "exceed_context_size_error",
+                          "n_prompt_tokens": tokens, "n_ctx": model.n_ctx}}
+
     def _image_for_blind_model(self, body: dict[str, Any]) -> bool:
         model = next((m for m in self.models if m.id == body.get("model")), None)
         if model is None or "image" in model.input_modalities:
@@ -426,6 +443,9 @@ class FakeRouter:
             # what llama-server answers for an image to a model loaded without its mmproj
             message = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
             return await _send(writer, 500, _error_body(500, message, "server_error"), request)
+        overflow = self._overflow(body)
+        if overflow is not None:
+            return await _send(writer, 400, overflow, request)
         reply = self._next_reply(body, stream)
         if reply.status >= 400:
             kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")

@@ -256,3 +256,14 @@ async def test_restart_keeps_files_and_their_references(daemon: RunningDaemon, r
         assert len(images_of(router.requests[-1], index=0)) == 1
     finally:
         await wire.close()
+
+
+async def test_cjk_text_is_cut_before_it_can_overflow_the_context(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    # the fake, like llama-server with SmolLM2, counts two tokens a CJK character
+    notes = tmp_path / "notes.md"
+    notes.write_text("漢字かな交じり文" * 2500)
+    events = await wire.ask("summarise", files=[str(notes)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert user_of(events)["files"][0]["truncated"] is True

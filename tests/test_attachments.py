@@ -37,6 +37,7 @@ from attachments import (
     image_ref,
     prepare_files,
     resolve_image_refs,
+    text_weight,
     user_content,
 )
 from attachments import pdf as pdf_module
@@ -385,8 +386,10 @@ async def test_a_200_mb_text_file_is_read_only_as_far_as_needed(tmp_path: Path) 
     finally:
         tracemalloc.stop()
     block = prepared.text_block or ""
-    assert block.startswith(f"--- file: huge.log (truncated: first 24000 characters of {size} bytes) ---\n")
-    assert len(body_of(block)) == 24_000 and body_of(block).startswith("start of a huge log\n")
+    body = body_of(block)
+    assert block.startswith(f"--- file: huge.log (truncated: first {len(body)} characters of {size} bytes) ---\n")
+    # the hole reads as U+FFFD, which weighs two tokens a character against the 24,000 budget
+    assert body.startswith("start of a huge log\n") and 23_900 < text_weight(body) <= 24_000
     assert prepared.full_text is not None and len(prepared.full_text) < FULL_TEXT_CAP + 200
     assert prepared.sha256 is None and prepared.chip.truncated and prepared.size_bytes == size
     assert peak < 64 * 1024 * 1024, f"peak {peak} bytes for a {size}-byte file"
@@ -760,3 +763,11 @@ async def test_empty_file_and_odd_bytes_in_text(tmp_path: Path) -> None:
     assert first.text_block == "--- file: empty.txt (empty) ---\n" and first.full_text == ""
     assert second.text_block == "--- file: odd.log ---\nBOM first\ufffdnul \ufffd bad byte\n"
 
+
+
+def test_non_ascii_text_weighs_two_tokens_a_character() -> None:
+    from attachments.budget import cut_to_weight
+
+    assert text_weight("abc") == 3 and text_weight("漢字") == 12
+    assert cut_to_weight("ab漢字cd", 8) == "ab漢"
+    assert cut_to_weight("abcdef", 4) == "abcd" and cut_to_weight("漢", 5) == ""

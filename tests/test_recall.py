@@ -641,3 +641,11 @@ async def test_a_query_of_too_many_words_is_refused(history: AsyncHistory) -> No
     cid, _ = await add_turn(history, None, "a", "b")
     result = await call(ConversationSearch(), context(history, cid, turn=2), query=" ".join(["word"] * 33))
     assert not result.ok and "at most 32" in result.content
+
+
+def test_estimates_count_other_scripts_heavier() -> None:
+    from recall import estimate_text
+
+    assert estimate_text("a" * 40) == 10
+    assert estimate_text("漢" * 10) == 20
+    assert estimate_text("ab漢") == 3
