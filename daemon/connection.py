@@ -139,7 +139,11 @@ class Connection:
                     exc = LineTooLong(f"a request line must be under {MAX_LINE_BYTES} bytes; send file paths, not contents")
                     self.send(error_event(exc))
                 elif isinstance(line, bytes) and line.strip():
-                    self._start(line)
+                    try:
+                        self._start(line)
+                    except Exception:  # one bad line must never end the connection
+                        logger.exception("could not start a request")
+                        self.send(error_event(InternalError()))
             # the client is done sending (`echo ... | socat` half-closes): answer what it asked
             if self._mine:
                 await asyncio.wait(self._mine)

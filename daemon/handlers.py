@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 20
-CTX_LOOKUP_SECONDS = 2.0  # ``open`` shows ctx_max 0 rather than wait on a slow router
+CTX_LOOKUP_SECONDS = 2.0  # ``open``/``status`` show 0/null rather than wait on a slow router
 
 
 class Handlers:
@@ -169,8 +169,8 @@ class Handlers:
         model: str | None = self.config.model or None
         if model is None and reachable:
             try:
-                model = (await self.router.model_info(None)).id
-            except Exception:  # status must answer whatever the router says
+                model = (await asyncio.wait_for(self.router.model_info(None), CTX_LOOKUP_SECONDS)).id
+            except Exception:  # status must answer, and soon, whatever the router says
                 logger.debug("no default model for status", exc_info=True)
         emit({
             "type": "status",
@@ -185,9 +185,8 @@ class Handlers:
         })
 
     async def _conversation(self, cid: int) -> Conversation:
-        conv = await self.history.run(lambda s: s.get_conversation(cid))
-        if conv is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+        conv = await self.engine.conversation(cid)
+        assert conv is not None
         return conv
 
     async def _ctx_max(self, model: str | None) -> int:

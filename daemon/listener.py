@@ -23,6 +23,7 @@ __all__ = ["AlreadyRunning", "Listener", "bind_listener", "socket_from_systemd"]
 logger = logging.getLogger(__name__)
 
 BACKLOG = 128
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with its NUL
 SD_LISTEN_FDS_START = 3  # systemd passes sockets from fd 3 on
 
 
@@ -83,14 +84,15 @@ def _prepare_directory(directory: Path) -> None:
     info = directory.lstat()
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise AssistantError(f"{directory} is not a directory; remove it or set ASSISTANT_SOCKET")
+    if info.st_mode & stat.S_ISVTX:
+        return  # a sticky /tmp-like directory is shared on purpose; the socket is 0600 anyway
     if info.st_uid != os.geteuid():
+        # another user could swap our socket for theirs in a directory they own
         raise AssistantError(
             f"{directory} belongs to another user (uid {info.st_uid}); remove it or set ASSISTANT_SOCKET"
         )
-    if info.st_mode & 0o077 and not info.st_mode & stat.S_ISVTX:
-        # our own directory, but open to others: close it (a sticky /tmp-like
-        # directory is shared on purpose and left alone; the socket is 0600 anyway)
-        os.chmod(directory, 0o700)
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)  # our own directory, but open to others: close it
 
 
 def _clear_stale(path: Path) -> None:
@@ -120,17 +122,25 @@ def _clear_stale(path: Path) -> None:
 
 def bind_listener(path: Path) -> Listener:
     """Bind and listen on ``path`` (0600, directory 0700), replacing a stale socket."""
-    _prepare_directory(path.parent)
-    _clear_stale(path)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise AssistantError(
+            f"{path} is too long for a Unix socket ({MAX_SOCKET_PATH} bytes at most); set ASSISTANT_SOCKET to a shorter path"
+        )
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the file is born 0600: no window where others may connect
     try:
-        sock.bind(str(path))
-    except OSError:
+        _prepare_directory(path.parent)
+        _clear_stale(path)
+        old_umask = os.umask(0o177)  # the file is born 0600: no window where others may connect
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+    except OSError as exc:
+        sock.close()
+        raise AssistantError(f"cannot listen on {path}: {exc.strerror}; check the path or set ASSISTANT_SOCKET") from exc
+    except BaseException:
         sock.close()
         raise
-    finally:
-        os.umask(old_umask)
     os.chmod(path, 0o600)
     sock.listen(BACKLOG)
     sock.setblocking(False)

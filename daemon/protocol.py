@@ -14,11 +14,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from history import MAX_CONVERSATION_ID
+
 from .errors import AssistantError, BadRequest, UnknownType
 
 __all__ = [
     "KB_INJECTION_MODES",
-    "MAX_FILES",
     "MAX_LINE_BYTES",
     "Request",
     "decode_line",
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 MAX_LINE_BYTES = 1 << 20  # a request line over 1 MiB is refused
-MAX_FILES = 8  # seed 003: at most 8 files per question
 MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
@@ -69,7 +69,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
 
 _KIND_NAMES = {
     "str": "a string",
-    "int": "an integer",
+    "int": f"an integer from 1 to {MAX_CONVERSATION_ID}",
     "bool": "true or false",
     "str_list": "a list of strings",
     "str_or_null": "a string or null",
@@ -96,8 +96,8 @@ class Request:
 def _valid(kind: FieldKind, value: Any) -> bool:
     if kind == "str":
         return isinstance(value, str)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "int":  # the ids of conversations: SQLite rowids within the search index's layout
+        return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CONVERSATION_ID
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "str_list":
@@ -111,12 +111,20 @@ def _valid(kind: FieldKind, value: Any) -> bool:
     raise AssertionError(kind)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode_line(line: bytes) -> dict[str, Any]:
     """Decode one request line into a JSON object, or raise ``BadRequest``."""
     try:
-        obj = json.loads(line)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadRequest(f"the line is not valid JSON ({exc}); send one JSON object per line") from None
+        obj = json.loads(line, parse_constant=_no_constant)
+        # a lone surrogate (\ud800) is valid JSON but no text: it could not be stored or sent back
+        json.dumps(obj, ensure_ascii=False).encode()
+    except (UnicodeError, ValueError) as exc:
+        raise BadRequest(f"the line is not valid JSON text ({exc}); send one JSON object per line") from None
+    except RecursionError:
+        raise BadRequest("the line nests too deeply; send one flat JSON object per line") from None
     if not isinstance(obj, dict):
         raise BadRequest('a request must be a JSON object such as {"type": "status"}')
     return obj

@@ -28,6 +28,8 @@ __all__ = ["Server", "serve"]
 
 logger = logging.getLogger(__name__)
 
+REQUEST_GRACE = 1.0  # seconds short requests (a list, an open) get to finish at shutdown
+
 
 class Server:
     """One daemon: a listening socket, its connections, the turn engine."""
@@ -102,9 +104,11 @@ class Server:
             await self._engine.shutdown(self.config.shutdown_grace)
         if self._requests:
             # short requests still in flight (a list, an open): they finish quickly
-            _done, pending = await asyncio.wait(self._requests, timeout=1.0)
+            _done, pending = await asyncio.wait(self._requests, timeout=REQUEST_GRACE)
             for task in pending:
                 task.cancel()
+            if pending:
+                await asyncio.wait(pending)  # they end before the history they use is closed
         for connection in list(self._connections):
             connection.close()
         if self._router is not None:

@@ -21,13 +21,14 @@ router failure or a shutdown stores what arrived.  A crash leaves the turn
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attachments import Prepared, budget_chars, prepare_files, user_content
+from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
 from history import AsyncHistory, Conversation, NewAttachment, TurnStatus, parse_arguments
 from recall import Tool, ToolContext, default_toolbox, estimate_messages
 
@@ -46,7 +47,7 @@ from .errors import (
     ShuttingDown,
     TooManyFiles,
 )
-from .protocol import MAX_FILES, Request, error_event
+from .protocol import Request, error_event
 from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
 from .titles import make_title, provisional_title
 
@@ -55,6 +56,7 @@ __all__ = ["TurnEngine"]
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
+SHUTTING_DOWN = "the daemon is shutting down; ask again once it is back"
 MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
@@ -76,6 +78,7 @@ class TurnState:
     usage: Usage | None = None
     prompt_estimate: int = 0
     ctx_used: int = 0
+    round_start: int = 0  # where the current round's text begins in the reply
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -94,6 +97,7 @@ class Slot:
     task: asyncio.Task[Any]
     state: TurnState | None = None  # None until the question is stored
     stop: StopReason | None = None  # set by cancel() or shutdown()
+    finishing: bool = False  # its outcome is being stored: too late to stop, and it must not be cut
 
 
 class TurnEngine:
@@ -107,6 +111,7 @@ class TurnEngine:
         self.toolbox = default_toolbox()
         self._no_tools: set[str] = set()  # models whose server refused the tools parameter
         self._slots: dict[int, Slot] = {}
+        self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
         self._background: set[asyncio.Task[Any]] = set()
         self._accepting = True
 
@@ -123,16 +128,28 @@ class TurnEngine:
         turn it would have been; null when the conversation does not exist).
         """
         cid: int | None = request.get("conversation")
-        where: dict[str, Any] = {"conversation": cid, "turn": None if cid else 1}
+        where: dict[str, Any] = {"conversation": cid, "turn": None if cid is not None else 1}
+        current = asyncio.current_task()
+        assert current is not None
+        self._asks.add(current)
         try:
             if not self._accepting:
-                raise ShuttingDown("the daemon is shutting down; ask again once it is back")
+                raise ShuttingDown(SHUTTING_DOWN)
             if cid is not None and cid in self._slots:
                 where["turn"] = self.running_turn(cid)
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
             await self._ask(request, cid, emit, where)
         except AssistantError as exc:
             emit(error_event(exc, **where))
+        except asyncio.CancelledError:
+            if self._accepting:
+                raise
+            emit(error_event(ShuttingDown(SHUTTING_DOWN), **where))  # stopped before it was stored
+        except Exception:
+            logger.exception("ask failed")
+            emit(error_event(InternalError(), **where))
+        finally:
+            self._asks.discard(current)
 
     def running_turn(self, cid: int) -> int | None:
         """The turn now running in ``cid``, if any."""
@@ -147,7 +164,7 @@ class TurnEngine:
         slot = self._slots.get(cid)
         if slot is None:
             return False
-        if slot.stop is None:
+        if slot.stop is None and not slot.finishing:
             slot.stop = reason
             if slot.state is not None:
                 slot.task.cancel()
@@ -167,12 +184,14 @@ class TurnEngine:
     async def shutdown(self, grace: float) -> None:
         """Take no new turns; let running ones finish within ``grace``, then stop them."""
         self._accepting = False
-        tasks = [slot.task for slot in self._slots.values()]
-        if tasks:
-            logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(tasks))
-            _done, pending = await asyncio.wait(tasks, timeout=grace)
+        if self._asks:
+            logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(self._asks))
+            _done, pending = await asyncio.wait(self._asks, timeout=grace)
             for cid in list(self._slots):
-                self.cancel(cid, "interrupted")
+                self.cancel(cid, "interrupted")  # stored turns stop and keep what they have
+            started = {slot.task for slot in self._slots.values() if slot.state is not None}
+            for task in pending - started:
+                task.cancel()  # still starting: nothing stored yet, the client is told
             if pending:
                 await asyncio.wait(pending)
         for task in self._background:
@@ -199,12 +218,12 @@ class TurnEngine:
     ) -> None:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
-        conv = await self._conversation(cid)
+        conv = await self.conversation(cid)
         where["turn"] = conv.turns + 1 if conv else 1
         self._validate(text, files)
         chosen: str | None = request.get("model") or None
         try:
-            model = await self._resolve(chosen or (conv.model if conv else None))
+            model = await self.router.model_info(chosen or (conv.model if conv else None))
         except (RouterUnreachable, RouterError) as exc:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
@@ -227,16 +246,14 @@ class TurnEngine:
         if not text.strip() and not files:
             raise BadRequest("ask needs a question in 'text', or files")
 
-    async def _conversation(self, cid: int | None) -> Conversation | None:
+    async def conversation(self, cid: int | None) -> Conversation | None:
+        """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""
         if cid is None:
             return None
         conv = await self.history.run(lambda s: s.get_conversation(cid))
         if conv is None:
             raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
         return conv
-
-    async def _resolve(self, model: str | None) -> ModelInfo:
-        return await self.router.model_info(model)
 
     async def _prepare(
         self, files: list[str], model: ModelInfo, conv: Conversation | None, where: dict[str, Any], emit: Emit
@@ -309,29 +326,30 @@ class TurnEngine:
         emit(error_event(exc, conversation=cid, turn=turn))
 
     async def _run(self, state: TurnState, slot: Slot, conv: Conversation | None, emit: Emit) -> None:
-        where = {"conversation": state.conversation, "turn": state.turn}
+        """Converse, then store the outcome and send its event, whatever happened."""
+        status: TurnStatus = "complete"
+        failure: AssistantError | None = None
+        foreign_cancel = False
         try:
             if slot.stop is not None:
                 raise asyncio.CancelledError  # cancelled while it was starting
             finish_reason = await self._converse(state, emit)
         except asyncio.CancelledError:
-            if slot.stop is None:
-                await self._finish(state, "interrupted", "interrupted")
-                raise  # not ours: someone is tearing the loop down
-            await self._finish(state, slot.stop, slot.stop)
-            emit(self._done_event(state, slot.stop))
-            return
+            foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down
+            status = finish_reason = slot.stop or "interrupted"
         except AssistantError as exc:
-            await self._finish(state, "error", None, exc)
-            emit(error_event(exc, **where))
-            return
+            status, finish_reason, failure = "error", None, exc
         except Exception:
             logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
-            await self._finish(state, "error", None, InternalError())
-            emit(error_event(InternalError(), **where))
-            return
-        await self._finish(state, "complete", finish_reason)
-        emit(self._done_event(state, finish_reason))
+            status, finish_reason, failure = "error", None, InternalError()
+        slot.finishing = True  # a cancel from here on would lose the outcome's event
+        await self._finish(state, status, finish_reason, failure)
+        if failure is not None:
+            emit(error_event(failure, conversation=state.conversation, turn=state.turn))
+        else:
+            emit(self._done_event(state, finish_reason))
+        if foreign_cancel:
+            raise asyncio.CancelledError
 
     async def _converse(self, state: TurnState, emit: Emit) -> str | None:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times.
@@ -369,6 +387,9 @@ class TurnEngine:
             if not end.tool_calls or tools is None:
                 return end.finish_reason
             prompt.extend(router_messages(state.messages[-1:]))
+            # the calls of a round share half of what is left of the context
+            room = budget_chars(state.model.ctx_max, estimate_messages(prompt, self.config.image_tokens))
+            ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
             prompt.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
         raise AssertionError("the last round offers no tools")
 
@@ -401,7 +422,7 @@ class TurnEngine:
         self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, emit: Emit
     ) -> StreamEnd:
         where = {"conversation": state.conversation, "turn": state.turn}
-        round_start = len(state.reply)
+        round_start = state.round_start = len(state.reply)
         separate = bool(state.reply)  # a later round's text starts a new paragraph
         async for event in self._stream(state, prompt, tools):
             if isinstance(event, ContentDelta):
@@ -417,6 +438,7 @@ class TurnEngine:
                 state.usage = event.usage or state.usage
                 calls = event.tool_calls if tools else []  # calls nobody offered are not run
                 self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
+                state.round_start = len(state.reply)  # this round's text is stored with its message
                 return StreamEnd(event.finish_reason, calls, event.usage, event.text)
         raise AssertionError("stream_chat ended without a StreamEnd")
 
@@ -447,10 +469,7 @@ class TurnEngine:
     def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in calls
-            ]
+            message["tool_calls"] = [call.to_openai() for call in calls]
         if state.reasoning:
             message["reasoning_content"] = state.reasoning
             state.reasoning = ""
@@ -478,12 +497,13 @@ class TurnEngine:
             state.checkpoint_timer.cancel()
             state.checkpoint_timer = None
         messages = list(state.messages)
-        if messages[-1].get("role") == "user" or (state.reply and messages[-1].get("role") == "tool"):
-            # the reply was cut before its round ended: keep what streamed
-            partial: dict[str, Any] = {"role": "assistant", "content": state.reply}
+        if messages[-1].get("role") in ("user", "tool"):
+            # the reply was cut before its round ended: keep what this round streamed
+            text = state.reply[state.round_start :].removeprefix(ROUND_SEPARATOR)
+            partial: dict[str, Any] = {"role": "assistant", "content": text}
             if state.reasoning:
                 partial["reasoning_content"] = state.reasoning
-            if state.reply or state.reasoning:
+            if text or state.reasoning:
                 messages.append(partial)
         usage = state.usage
         ctx_used = (
@@ -514,10 +534,7 @@ class TurnEngine:
             "turn": state.turn,
             "text": state.reply,
             "finish_reason": finish_reason,
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens if usage else None,
-                "completion_tokens": usage.completion_tokens if usage else None,
-            },
+            "usage": usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None},
             "ctx_used": state.ctx_used,
             "ctx_max": state.model.ctx_max,
         }

@@ -25,6 +25,8 @@ import os
 import re
 from typing import Any
 
+from attachments.files import open_regular
+from daemon.errors import FileRefused
 from history import Attachment
 
 from .toolbox import (
@@ -86,8 +88,12 @@ def _whole_document(pages: list[str]) -> str:
 
 
 def _read_unchanged(path: str, size: int) -> bytes | None:
-    """The file's bytes, or None when its size is no longer ``size`` (never reading more)."""
-    with open(path, "rb") as handle:
+    """The file's bytes, or None when its size is no longer ``size`` (never reading more).
+
+    The path may hold anything by now: ``open_regular`` refuses a FIFO or a device
+    without blocking on it.
+    """
+    with open_regular(path) as handle:
         if os.fstat(handle.fileno()).st_size != size:
             return None
         return handle.read(size + 1)
@@ -255,7 +261,7 @@ class AttachmentRecall(Tool):
             raise ToolError(self._too_large(attachment, encoded_size))
         try:
             data = await asyncio.to_thread(_read_unchanged, attachment.path, attachment.size_bytes)
-        except OSError:
+        except (OSError, FileRefused):
             raise ToolError(GONE) from None
         if data is None or hashlib.sha256(data).hexdigest() != attachment.sha256:
             raise ToolError(GONE)

@@ -50,6 +50,9 @@ class ToolContext:
     max_chars: int  # how much text one result may carry (what is left of the context)
     vision: bool  # whether the model can be shown images
     turn: int  # the turn being answered; turns 1..turn-1 are the earlier ones
+    # the conversation's kb_injection setting (auto/tool_only/both/off): kb_search is
+    # offered only under tool_only and both; None reads as the default, auto
+    kb_injection: str | None = None
 
 
 @dataclass
@@ -194,7 +197,7 @@ class Toolbox:
         except asyncio.CancelledError:
             raise
         except ToolError as exc:
-            logger.info("tool %s refused: %s", name, one_line(str(exc)))
+            logger.debug("tool %s refused: %s", name, one_line(str(exc)))  # may quote the model's values
             return error_result(name, str(exc))
         except Exception as exc:
             logger.exception("tool %s failed", name)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
+from daemon import Config
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeRouter, Reply
+from tests.fakerouter import FakeModel, FakeRouter, Reply
 from tests.wire import Wire, of_type, reply_text
 
 pytestmark = pytest.mark.asyncio
@@ -411,3 +413,40 @@ async def test_a_client_that_half_closes_still_gets_its_answers(wire: Wire) -> N
     assert events[-1]["type"] == "done" and events[-1]["text"] == "You said: hi"
     assert [e for e in wire.events if e.get("id") == 1][0]["type"] == "status"
     assert await wire.reader.read() == b""  # then the daemon hangs up
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        (b"[" * 200_000, "nests too deeply"),
+        (b'{"type":"status","id":NaN}', "not valid JSON"),
+        (b'{"type":"ask","text":"\\ud800"}', "not valid JSON"),
+        (b'{"type":"open","conversation":99999999999999999999999}', "'conversation' must be an integer from 1"),
+        (b'{"type":"open","conversation":0}', "'conversation' must be an integer from 1"),
+        (b'{"type":"open","conversation":1.5}', "'conversation' must be an integer"),
+    ],
+)
+async def test_odd_json_is_refused_and_the_connection_lives(wire: Wire, line: bytes, words: str) -> None:
+    await wire.send_raw(line + b"\n")
+    event = await wire.read()
+    assert event["type"] == "error" and event["code"] == "bad_request"
+    assert words in event["message"]
+    assert (await wire.request({"type": "status"}))["type"] == "status"
+
+
+async def test_asks_still_starting_at_shutdown_are_told(config: Config) -> None:
+    # a router whose /props is slow keeps a new ask in its start (the model lookup)
+    with FakeRouter(models=[FakeModel("slow")], models_format="bare") as slow:
+        slow.props_delay = 5.0
+        running = RunningDaemon(dataclasses.replace(config, router_url=slow.url, shutdown_grace=0.2))
+        await running.start()
+        wire = await running.connect()
+        rid = await wire.send({"type": "ask", "text": "hello?"})
+        for _ in range(100):  # until the daemon is waiting on /props
+            if slow.hits["/props"]:
+                break
+            await asyncio.sleep(0.02)
+        await running.stop()
+        events = await wire.until(rid)
+        await wire.close()
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "shutting_down"

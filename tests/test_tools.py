@@ -3,8 +3,11 @@ the daemon runs them, feeds the results back, and stores and shows every call.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,3 +291,47 @@ async def test_after_compaction_the_system_message_lists_the_files_left_out(
     assert "- id 1: minutes.txt (text, 24 bytes; turn 1)" in system
     assert "attachment_recall" in system
     assert "the budget was approved" not in json.dumps(router.requests[-1]["messages"][1:])
+
+
+async def test_a_cancel_in_a_later_round_stores_each_rounds_text_once(
+    wire: Wire, router: FakeRouter, config: Config
+) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    first_round = Reply(chunks=["Let me check."],
+                        tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "first"}'}])
+    router.script(first_round, Reply(chunks=["The answer is"], hang=True))
+    rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
+    await wire.until_reply(rid, "Let me check.\n\nThe answer is")
+    await wire.request({"type": "cancel", "conversation": cid})
+    assert (await wire.until(rid))[-1]["finish_reason"] == "cancelled"
+    with sqlite3.connect(config.db_path) as conn:
+        raw = conn.execute("SELECT messages, reply FROM turns WHERE turn = 2").fetchone()
+    conn.close()
+    said = [m["content"] for m in json.loads(raw[0]) if m["role"] == "assistant"]
+    assert said == ["Let me check.", "The answer is"]
+    assert raw[1] == "Let me check.\n\nThe answer is"
+
+
+async def test_a_file_swapped_for_a_fifo_is_never_opened(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    image = make_png(tmp_path / "pic.png")
+    cid = await ask_with_file(wire, image, model="fake-vision")
+    image.unlink()
+    os.mkfifo(image)  # reading it would block the daemon's thread forever
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="gone"))
+    events = await asyncio.wait_for(wire.ask("look again", conversation=cid), 10)
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False and events[-1]["type"] == "done"
+    assert "changed or is gone" in tool_messages(router.requests[-1])[0]["content"]
+
+
+async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    book = tmp_path / "book.txt"
+    book.write_text("a long line of text for the reader\n" * 400)  # 14,000 characters
+    cid = await ask_with_file(wire, book, model="fake-small")
+    reads = [{"id": f"r{n}", "name": "attachment_recall", "arguments": '{"action": "read", "attachment_id": 1}'}
+             for n in range(3)]
+    router.script(Reply(tool_calls=reads), Reply(text="read it"))
+    events = await wire.ask("read it three times", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 1500-token context
+    sizes = [len(m["content"]) for m in tool_messages(router.requests[-1])]
+    assert len(sizes) == 3 and max(sizes) - min(sizes) < 50
