@@ -277,7 +277,10 @@ class ChatAccumulator:
             raise error_from_body(body, prefix="the model server failed mid-reply")
         if not isinstance(chunk, dict):
             raise RouterError(f"the model server sent a chunk that is not a JSON object: {data[:120]!r}")
-        return self.feed(chunk)
+        try:
+            return self.feed(chunk)
+        except (AttributeError, TypeError, ValueError) as exc:  # a field of the wrong shape
+            raise RouterError(f"the model server sent a malformed chunk ({exc}): {data[:120]!r}") from None
 
     def feed(self, chunk: dict[str, Any]) -> list[ContentDelta | ReasoningDelta]:
         """Consume one parsed chunk; return the text and reasoning deltas it carries."""

@@ -285,3 +285,17 @@ async def test_vllm_style_400_through_the_client() -> None:
     assert info.value.status == 400
     assert "maximum context length is 2048" in info.value.message
     assert "http://router.test/v1/chat/completions" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        '{"choices": [{"index": 0, "delta": "oops"}]}',
+        '{"choices": [], "usage": {"prompt_tokens": "many"}}',
+        '{"choices": [{"index": 0, "delta": {"tool_calls": [7]}}]}',
+    ],
+)
+def test_malformed_chunks_are_router_errors(chunk: str) -> None:
+    acc = ChatAccumulator()
+    with pytest.raises(RouterError, match="malformed chunk"):
+        acc.feed_event(SSEEvent("message", chunk))
