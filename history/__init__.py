@@ -1,4 +1,4 @@
-"""SQLite history: conversations, turns, migrations and the FTS5 message index."""
+"""SQLite history: conversations, turns, migrations, the FTS5 message index and KB tables."""
 
 from .aio import AsyncHistory
 from .fts import (
@@ -17,6 +17,16 @@ from .fts import (
     split_rowid,
     turn_message_range,
     turn_rowid_range,
+)
+from .kb import (
+    KB_CHUNK_SHIFT,
+    KbChunk,
+    KbDocument,
+    KnowledgeBase,
+    KnowledgeStore,
+    NewKbDocument,
+    chunk_kb,
+    kb_chunk_range,
 )
 from .migrations import MIGRATIONS, migrate
 from .records import (
@@ -41,11 +51,17 @@ __all__ = [
     "Compaction",
     "Conversation",
     "HistoryStore",
+    "KB_CHUNK_SHIFT",
+    "KbChunk",
+    "KbDocument",
+    "KnowledgeBase",
+    "KnowledgeStore",
     "MAX_CONVERSATION_ID",
     "MAX_MESSAGE_INDEX",
     "MAX_TURN",
     "MIGRATIONS",
     "NewAttachment",
+    "NewKbDocument",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",
     "SearchHit",
@@ -57,6 +73,8 @@ __all__ = [
     "conversation_rowid_range",
     "message_rowid",
     "message_text",
+    "chunk_kb",
+    "kb_chunk_range",
     "migrate",
     "parse_arguments",
     "quote_fts",

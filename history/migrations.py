@@ -278,12 +278,137 @@ def m005_message_fts_automerge(conn: sqlite3.Connection) -> None:
     conn.execute(SET_FTS_AUTOMERGE, (FTS_AUTOMERGE,))
 
 
+# Knowledge bases (SPEC "Context", seed 000 §4). A chunk's id is `kb_id << 32 | n`
+# (history/kb.py), so each KB owns one rowid range: a search scoped to the KBs linked to a
+# conversation adds `rowid BETWEEN lo AND hi` to its MATCH, and FTS5 seeks inside its
+# doclists instead of joining every match back to its document.
+CREATE_KBS = """
+CREATE TABLE kbs (
+    -- AUTOINCREMENT: a removed KB's id (and so its chunk ids) is never handed out again.
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- What the user calls it (kb_add, kb_link ...); unique.
+    name TEXT NOT NULL UNIQUE,
+    -- 1: linked to every conversation, present and future (seed §4's "personal KBs").
+    linked_all INTEGER NOT NULL DEFAULT 0,
+    -- The n of the next chunk id (kb_id << 32 | n): ids are never reused, so a vector
+    -- computed for a replaced chunk can never be stored under its successor.
+    next_chunk INTEGER NOT NULL DEFAULT 1,
+    created_at TEXT NOT NULL
+)
+"""
+CREATE_KB_DOCUMENTS = """
+CREATE TABLE kb_documents (
+    id INTEGER PRIMARY KEY,
+    kb_id INTEGER NOT NULL REFERENCES kbs (id),
+    -- Absolute path it was read from: re-adding the same path replaces the document.
+    path TEXT NOT NULL,
+    -- The file name shown in hits and in the injected context.
+    name TEXT NOT NULL,
+    -- text or pdf.
+    kind TEXT NOT NULL,
+    -- Of the file's bytes: re-adding a file whose hash is unchanged costs no extraction
+    -- and no embedding.
+    sha256 TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    -- With size_bytes, recognises an untouched file without reading it to hash it.
+    mtime_ns INTEGER NOT NULL,
+    -- A PDF's page count; NULL for text.
+    pages INTEGER,
+    chunks INTEGER NOT NULL,
+    -- 1 when only the first part of the text was indexed (the extraction cap).
+    truncated INTEGER NOT NULL DEFAULT 0,
+    added_at TEXT NOT NULL,
+    UNIQUE (kb_id, path)
+)
+"""
+CREATE_KB_CHUNKS = """
+CREATE TABLE kb_chunks (
+    -- kb_id << 32 | n, see above.
+    id INTEGER PRIMARY KEY,
+    document_id INTEGER NOT NULL REFERENCES kb_documents (id),
+    -- 1-based position in the document: "chunk 3 of report.pdf".
+    ordinal INTEGER NOT NULL,
+    -- The PDF page the chunk comes from; NULL for text.
+    page INTEGER,
+    text TEXT NOT NULL
+)
+"""
+# Deleting a document finds its chunks (and the foreign key check needs it too).
+CREATE_KB_CHUNKS_INDEX = "CREATE INDEX kb_chunks_document ON kb_chunks (document_id, ordinal)"
+# External content: the text is stored once, in kb_chunks; triggers keep the index in step.
+CREATE_KB_CHUNK_FTS = """
+CREATE VIRTUAL TABLE kb_chunk_fts USING fts5(
+    text,
+    content = 'kb_chunks',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+)
+"""
+CREATE_KB_CHUNK_TRIGGERS = (
+    """
+    CREATE TRIGGER kb_chunks_ai AFTER INSERT ON kb_chunks BEGIN
+        INSERT INTO kb_chunk_fts (rowid, text) VALUES (new.id, new.text);
+    END
+    """,
+    """
+    CREATE TRIGGER kb_chunks_ad AFTER DELETE ON kb_chunks BEGIN
+        INSERT INTO kb_chunk_fts (kb_chunk_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END
+    """,
+    """
+    CREATE TRIGGER kb_chunks_au AFTER UPDATE OF text ON kb_chunks BEGIN
+        INSERT INTO kb_chunk_fts (kb_chunk_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        INSERT INTO kb_chunk_fts (rowid, text) VALUES (new.id, new.text);
+    END
+    """,
+)
+CREATE_KB_VECTORS = """
+CREATE TABLE kb_vectors (
+    chunk_id INTEGER NOT NULL REFERENCES kb_chunks (id),
+    -- The embedding model that made it: vectors of different models never mix, and
+    -- configuring another model embeds the chunks again.
+    model TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    -- dim little-endian float32, L2-normalised: a dot product is the cosine.
+    vector BLOB NOT NULL,
+    PRIMARY KEY (chunk_id, model)
+)
+"""
+CREATE_KB_LINKS = """
+CREATE TABLE kb_links (
+    kb_id INTEGER NOT NULL REFERENCES kbs (id),
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (kb_id, conversation_id)
+) WITHOUT ROWID
+"""
+# A turn looks up the KBs of its conversation.
+CREATE_KB_LINKS_INDEX = "CREATE INDEX kb_links_conversation ON kb_links (conversation_id)"
+
+
+def m006_knowledge_bases(conn: sqlite3.Connection) -> None:
+    """Knowledge bases: documents, chunks, their FTS5 index, vectors and links."""
+    for statement in (
+        CREATE_KBS,
+        CREATE_KB_DOCUMENTS,
+        CREATE_KB_CHUNKS,
+        CREATE_KB_CHUNKS_INDEX,
+        CREATE_KB_CHUNK_FTS,
+        *CREATE_KB_CHUNK_TRIGGERS,
+        CREATE_KB_VECTORS,
+        CREATE_KB_LINKS,
+        CREATE_KB_LINKS_INDEX,
+    ):
+        conn.execute(statement)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
     m003_attachments,
     m004_compactions,
     m005_message_fts_automerge,
+    m006_knowledge_bases,
 ]
 
 

@@ -1,5 +1,7 @@
 """HistoryStore: conversations, turns, attachments, compactions and the search index.
 
+Knowledge-base tables are reached through ``store.kb`` (history/kb.py).
+
 Synchronous on purpose: one connection, used from one thread (`AsyncHistory` in aio.py
 supplies that thread for the daemon). It migrates in its constructor, and every write
 method is one transaction. A turn's `message_fts` rows are rewritten in the same
@@ -33,6 +35,7 @@ from .fts import (
     load_messages,
     unindex_conversation,
 )
+from .kb import KnowledgeStore
 from .migrations import immediate_transaction, migrate
 from .records import (
     TIMESTAMP_FORMAT,
@@ -238,6 +241,8 @@ class HistoryStore:
         except BaseException:
             self._conn.close()
             raise
+        # Knowledge bases (history/kb.py) share the connection, hence the thread.
+        self.kb = KnowledgeStore(self._conn, self._now)
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -1,3 +1,67 @@
-"""Knowledge bases: ingest, chunk, embed, hybrid search, auto-injection."""
+"""Knowledge bases: ingest, chunk, embed, hybrid search, auto-injection, the kb_search tool.
 
-__all__: list[str] = []
+The daemon holds one ``KnowledgeBases(config, history, router)`` and calls:
+
+- ``await kbs.add(name, paths, progress)`` → ``AddResult`` (kb_add; ``progress`` gets
+  ``KbProgress`` steps), ``list()``, ``get(name)``, ``remove(name)``,
+  ``link(name, conversation | None, linked)`` → ``KbInfo``;
+- ``await kbs.context_block(conversation, query, mode, ctx_used_estimate, ctx_max)`` →
+  ``Injection`` per turn (seed 000 §4), ``injection_mode(conversation.settings)`` for the
+  mode;
+- ``kbs.tool()`` → the ``kb_search`` tool for the Toolbox (``ToolContext.kb_injection``);
+- ``await kbs.start()`` (optional: load the vectors at start) and ``await kbs.close()``.
+
+This package imports history, the attachments extractors, recall's tool framework and
+the daemon's config, errors and router client; never the turn engine.
+"""
+
+from .chunking import CHUNK_CHARS, CHUNK_OVERLAP, Chunk, chunk_pages, chunk_text
+from .embedder import QUERY_CACHE_SIZE, QUERY_TIMEOUT, RETRY_AFTER
+from .ingest import FileNote
+from .injection import (
+    BLOCK_FOOTER,
+    BLOCK_HEADER,
+    CONTEXT_LIMIT,
+    DEFAULT_INJECTION_MODE,
+    INJECTION_MODES,
+    Injection,
+    InjectionMode,
+    format_block,
+    injection_mode,
+)
+from .records import AddResult, KbInfo, KbProgress, ProgressCallback
+from .search import Hit, SearchMode, SearchResult, SimilarityKind
+from .service import KnowledgeBases, kb_name
+from .tool import KbSearch
+
+__all__ = [
+    "BLOCK_FOOTER",
+    "BLOCK_HEADER",
+    "CHUNK_CHARS",
+    "CHUNK_OVERLAP",
+    "CONTEXT_LIMIT",
+    "DEFAULT_INJECTION_MODE",
+    "INJECTION_MODES",
+    "QUERY_CACHE_SIZE",
+    "QUERY_TIMEOUT",
+    "RETRY_AFTER",
+    "AddResult",
+    "Chunk",
+    "FileNote",
+    "Hit",
+    "Injection",
+    "InjectionMode",
+    "KbInfo",
+    "KbProgress",
+    "KbSearch",
+    "KnowledgeBases",
+    "ProgressCallback",
+    "SearchMode",
+    "SearchResult",
+    "SimilarityKind",
+    "chunk_pages",
+    "chunk_text",
+    "format_block",
+    "injection_mode",
+    "kb_name",
+]

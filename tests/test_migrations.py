@@ -26,7 +26,7 @@ TURN_COLUMNS_M001 = [
 ]
 ALL_MIGRATIONS = [
     "m001_initial", "m002_turn_files", "m003_attachments", "m004_compactions",
-    "m005_message_fts_automerge",
+    "m005_message_fts_automerge", "m006_knowledge_bases",
 ]
 
 
@@ -44,6 +44,27 @@ def schema_sql(conn: sqlite3.Connection, name: str) -> str:
     row = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
     assert row is not None, f"{name} missing"
     return str(row[0])
+
+
+def assert_kb_schema(conn: sqlite3.Connection) -> None:
+    """The knowledge-base tables of m006."""
+    assert table_columns(conn, "kbs") == ["id", "name", "linked_all", "next_chunk", "created_at"]
+    assert table_columns(conn, "kb_documents") == [
+        "id", "kb_id", "path", "name", "kind", "sha256", "size_bytes", "mtime_ns", "pages",
+        "chunks", "truncated", "added_at",
+    ]
+    assert table_columns(conn, "kb_chunks") == ["id", "document_id", "ordinal", "page", "text"]
+    assert table_columns(conn, "kb_vectors") == ["chunk_id", "model", "dim", "vector"]
+    assert table_columns(conn, "kb_links") == ["kb_id", "conversation_id", "created_at"]
+    assert table_columns(conn, "kb_chunk_fts") == ["text"]
+    fts_sql = schema_sql(conn, "kb_chunk_fts").replace(" ", "")
+    assert "content='kb_chunks'" in fts_sql and "content_rowid='id'" in fts_sql
+    assert "porter" in fts_sql
+    for trigger in ("kb_chunks_ai", "kb_chunks_ad", "kb_chunks_au"):
+        assert "kb_chunk_fts" in schema_sql(conn, trigger)
+    assert "(document_id, ordinal)" in schema_sql(conn, "kb_chunks_document")
+    assert "(conversation_id)" in schema_sql(conn, "kb_links_conversation")
+    assert "PRIMARY KEY (chunk_id, model)" in schema_sql(conn, "kb_vectors")
 
 
 def test_migration_list_is_ordered_and_named() -> None:
@@ -70,6 +91,8 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert conn.execute(
             "SELECT v FROM message_fts_config WHERE k = 'automerge'"
         ).fetchone() == (migrations_module.FTS_AUTOMERGE,)
+
+        assert_kb_schema(conn)
 
         fts_sql = schema_sql(conn, "message_fts")
         assert "fts5" in fts_sql
@@ -276,6 +299,7 @@ def test_a_file_from_before_compactions_upgrades(tmp_path: Path, monkeypatch: py
 
     with HistoryStore(path) as store:
         assert [h.turn for h in store.search_conversation(conversation.id, "lemurs")] == [1]
+        assert store.kb.all() == []
         assert store.latest_compaction(conversation.id) is None
         store.add_compaction(conversation.id, 1, "They talked about lemurs.")
         assert [h.role for h in store.search_conversation(conversation.id, "talked")] == ["summary"]

@@ -1,0 +1,142 @@
+"""Embedding through the router: chunks in batches when ingesting, one query per turn.
+
+Ingest (``documents``) sends ``BATCH_SIZE`` chunks a request. A request the server
+answers with an HTTP error is split in two and each half tried again, down to single
+chunks; a single chunk it still refuses is embedded from its first half, then its
+first quarter (a server whose batch is smaller than the chunk answers HTTP 500 for that
+input alone, and the start of a chunk stands for it well enough). A chunk nothing works
+for is left without a vector, still found by bm25. ``MAX_FAILED_REQUESTS`` errors in a
+row, or a server that does not answer at all, end the run with ``EmbedderFailed``: the
+chunks stay pending and are embedded by a later add (or ``embed_pending``).
+
+A query (``query``) is embedded on every turn, so it is bounded: at most
+``QUERY_TIMEOUT`` seconds, answered from an LRU cache of ``QUERY_CACHE_SIZE`` recent
+queries, and after a failure no new attempt is made for ``RETRY_AFTER`` seconds, so a
+dead or hung embedder costs one bounded wait, not one per turn. It never raises: the
+caller gets no vector and a note, and searches by keywords alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from daemon.errors import AssistantError, RouterError, RouterUnreachable
+from daemon.router import RouterClient
+
+from .vectors import normalised
+
+__all__ = [
+    "BATCH_SIZE",
+    "QUERY_CACHE_SIZE",
+    "QUERY_TIMEOUT",
+    "RETRY_AFTER",
+    "Embedder",
+    "EmbedderFailed",
+]
+
+logger = logging.getLogger(__name__)
+
+Vector = npt.NDArray[np.float32]
+
+QUERY_TIMEOUT = 1.5  # seconds a turn waits for its query's embedding before using bm25 alone
+QUERY_CACHE_SIZE = 256  # recent query embeddings kept (a retried or repeated question is free)
+QUERY_CHARS = 2_000  # a longer question is embedded from its start (the server's input limit)
+RETRY_AFTER = 30.0  # seconds without query embeddings after one failed or timed out
+BATCH_SIZE = 32  # chunks per embedding request when ingesting
+BATCH_TIMEOUT = 120.0  # seconds one ingest request may take (a CPU server on a big batch)
+# HTTP errors in a row before ingest gives up on the embedder. Splitting a batch of 32
+# down to one refused chunk, then halving it twice, fails 8 requests in a row.
+MAX_FAILED_REQUESTS = 12
+MIN_HALVED_CHARS = 200  # a refused chunk is halved while it is at least this long
+
+
+class EmbedderFailed(Exception):
+    """The embedding server is down or keeps failing; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Embedder:
+    """One embedding model behind the router."""
+
+    def __init__(self, router: RouterClient, model: str) -> None:
+        self.router = router
+        self.model = model
+        self._cache: OrderedDict[str, Vector] = OrderedDict()
+        self._retry_at = 0.0
+        self._failures = 0
+
+    # -- ingest -------------------------------------------------------------------------
+
+    async def documents(self, texts: Sequence[str]) -> list[Vector | None]:
+        """One unit vector per text (None for a text the server refused); ``EmbedderFailed``."""
+        self._failures = 0
+        return await self._batch(list(texts))
+
+    async def _batch(self, texts: list[str]) -> list[Vector | None]:
+        try:
+            raw = await self.router.embed(self.model, texts, timeout=BATCH_TIMEOUT)
+        except RouterUnreachable as exc:
+            raise EmbedderFailed(exc.message) from exc
+        except RouterError as exc:
+            self._failures += 1
+            if self._failures >= MAX_FAILED_REQUESTS:
+                raise EmbedderFailed(exc.message) from exc
+            if len(texts) > 1:
+                middle = len(texts) // 2
+                return await self._batch(texts[:middle]) + await self._batch(texts[middle:])
+            if len(texts[0]) >= MIN_HALVED_CHARS:
+                return await self._batch([texts[0][: len(texts[0]) // 2]])
+            logger.warning("kb: the embedding server refused a chunk (%s); it is found by keywords only", exc.message)
+            return [None]
+        self._failures = 0
+        self._retry_at = 0.0  # it works again: queries may use it at once
+        return [normalised(vector) for vector in raw]
+
+    # -- queries ------------------------------------------------------------------------
+
+    async def query(self, text: str, timeout: float | None = None) -> tuple[Vector | None, str | None]:
+        """The query's unit vector, or None and why; never raises, never waits past ``timeout``.
+
+        ``timeout`` defaults to ``QUERY_TIMEOUT``.
+        """
+        timeout = QUERY_TIMEOUT if timeout is None else timeout
+        key = text[:QUERY_CHARS]
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached, None
+        now = time.monotonic()
+        if now < self._retry_at:
+            return None, f"the embedding server failed recently; keyword search only for {self._retry_at - now:.0f} s more"
+        try:
+            async with asyncio.timeout(timeout):
+                raw = await self.router.embed(self.model, [key], timeout=timeout)
+        except TimeoutError:
+            return None, self._failed(f"the embedding server did not answer within {timeout:g} s")
+        except AssistantError as exc:
+            return None, self._failed(exc.message)
+        except Exception as exc:  # whatever happens, the turn goes on without vectors
+            logger.exception("kb: query embedding failed")
+            return None, self._failed(f"{type(exc).__name__}: {exc}")
+        vector = normalised(raw[0]) if raw else None
+        if vector is None:
+            return None, "the embedding server returned an empty or invalid vector"
+        self._cache[key] = vector
+        if len(self._cache) > QUERY_CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return vector, None
+
+    def _failed(self, reason: str) -> str:
+        self._retry_at = time.monotonic() + RETRY_AFTER
+        logger.warning("kb: query embedding failed (%s); keyword search only for %g s", reason, RETRY_AFTER)
+        return f"{reason}; keyword search only"

@@ -1,0 +1,227 @@
+"""The files of a ``kb_add``: finding them, and reading each into chunks.
+
+``collect`` expands the paths given (absolute; files or folders) into the files to
+read. Folders are walked recursively, in name order, following symlinks but never into
+a folder already walked (by device and inode), so a symlink loop ends. Hidden entries
+(``.git``, ``.venv``, ``.env``) and ``SKIPPED_DIR_NAMES`` are left out of a walk: they
+are tooling, caches or secrets rather than knowledge; a hidden file named on its own is
+read. A path that does not exist or cannot be listed is reported and the rest goes on.
+
+``stage`` checks and classifies one file with the attachments package's own checks
+(regular file, readable, kind by name and content); ``read_document`` extracts it with
+the attachments extractors, below a question's budget: the whole text of a text file
+and every page of a PDF (page by page, so chunks keep their page numbers), up to the
+per-document cap those extractors keep for recall (``FULL_TEXT_CAP``, 2 Mi characters;
+a document cut there is marked ``truncated``). Images are not indexed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attachments import pdf
+from attachments.classify import Kind, classify
+from attachments.extract import _read_text as read_text_file
+from attachments.files import check_path, read_head, sha256_file
+from history import NewKbDocument
+
+from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
+
+__all__ = [
+    "MAX_FILES_PER_ADD",
+    "SKIPPED_DIR_NAMES",
+    "Collected",
+    "FileNote",
+    "Found",
+    "Staged",
+    "collect",
+    "read_document",
+    "stage",
+]
+
+MAX_FILES_PER_ADD = 50_000  # a slip (adding ~ instead of ~/notes) stops here, reported
+SKIPPED_DIR_NAMES = frozenset({"node_modules", "__pycache__", "site-packages"})
+
+
+@dataclass(frozen=True)
+class FileNote:
+    """A path the add did not index, and why (for the user)."""
+
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Found:
+    """A regular file to read, as the walk saw it."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Collected:
+    """What a list of paths expands to."""
+
+    files: list[Found] = field(default_factory=list)
+    errors: list[FileNote] = field(default_factory=list)
+    skipped: list[FileNote] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)  # folders walked: files gone from them are removed
+
+
+class _Walk:
+    """The state of one collect(): what was seen, so nothing is read twice."""
+
+    def __init__(self, out: Collected) -> None:
+        self.out = out
+        self.dirs: set[tuple[int, int]] = set()
+        self.files: set[tuple[int, int]] = set()
+        self.full = False
+
+    def file(self, path: str, info: os.stat_result) -> None:
+        key = (info.st_dev, info.st_ino)
+        if key in self.files:
+            return  # a hard link or symlink to a file already taken
+        if len(self.out.files) >= MAX_FILES_PER_ADD:
+            if not self.full:
+                self.full = True
+                self.out.errors.append(FileNote(path, (
+                    f"only the first {MAX_FILES_PER_ADD} files are added at once; "
+                    "add the remaining folders separately"
+                )))
+            return
+        self.files.add(key)
+        self.out.files.append(Found(path, info.st_size, info.st_mtime_ns))
+
+    def folder(self, root: str, info: os.stat_result) -> None:
+        self.dirs.add((info.st_dev, info.st_ino))
+        self.out.folders.append(root)
+        stack = [root]
+        while stack and not self.full:
+            stack.extend(reversed(self._children(stack.pop())))
+
+    def _children(self, folder: str) -> list[str]:
+        """Take the folder's files; return its subfolders to walk, in name order."""
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            self.out.errors.append(FileNote(folder, f"the folder cannot be read ({exc.strerror}); check its permissions"))
+            return []
+        subfolders = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                info = entry.stat()  # follows a symlink
+            except OSError:
+                self.out.skipped.append(FileNote(entry.path, "a symlink to nothing"))
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                key = (info.st_dev, info.st_ino)
+                if entry.name in SKIPPED_DIR_NAMES or key in self.dirs:
+                    continue  # tooling, or a folder already walked (a symlink loop)
+                self.dirs.add(key)
+                subfolders.append(entry.path)
+            elif stat.S_ISREG(info.st_mode):
+                self.file(entry.path, info)
+        return subfolders
+
+
+def _check_root(path: object) -> str:
+    """A given path as a normalised absolute path; ValueError with the reason if it is not one."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise ValueError(f"{path!r} is not a path; send absolute paths of files or folders")
+    if not os.path.isabs(path):
+        raise ValueError("not an absolute path; send the full path (starting with /)")
+    return os.path.normpath(path)
+
+
+def collect(paths: Sequence[str]) -> Collected:
+    """Expand files and folders into the files to read (blocking: run it in a thread)."""
+    out = Collected()
+    walk = _Walk(out)
+    for given in paths:
+        try:
+            path = _check_root(given)
+        except ValueError as exc:
+            out.errors.append(FileNote(str(given), str(exc)))
+            continue
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            out.errors.append(FileNote(path, "no such file or folder; check the path"))
+            continue
+        except OSError as exc:
+            out.errors.append(FileNote(path, f"cannot be read ({exc.strerror}); check the path and its permissions"))
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            if (info.st_dev, info.st_ino) not in walk.dirs:
+                walk.folder(path, info)
+        elif stat.S_ISREG(info.st_mode):
+            walk.file(path, info)
+        else:
+            out.errors.append(FileNote(path, "not a regular file or folder"))
+    return out
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A file checked and classified."""
+
+    path: str
+    name: str
+    kind: Kind
+    size: int
+    mtime_ns: int
+
+
+def stage(found: Found) -> Staged:
+    """Check and classify a file (blocking); raises FileRefused / UnsupportedKind."""
+    info = check_path(found.path)
+    name = os.path.basename(found.path)
+    kind = classify(name, read_head(found.path)).kind
+    return Staged(found.path, name, kind, info.st_size, info.st_mtime_ns)
+
+
+def file_hash(path: str) -> str:
+    """The SHA-256 of a file (blocking); raises FileRefused."""
+    return sha256_file(path)
+
+
+def _suffix(name: str) -> str:
+    stem, ext = os.path.splitext(name)
+    return ext[1:].lower() if stem else ""
+
+
+async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
+    """Extract a text or PDF file into a document of chunks; raises FileRefused."""
+    if staged.kind == "pdf":
+        text = await pdf.read_text(staged.path, staged.name)
+        chunks = chunk_pages(text.page_texts)
+        pages: int | None = text.total_pages
+        truncated = text.cut or len(text.page_texts) < text.total_pages
+    else:
+        body, complete, _ = await asyncio.to_thread(read_text_file, staged.path)
+        chunks = chunk_text(body, markdown=_suffix(staged.name) in MARKDOWN_SUFFIXES)
+        pages, truncated = None, not complete
+    return NewKbDocument(
+        path=staged.path,
+        name=staged.name,
+        kind=staged.kind,
+        sha256=sha256,
+        size_bytes=staged.size,
+        mtime_ns=staged.mtime_ns,
+        pages=pages,
+        truncated=truncated,
+        chunks=[(chunk.page, chunk.text) for chunk in chunks],
+    )
