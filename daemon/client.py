@@ -137,7 +137,28 @@ def _render_results(event: dict[str, Any], out: TextIO) -> None:
             print(f"       [{hit['turn']}] {hit['role']}: {hit['excerpt']}", file=out)
 
 
+def _render_kbs(event: dict[str, Any], out: TextIO) -> None:
+    if not event["items"]:
+        print("no knowledge bases yet; add one with: assistant kb add NAME PATH...", file=out)
+    for kb in event["items"]:
+        links = "every conversation" if kb["linked_all"] else f"{len(kb['conversations'])} conversation(s)"
+        print(f"{kb['kb']}  {kb['documents']} documents, {kb['chunks']} chunks; linked to {links}", file=out)
+
+
+def _render_kb(event: dict[str, Any], out: TextIO) -> None:
+    line = f"{event['kb']}: {event['documents']} documents, {event['chunks']} chunks"
+    if "added" in event:  # the result of kb_add
+        line += f" ({event['added']} added, {event['updated']} updated, {event['unchanged']} unchanged)"
+    print(line, file=out)
+    for note in [*event.get("skipped", ()), *event.get("errors", ())]:
+        print(f"  {note['path']}: {note['reason']}", file=out)
+    if event.get("embedding_error"):
+        print(f"  embeddings: {event['embedding_error']} (keyword search still works)", file=out)
+
+
 RENDERERS = {
+    "kbs": _render_kbs,
+    "kb": _render_kb,
     "results": _render_results,
     "conversations": _render_conversations,
     "conversation": _render_conversation,
@@ -187,6 +208,64 @@ async def _ask(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> i
     return EXIT_ERROR
 
 
+class ProgressBar:
+    """One line on a terminal, redrawn in place: ``reading  [#####     ] 12/40``."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.shown = False
+
+    def update(self, event: dict[str, Any]) -> None:
+        if not self.stream.isatty():
+            return
+        done, total = event.get("done", 0), max(event.get("total", 0), 1)
+        filled = self.WIDTH * min(done, total) // total
+        bar = "#" * filled + " " * (self.WIDTH - filled)
+        self.stream.write(f"\r{event.get('phase', ''):<9} [{bar}] {done}/{total} ")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+
+
+async def _kb_add(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> int:
+    paths = [os.path.abspath(p) for p in args.paths]
+    rid = await client.send({"type": "kb_add", "kb": args.name, "paths": paths})
+    bar = ProgressBar(sys.stderr)
+    try:
+        async for event in client.events(rid):
+            if args.json:
+                print(json.dumps(event, ensure_ascii=False), file=out, flush=True)
+            if event["type"] == "progress":
+                bar.update(event)
+                continue
+            bar.close()
+            if event["type"] == "error":
+                _print_error(event, sys.stderr)
+                return EXIT_ERROR
+            if not args.json:
+                _render_kb(event, out)
+            return EXIT_OK
+    finally:
+        bar.close()
+    return EXIT_ERROR
+
+
+def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
+    if args.kb_command == "list":
+        return {"type": "kb_list"}
+    if args.kb_command == "remove":
+        return {"type": "kb_remove", "kb": args.name}
+    request: dict[str, Any] = {"type": "kb_link", "kb": args.name, "linked": not args.unlink}
+    if args.conversation is not None:
+        request["conversation"] = args.conversation
+    return request
+
+
 async def _latest_conversation(client: DaemonClient) -> int | None:
     event = await client.request({"type": "conversations", "limit": 1})
     items = event.get("items") or []
@@ -215,6 +294,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             elif args.conversation is None and args.continue_:
                 args.conversation = await _latest_conversation(client)
             return await _ask(client, args, out)
+        if args.command == "kb":
+            if args.kb_command == "add":
+                return await _kb_add(client, args, out)
+            return await _simple(client, _kb_request(args), args.json, out)
         request: dict[str, Any] = {"type": args.command}
         if args.command == "conversations":
             request["limit"] = args.limit
@@ -253,6 +336,18 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     search.add_argument("words", nargs="+")
     search.add_argument("-c", "--conversation", type=int, help="only conversation N")
     search.add_argument("-n", "--limit", type=int, default=20)
+    kb = sub.add_parser("kb", help="knowledge bases: add, list, remove, link")
+    kb_sub = kb.add_subparsers(dest="kb_command", required=True)
+    kb_add = kb_sub.add_parser("add", parents=[common], help="add files and folders to a knowledge base")
+    kb_add.add_argument("name")
+    kb_add.add_argument("paths", nargs="+")
+    kb_sub.add_parser("list", parents=[common], help="list knowledge bases")
+    kb_remove = kb_sub.add_parser("remove", parents=[common], help="remove a knowledge base")
+    kb_remove.add_argument("name")
+    kb_link = kb_sub.add_parser("link", parents=[common], help="link a knowledge base to conversations")
+    kb_link.add_argument("name")
+    kb_link.add_argument("-c", "--conversation", type=int, help="only conversation N (default: every conversation)")
+    kb_link.add_argument("--unlink", action="store_true", help="undo the link")
     sub.add_parser("models", parents=[common], help="list the router's models")
     sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
 

@@ -1,9 +1,10 @@
 """The prompt of a turn, built to fit the model's context.
 
-Order: one system message (the system prompt, then — once older turns are
-compacted — the list of files no longer inline and the summary standing for
-those turns), the turns after the summary (image references resolved from
-their files), then this turn's own messages.
+Order: one system message (the system prompt, the knowledge-base passages for
+this question, then — once older turns are compacted — the list of files no
+longer inline and the summary standing for those turns), the turns after the
+summary (image references resolved from their files), then this turn's own
+messages.
 
 Compaction (seed 000 §3): when the prompt would pass ``compact_at`` of
 ``ctx_max``, the oldest turns but the last few are summarised by the model into
@@ -21,6 +22,7 @@ from typing import Any
 
 from attachments import resolve_image_refs
 from history import AsyncHistory, Compaction, HistoryStore
+from kbinject import KnowledgeBases
 from recall import attachment_manifest, estimate_messages, estimate_text, plan_compaction, summarize, summary_message
 
 from .config import Config
@@ -61,10 +63,11 @@ def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class ContextBuilder:
     """Builds prompts for one daemon; compacts conversations that outgrow the context."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient) -> None:
+    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
         self.config = config
         self.history = history
         self.router = router
+        self.kbs = kbs
 
     async def build(
         self,
@@ -73,12 +76,16 @@ class ContextBuilder:
         model: ModelInfo,
         current: list[dict[str, Any]],
         progress: Progress,
+        kb: tuple[str, str] = ("", "off"),
         force: bool = False,
     ) -> list[dict[str, Any]]:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
-        ``force`` compacts harder (the router said the last prompt overflowed) and
-        raises ``ContextOverflow`` when nothing is left to fold.
+        ``kb`` is (the user's question, the conversation's ``kb_injection`` mode): linked
+        knowledge bases are searched with it and the best passages put in the system
+        message when the context allows (seed 000 §4). ``force`` compacts harder (the
+        router said the last prompt overflowed) and raises ``ContextOverflow`` when
+        nothing is left to fold.
         """
         compaction, turns = await self.history.run(lambda s: _earlier(s, cid, turn))
         image_tokens = self.config.image_tokens
@@ -97,10 +104,20 @@ class ContextBuilder:
             folded = [m for n, messages in turns if n <= through for m in messages]
             compaction = await self._compact(cid, model, compaction, folded, through, progress) or compaction
             turns = [(n, m) for n, m in turns if compaction is None or n > compaction.through_turn]
-        system = await self._system(cid, turn, compaction, [n for n, _ in turns])
-        earlier = await resolve_image_refs([m for _, ms in turns for m in ms], vision=model.vision)
-        prompt = [system, *router_messages(earlier), *current] if system else [*router_messages(earlier), *current]
+        parts = await self._system_parts(cid, turn, compaction, [n for n, _ in turns])
+        earlier = router_messages(await resolve_image_refs([m for _, ms in turns for m in ms], vision=model.vision))
+
+        def assemble() -> list[dict[str, Any]]:
+            system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+            return [*system, *earlier, *current]
+
+        prompt = assemble()
         needed = estimate_messages(prompt, image_tokens)
+        block = await self._knowledge(cid, kb, needed, model.ctx_max, progress)
+        if block:
+            parts.insert(1 if self.config.system_prompt else 0, block)  # right after the system prompt
+            prompt = assemble()
+            needed = estimate_messages(prompt, image_tokens)
         if model.ctx_max and needed > model.ctx_max:
             raise ContextOverflow(
                 f"this turn needs about {needed} tokens but {model.id}'s context holds {model.ctx_max}; "
@@ -131,9 +148,25 @@ class ContextBuilder:
             return None
         return await self.history.run(lambda s: s.add_compaction(cid, through, summary))
 
-    async def _system(
+    async def _knowledge(
+        self, cid: int, kb: tuple[str, str], ctx_used: int, ctx_max: int, progress: Progress
+    ) -> str | None:
+        """The knowledge-base block for this turn, if the mode, the links and the context allow."""
+        query, mode = kb
+        injection = await self.kbs.context_block(cid, query, mode, ctx_used, ctx_max)
+        if injection.skipped_reason:
+            progress("kb", injection.skipped_reason)
+        elif injection.block:
+            sources = sorted({hit.kb for hit in injection.hits})
+            progress("kb", f"{len(injection.hits)} passage(s) from {', '.join(sources)}")
+        if injection.note:
+            logger.debug("kb: %s", injection.note)
+        return injection.block
+
+    async def _system_parts(
         self, cid: int, turn: int, compaction: Compaction | None, inline: list[int]
-    ) -> dict[str, Any] | None:
+    ) -> list[str]:
+        """The system message's parts: the prompt, then the file manifest and the summary."""
         parts = [self.config.system_prompt] if self.config.system_prompt else []
         if compaction is not None:
             attachments = await self.history.run(lambda s: s.attachments(cid))
@@ -141,7 +174,7 @@ class ContextBuilder:
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
-        return {"role": "system", "content": "\n\n".join(parts)} if parts else None
+        return parts
 
 
 def _earlier(store: HistoryStore, cid: int, turn: int) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from attachments import estimate_files
 from history import AsyncHistory, Conversation, HistoryStore, SearchHit
+from kbinject import KbProgress, KnowledgeBases
 from recall import estimate_text
 
 from . import __version__
@@ -35,11 +36,14 @@ CTX_LOOKUP_SECONDS = 2.0  # ``open``/``status`` show 0/null rather than wait on 
 class Handlers:
     """Dispatches validated requests; see docs/PROTOCOL.md for each answer."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine) -> None:
+    def __init__(
+        self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases
+    ) -> None:
         self.config = config
         self.history = history
         self.router = router
         self.engine = engine
+        self.kbs = kbs
         self.started = time.monotonic()
 
     async def __call__(self, request: Request, emit: Emit) -> None:
@@ -163,6 +167,27 @@ class Handlers:
 
         hits, convs = await self.history.run(search)
         emit({"type": "results", "query": query, "total": len(hits), "conversations": group_hits(hits, convs)})
+
+    async def on_kb_add(self, request: Request, emit: Emit) -> None:
+        """Ingest files and folders into a knowledge base, reporting progress as it goes."""
+        kb: str = request.get("kb")
+
+        def progress(step: KbProgress) -> None:
+            emit({"type": "progress", "kb": kb, **step.to_json()})
+
+        result = await self.kbs.add(kb, request.get("paths"), progress)
+        emit({"type": "kb", **result.to_json()})
+
+    async def on_kb_list(self, request: Request, emit: Emit) -> None:
+        emit({"type": "kbs", "items": [info.to_json() for info in await self.kbs.list()]})
+
+    async def on_kb_remove(self, request: Request, emit: Emit) -> None:
+        info = await self.kbs.remove(request.get("kb"))
+        emit({"type": "kb", **info.to_json()})  # what it held, now gone
+
+    async def on_kb_link(self, request: Request, emit: Emit) -> None:
+        info = await self.kbs.link(request.get("kb"), request.get("conversation"), request.get("linked", True))
+        emit({"type": "kb", **info.to_json()})
 
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()

@@ -15,6 +15,7 @@ import signal
 import time
 
 from history import AsyncHistory
+from kbinject import KnowledgeBases
 
 from .config import Config
 from .connection import Connection
@@ -44,6 +45,7 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._history: AsyncHistory | None = None
         self._router: RouterClient | None = None
+        self._kbs: KnowledgeBases | None = None
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
 
@@ -66,6 +68,10 @@ class Server:
             )
             sd_notify("READY=1")
             self.ready.set()
+            assert self._kbs is not None
+            # knowledge-base vectors load after readiness: a large KB must not delay start-up
+            warm = asyncio.create_task(self._kbs.start(), name="kb-vectors")
+            warm.add_done_callback(_log_failure)
             await self._stop.wait()
         finally:
             await self._shutdown()
@@ -83,8 +89,9 @@ class Server:
         if interrupted:
             logger.warning("%d turn(s) were cut by a crash; kept as interrupted", interrupted)
         self._router = RouterClient(self.config)
-        self._engine = TurnEngine(self.config, self._history, self._router)
-        self._handlers = Handlers(self.config, self._history, self._router, self._engine)
+        self._kbs = KnowledgeBases(self.config, self._history, self._router)
+        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs)
+        self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -111,6 +118,8 @@ class Server:
                 await asyncio.wait(pending)  # they end before the history they use is closed
         for connection in list(self._connections):
             connection.close()
+        if self._kbs is not None:
+            await self._kbs.close()
         if self._router is not None:
             await self._router.aclose()
         if self._history is not None:
@@ -120,6 +129,11 @@ class Server:
             if not self._listener.owned:
                 self._listener.sock.close()
         logger.info("stopped")
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background start-up work failed", exc_info=task.exception())
 
 
 async def serve(config: Config) -> None:

@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
 from history import AsyncHistory, Conversation, NewAttachment, TurnStatus, parse_arguments
-from recall import Tool, ToolContext, default_toolbox, estimate_messages
+from kbinject import KnowledgeBases, injection_mode
+from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_messages
 
 from .config import Config
 from .connection import Emit
@@ -73,6 +74,7 @@ class TurnState:
     model: ModelInfo
     messages: list[dict[str, Any]]  # this turn's messages as stored, the question first
     question: dict[str, Any]  # the question as the router gets it (images inline)
+    kb: tuple[str, str]  # the question as typed and the kb_injection mode: what the KB search uses
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
@@ -103,12 +105,12 @@ class Slot:
 class TurnEngine:
     """Runs turns: at most one per conversation, any number across conversations."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient) -> None:
+    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
         self.config = config
         self.history = history
         self.router = router
-        self.context = ContextBuilder(config, history, router)
-        self.toolbox = default_toolbox()
+        self.context = ContextBuilder(config, history, router, kbs)
+        self.toolbox = Toolbox([*default_toolbox().tools, kbs.tool()])
         self._no_tools: set[str] = set()  # models whose server refused the tools parameter
         self._slots: dict[int, Slot] = {}
         self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
@@ -309,7 +311,9 @@ class TurnEngine:
     ) -> TurnState:
         question, stored = self._questions(text, prepared)
         cid, turn = await self._start_turn(conv, text, stored, model.id, prepared, chosen)
-        return TurnState(conversation=cid, turn=turn, model=model, messages=[stored], question=question)
+        mode = injection_mode(conv.settings if conv else None)
+        return TurnState(conversation=cid, turn=turn, model=model, messages=[stored], question=question,
+                         kb=(text, mode))
 
     async def _store_failed(
         self, conv: Conversation | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
@@ -362,11 +366,13 @@ class TurnEngine:
         def progress(stage: str, detail: str) -> None:
             emit({"type": "progress", **where, "stage": stage, "detail": detail})
 
-        prompt = await self.context.build(state.conversation, state.turn, state.model, [state.question], progress)
+        prompt = await self.context.build(
+            state.conversation, state.turn, state.model, [state.question], progress, state.kb
+        )
         state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=budget_chars(state.model.ctx_max, state.prompt_estimate),
+            max_chars=budget_chars(state.model.ctx_max, state.prompt_estimate), kb_injection=state.kb[1],
         )
         tools_work = state.model.tools and state.model.id not in self._no_tools
         offered = await self.toolbox.offer(ctx) if tools_work else []
@@ -381,7 +387,7 @@ class TurnEngine:
                 if round_no or state.reply:
                     raise
                 prompt = await self.context.build(
-                    state.conversation, state.turn, state.model, [state.question], progress, force=True
+                    state.conversation, state.turn, state.model, [state.question], progress, state.kb, force=True
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
             if not end.tool_calls or tools is None:

@@ -1,0 +1,210 @@
+"""Knowledge bases through the real socket: kb_add with progress, list, link, remove,
+auto-injection into the system prompt by mode, the 85% rule, the kb_search tool,
+embeddings served by the fake router for real, and a dead embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from daemon import Config
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from tests.samples import make_pdf
+from tests.wire import Wire, of_type
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    with FakeRouter(models=[*default_models(), FakeModel("fake-tiny", n_ctx=300)]) as fake:
+        fake.embed_dim = 256  # enough dimensions to tell passages apart
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def kwire(config: Config) -> AsyncIterator[Wire]:
+    """A daemon with an embedding model configured, and a connection to it."""
+    running = RunningDaemon(dataclasses.replace(config, embedding_model="fake-embed"))
+    await running.start()
+    wire = await running.connect()
+    yield wire
+    await wire.close()
+    await running.stop()
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> Path:
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "bees.md").write_text("# Bees\n\nHoney bees dance to tell the hive where flowers are.\n")
+    (folder / "sub" / "tides.txt").write_text("Tides rise twice a day because of the moon's pull.\n")
+    make_pdf(folder / "manual.pdf", ["The pump needs oil every spring.", "Replace the filter yearly."])
+    (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    return folder
+
+
+async def kb_add(wire: Wire, kb: str, *paths: Path | str) -> list[dict[str, Any]]:
+    rid = await wire.send({"type": "kb_add", "kb": kb, "paths": [str(p) for p in paths]})
+    return await wire.until(rid, ("kb", "error"))
+
+
+def system_of(router: FakeRouter) -> str:
+    return router.requests[-1]["messages"][0]["content"]
+
+
+async def test_kb_add_ingests_a_folder_with_progress(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    events = await kb_add(kwire, "notes", docs, docs.parent / "missing.txt")
+    progress = of_type(events, "progress")
+    assert progress and all(p["stage"] == "ingesting" and p["kb"] == "notes" for p in progress)
+    assert progress[-1]["done"] == progress[-1]["total"]
+    result = events[-1]
+    assert result["type"] == "kb" and result["kb"] == "notes"
+    assert result["documents"] == 3 and result["chunks"] >= 4  # the PDF has a chunk a page
+    assert [n["path"] for n in result["errors"]] == [str(docs.parent / "missing.txt")]
+    assert any(n["path"].endswith("photo.png") for n in result["skipped"])
+    assert result["embedded"] == result["chunks"] and router.embedding_requests
+    # adding again costs nothing
+    embedded_before = len(router.embedding_requests)
+    again = (await kb_add(kwire, "notes", docs))[-1]
+    assert again["unchanged"] == 3 and again["added"] == 0
+    assert len(router.embedding_requests) == embedded_before
+
+
+async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    listed = await kwire.request({"type": "kb_list"})
+    assert listed["type"] == "kbs" and [k["kb"] for k in listed["items"]] == ["notes"]
+    cid = (await kwire.ask("hello"))[0]["conversation"]
+    linked = await kwire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
+    assert linked["type"] == "kb" and linked["conversations"] == [cid] and linked["linked_all"] is False
+    everywhere = await kwire.request({"type": "kb_link", "kb": "notes"})
+    assert everywhere["linked_all"] is True
+    missing = await kwire.request({"type": "kb_link", "kb": "nope"})
+    assert missing["code"] == "not_found"
+    removed = await kwire.request({"type": "kb_remove", "kb": "notes"})
+    assert removed["type"] == "kb" and removed["kb"] == "notes"
+    assert (await kwire.request({"type": "kb_list"}))["items"] == []
+    assert (await kwire.request({"type": "kb_remove", "kb": "notes"}))["code"] == "not_found"
+
+
+async def test_auto_injection_puts_the_best_passages_in_the_system_prompt(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    events = await kwire.ask("why do honey bees dance?")
+    kb_progress = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
+    assert kb_progress and "notes" in kb_progress[0]["detail"]
+    system = system_of(router)
+    assert system.startswith(Config().system_prompt + "\n\n[Knowledge Base Context]")  # right after the prompt
+    assert "[Knowledge Base Context]" in system and "[End Knowledge Base Context]" in system
+    assert "Source: notes (chunk 1 of bees.md, similarity: " in system
+    assert "Honey bees dance" in system
+    assert "tools" not in router.requests[-1] or "kb_search" not in json.dumps(router.requests[-1]["tools"])
+
+
+@pytest.mark.parametrize("mode, block, tool", [("off", False, False), ("tool_only", False, True),
+                                                ("both", True, True), ("auto", True, False)])
+async def test_injection_modes(kwire: Wire, router: FakeRouter, docs: Path, mode: str, block: bool, tool: bool) -> None:
+    await kb_add(kwire, "notes", docs)
+    cid = (await kwire.ask("hello"))[0]["conversation"]
+    await kwire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
+    settings = await kwire.request({"type": "settings", "conversation": cid, "kb_injection": mode})
+    assert settings["settings"]["kb_injection"] == mode
+    await kwire.ask("when does the pump need oil?", conversation=cid)
+    assert ("[Knowledge Base Context]" in system_of(router)) is block
+    tools = [t["function"]["name"] for t in router.requests[-1].get("tools") or []]
+    assert ("kb_search" in tools) is tool
+
+
+async def test_a_kb_linked_to_one_conversation_stays_there(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    mine = (await kwire.ask("hello"))[0]["conversation"]
+    await kwire.request({"type": "kb_link", "kb": "notes", "conversation": mine})
+    await kwire.ask("why do bees dance?")  # a new conversation: not linked
+    assert "[Knowledge Base Context]" not in system_of(router)
+    await kwire.ask("why do bees dance?", conversation=mine)
+    assert "[Knowledge Base Context]" in system_of(router)
+
+
+async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    events = await kwire.ask("bees " * 180, model="fake-tiny")  # ~200 of 300 tokens before any passage
+    skipped = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
+    assert skipped and "skipped" in skipped[0]["detail"] and "85%" in skipped[0]["detail"]
+    assert "[Knowledge Base Context]" not in system_of(router)
+
+
+async def test_the_kb_search_tool(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    cid = (await kwire.ask("hello"))[0]["conversation"]
+    await kwire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
+    await kwire.request({"type": "settings", "conversation": cid, "kb_injection": "tool_only"})
+    router.script(Reply(tool_calls=[{"id": "k1", "name": "kb_search",
+                                     "arguments": json.dumps({"query": "filter replace", "max_results": 2})}]),
+                  Reply(text="Yearly."))
+    events = await kwire.ask("how often do I replace the filter?", conversation=cid)
+    [tool] = of_type(events, "tool")
+    assert tool["name"] == "kb_search" and tool["ok"] is True
+    found = json.loads([m for m in router.requests[-1]["messages"] if m["role"] == "tool"][0]["content"])
+    text = json.dumps(found)
+    assert "Replace the filter yearly." in text and "manual.pdf" in text and '"page": 2' in text
+
+
+async def test_a_dead_embedder_falls_back_to_keywords(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    router.embed_fail = True
+    events = await kwire.ask("why do honey bees dance?")
+    assert events[-1]["type"] == "done"
+    assert "Honey bees dance" in system_of(router)  # found by bm25 alone
+
+
+async def test_without_an_embedder_search_is_bm25(wire: Wire, router: FakeRouter, docs: Path) -> None:
+    result = (await kb_add(wire, "notes", docs))[-1]
+    assert result["embedded"] == 0 and router.embedding_requests == []
+    await wire.request({"type": "kb_link", "kb": "notes"})
+    await wire.ask("tides and the moon")
+    assert "Tides rise twice a day" in system_of(router)
+
+
+async def test_bad_kb_names_and_paths(kwire: Wire, tmp_path: Path) -> None:
+    bad = await kwire.request({"type": "kb_add", "kb": "", "paths": [str(tmp_path)]})
+    assert bad["code"] == "bad_request"
+    relative = (await kb_add(kwire, "notes", "relative/path"))[-1]
+    assert relative["type"] == "kb" and relative["errors"][0]["path"] == "relative/path"
+
+
+async def test_the_kb_commands(daemon: RunningDaemon, docs: Path) -> None:
+    async def cli(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "assistant.py"), *args, cwd=ROOT, env=dict(os.environ),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    code, out, err = await cli("kb", "add", "notes", str(docs))
+    assert code == 0, err
+    assert "notes: 3 documents" in out and "photo.png" in out
+    code, out, _ = await cli("kb", "link", "notes")
+    assert code == 0 and "notes" in out
+    code, out, _ = await cli("kb", "list")
+    assert "notes  3 documents" in out and "every conversation" in out
+    code, out, _ = await cli("kb", "remove", "notes")
+    assert code == 0
+    code, out, _ = await cli("kb", "list")
+    assert "no knowledge bases yet" in out
