@@ -331,6 +331,52 @@ async def _compaction(ctx: Context) -> None:
     expect(found["total"] >= 1, f"search after compaction: {found}")
 
 
+# -- knowledge bases (seed 000 §4) -------------------------------------------------------------
+
+
+async def _kb_add(ctx: Context, kb: str, folder: Path) -> dict:
+    rid = await ctx.wire.send({"type": "kb_add", "kb": kb, "paths": [str(folder)]})
+    events = await ctx.wire.until(rid, ("kb", "error"))
+    expect(events[-1]["type"] == "kb", f"kb_add: {events[-1]}")
+    expect(any(e["type"] == "progress" for e in events), "kb_add sent no progress")
+    return events[-1]
+
+
+@check("kb_add ingests a folder (text and PDF pages), embedding through /v1/embeddings")
+async def _kb_ingest(ctx: Context) -> None:
+    folder = ctx.scratch / "kb"
+    folder.mkdir()
+    (folder / "volcano.md").write_text("# Volcanoes\n\nMagma that reaches the surface is called lava.\n")
+    make_pdf(folder / "guide.pdf", ["Water boils at 100 degrees at sea level.", "Ice melts at zero."])
+    result = await _kb_add(ctx, "science", folder)
+    expect(result["documents"] == 2 and result["chunks"] >= 3, f"kb_add: {result}")
+    expect(bool(ctx.router.embedding_requests) and result["embedded"] == result["chunks"], f"embedded: {result}")
+
+
+@check("a linked KB is injected as [Knowledge Base Context] in the system prompt")
+async def _kb_inject(ctx: Context) -> None:
+    await ctx.wire.request({"type": "kb_link", "kb": "science"})
+    await ctx.wire.ask("what is lava?")
+    system = ctx.router.requests[-1]["messages"][0]["content"]
+    expect("[Knowledge Base Context]" in system and "Source: science (chunk" in system, f"system: {system[:300]}")
+    expect("Magma that reaches the surface" in system, "the right passage was not injected")
+
+
+@check("kb_injection modes: off injects nothing, tool_only offers kb_search instead")
+async def _kb_modes(ctx: Context) -> None:
+    cid = _user(await ctx.wire.ask("hello"))["conversation"]
+    await ctx.wire.request({"type": "settings", "conversation": cid, "kb_injection": "off"})
+    await ctx.wire.ask("what is lava?", conversation=cid)
+    expect("[Knowledge Base Context]" not in ctx.router.requests[-1]["messages"][0]["content"], "off still injected")
+    await ctx.wire.request({"type": "settings", "conversation": cid, "kb_injection": "tool_only"})
+    ctx.router.script(_call("kb_search", {"query": "boiling water"}), Reply(text="100 degrees"))
+    events = await ctx.wire.ask("when does water boil?", conversation=cid)
+    expect("[Knowledge Base Context]" not in ctx.router.requests[-1]["messages"][0]["content"], "tool_only injected")
+    tools = of_type(events, "tool")
+    expect(len(tools) == 1 and tools[0]["name"] == "kb_search" and tools[0]["ok"], f"tool: {tools}")
+    expect("Water boils at 100 degrees" in _tool_results(ctx)[-1], "kb_search did not find the passage")
+
+
 # -- the runner ---------------------------------------------------------------------------------
 
 
@@ -342,6 +388,7 @@ async def _run(verbose: bool) -> int:
         FakeModel("fake-small", ["text", "image"], n_ctx=1500),  # fills up in a few turns
     ]
     with tempfile.TemporaryDirectory(prefix="assistant-selfcheck-") as tmp, FakeRouter(models=models) as router:
+        router.embed_dim = 256  # enough dimensions to tell passages apart
         scratch = Path(tmp)
         env = {
             "HOME": tmp,
@@ -350,6 +397,7 @@ async def _run(verbose: bool) -> int:
             "ASSISTANT_DATA_DIR": str(scratch / "data"),
             "ASSISTANT_ROUTER_URL": router.url,
             "ASSISTANT_AUTO_TITLE": "false",
+            "ASSISTANT_EMBEDDING_MODEL": "fake-embed",
         }
         config = load_config(env)
         server = Server(config)

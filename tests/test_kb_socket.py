@@ -208,3 +208,13 @@ async def test_the_kb_commands(daemon: RunningDaemon, docs: Path) -> None:
     assert code == 0
     code, out, _ = await cli("kb", "list")
     assert "no knowledge bases yet" in out
+
+
+async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    router.embed_delay = 30.0  # the query's embedding would take half a minute
+    # the turn finishes long before that: the wait for the embedder is bounded (1.5 s)
+    events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
+    assert events[-1]["type"] == "done"
+    assert "Honey bees dance" in system_of(router)
