@@ -14,7 +14,6 @@ traceback goes to the log.  Every message says what the user can do.
     │   ├── TooManyFiles              too_many_files
     │   ├── UnsupportedKind           unsupported_kind
     │   └── NoVision                  no_vision
-    ├── NotSupported                  not_supported   a feature this daemon does not offer yet
     ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
@@ -34,7 +33,6 @@ __all__ = [
     "LineTooLong",
     "NoVision",
     "NotFound",
-    "NotSupported",
     "RouterContextOverflow",
     "RouterError",
     "RouterUnreachable",
@@ -108,12 +106,6 @@ class NoVision(FileRefused):
     """Images for a model that cannot see them."""
 
     code = "no_vision"
-
-
-class NotSupported(AssistantError):
-    """A feature that this version of the daemon does not offer."""
-
-    code = "not_supported"
 
 
 class ContextOverflow(AssistantError):

@@ -19,7 +19,7 @@ from recall import estimate_text
 from . import __version__
 from .config import Config
 from .connection import Emit
-from .errors import AssistantError, BadRequest, NotFound, NotSupported, RouterError, RouterUnreachable
+from .errors import AssistantError, BadRequest, NotFound, RouterError, RouterUnreachable
 from .protocol import Request
 from .router import RouterClient
 from .turns import TurnEngine
@@ -47,10 +47,7 @@ class Handlers:
         self.started = time.monotonic()
 
     async def __call__(self, request: Request, emit: Emit) -> None:
-        handler = getattr(self, "on_" + request.type, None)
-        if handler is None:
-            raise NotSupported(f"{request.type!r} is not available in this version of the daemon")
-        await handler(request, emit)
+        await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
         await self.engine.ask(request, emit)

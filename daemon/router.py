@@ -275,14 +275,16 @@ class RouterClient:
         # An empty list (a server still loading) is asked again next time rather than cached.
         self._fetched_at = time.monotonic() if models else None
         logger.debug("router lists %d models: %s", len(models), ", ".join(m.id for m in models))
-        if len(models) == 1 and models[0].id in missing:
+        if len(models) == 1:
+            # a lone model is a plain llama-server (or alike): /props is cheap and also says
+            # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0])
 
     async def _probe(self, info: ModelInfo) -> ModelInfo:
         """Fill what the model entry lacked from /props; a router without /props leaves defaults."""
         props = await self._props(info.id)
         # Only now: a probe cancelled by an impatient caller is tried again by the next one.
-        missing = self._missing.pop(info.id)
+        missing = self._missing.pop(info.id, _Missing(False, False))
         modalities, ctx, tools = _props_facts(props)
         better = ModelInfo(
             info.id,

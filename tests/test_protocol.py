@@ -450,3 +450,10 @@ async def test_asks_still_starting_at_shutdown_are_told(config: Config) -> None:
         events = await wire.until(rid)
         await wire.close()
     assert events[-1]["type"] == "error" and events[-1]["code"] == "shutting_down"
+
+
+async def test_every_request_type_has_a_handler() -> None:
+    from daemon.handlers import Handlers
+    from daemon.protocol import REQUESTS
+
+    assert all(callable(getattr(Handlers, "on_" + kind, None)) for kind in REQUESTS)
