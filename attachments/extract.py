@@ -55,6 +55,7 @@ __all__ = [
     "Prepared",
     "estimate_files",
     "prepare_files",
+    "read_text_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
     return staged
 
 
-def _read_text(path: str) -> tuple[str, bool, str | None]:
+def read_text_file(path: str) -> tuple[str, bool, str | None]:
     """Up to ``FULL_TEXT_CAP`` characters of a text file, whether that is all of it, and its hash if so.
 
     Blocking; runs in a worker thread.  Reads ``TEXT_READ_CHUNK`` bytes at a time
@@ -209,7 +210,7 @@ def _read_text(path: str) -> tuple[str, bool, str | None]:
 
 async def _extract_text(item: _Staged) -> _Extracted:
     """A text file's extraction."""
-    text, complete, sha256 = await asyncio.to_thread(_read_text, item.path)
+    text, complete, sha256 = await asyncio.to_thread(read_text_file, item.path)
     if complete:
         return _Extracted(text, text_weight(text), text, sha256, len(text), "characters")
     # the budget never reaches past the cap, and the header gives the size in bytes

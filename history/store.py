@@ -148,15 +148,9 @@ INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, 
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
-# A turn without any reply (an error before the first word) is left out of prompts:
-# a question without an answer would break the roles' alternation.
-SELECT_ANSWERED_MESSAGES = """
-SELECT t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
-WHERE t.conversation_id = ? AND t.turn < ? AND t.reply != '' AND c.deleted_at IS NULL
-ORDER BY t.turn
-"""
-
-# The same, numbered, from after a compaction's last turn: what a compacted prompt replays.
+# What a prompt replays: the turns after a compaction's last one that got a reply. A turn
+# without any (an error before the first word) is left out: a question without an answer
+# would break the alternation of roles many chat templates require.
 SELECT_ANSWERED_TURNS = """
 SELECT t.turn, t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
 WHERE t.conversation_id = ? AND t.turn > ? AND t.turn < ? AND t.reply != ''
@@ -459,15 +453,6 @@ class HistoryStore:
     def turns(self, cid: int) -> list[Turn]:
         """Every turn of a live conversation, in order ([] if missing or deleted)."""
         return [Turn.from_row(row) for row in self._conn.execute(SELECT_TURNS, (cid,))]
-
-    def answered_messages(self, cid: int, before: int) -> list[list[dict[str, Any]]]:
-        """The messages of each turn before ``before`` that got a reply, in order.
-
-        What a prompt replays: only the one column, so a long conversation costs one
-        cheap read per turn instead of whole rows.
-        """
-        rows = self._conn.execute(SELECT_ANSWERED_MESSAGES, (cid, before))
-        return [load_messages(raw) for (raw,) in rows]
 
     def answered_turns(
         self, cid: int, before: int, after: int = 0

@@ -26,7 +26,7 @@ from typing import Any
 
 from attachments import pdf
 from attachments.classify import Kind, classify
-from attachments.extract import _read_text as read_text_file
+from attachments.extract import read_text_file
 from attachments.files import check_path, read_head, sha256_file
 from history import NewKbDocument
 

@@ -735,22 +735,6 @@ def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) 
     assert store.attachment(conv.id, listed[0].id) is None
 
 
-def test_answered_messages_leave_out_unanswered_and_later_turns(store: HistoryStore) -> None:
-    first = ask(store, None, "one", "first answer")
-    cid = first.conversation_id
-    _, failed = store.start_turn(cid, "two", [user("two")], [], None)
-    store.finish_turn(cid, failed.turn, messages=[user("two")], reply="", status="error", error="boom")
-    ask(store, cid, "three", "third answer")
-    got = store.answered_messages(cid, 4)
-    assert [m[0]["content"] for m in got] == ["one", "three"]
-    assert store.answered_messages(cid, 3) == [got[0]]
-    store.delete_conversation(cid)
-    assert store.answered_messages(cid, 4) == []
-
-
-# -- index upkeep and the fast ranking (history/search.py) -------------------------------
-
-
 def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_path: Path) -> None:
     conversation, _ = store.start_turn(None, "q", [user("first question")], [], None)
     cid = conversation.id
