@@ -38,7 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import START_TIMEOUT, STOP_TIMEOUT, _die_with_parent, header, temp_dir, terminate_on_sigterm, verdict
+from benchlib import (
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    _die_with_parent,
+    header,
+    temp_dir,
+    terminate_on_sigterm,
+    verdict,
+    vocabulary,
+)
 
 from daemon import Config
 from daemon.router import RouterClient
@@ -63,20 +72,6 @@ PAGE_LINES, LINE_CHARS = 40, 78
 TARGET_HYBRID_P95 = 20.0  # ms
 TARGET_RSS_MB = 300.0
 
-COMMON_WORDS = """
-the of and to a in is you that it for be on with as this are i can or not have was but by
-at your from if an will we do use they all one so more what there which when would about
-my like out up has their other also how some time just then them these into only any new
-make first file code need get data may than its should no been see could because set here
-where way each example function value system work used two over most well now run very
-after even our back call much model user want help same test key text good error still
-list line write change number read name case type both many while another different point
-part between return output
-""".split()
-SYLLABLES = (
-    "ka to ri mon lex ter sa ven dor pi lu ston ber qua ne fal gri mo tas el wen zu ca ro "
-    "tin vel shi par dex om"
-).split()
 QUESTION_FORMS = ("how does the {} work with {}", "what is {} for", "why would {} fail when {}",
                   "where can i find the {} about {}", "explain {} and {}")
 
@@ -84,16 +79,8 @@ QUESTION_FORMS = ("how does the {} work with {}", "what is {} for", "why would {
 # -- the corpus ----------------------------------------------------------------------------
 
 
-def vocabulary() -> list[str]:
-    rng = random.Random(SEED)
-    words = list(dict.fromkeys(COMMON_WORDS))
-    seen = set(words)
-    while len(words) < VOCABULARY_SIZE:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4)))
-        if word not in seen:
-            seen.add(word)
-            words.append(word)
-    return words
+def kb_vocabulary() -> list[str]:
+    return vocabulary(random.Random(SEED), VOCABULARY_SIZE)
 
 
 def probabilities() -> np.ndarray:
@@ -125,7 +112,7 @@ def write_corpus(path: Path, chunks: int, dim: int) -> None:
     with HistoryStore(partial) as store:
         kb, _ = store.kb.ensure(KB_NAME)
     rng = np.random.default_rng(SEED)
-    words = np.array(vocabulary(), dtype=object)
+    words = np.array(kb_vocabulary(), dtype=object)
     p = probabilities()
     lo, _ = kb_chunk_range(kb.id)
     per_document = chunks // DOCUMENTS
@@ -189,7 +176,7 @@ def ensure_corpus(chunks: int, dim: int, rebuild: bool) -> Path:
 
 def make_queries(count: int) -> list[str]:
     rng = random.Random(SEED + 2)
-    words = vocabulary()
+    words = kb_vocabulary()
     queries = []
     for _ in range(count):
         if rng.random() < QUESTION_SHARE:
@@ -335,7 +322,7 @@ def make_pdfs(folder: Path, pdfs: int, pages: int) -> None:
     from tests.samples import make_pdf
 
     rng = random.Random(SEED + 3)
-    words = vocabulary()[:5_000]
+    words = kb_vocabulary()[:5_000]
     cumulative = list(np.cumsum(probabilities()[:5_000]))
     folder.mkdir(parents=True)
     for n in range(pdfs):

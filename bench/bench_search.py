@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from benchlib import header, temp_dir, terminate_on_sigterm, verdict
+from benchlib import header, temp_dir, terminate_on_sigterm, verdict, vocabulary
 
 from history import HistoryStore, SearchHit, conversation_rowid_range, message_rowid, quote_fts
 
@@ -73,21 +73,6 @@ TARGET_CONVERSATION_MAX = 50.0
 TARGET_ALL_P95 = 20.0
 TARGET_TURNS_PER_SECOND = 1_000.0
 
-# Function words in rough order of English frequency, then filler made of syllables.
-COMMON_WORDS = """
-the of and to a in is you that it for be on with as this are i can or not have was but by
-at your from if an will we do use they all one so more what there which when would about
-my like out up has their other also how some time just then them these into only any new
-make first file code need get data may than its should no been see could because set here
-where way each example function value system work used two over most well now run very
-after even our back call much model user want help same test key text good error still
-list line write change number read name case type both many while another different point
-part between return output
-""".split()
-SYLLABLES = (
-    "ka to ri mon lex ter sa ven dor pi lu ston ber qua ne fal gri mo tas el wen zu ca ro "
-    "tin vel shi par dex om"
-).split()
 
 
 @dataclass(frozen=True)
@@ -107,20 +92,9 @@ class Query:
     role: str | None
 
 
-def vocabulary(rng: random.Random) -> list[str]:
-    words = list(dict.fromkeys(COMMON_WORDS))
-    seen = set(words)
-    while len(words) < VOCABULARY_SIZE:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4)))
-        if word not in seen:
-            seen.add(word)
-            words.append(word)
-    return words
-
-
 def make_corpus(messages: int, conversations: int) -> Corpus:
     rng = random.Random(SEED)
-    words = vocabulary(rng)
+    words = vocabulary(rng, VOCABULARY_SIZE)
     ranks = np.arange(1, len(words) + 1, dtype=float)
     probabilities = 1.0 / ranks**ZIPF_S
     probabilities /= probabilities.sum()

@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import platform
+import random
 import selectors
 import shlex
 import shutil
@@ -441,3 +442,34 @@ def write_history(
             assert cid is not None
             out[cid] = messages
     return out
+
+
+# -- made-up text for the search benchmarks -------------------------------------------------
+
+# Function words in rough order of English frequency, then filler made of syllables.
+COMMON_WORDS = """
+the of and to a in is you that it for be on with as this are i can or not have was but by
+at your from if an will we do use they all one so more what there which when would about
+my like out up has their other also how some time just then them these into only any new
+make first file code need get data may than its should no been see could because set here
+where way each example function value system work used two over most well now run very
+after even our back call much model user want help same test key text good error still
+list line write change number read name case type both many while another different point
+part between return output
+""".split()
+SYLLABLES = (
+    "ka to ri mon lex ter sa ven dor pi lu ston ber qua ne fal gri mo tas el wen zu ca ro "
+    "tin vel shi par dex om"
+).split()
+
+
+def vocabulary(rng: random.Random, size: int) -> list[str]:
+    """``size`` words: the common ones first (for a Zipf-like draw), then made-up ones."""
+    words = list(dict.fromkeys(COMMON_WORDS))
+    seen = set(words)
+    while len(words) < size:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4)))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return words
