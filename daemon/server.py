@@ -41,6 +41,7 @@ class Server:
         self._stop = asyncio.Event()
         self._connections: set[Connection] = set()
         self._requests: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()  # start-up work after readiness
         self._listener: Listener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._history: AsyncHistory | None = None
@@ -70,8 +71,10 @@ class Server:
             self.ready.set()
             assert self._kbs is not None
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
-            warm = asyncio.create_task(self._kbs.start(), name="kb-vectors")
-            warm.add_done_callback(_log_failure)
+            for work in (self._kbs.start(), self._check_router()):
+                task = asyncio.create_task(work)
+                task.add_done_callback(_log_failure)
+                self._background.add(task)
             await self._stop.wait()
         finally:
             await self._shutdown()
@@ -94,6 +97,15 @@ class Server:
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
 
+    async def _check_router(self) -> None:
+        """Say at once when the model server is not there: the first question would fail."""
+        assert self._router is not None
+        if not await self._router.reachable():
+            logger.warning(
+                "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",
+                self.config.router_url,
+            )
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._handlers is not None
         connection = Connection(reader, writer, self._handlers, self._requests)
@@ -107,6 +119,8 @@ class Server:
         sd_notify("STOPPING=1")
         if self._server is not None:
             self._server.close()  # stop accepting; open connections stay for the turns' last events
+        for task in self._background:
+            task.cancel()
         if self._engine is not None:
             await self._engine.shutdown(self.config.shutdown_grace)
         if self._requests:
