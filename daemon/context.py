@@ -49,14 +49,36 @@ def router_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop assistant tool calls whose results never came (a turn cut mid-tool)."""
+    """A stored turn as it can be replayed, ending with an answer of the model's.
+
+    Tool calls whose results never came (a turn cut mid-tool) are dropped with any
+    results of theirs, but the text said with them stays; so is an exchange of calls
+    the model never answered. A turn left without any answer replays as nothing, so
+    two user messages never follow each other.
+    """
     answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    dropped: set[Any] = set()
     kept = []
     for message in messages:
         calls = message.get("tool_calls")
         if calls and not all(c.get("id") in answered for c in calls):
+            dropped.update(c.get("id") for c in calls)
+            if message.get("content"):
+                kept.append({k: v for k, v in message.items() if k != "tool_calls"})
+            continue
+        if message.get("role") == "tool" and message.get("tool_call_id") in dropped:
             continue
         kept.append(message)
+    # a turn cut after its tool results but before the model answered them: the calls'
+    # exchange is left out (results not followed by an answer break some templates)
+    while kept and kept[-1].get("role") == "tool":
+        kept.pop()
+    if kept and kept[-1].get("tool_calls"):
+        last = kept.pop()
+        if last.get("content"):
+            kept.append({k: v for k, v in last.items() if k != "tool_calls"})
+    if kept and kept[-1].get("role") != "assistant":
+        return []
     return kept
 
 
@@ -113,7 +135,8 @@ class ContextBuilder:
 
         prompt = assemble()
         needed = estimate_messages(prompt, image_tokens)
-        block = await self._knowledge(cid, kb, needed, model.ctx_max, progress)
+        # after an overflow the estimate has proved low: no passages this time
+        block = None if force else await self._knowledge(cid, kb, needed, model.ctx_max, progress)
         if block:
             parts.insert(1 if self.config.system_prompt else 0, block)  # right after the system prompt
             prompt = assemble()

@@ -13,7 +13,7 @@ from typing import Any
 
 from attachments import estimate_files
 from history import AsyncHistory, Conversation, HistoryStore, SearchHit
-from kbinject import KbProgress, KnowledgeBases
+from kbinject import KbProgress, KnowledgeBases, kb_name
 from recall import estimate_text
 
 from . import __version__
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 20
+MAX_SEARCH_WORDS = 32  # each word costs a look-up of its frequency: a pasted page must not
 CTX_LOOKUP_SECONDS = 2.0  # ``open``/``status`` show 0/null rather than wait on a slow router
 
 
@@ -154,6 +155,8 @@ class Handlers:
         limit: int = request.get("limit", DEFAULT_SEARCH_LIMIT)
         if not query.strip():
             raise BadRequest("search needs words in 'query'")
+        if len(query.split()) > MAX_SEARCH_WORDS:
+            raise BadRequest(f"search takes at most {MAX_SEARCH_WORDS} words; keep the ones that matter")
         if cid is not None:
             await self._conversation(cid)
 
@@ -167,7 +170,7 @@ class Handlers:
 
     async def on_kb_add(self, request: Request, emit: Emit) -> None:
         """Ingest files and folders into a knowledge base, reporting progress as it goes."""
-        kb: str = request.get("kb")
+        kb = kb_name(request.get("kb"))
 
         def progress(step: KbProgress) -> None:
             emit({"type": "progress", "kb": kb, **step.to_json()})

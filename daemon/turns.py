@@ -380,7 +380,7 @@ class TurnEngine:
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
             if offered and tools is None:
-                prompt.append({"role": "user", "content": LAST_ROUND_NOTE})
+                add_user_note(prompt, LAST_ROUND_NOTE)
             try:
                 end = await self._stream_round(state, prompt, tools, emit)
             except RouterContextOverflow:
@@ -554,6 +554,17 @@ class TurnEngine:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task failed", exc_info=task.exception())
+
+
+def add_user_note(prompt: list[dict[str, Any]], note: str) -> None:
+    """Tell the model ``note`` as the user, joining a user message already last (never two in a row)."""
+    last = prompt[-1]
+    if last.get("role") != "user":
+        prompt.append({"role": "user", "content": note})
+    elif isinstance(last["content"], list):
+        last["content"] = [*last["content"], {"type": "text", "text": note}]
+    else:
+        last["content"] = f"{last['content']}\n\n{note}"
 
 
 def display_name(model: str) -> str:

@@ -373,9 +373,9 @@ class KnowledgeStore:
                 return None
             if cid is None:
                 self._conn.execute(SET_LINKED_ALL, (int(linked), kb.id))
+            elif self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+                raise LookupError(f"conversation {cid} not found")
             elif linked:
-                if self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
-                    raise LookupError(f"conversation {cid} not found")
                 self._conn.execute(INSERT_LINK, (kb.id, cid, self._now()))
             else:
                 self._conn.execute(DELETE_LINK, (kb.id, cid))

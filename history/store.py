@@ -173,8 +173,10 @@ SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_cod
     prompt_tokens = ?, completion_tokens = ?, updated_at = ?
 WHERE conversation_id = ? AND turn = ?
 """
-INTERRUPT_RUNNING = """
-UPDATE turns SET status = 'interrupted', updated_at = ? WHERE status = 'running'
+SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"
+INTERRUPT_TURN = """
+UPDATE turns SET status = 'interrupted', messages = ?, updated_at = ?
+WHERE conversation_id = ? AND turn = ?
 """
 
 INSERT_COMPACTION = """
@@ -472,10 +474,21 @@ class HistoryStore:
     def interrupt_running(self) -> int:
         """Mark turns a crash left running as interrupted; how many there were.
 
-        Their question and last checkpointed reply stay as they are.
+        Their question and last checkpointed reply stay; the reply becomes the turn's
+        assistant message when the crash came before it was written as one.
         """
         with self._transaction():
-            count = self._conn.execute(INTERRUPT_RUNNING, (self._now(),)).rowcount
+            running = self._conn.execute(SELECT_RUNNING).fetchall()
+            now = self._now()
+            for cid, turn, raw, reply in running:
+                messages = load_messages(raw)
+                if reply and messages and messages[-1].get("role") != "assistant":
+                    # checkpoints save only the reply: give it its message, so a replay of
+                    # this turn keeps the roles alternating and the words the user saw
+                    messages.append({"role": "assistant", "content": reply})
+                    index_turn(self._conn, cid, turn, messages)
+                self._conn.execute(INTERRUPT_TURN, (_dumps(messages), now, cid, turn))
+            count = len(running)
         if count:
             logger.info("history: %d turn(s) left running were marked interrupted", count)
         return count

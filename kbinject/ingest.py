@@ -18,19 +18,21 @@ a document cut there is marked ``truncated``). Images are not indexed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from attachments import pdf
 from attachments.classify import Kind, classify
 from attachments.extract import read_text_file
-from attachments.files import check_path, read_head, sha256_file
+from attachments.files import check_path, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
-from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
+from .chunking import MARKDOWN_SUFFIXES, Chunk, chunk_pages, chunk_text
 
 __all__ = [
     "MAX_FILES_PER_ADD",
@@ -43,6 +45,12 @@ __all__ = [
     "read_document",
     "stage",
 ]
+
+WHOLE_HASH_BYTES = 16 * 1024 * 1024  # files up to this are hashed whole
+EDGE_BYTES = 1024 * 1024  # a larger file is fingerprinted by its size, head and tail
+INGEST_THREADS = 2  # its own threads: ingest never starves the turns' file work
+_INGEST_POOL = ThreadPoolExecutor(max_workers=INGEST_THREADS, thread_name_prefix="kb-ingest")
+T = TypeVar("T")
 
 MAX_FILES_PER_ADD = 50_000  # a slip (adding ~ instead of ~/notes) stops here, reported
 SKIPPED_DIR_NAMES = frozenset({"node_modules", "__pycache__", "site-packages"})
@@ -121,6 +129,10 @@ class _Walk:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
+            if not _is_text(entry.path):
+                shown = entry.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                self.out.skipped.append(FileNote(shown, "a name that is not UTF-8; rename the file to index it"))
+                continue
             try:
                 info = entry.stat()  # follows a symlink
             except OSError:
@@ -135,6 +147,15 @@ class _Walk:
             elif stat.S_ISREG(info.st_mode):
                 self.file(entry.path, info)
         return subfolders
+
+
+def _is_text(path: str) -> bool:
+    """Whether a path is valid text (a name of bytes that are not UTF-8 cannot be stored or shown)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_root(path: object) -> str:
@@ -193,14 +214,39 @@ def stage(found: Found) -> Staged:
     return Staged(found.path, name, kind, info.st_size, info.st_mtime_ns)
 
 
-def file_hash(path: str) -> str:
-    """The SHA-256 of a file (blocking); raises FileRefused."""
-    return sha256_file(path)
+def file_hash(path: str, size: int) -> str:
+    """A SHA-256 that changes with the file (blocking); raises FileRefused.
+
+    Up to WHOLE_HASH_BYTES the whole file is hashed; a larger one (of which only the
+    first 2 Mi characters are indexed anyway) by its size and its first and last
+    megabyte, so re-adding a 10 GB log costs milliseconds, not minutes.
+    """
+    if size <= WHOLE_HASH_BYTES:
+        return sha256_file(path)
+    digest = hashlib.sha256(f"{size}:".encode())
+    with open_regular(path) as handle:
+        digest.update(handle.read(EDGE_BYTES))
+        handle.seek(max(size - EDGE_BYTES, 0))
+        digest.update(handle.read(EDGE_BYTES))
+    return digest.hexdigest()
+
+
+async def in_ingest_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ingest work on the ingest threads, never the default pool: a big
+    ingest must not hold up the turns' own file work (attachments, image checks)."""
+    return await asyncio.get_running_loop().run_in_executor(_INGEST_POOL, fn, *args)
 
 
 def _suffix(name: str) -> str:
     stem, ext = os.path.splitext(name)
     return ext[1:].lower() if stem else ""
+
+
+def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
+    """A text file's chunks and whether it was read whole (blocking: chunking a 2 Mi-
+    character file takes a good part of a second, which the event loop must not wait)."""
+    body, complete, _ = read_text_file(path)
+    return chunk_text(body, markdown=markdown), complete
 
 
 async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
@@ -211,8 +257,8 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:
-        body, complete, _ = await asyncio.to_thread(read_text_file, staged.path)
-        chunks = chunk_text(body, markdown=_suffix(staged.name) in MARKDOWN_SUFFIXES)
+        markdown = _suffix(staged.name) in MARKDOWN_SUFFIXES
+        chunks, complete = await in_ingest_thread(_read_and_chunk, staged.path, markdown)
         pages, truncated = None, not complete
     return NewKbDocument(
         path=staged.path,

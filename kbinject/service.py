@@ -36,7 +36,7 @@ from daemon.router import RouterClient
 from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument, kb_chunk_range
 
 from .embedder import BATCH_SIZE, QUERY_TIMEOUT, Embedder, EmbedderFailed, Vector
-from .ingest import Collected, FileNote, Found, Staged, collect, file_hash, read_document, stage
+from .ingest import Collected, FileNote, Found, Staged, collect, file_hash, in_ingest_thread, read_document, stage
 from .injection import (
     CONTEXT_LIMIT,
     INJECTING_MODES,
@@ -246,7 +246,7 @@ class KnowledgeBases:
                 while await self.history.run(lambda s: s.kb.delete_chunks(found.id, REMOVE_BATCH)):
                     pass
                 removed = await self.history.run(lambda s: s.kb.remove(name))
-        self._kb_locks.pop(name, None)
+        # the lock stays (a few bytes): an add waiting on it must not run beside a new one
         return KbInfo.from_record(removed or found)
 
     async def link(self, kb: str, conversation: int | None, linked: bool = True) -> KbInfo:
@@ -289,7 +289,7 @@ class KnowledgeBases:
         async with self._lock(name):
             record, _ = await self.history.run(lambda s: s.kb.ensure(name))
             result = AddResult(kb=name)
-            found = await asyncio.to_thread(collect, list(paths))
+            found = await in_ingest_thread(collect, list(paths))
             result.errors += found.errors
             result.skipped += found.skipped
             report = _Throttle(progress)
@@ -335,14 +335,14 @@ class KnowledgeBases:
     async def _read_one(self, kb_id: int, file: Found, known: KbDocument | None, result: AddResult) -> None:
         """Index one file, or note why not; a file the user can fix is noted, not raised."""
         try:
-            staged = await asyncio.to_thread(stage, file)
+            staged = await in_ingest_thread(stage, file)
             if staged.kind == "image":
                 result.skipped.append(FileNote(file.path, "an image: knowledge bases index text and PDF only"))
                 return
             if known is not None and (known.size_bytes, known.mtime_ns) == (staged.size, staged.mtime_ns):
                 result.unchanged += 1
                 return
-            sha256 = await asyncio.to_thread(file_hash, file.path)
+            sha256 = await in_ingest_thread(file_hash, file.path, staged.size)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
                 await self.history.run(lambda s: s.kb.set_mtime(known.id, staged.mtime_ns))
@@ -392,7 +392,7 @@ class KnowledgeBases:
         seen = {file.path for file in found.files}
         prefixes = tuple(folder.rstrip("/") + "/" for folder in found.folders)
         candidates = [path for path in known if path not in seen and path.startswith(prefixes)] if prefixes else []
-        gone = [path for path in await asyncio.to_thread(_missing, candidates)]
+        gone = await in_ingest_thread(_missing, candidates)
         if gone:
             await self._remove_documents(kb_id, gone)
             result.removed += len(gone)

@@ -867,3 +867,19 @@ def test_store_migrates_and_exposes_the_kb_tables(tmp_path: Path) -> None:
         assert store.kb.ensure("Notes") == (kb, False)
         assert store.kb.search('"anything"', None, 5) == []
         assert store.kb.linked(12345) == []
+
+
+def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
+    from kbinject.ingest import WHOLE_HASH_BYTES, file_hash
+
+    big = tmp_path / "big.log"
+    with big.open("wb") as fh:
+        fh.write(b"head of the log\n")
+        fh.truncate(WHOLE_HASH_BYTES * 64)  # 1 GiB, sparse
+    size = big.stat().st_size
+    first = file_hash(str(big), size)
+    assert first == file_hash(str(big), size)
+    with big.open("r+b") as fh:
+        fh.seek(size - 10)
+        fh.write(b"new tail\n!")
+    assert file_hash(str(big), size) != first  # a changed tail is a changed file

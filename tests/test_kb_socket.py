@@ -218,3 +218,20 @@ async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: Fake
     events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
     assert events[-1]["type"] == "done"
     assert "Honey bees dance" in system_of(router)
+
+
+async def test_kb_edges(kwire: Wire, router: FakeRouter, docs: Path, tmp_path: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    unlink = await kwire.request({"type": "kb_link", "kb": "notes", "conversation": 4242, "linked": False})
+    assert unlink["code"] == "not_found"
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "fine.txt").write_text("plain name")
+    (odd / os.fsdecode(b"caf\xe9.txt")).write_text("a name in Latin-1")
+    result = (await kb_add(kwire, "odd", odd))[-1]
+    assert result["type"] == "kb" and result["documents"] == 1
+    assert any("not UTF-8" in note["reason"] for note in result["skipped"])
+    padded = await kb_add(kwire, "  notes  ", docs)
+    assert all(e["kb"] == "notes" for e in padded)
+    many = await kwire.request({"type": "search", "query": "word " * 40})
+    assert many["code"] == "bad_request"

@@ -335,3 +335,37 @@ async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: Fa
     assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 1500-token context
     sizes = [len(m["content"]) for m in tool_messages(router.requests[-1])]
     assert len(sizes) == 3 and max(sizes) - min(sizes) < 50
+
+
+async def test_a_cancel_during_a_tool_call_replays_as_the_text_said(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    slow_tool = Reply(chunks=["Let me check."],
+                      tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "first"}'}])
+    router.script(slow_tool, Reply(chunks=["never"], hang=True))
+    rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
+    try:
+        await asyncio.wait_for(wire.until(rid, ("tool",)), 5)
+    except TimeoutError:
+        raise AssertionError([e for e in wire.events if e.get("id") == rid])
+    await wire.request({"type": "cancel", "conversation": cid})
+    await wire.until(rid)
+    await wire.ask("third", conversation=cid)
+    roles = [m["role"] for m in router.requests[-1]["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert router.requests[-1]["messages"][4]["content"] == "Let me check."
+
+
+async def test_replayed_turns_always_end_with_an_answer() -> None:
+    from daemon.context import complete_exchanges
+
+    question = {"role": "user", "content": "q"}
+    calls = {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]}
+    result = {"role": "tool", "tool_call_id": "a", "content": "r"}
+    answer = {"role": "assistant", "content": "done"}
+    assert complete_exchanges([question, calls, result, answer]) == [question, calls, result, answer]
+    assert complete_exchanges([question, calls]) == []  # cut before any answer: nothing to replay
+    assert complete_exchanges([question, calls, result]) == []
+    said = {**calls, "content": "Let me see."}
+    assert complete_exchanges([question, said, result]) == [question, {"role": "assistant", "content": "Let me see."}]
