@@ -194,6 +194,11 @@ async def test_a_crash_keeps_the_question_and_checkpointed_reply(
     assert turn["text"] == "will you crash?"
     assert turn["status"] == "interrupted"
     assert turn["reply"] == "before the crash"
+    # the next question replays the cut turn with the words the user saw, roles alternating
+    await wire.ask("and now?", conversation=cid)
+    sent = router.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[2]["content"] == "before the crash"
     await wire.close()
 
 
