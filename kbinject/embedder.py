@@ -48,6 +48,7 @@ Vector = npt.NDArray[np.float32]
 QUERY_TIMEOUT = 1.5  # seconds a turn waits for its query's embedding before using bm25 alone
 QUERY_CACHE_SIZE = 256  # recent query embeddings kept (a retried or repeated question is free)
 QUERY_CHARS = 2_000  # a longer question is embedded from its start (the server's input limit)
+NO_EMBEDDINGS_STATUSES = (404, 405, 501)  # a server without an embeddings endpoint
 RETRY_AFTER = 30.0  # seconds without query embeddings after one failed or timed out
 BATCH_SIZE = 32  # chunks per embedding request when ingesting
 BATCH_TIMEOUT = 120.0  # seconds one ingest request may take (a CPU server on a big batch)
@@ -88,6 +89,8 @@ class Embedder:
         except RouterUnreachable as exc:
             raise EmbedderFailed(exc.message) from exc
         except RouterError as exc:
+            if exc.status in NO_EMBEDDINGS_STATUSES:  # no such endpoint: splitting cannot help
+                raise EmbedderFailed(f"{exc.message} (or set embedding_url to a server that embeds)") from exc
             self._failures += 1
             if self._failures >= MAX_FAILED_REQUESTS:
                 raise EmbedderFailed(exc.message) from exc

@@ -59,6 +59,7 @@ CHARS_PER_TOKEN = 4
 ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
 
 
+EMBED_MAX_TOKENS = 512  # llama-server refuses a longer embedding input (HTTP 500)
 STREAM_LINGER = 0.02  # seconds a connection stays open after a stream, as llama-server's does
 
 
@@ -166,6 +167,7 @@ class FakeRouter:
         self.embed_dim = EMBED_DIM
         self.embed_delay = 0.0
         self.embed_fail = False
+        self.embeddings = True  # False: answer /v1/embeddings as llama-server without --embeddings
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.requests: list[dict[str, Any]] = []
         self.embedding_requests: list[dict[str, Any]] = []
@@ -280,6 +282,7 @@ class FakeRouter:
             self._complete_queue.clear()
             self.embed_delay = 0.0
             self.embed_fail = False
+            self.embeddings = True
             self.props_delay = 0.0
 
     def _note_disconnect(self) -> None:
@@ -530,7 +533,16 @@ class FakeRouter:
             await asyncio.sleep(delay)
         if fail:
             return await _send(writer, 500, _error_body(500, "fake embedder failure", "server_error"), request)
+        if not self.embeddings:
+            # llama-server started without --embeddings
+            message = "This server does not support embeddings. Start it with `--embeddings`"
+            return await _send(writer, 501, _error_body(501, message, "not_supported_error"), request)
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        too_long = max((_rough_tokens({"messages": [{"content": str(t)}]}) for t in texts), default=0)
+        if too_long > EMBED_MAX_TOKENS:
+            # llama-server's physical batch (-ub 512) bounds one input
+            message = f"input ({too_long} tokens) is too large to process. increase the physical batch size"
+            return await _send(writer, 500, _error_body(500, message, "server_error"), request)
         data = [{"object": "embedding", "index": i, "embedding": fake_embedding(str(t), dim)} for i, t in enumerate(texts)]
         tokens = sum(len(str(t).split()) for t in texts)
         # Reversed on purpose: the OpenAI API promises order only through "index".

@@ -235,3 +235,24 @@ async def test_kb_edges(kwire: Wire, router: FakeRouter, docs: Path, tmp_path: P
     assert all(e["kb"] == "notes" for e in padded)
     many = await kwire.request({"type": "search", "query": "word " * 40})
     assert many["code"] == "bad_request"
+
+
+async def test_an_embedder_that_is_not_there_leaves_keyword_search(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    router.embeddings = False  # llama-server without --embeddings answers 501
+    result = (await kb_add(kwire, "notes", docs))[-1]
+    assert result["type"] == "kb" and result["chunks"] >= 4
+    assert result["embedded"] == 0 and "--embeddings" in (result["embedding_error"] or ""), result
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    await kwire.ask("tides and the moon")
+    assert "Tides rise twice a day" in system_of(router)
+
+
+async def test_one_long_paragraph_is_cut_to_what_an_embedder_takes(
+    kwire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    wall = tmp_path / "wall.txt"
+    wall.write_text("word " * 20_000)  # one paragraph, no line breaks: 100,000 characters
+    result = (await kb_add(kwire, "wall", wall))[-1]
+    assert result["embedding_error"] is None and result["embedded"] == result["chunks"] > 50

@@ -457,3 +457,19 @@ async def test_every_request_type_has_a_handler() -> None:
     from daemon.protocol import REQUESTS
 
     assert all(callable(getattr(Handlers, "on_" + kind, None)) for kind in REQUESTS)
+
+
+async def test_a_model_named_by_its_path_is_shown_by_its_name(config: Config) -> None:
+    # llama-server without --alias names its model by the GGUF's path
+    with FakeRouter(models=[FakeModel("/home/u/models/Qwen3-8B-Q4_K_M.gguf")]) as plain:
+        running = RunningDaemon(dataclasses.replace(config, router_url=plain.url))
+        await running.start()
+        wire = await running.connect()
+        try:
+            events = await wire.ask("hi")
+            waiting = [e for e in of_type(events, "progress") if e["stage"] == "waiting"][0]
+            assert waiting["detail"] == "waiting for Qwen3-8B-Q4_K_M"
+            assert plain.requests[-1]["model"] == "/home/u/models/Qwen3-8B-Q4_K_M.gguf"  # sent as listed
+        finally:
+            await wire.close()
+            await running.stop()
