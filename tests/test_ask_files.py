@@ -267,3 +267,16 @@ async def test_cjk_text_is_cut_before_it_can_overflow_the_context(
     events = await wire.ask("summarise", files=[str(notes)])
     assert events[-1]["type"] == "done", events[-1]
     assert user_of(events)["files"][0]["truncated"] is True
+
+
+@pytest.mark.parametrize("make, words", [("corrupt", "damaged or incomplete"), ("bomb", "decompression bomb")])
+async def test_damaged_and_bomb_images_are_refused(
+    wire: Wire, router: FakeRouter, tmp_path: Path, make: str, words: str
+) -> None:
+    from tests.samples import make_bomb_png, make_corrupt_png
+
+    path = make_corrupt_png(tmp_path / "bad.png") if make == "corrupt" else make_bomb_png(tmp_path / "bomb.png")
+    events = await wire.ask("look", files=[str(path)], model="fake-vision")
+    assert events[-1]["code"] == "file_refused"
+    assert router.requests == []
+    assert words in events[-1]["message"]
