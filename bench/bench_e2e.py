@@ -29,7 +29,6 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 

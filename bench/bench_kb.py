@@ -33,16 +33,15 @@ import random
 import sqlite3
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
 
 from benchlib import (
-    START_TIMEOUT,
-    STOP_TIMEOUT,
     _die_with_parent,
     header,
+    router_process,
     temp_dir,
     terminate_on_sigterm,
     verdict,
@@ -203,25 +202,8 @@ def _embedding_router(conn: multiprocessing.connection.Connection, dim: int) -> 
             conn.recv()
 
 
-@contextlib.contextmanager
-def embedding_router(dim: int) -> Iterator[str]:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_embedding_router, args=(child, dim), name="bench-fakerouter")
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(START_TIMEOUT):
-            raise RuntimeError("the fake router did not start")
-        yield parent.recv()
-    finally:
-        with contextlib.suppress(OSError):
-            parent.send("stop")
-        parent.close()
-        proc.join(STOP_TIMEOUT)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+def embedding_router(dim: int) -> contextlib.AbstractContextManager[str]:
+    return router_process(_embedding_router, dim)
 
 
 # -- measuring -----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,21 +196,26 @@ def _scripted_router(conn: multiprocessing.connection.Connection, chunks: list[s
             conn.recv()  # anything, or the parent's end closing, means stop
 
 
-@contextlib.contextmanager
-def scripted_router_process(chunks: list[str], repeat: int) -> Iterator[str]:
+def scripted_router_process(chunks: list[str], repeat: int) -> contextlib.AbstractContextManager[str]:
     """A FakeRouter in a child process answering the next ``repeat`` streams with ``chunks``.
 
     ``python -m tests.fakerouter`` cannot be scripted from outside, so the child
     scripts itself; its replies after the ``repeat`` scripted ones are the default echo.
     """
+    return router_process(_scripted_router, chunks, repeat)
+
+
+@contextlib.contextmanager
+def router_process(target: Callable[..., None], *args: Any) -> Iterator[str]:
+    """Run ``target(pipe, *args)`` in a spawned child that sends back its router's URL."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_scripted_router, args=(child, chunks, repeat), name="bench-fakerouter")
+    proc = ctx.Process(target=target, args=(child, *args), name="bench-fakerouter")
     proc.start()
     child.close()
     try:
         if not parent.poll(START_TIMEOUT):
-            raise RuntimeError("the scripted fake router did not start")
+            raise RuntimeError("the fake router did not start")
         yield parent.recv()
     finally:
         with contextlib.suppress(OSError):

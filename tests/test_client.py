@@ -12,7 +12,6 @@ import pytest
 
 from tests.conftest import RunningDaemon
 from tests.fakerouter import FakeRouter, Reply
-from tests.wire import Wire
 
 pytestmark = pytest.mark.asyncio
 

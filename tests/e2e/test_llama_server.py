@@ -22,7 +22,7 @@ import pytest
 
 from daemon import Config, load_config
 from daemon.errors import AssistantError, RouterError
-from daemon.router import ContentDelta, RouterClient
+from daemon.router import RouterClient
 from daemon.turns import display_name
 from tests.conftest import RunningDaemon
 from tests.e2e.conftest import Sent
