@@ -54,6 +54,7 @@ ALIAS = "SmolLM2-135M-Instruct"
 # One server can also serve /v1/embeddings (knowledge bases): SmolLM2 has no pooling of its own, and
 # without --pooling the server answers 400 "Pooling type 'none' is not OAI compatible".  Inputs
 # longer than the batch (512 tokens) are an HTTP 500.
+DEMO_MAX_TOKENS = 512
 EMBEDDING_FLAGS = ("--embeddings", "--pooling", "mean")
 THREADS = 2
 READY_TIMEOUT = 60.0  # seconds for llama-server to load the model and answer /health
@@ -342,7 +343,9 @@ def cmd_demo() -> int:
     python = ROOT / ".venv" / "bin" / "python"
     if not python.exists():
         python = Path(sys.executable)
-    with running_server(state, extra=("--alias", ALIAS), log=CACHE / "demo-llama-server.log") as server:
+    # -n: a 135M model can ramble until its context is full; a demo reply stops at a page
+    extra = ("--alias", ALIAS, "-n", str(DEMO_MAX_TOKENS))
+    with running_server(state, extra=extra, log=CACHE / "demo-llama-server.log") as server:
         say(f"llama-server with SmolLM2 135M at {server.v1} (log {server.log})")
         daemon = subprocess.Popen(
             [str(python), "assistant.py"], cwd=ROOT, env=_daemon_env(server.v1), stdin=subprocess.DEVNULL,
