@@ -36,6 +36,11 @@ class Config:
     model: str = ""  # empty: the router's first model
     system_prompt: str = "You are a helpful assistant running locally on the user's Linux desktop."
     ctx_max: int = 0  # 0: ask the router
+    # the context assumed for a model whose server says nothing of it (and has not yet
+    # refused a prompt as too long, which teaches us the real size)
+    assumed_ctx: int = 4096
+    # the most tokens one reply may take; 0: a quarter of the context (see daemon/budget.py)
+    max_reply_tokens: int = 0
     embedding_model: str = ""
     embedding_url: str = ""  # empty: router_url
     kb_top_k: int = 3
@@ -115,9 +120,11 @@ def _validate(values: dict[str, Any]) -> None:
     compact_at = values.get("compact_at", Config.compact_at)
     if not 0.1 <= compact_at <= 0.95:
         raise ConfigError("compact_at must be between 0.1 and 0.95 (a fraction of the context)")
-    for key in ("ctx_max", "kb_top_k", "image_tokens"):
+    for key in ("ctx_max", "kb_top_k", "image_tokens", "max_reply_tokens"):
         if values.get(key, 0) < 0:
             raise ConfigError(f"{key} must not be negative")
+    if values.get("assumed_ctx", Config.assumed_ctx) < 512:
+        raise ConfigError("assumed_ctx must be at least 512 tokens")
     for key in ("request_timeout", "connect_timeout"):
         if values.get(key, 1.0) <= 0:
             raise ConfigError(f"{key} must be a positive number of seconds")
