@@ -1,44 +1,65 @@
-"""The prompt of a turn, built to fit the model's context.
+"""The prompt of a turn, built to fit the model's context and to be reused by its server.
 
-Order: one system message (the system prompt, the knowledge-base passages for
-this question, then — once older turns are compacted — the list of files no
-longer inline and the summary standing for those turns), the turns after the
-summary (image references resolved from their files), then this turn's own
-messages.
+Layout (docs/DESIGN.md, "Prompt layout"):
 
-Compaction (seed 000 §3): when the prompt would pass ``compact_at`` of
-``ctx_max``, the oldest turns but the last few are summarised by the model into
-a stored summary that replaces them in the prompt; the turns themselves stay in
-history and in the search index, where the recall tools reach them.  The summary
-goes into the one system message because many chat templates refuse a second
-one.  A prompt that still cannot fit is refused with ``context_overflow``.
+    system     the system prompt; after a compaction also the files no longer
+               inline and the summary standing for the folded turns
+    earlier    the turns after the summary, as stored (image references resolved,
+               a message over its share of the context cut to head and tail)
+    this turn  the user message: this question's knowledge-base passages first,
+               then the question and its files; tool rounds append after it
+
+A model server reuses the longest common prefix of consecutive prompts (llama-server's
+prompt cache) and re-reads everything after the first changed byte.  So everything up
+to the previous answer is the same bytes on every turn: the system message changes
+only at a compaction, replayed turns are replayed from storage the same way every
+time, and what belongs to one turn alone (passages, recalled images, the last-round
+note) comes after the previous answer.  Passages go into the user message rather than
+a second system message because many chat templates refuse a system message that is
+not first, and they are not stored with the question: replaying every old question's
+passages would spend the context on them.
+
+Compaction: when the prompt would pass ``compact_at`` of the context (or the part a
+prompt may take, ``Budget.prompt_limit``), the oldest turns but the last
+``KEEP_LAST_TURNS`` are summarised into a stored summary; when that is not enough, the
+last turns are folded too.  If the summary cannot be made, the oldest turns are left
+out of this prompt instead.  History keeps everything whole.  Only a question that
+cannot fit on its own is refused (``context_overflow``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from attachments import resolve_image_refs
 from history import AsyncHistory, Compaction, HistoryStore
 from kbinject import KnowledgeBases
-from recall import attachment_manifest, estimate_messages, estimate_text, plan_compaction, summarize, summary_message
+from recall import (
+    Budget,
+    attachment_manifest,
+    estimate_messages,
+    fit_message,
+    plan_compaction,
+    summarize,
+    summary_message,
+)
 
 from .config import Config
 from .errors import AssistantError, ContextOverflow
 from .router import ModelInfo, RouterClient
 
-__all__ = ["ContextBuilder", "complete_exchanges", "router_messages"]
+__all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
 
 logger = logging.getLogger(__name__)
 
 # keys we keep on stored messages that routers do not accept
 PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
-SUMMARY_TOKENS = 600  # the most a summary may take, so room is kept for it
-KEEP_LAST_TURNS = 2  # never folded: the model needs the recent exchange verbatim
-# after the router said the prompt overflowed, our estimate was wrong: fold all we may
-FORCED_COMPACT_AT = 0.1
+KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
+COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
+SUMMARY_CHARS_PER_TOKEN = 3  # what the summariser is sent, counted cautiously (dense text, code)
 
 Progress = Callable[[str, str], None]
 
@@ -82,6 +103,20 @@ def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+@dataclass
+class Prompt:
+    """A prompt ready for the router: its messages, their estimated tokens and the context's shares."""
+
+    messages: list[dict[str, Any]]
+    tokens: int
+    budget: Budget
+
+    @property
+    def max_tokens(self) -> int:
+        """The reply's cap for this prompt (``max_tokens`` of the request)."""
+        return self.budget.reply_tokens(self.tokens)
+
+
 class ContextBuilder:
     """Builds prompts for one daemon; compacts conversations that outgrow the context."""
 
@@ -90,6 +125,12 @@ class ContextBuilder:
         self.history = history
         self.router = router
         self.kbs = kbs
+
+    def budget(self, model: ModelInfo) -> Budget:
+        return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
+
+    def estimate(self, messages: list[dict[str, Any]]) -> int:
+        return estimate_messages(messages, self.config.image_tokens)
 
     async def build(
         self,
@@ -100,58 +141,100 @@ class ContextBuilder:
         progress: Progress,
         kb: tuple[str, str] = ("", "off"),
         force: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
         ``kb`` is (the user's question, the conversation's ``kb_injection`` mode): linked
-        knowledge bases are searched with it and the best passages put in the system
-        message when the context allows (seed 000 §4). ``force`` compacts harder (the
-        router said the last prompt overflowed) and raises ``ContextOverflow`` when
-        nothing is left to fold.
+        knowledge bases are searched with it and the best passages put before the
+        question when the context allows. ``force`` folds every earlier turn and adds no
+        passages: the router said the last prompt overflowed, so our estimate was low.
         """
+        budget = self.budget(model)
         compaction, turns = await self.history.run(lambda s: _earlier(s, cid, turn))
-        image_tokens = self.config.image_tokens
-        fixed = (
-            estimate_text(self.config.system_prompt) + estimate_messages(current, image_tokens) + SUMMARY_TOKENS
-        )
-        sizes = [(n, estimate_messages(messages, image_tokens)) for n, messages in turns]
-        compact_at = FORCED_COMPACT_AT if force else self.config.compact_at
-        through = plan_compaction(sizes, fixed, model.ctx_max, compact_at, KEEP_LAST_TURNS)
-        if through is None and force:
-            raise ContextOverflow(
-                f"this question does not fit {model.id}'s context of {model.ctx_max} tokens even after "
-                "compacting; attach fewer or smaller files, or start a new conversation"
-            )
+        turns = [(n, [fit_message(m, budget.replay_tokens) for m in ms]) for n, ms in turns]
+        own = self.estimate([{"role": "system", "content": self.config.system_prompt}, *current])
+        if own > budget.prompt_limit:
+            raise self._too_big(model, budget, own, current)
+        through = self._plan(turns, own + budget.summary_tokens, budget, force)
         if through is not None:
             folded = [m for n, messages in turns if n <= through for m in messages]
-            compaction = await self._compact(cid, model, compaction, folded, through, progress) or compaction
-            turns = [(n, m) for n, m in turns if compaction is None or n > compaction.through_turn]
-        parts = await self._system_parts(cid, turn, compaction, [n for n, _ in turns])
-        earlier = router_messages(await resolve_image_refs([m for _, ms in turns for m in ms], vision=model.vision))
-
-        def assemble() -> list[dict[str, Any]]:
-            system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
-            return [*system, *earlier, *current]
-
-        prompt = assemble()
-        needed = estimate_messages(prompt, image_tokens)
+            made = await self._compact(cid, model, budget, compaction, folded, through, progress)
+            if made is not None:
+                compaction = made
+                turns = [(n, m) for n, m in turns if n > made.through_turn]
+        system = await self._system(cid, turn, compaction, [n for n, _ in turns])
+        earlier = await self._replay(turns, system, current, budget, model, cid)
+        prompt = [*system, *earlier, *current]
+        tokens = self.estimate(prompt)
+        if tokens > budget.prompt_limit:  # the summary and this question alone are too much
+            raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
-        block = None if force else await self._knowledge(cid, kb, needed, model.ctx_max, progress)
+        block = None if force else await self._knowledge(cid, kb, tokens, budget.ctx_max, progress)
         if block:
-            parts.insert(1 if self.config.system_prompt else 0, block)  # right after the system prompt
-            prompt = assemble()
-            needed = estimate_messages(prompt, image_tokens)
-        if model.ctx_max and needed > model.ctx_max:
-            raise ContextOverflow(
-                f"this turn needs about {needed} tokens but {model.id}'s context holds {model.ctx_max}; "
-                "attach fewer or smaller files, or start a new conversation"
-            )
-        return prompt
+            prompt[-1] = with_passages(prompt[-1], block)
+            tokens = self.estimate(prompt)
+        return Prompt(prompt, tokens, budget)
+
+    def _plan(
+        self, turns: list[tuple[int, list[dict[str, Any]]]], fixed: int, budget: Budget, force: bool
+    ) -> int | None:
+        """The last turn to fold, or None: the oldest but the last few, or all when that is not enough."""
+        if not turns:
+            return None
+        if force:
+            return turns[-1][0]
+        sizes = [(n, self.estimate(messages)) for n, messages in turns]
+        share = min(self.config.compact_at, budget.prompt_limit / budget.ctx_max)
+        if fixed + sum(tokens for _, tokens in sizes) <= share * budget.ctx_max:
+            return None
+        # fold down to well under the threshold: compacting a little every turn would make
+        # the server re-read the whole prompt every turn
+        target = share * COMPACT_TO
+        through = plan_compaction(sizes, fixed, budget.ctx_max, target, KEEP_LAST_TURNS)
+        kept = sum(tokens for n, tokens in sizes if through is None or n > through)
+        if fixed + kept > budget.prompt_limit:
+            return plan_compaction(sizes, fixed, budget.ctx_max, target, 0)
+        return through
+
+    async def _replay(
+        self,
+        turns: list[tuple[int, list[dict[str, Any]]]],
+        system: list[dict[str, Any]],
+        current: list[dict[str, Any]],
+        budget: Budget,
+        model: ModelInfo,
+        cid: int,
+    ) -> list[dict[str, Any]]:
+        """The earlier turns in router form; the oldest are left out while the prompt cannot fit.
+
+        Leaving turns out happens only when a compaction failed or fell short: it changes
+        the prompt's start on every turn, which a summary does once.
+        """
+        room = budget.prompt_limit - self.estimate([*system, *current])
+        sizes = [self.estimate(messages) for _, messages in turns]
+        skip = 0
+        while skip < len(turns) and sum(sizes[skip:]) > room:
+            skip += 1
+        if skip:
+            logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
+                           cid, skip, model.id)
+        kept = [m for _, messages in turns[skip:] for m in messages]
+        return router_messages(await resolve_image_refs(kept, vision=model.vision))
+
+    def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
+        files = any(isinstance(m.get("content"), list) for m in current)
+        what = "this question and its files need" if files else "this question needs"
+        fix = "attach fewer or smaller files, or shorten the question" if files else "shorten it"
+        return ContextOverflow(
+            f"{what} about {tokens} tokens, but {model.id}'s context holds {budget.ctx_max} with "
+            f"{budget.min_reply} kept for the answer; {fix}, or use a model with a larger context"
+        )
 
     async def _compact(
         self,
         cid: int,
         model: ModelInfo,
+        budget: Budget,
         previous: Compaction | None,
         folded: list[dict[str, Any]],
         through: int,
@@ -159,11 +242,12 @@ class ContextBuilder:
     ) -> Compaction | None:
         """Summarise turns up to ``through`` and store it; None (logged) if the model fails."""
         progress("compacting", f"summarising turns 1-{through} to make room")
-        # what the summariser may read: its own context less the summary it writes
-        room = max(model.ctx_max - SUMMARY_TOKENS, 1000) * 3 if model.ctx_max else None
+        # what the summariser may read: its own context less the summary it writes and
+        # its instructions, at the cautious characters-per-token of file budgets
+        room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * SUMMARY_CHARS_PER_TOKEN
         try:
             summary = await summarize(
-                self.router, model.id, previous.summary if previous else None, folded, SUMMARY_TOKENS,
+                self.router, model.id, previous.summary if previous else None, folded, budget.summary_tokens,
                 max_input_chars=room,
             )
         except AssistantError as exc:
@@ -186,10 +270,11 @@ class ContextBuilder:
             logger.debug("kb: %s", injection.note)
         return injection.block
 
-    async def _system_parts(
+    async def _system(
         self, cid: int, turn: int, compaction: Compaction | None, inline: list[int]
-    ) -> list[str]:
-        """The system message's parts: the prompt, then the file manifest and the summary."""
+    ) -> list[dict[str, Any]]:
+        """The one system message (none if it would be empty): the system prompt, then the
+        file manifest and the summary, which change only when a compaction is made."""
         parts = [self.config.system_prompt] if self.config.system_prompt else []
         if compaction is not None:
             attachments = await self.history.run(lambda s: s.attachments(cid))
@@ -197,7 +282,15 @@ class ContextBuilder:
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
-        return parts
+        return [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+
+
+def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:
+    """The user message with the knowledge-base block before the question (router form only)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": block}, *content]}
+    return {**message, "content": f"{block}\n\n{content}"}
 
 
 def _earlier(store: HistoryStore, cid: int, turn: int) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from history import AsyncHistory, HistoryStore
 
 from .errors import AssistantError
 from .router import RouterClient
 
-__all__ = ["clean_title", "make_title", "provisional_title"]
+__all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +19,13 @@ TITLE_MAX_CHARS = 60
 TITLE_TOKENS = 24
 TITLE_INSTRUCTIONS = (
     "You name conversations. Answer with a title of at most six words, no quotes, no punctuation at the end."
+)
+# asked after the first exchange, as the conversation's next message: the request then
+# shares the turn's prompt, so the server reuses its cache instead of reading a new prompt
+# (and the next turn still finds the conversation in the cache)
+TITLE_REQUEST = (
+    "Name this conversation with a title of at most six words. Answer with the title alone: "
+    "no quotes, no punctuation at the end."
 )
 
 
@@ -40,14 +48,20 @@ def clean_title(raw: str) -> str:
     return _bounded(title)
 
 
-async def make_title(
-    router: RouterClient, history: AsyncHistory, cid: int, model: str, question: str, reply: str
-) -> None:
-    """Ask the model for a short title; keep the provisional one if that fails or was changed."""
-    prompt = [
+def title_prompt(asked: list[dict[str, Any]], answer: str, question: str, reply: str) -> list[dict[str, Any]]:
+    """The title request: the turn's own prompt and answer, then the request, when there is one."""
+    if asked and asked[-1].get("role") == "user":
+        return [*asked, {"role": "assistant", "content": answer}, {"role": "user", "content": TITLE_REQUEST}]
+    return [
         {"role": "system", "content": TITLE_INSTRUCTIONS},
         {"role": "user", "content": f"Question: {question[:2000]}\n\nAnswer: {reply[:1000]}\n\nTitle:"},
     ]
+
+
+async def make_title(
+    router: RouterClient, history: AsyncHistory, cid: int, model: str, prompt: list[dict[str, Any]], question: str
+) -> None:
+    """Ask the model for a short title; keep the provisional one if that fails or was changed."""
     try:
         title = clean_title(await router.complete(model, prompt, max_tokens=TITLE_TOKENS))
     except AssistantError as exc:

@@ -35,7 +35,7 @@ from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_message
 
 from .config import Config
 from .connection import Emit
-from .context import ContextBuilder, router_messages
+from .context import ContextBuilder, Prompt, router_messages
 from .errors import (
     AssistantError,
     BadRequest,
@@ -50,7 +50,7 @@ from .errors import (
 )
 from .protocol import Request, error_event
 from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
-from .titles import make_title, provisional_title
+from .titles import make_title, provisional_title, title_prompt
 
 __all__ = ["TurnEngine"]
 
@@ -81,6 +81,7 @@ class TurnState:
     prompt_estimate: int = 0
     ctx_used: int = 0
     round_start: int = 0  # where the current round's text begins in the reply
+    prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -240,7 +241,9 @@ class TurnEngine:
         await self._run(state, slot, conv, emit)
         if conv is None and state.reply and self.config.auto_title:
             question = text or " ".join(p.name for p in prepared)
-            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, question, state.reply))
+            answer = state.messages[-1].get("content") if state.messages[-1].get("role") == "assistant" else ""
+            prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
+            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question))
 
     def _validate(self, text: str, files: list[str]) -> None:
         if len(files) > MAX_FILES:
@@ -369,10 +372,10 @@ class TurnEngine:
         prompt = await self.context.build(
             state.conversation, state.turn, state.model, [state.question], progress, state.kb
         )
-        state.prompt_estimate = estimate_messages(prompt, self.config.image_tokens)
+        state.prompt_estimate = prompt.tokens
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=budget_chars(state.model.ctx_max, state.prompt_estimate), kb_injection=state.kb[1],
+            max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens), kb_injection=state.kb[1],
         )
         tools_work = state.model.tools and state.model.id not in self._no_tools
         offered = await self.toolbox.offer(ctx) if tools_work else []
@@ -380,7 +383,7 @@ class TurnEngine:
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
             if offered and tools is None:
-                add_user_note(prompt, LAST_ROUND_NOTE)
+                add_user_note(prompt.messages, LAST_ROUND_NOTE)
             try:
                 end = await self._stream_round(state, prompt, tools, emit)
             except RouterContextOverflow:
@@ -390,13 +393,15 @@ class TurnEngine:
                     state.conversation, state.turn, state.model, [state.question], progress, state.kb, force=True
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
+            state.prompt = prompt.messages
             if not end.tool_calls or tools is None:
                 return end.finish_reason
-            prompt.extend(router_messages(state.messages[-1:]))
+            prompt.messages.extend(router_messages(state.messages[-1:]))
             # the calls of a round share half of what is left of the context
-            room = budget_chars(state.model.ctx_max, estimate_messages(prompt, self.config.image_tokens))
+            room = budget_chars(prompt.budget.ctx_max, self.context.estimate(prompt.messages))
             ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
-            prompt.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
+            prompt.messages.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
+            prompt.tokens = self.context.estimate(prompt.messages)
         raise AssertionError("the last round offers no tools")
 
     async def _run_tools(
@@ -425,12 +430,12 @@ class TurnEngine:
         return for_prompt
 
     async def _stream_round(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, emit: Emit
+        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit
     ) -> StreamEnd:
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = state.round_start = len(state.reply)
         separate = bool(state.reply)  # a later round's text starts a new paragraph
-        async for event in self._stream(state, prompt, tools):
+        async for event in self._stream(state, prompt.messages, tools, prompt.max_tokens):
             if isinstance(event, ContentDelta):
                 text = ROUND_SEPARATOR + event.text if separate else event.text
                 separate = False
@@ -449,19 +454,19 @@ class TurnEngine:
         raise AssertionError("stream_chat ended without a StreamEnd")
 
     def _stream(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
         if not tools:
-            return self.router.stream_chat(state.model.id, prompt, None)
-        return self._stream_with_tools(state, prompt, tools)
+            return self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens)
+        return self._stream_with_tools(state, prompt, tools, max_tokens)
 
     async def _stream_with_tools(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int
     ) -> AsyncIterator[StreamEvent]:
         started = False
         try:
-            async for event in self.router.stream_chat(state.model.id, prompt, tools):
+            async for event in self.router.stream_chat(state.model.id, prompt, tools, max_tokens=max_tokens):
                 started = True
                 yield event
         except RouterError as exc:
@@ -469,7 +474,7 @@ class TurnEngine:
                 raise
             logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
             self._no_tools.add(state.model.id)
-            async for event in self.router.stream_chat(state.model.id, prompt, None):
+            async for event in self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens):
                 yield event
 
     def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:

@@ -12,6 +12,7 @@ engine.
 """
 
 from .attachment_recall import MAX_IMAGE_BASE64, PAGE_BREAK, PAGE_MARKER, AttachmentRecall, document_pages
+from .budget import Budget, cut_text, fit_message
 from .compaction import plan_compaction, summarize, summary_message, transcript
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
@@ -24,6 +25,7 @@ __all__ = [
     "PAGE_BREAK",
     "PAGE_MARKER",
     "AttachmentRecall",
+    "Budget",
     "ConversationSearch",
     "Tool",
     "ToolContext",
@@ -33,9 +35,11 @@ __all__ = [
     "attachment_manifest",
     "default_toolbox",
     "document_pages",
+    "cut_text",
     "error_result",
     "estimate_messages",
     "estimate_text",
+    "fit_message",
     "json_content",
     "plan_compaction",
     "summarize",

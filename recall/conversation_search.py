@@ -76,7 +76,10 @@ class ConversationSearch(Tool):
     }
 
     async def available(self, ctx: ToolContext) -> bool:
-        return ctx.turn > 1
+        # offered from the first turn on (it then finds the question itself): the tools a
+        # chat template renders sit at the top of the prompt, and a tool that appeared
+        # on turn 2 would make the server re-read the whole first exchange
+        return True
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         query = string_argument(arguments, "query")

@@ -61,8 +61,10 @@ async def kb_add(wire: Wire, kb: str, *paths: Path | str) -> list[dict[str, Any]
     return await wire.until(rid, ("kb", "error"))
 
 
-def system_of(router: FakeRouter) -> str:
-    return router.requests[-1]["messages"][0]["content"]
+def question_of(router: FakeRouter) -> str:
+    """The text of the last request's question, where this turn's passages go."""
+    content = router.requests[-1]["messages"][-1]["content"]
+    return content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
 
 
 async def test_kb_add_ingests_a_folder_with_progress(kwire: Wire, router: FakeRouter, docs: Path) -> None:
@@ -100,7 +102,7 @@ async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:
     assert (await kwire.request({"type": "kb_remove", "kb": "notes"}))["code"] == "not_found"
 
 
-async def test_auto_injection_puts_the_best_passages_in_the_system_prompt(
+async def test_auto_injection_puts_the_best_passages_before_the_question(
     kwire: Wire, router: FakeRouter, docs: Path
 ) -> None:
     await kb_add(kwire, "notes", docs)
@@ -108,11 +110,13 @@ async def test_auto_injection_puts_the_best_passages_in_the_system_prompt(
     events = await kwire.ask("why do honey bees dance?")
     kb_progress = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert kb_progress and "notes" in kb_progress[0]["detail"]
-    system = system_of(router)
-    assert system.startswith(Config().system_prompt + "\n\n[Knowledge Base Context]")  # right after the prompt
-    assert "[Knowledge Base Context]" in system and "[End Knowledge Base Context]" in system
-    assert "Source: notes (chunk 1 of bees.md, similarity: " in system
-    assert "Honey bees dance" in system
+    # the system message stays the same on every turn; the passages go with the question
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": Config().system_prompt}
+    question = question_of(router)
+    assert question.startswith("[Knowledge Base Context]") and question.endswith("why do honey bees dance?")
+    assert "[End Knowledge Base Context]\n\nwhy do honey bees dance?" in question
+    assert "Source: notes (chunk 1 of bees.md, similarity: " in question
+    assert "Honey bees dance" in question
     assert "tools" not in router.requests[-1] or "kb_search" not in json.dumps(router.requests[-1]["tools"])
 
 
@@ -125,7 +129,7 @@ async def test_injection_modes(kwire: Wire, router: FakeRouter, docs: Path, mode
     settings = await kwire.request({"type": "settings", "conversation": cid, "kb_injection": mode})
     assert settings["settings"]["kb_injection"] == mode
     await kwire.ask("when does the pump need oil?", conversation=cid)
-    assert ("[Knowledge Base Context]" in system_of(router)) is block
+    assert ("[Knowledge Base Context]" in question_of(router)) is block
     tools = [t["function"]["name"] for t in router.requests[-1].get("tools") or []]
     assert ("kb_search" in tools) is tool
 
@@ -135,9 +139,9 @@ async def test_a_kb_linked_to_one_conversation_stays_there(kwire: Wire, router: 
     mine = (await kwire.ask("hello"))[0]["conversation"]
     await kwire.request({"type": "kb_link", "kb": "notes", "conversation": mine})
     await kwire.ask("why do bees dance?")  # a new conversation: not linked
-    assert "[Knowledge Base Context]" not in system_of(router)
+    assert "[Knowledge Base Context]" not in question_of(router)
     await kwire.ask("why do bees dance?", conversation=mine)
-    assert "[Knowledge Base Context]" in system_of(router)
+    assert "[Knowledge Base Context]" in question_of(router)
 
 
 async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: FakeRouter, docs: Path) -> None:
@@ -146,7 +150,7 @@ async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: F
     events = await kwire.ask("bees " * 180, model="fake-tiny")  # ~200 of 300 tokens before any passage
     skipped = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert skipped and "skipped" in skipped[0]["detail"] and "85%" in skipped[0]["detail"]
-    assert "[Knowledge Base Context]" not in system_of(router)
+    assert "[Knowledge Base Context]" not in question_of(router)
 
 
 async def test_the_kb_search_tool(kwire: Wire, router: FakeRouter, docs: Path) -> None:
@@ -171,7 +175,7 @@ async def test_a_dead_embedder_falls_back_to_keywords(kwire: Wire, router: FakeR
     router.embed_fail = True
     events = await kwire.ask("why do honey bees dance?")
     assert events[-1]["type"] == "done"
-    assert "Honey bees dance" in system_of(router)  # found by bm25 alone
+    assert "Honey bees dance" in question_of(router)  # found by bm25 alone
 
 
 async def test_without_an_embedder_search_is_bm25(wire: Wire, router: FakeRouter, docs: Path) -> None:
@@ -179,7 +183,7 @@ async def test_without_an_embedder_search_is_bm25(wire: Wire, router: FakeRouter
     assert result["embedded"] == 0 and router.embedding_requests == []
     await wire.request({"type": "kb_link", "kb": "notes"})
     await wire.ask("tides and the moon")
-    assert "Tides rise twice a day" in system_of(router)
+    assert "Tides rise twice a day" in question_of(router)
 
 
 async def test_bad_kb_names_and_paths(kwire: Wire, tmp_path: Path) -> None:
@@ -217,7 +221,7 @@ async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: Fake
     # the turn finishes long before that: the wait for the embedder is bounded (1.5 s)
     events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
     assert events[-1]["type"] == "done"
-    assert "Honey bees dance" in system_of(router)
+    assert "Honey bees dance" in question_of(router)
 
 
 async def test_kb_edges(kwire: Wire, router: FakeRouter, docs: Path, tmp_path: Path) -> None:
@@ -246,7 +250,7 @@ async def test_an_embedder_that_is_not_there_leaves_keyword_search(
     assert result["embedded"] == 0 and "--embeddings" in (result["embedding_error"] or ""), result
     await kwire.request({"type": "kb_link", "kb": "notes"})
     await kwire.ask("tides and the moon")
-    assert "Tides rise twice a day" in system_of(router)
+    assert "Tides rise twice a day" in question_of(router)
 
 
 async def test_one_long_paragraph_is_cut_to_what_an_embedder_takes(

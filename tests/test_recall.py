@@ -145,12 +145,11 @@ def test_tool_names_must_be_unique() -> None:
 @pytest.mark.asyncio
 async def test_offer_keeps_only_available_tools(history: AsyncHistory, caplog: pytest.LogCaptureFixture) -> None:
     yes, broken = Echo(), Broken()
-    toolbox = Toolbox([broken, yes, ConversationSearch()])
+    toolbox = Toolbox([broken, yes, AttachmentRecall()])
     with caplog.at_level(logging.ERROR, logger="recall.toolbox"):
         offered = await toolbox.offer(context(history, 1, turn=1))
-    assert offered == [yes]  # broken failed its check; no earlier turns to search
+    assert offered == [yes]  # broken failed its check; no attachments to recall
     assert "broken" in caplog.text and "cannot tell" in caplog.text
-    assert [t.name for t in await toolbox.offer(context(history, 1, turn=2))] == ["echo", "conversation_search"]
 
 
 @pytest.mark.asyncio
@@ -482,9 +481,10 @@ async def test_an_image_too_large_for_base64_is_refused(
 
 
 @pytest.mark.asyncio
-async def test_search_is_offered_once_there_are_earlier_turns(history: AsyncHistory) -> None:
+async def test_search_is_offered_from_the_first_turn(history: AsyncHistory) -> None:
+    # a tool appearing on turn 2 would change the top of the prompt the server caches
     tool = ConversationSearch()
-    assert await tool.available(context(history, 1, turn=1)) is False
+    assert await tool.available(context(history, 1, turn=1)) is True
     assert await tool.available(context(history, 1, turn=2)) is True
 
 

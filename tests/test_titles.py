@@ -47,8 +47,12 @@ async def test_the_model_names_a_new_conversation(titled: Titled, router: FakeRo
     router.script_complete(Reply(text='"Rust borrow checker basics."'))
     events = await titled.ask("how does the borrow checker in rust work, in simple words please")
     assert await titled.title(events[0]["conversation"]) == "Rust borrow checker basics"
-    title_request = [r for r in router.requests if not r.get("stream")][-1]
-    assert "borrow checker" in title_request["messages"][-1]["content"]
+    turn, title_request = router.requests[0], [r for r in router.requests if not r.get("stream")][-1]
+    # the title request extends the turn's own prompt, so a server reuses its cache for it
+    assert title_request["messages"][: len(turn["messages"])] == turn["messages"]
+    assert "borrow checker" in title_request["messages"][-3]["content"]
+    assert title_request["messages"][-2] == {"role": "assistant", "content": events[-1]["text"]}
+    assert title_request["messages"][-1]["content"].startswith("Name this conversation")
     assert title_request["max_tokens"] == 24
 
 

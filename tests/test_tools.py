@@ -51,7 +51,8 @@ async def ask_with_file(wire: Wire, path: Path, text: str = "keep this", **field
 
 async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     cid = (await wire.ask("hello"))[0]["conversation"]
-    assert "tools" not in router.requests[-1]  # nothing to recall, nothing to search
+    # search from the first turn (a stable tool list keeps the server's prompt cache); no files
+    assert tool_names(router.requests[-1]) == ["conversation_search"]
     await wire.ask("again", conversation=cid)
     assert tool_names(router.requests[-1]) == ["conversation_search"]
     notes = tmp_path / "notes.txt"
@@ -59,7 +60,7 @@ async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: Fak
     await wire.ask("file", files=[str(notes)], conversation=cid)
     assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search"]
     other = await ask_with_file(wire, notes)
-    assert router.requests[-1]["tools"] and tool_names(router.requests[-1]) == ["attachment_recall"]
+    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search"]
     assert other != cid
 
 

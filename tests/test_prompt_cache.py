@@ -1,0 +1,183 @@
+"""Prompts a real model server can reuse, through the real socket.
+
+A model server such as llama-server keeps the last prompt (and the reply it wrote)
+and reuses the longest common prefix of the next one; everything after the first
+changed byte is read again.  These tests hold the daemon to the rules that make that
+work and that keep a conversation alive in a small context: what comes before the
+previous answer never changes (but at a compaction), every request caps its reply so
+the next question still fits, and an oversize past is folded or cut, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from tests.samples import make_png
+from tests.wire import Wire, of_type
+
+pytestmark = pytest.mark.asyncio
+
+SMALL = "fake-1k"  # a llama-server started with -c 1024
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    models = [*default_models(), FakeModel(SMALL, ["text", "image"], n_ctx=1024)]
+    with FakeRouter(models=models) as fake:
+        fake.embed_dim = 256
+        yield fake
+
+
+def turn_requests(router: FakeRouter) -> list[dict[str, Any]]:
+    """The streamed chat requests, one per model round."""
+    return [r for r in router.requests if r.get("stream")]
+
+
+def assert_reuses(before: dict[str, Any], after: dict[str, Any], answer: str) -> None:
+    """``after`` repeats ``before`` up to its question, then that question and its answer.
+
+    The question may come back without the passages it carried (they were for that turn).
+    """
+    old, new = before["messages"], after["messages"]
+    assert new[: len(old) - 1] == old[:-1], "something before the previous question changed"
+    question = new[len(old) - 1]
+    assert question["role"] == "user"
+    assert new[len(old)] == {"role": "assistant", "content": answer}
+
+
+async def kb_linked(wire: Wire, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "bees.md").write_text("Honey bees dance to tell the hive where the flowers are.\n" * 4)
+    (docs / "pump.md").write_text("The pump needs oil every spring and a new seal every year.\n" * 4)
+    rid = await wire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})
+    assert (await wire.until(rid, ("kb", "error")))[-1]["type"] == "kb"
+    assert (await wire.request({"type": "kb_link", "kb": "notes"}))["type"] == "kb"
+
+
+async def test_the_prompt_before_the_previous_answer_never_changes_with_a_kb(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    await kb_linked(wire, tmp_path)
+    questions = ["why do bees dance?", "and the pump?", "how often oil?", "what about the hive?"]
+    cid, answers = None, []
+    for n, question in enumerate(questions):
+        router.script(Reply(text=f"Answer {n}."))
+        events = await wire.ask(question, **({"conversation": cid} if cid else {}))
+        assert events[-1]["type"] == "done", events[-1]
+        assert any(e["stage"] == "kb" for e in of_type(events, "progress"))
+        cid = events[0]["conversation"]
+        answers.append(events[-1]["text"])
+    sent = turn_requests(router)
+    assert len(sent) == len(questions)
+    system = sent[0]["messages"][0]
+    for n in range(1, len(sent)):
+        assert sent[n]["messages"][0] == system
+        assert_reuses(sent[n - 1], sent[n], answers[n - 1])
+        # the passages ride with this turn's question, and only with it
+        assert "[Knowledge Base Context]" in json.dumps(sent[n]["messages"][-1])
+        assert "[Knowledge Base Context]" not in json.dumps(sent[n]["messages"][:-1])
+        assert sent[n]["messages"][len(sent[n - 1]["messages"]) - 1] == {"role": "user", "content": questions[n - 1]}
+
+
+async def test_files_and_tool_rounds_keep_the_prefix(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the launch code is 4711\n")
+    events = await wire.ask("keep this", files=[str(notes)])
+    cid = of_type(events, "user")[0]["conversation"]
+    router.script(
+        Reply(tool_calls=[{"id": "c1", "name": "attachment_recall", "arguments": '{"action": "list"}'}]),
+        Reply(text="It is in notes.txt."),
+    )
+    second = await wire.ask("where is the code?", conversation=cid)
+    await wire.ask("thanks", conversation=cid)
+    first_req, round1, round2, third = turn_requests(router)
+    assert_reuses(first_req, round1, events[-1]["text"])
+    assert round2["messages"][: len(round1["messages"])] == round1["messages"]  # a round only appends
+    # the next turn replays the whole tool exchange as it was sent, then the answer
+    assert third["messages"][: len(round2["messages"])] == round2["messages"]
+    assert third["messages"][len(round2["messages"])] == {"role": "assistant", "content": second[-1]["text"]}
+    assert round1["tools"] == third["tools"]  # the tool list a template renders first stays put
+
+
+async def test_every_request_caps_its_reply_and_leaves_room(wire: Wire, router: FakeRouter) -> None:
+    cid = None
+    for n in range(4):
+        events = await wire.ask(f"question {n} " + "words " * 60, model=SMALL, **({"conversation": cid} if cid else {}))
+        cid = events[0]["conversation"]
+    for request in turn_requests(router):
+        prompt = sum(len(json.dumps(m)) for m in request["messages"]) // 4
+        assert 0 < request["max_tokens"] <= 1024 // 4
+        assert prompt + request["max_tokens"] <= 1024 - 1024 // 8 or request["max_tokens"] == 1024 // 8
+
+
+async def test_a_reply_larger_than_the_context_does_not_end_the_conversation(
+    wire: Wire, router: FakeRouter
+) -> None:
+    story = " ".join(f"word{n}" for n in range(2_500))  # ~4,000 tokens in a 1,024-token context
+    router.script(Reply(text=story))
+    events = await wire.ask("tell me a very long story", model=SMALL)
+    cid = events[0]["conversation"]
+    assert events[-1]["type"] == "done"
+    for question in ("who was the hero?", "and how did it end?"):
+        events = await wire.ask(question, conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+    replayed = json.dumps(turn_requests(router)[-1]["messages"])
+    assert "word0 " in replayed and "word2499" in replayed  # its head and its end
+    assert "left out here to fit the context" in replayed and "conversation_search" in replayed
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert opened["turns"][0]["reply"] == story  # history keeps it whole
+
+
+async def test_a_file_larger_than_the_context_allows_after_a_model_switch(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.txt"
+    report.write_text("line of the quarterly report\n" * 400)  # ~2,900 tokens: fits 8k, not 1k
+    router.script(Reply(text="A report, read."))
+    events = await wire.ask("read this", files=[str(report)], model="fake-vision")
+    cid = of_type(events, "user")[0]["conversation"]
+    changed = await wire.request({"type": "settings", "conversation": cid, "model": SMALL})
+    assert changed["type"] == "settings", changed
+    events = await wire.ask("summarise it in one line", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    assert "left out here to fit the context" in json.dumps(turn_requests(router)[-1]["messages"])
+
+
+async def test_a_question_that_cannot_fit_names_the_real_cause(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("hello", model=SMALL))[0]["conversation"]
+    events = await wire.ask("please read: " + "blah " * 1_000, conversation=cid)
+    error = events[-1]
+    assert error["type"] == "error" and error["code"] == "context_overflow"
+    assert "this question needs about" in error["message"] and "shorten it" in error["message"]
+    assert "files" not in error["message"]
+    assert len(turn_requests(router)) == 1  # refused before the router heard it
+    events = await wire.ask("a short one", conversation=cid)
+    assert events[-1]["type"] == "done"  # and the conversation goes on
+
+
+async def test_images_that_cannot_fit_say_so(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    images = [str(make_png(tmp_path / f"i{n}.png")) for n in range(2)]  # 2 x 765 tokens > 1,024
+    events = await wire.ask("look", files=images, model=SMALL)
+    assert events[-1]["code"] == "context_overflow"
+    assert "this question and its files need" in events[-1]["message"]
+
+
+async def test_a_failed_summary_leaves_old_turns_out_and_goes_on(wire: Wire, router: FakeRouter) -> None:
+    cid = None
+    for n in range(12):
+        router.script_complete(Reply(status=500, error="summariser down"))
+        router.script(Reply(text=f"Answer {n}: " + "word " * 80))
+        fields = {"conversation": cid} if cid else {"model": SMALL}
+        events = await wire.ask(f"question {n} " + "filler " * 60, **fields)
+        assert events[-1]["type"] == "done", events[-1]
+        cid = events[0]["conversation"]
+    last = turn_requests(router)[-1]["messages"]
+    assert "question 0 " not in json.dumps(last) and "question 11 " in json.dumps(last)
+    assert sum(len(json.dumps(m)) for m in last) // 4 < 1024
