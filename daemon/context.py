@@ -34,39 +34,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attachments import resolve_image_refs
-from history import AsyncHistory, Compaction, HistoryStore
+from history import AsyncHistory, Compaction, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
 from recall import (
     Budget,
     attachment_manifest,
     estimate_messages,
-    fit_message,
     plan_compaction,
     summarize,
     summary_message,
 )
 
 from .config import Config
-from .errors import AssistantError, ContextOverflow
+from .errors import AssistantError, ContextOverflow, RouterUnreachable
+from .replay import ReplayCache, Replayed, ReplayedTurn, router_messages
 from .router import ModelInfo, RouterClient
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
 
 logger = logging.getLogger(__name__)
 
-# keys we keep on stored messages that routers do not accept
-PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")
 KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
 COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
+NO_SUMMARY = "{previous}(Later turns could not be summarised: conversation_search finds what was said in them.)"
 SUMMARY_CHARS_PER_TOKEN = 3  # what the summariser is sent, counted cautiously (dense text, code)
 
 Progress = Callable[[str, str], None]
-
-
-def router_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stored messages as the router takes them: our bookkeeping keys removed."""
-    return [{k: v for k, v in m.items() if k not in PRIVATE_MESSAGE_KEYS} for m in messages]
 
 
 def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -125,12 +118,18 @@ class ContextBuilder:
         self.history = history
         self.router = router
         self.kbs = kbs
+        self.replays = ReplayCache(self.estimate)
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
 
     def estimate(self, messages: list[dict[str, Any]]) -> int:
         return estimate_messages(messages, self.config.image_tokens)
+
+    async def read(self, cid: int) -> TurnContext | None:
+        """The conversation and the turns answered since its last prompt (one trip to the store)."""
+        known = self.replays.known(cid)
+        return await self.history.run(lambda s: s.turn_context(cid, known))
 
     async def build(
         self,
@@ -141,49 +140,63 @@ class ContextBuilder:
         progress: Progress,
         kb: tuple[str, str] = ("", "off"),
         force: bool = False,
+        known: TurnContext | None = None,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
-        ``kb`` is (the user's question, the conversation's ``kb_injection`` mode): linked
-        knowledge bases are searched with it and the best passages put before the
-        question when the context allows. ``force`` folds every earlier turn and adds no
-        passages: the router said the last prompt overflowed, so our estimate was low.
+        ``known`` is what ``read`` gave before the turn was stored (None for a new
+        conversation). ``kb`` is (the user's question, the conversation's ``kb_injection``
+        mode): linked knowledge bases are searched with it and the best passages put
+        before the question when the context allows. ``force`` folds every earlier turn and
+        adds no passages: the router said the last prompt overflowed, so our estimate was low.
         """
         budget = self.budget(model)
-        compaction, turns = await self.history.run(lambda s: _earlier(s, cid, turn))
-        turns = [(n, [fit_message(m, budget.replay_tokens) for m in ms]) for n, ms in turns]
+        entry = await self._replayed(cid, turn, model, budget, known)
         own = self.estimate([{"role": "system", "content": self.config.system_prompt}, *current])
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
-        through = self._plan(turns, own + budget.summary_tokens, budget, force)
+        through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
         if through is not None:
-            folded = [m for n, messages in turns if n <= through for m in messages]
-            made = await self._compact(cid, model, budget, compaction, folded, through, progress)
-            if made is not None:
-                compaction = made
-                turns = [(n, m) for n, m in turns if n > made.through_turn]
-        system = await self._system(cid, turn, compaction, [n for n, _ in turns])
-        earlier = await self._replay(turns, system, current, budget, model, cid)
-        prompt = [*system, *earlier, *current]
+            folded = [m for t in entry.turns if t.n <= through for m in t.stored]
+            made = await self._compact(cid, model, budget, entry.compaction, folded, through, progress)
+            entry.fold(made)
+        if entry.system is None:
+            entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
+        earlier = await self._replay(entry.turns, entry.system, current, budget, model, cid)
+        prompt = [*entry.system, *earlier, *current]
         tokens = self.estimate(prompt)
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
-        block = None if force else await self._knowledge(cid, kb, tokens, budget.ctx_max, progress)
+        kb_ids = known.kb_ids if known else None
+        block = None if force else await self._knowledge(cid, kb, tokens, budget.ctx_max, progress, kb_ids)
         if block:
             prompt[-1] = with_passages(prompt[-1], block)
             tokens = self.estimate(prompt)
         return Prompt(prompt, tokens, budget)
 
-    def _plan(
-        self, turns: list[tuple[int, list[dict[str, Any]]]], fixed: int, budget: Budget, force: bool
-    ) -> int | None:
+    async def _replayed(
+        self, cid: int, turn: int, model: ModelInfo, budget: Budget, known: TurnContext | None
+    ) -> Replayed:
+        """The conversation's replayed turns before ``turn``: those held, and those answered since."""
+        compaction = known.compaction if known else None
+        after = compaction.through_turn if compaction else 0
+        entry = self.replays.get(cid, after, budget.ctx_max, model.vision, known.known if known else 0)
+        raw = known.earlier if known else []
+        if entry is None:
+            if known is not None and known.known > 0:  # the read skipped turns no longer held
+                compaction, raw = await self.history.run(lambda s: _earlier(s, cid, turn))
+            entry = self.replays.start(cid, compaction, budget.ctx_max, model.vision)
+        self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
+        return entry
+
+    def _plan(self, turns: list[ReplayedTurn], fixed: int, budget: Budget, force: bool) -> int | None:
         """The last turn to fold, or None: the oldest but the last few, or all when that is not enough."""
         if not turns:
             return None
         if force:
-            return turns[-1][0]
-        sizes = [(n, self.estimate(messages)) for n, messages in turns]
+            return turns[-1].n
+        sizes = [(t.n, t.tokens) for t in turns]
         share = min(self.config.compact_at, budget.prompt_limit / budget.ctx_max)
         if fixed + sum(tokens for _, tokens in sizes) <= share * budget.ctx_max:
             return None
@@ -198,7 +211,7 @@ class ContextBuilder:
 
     async def _replay(
         self,
-        turns: list[tuple[int, list[dict[str, Any]]]],
+        turns: list[ReplayedTurn],
         system: list[dict[str, Any]],
         current: list[dict[str, Any]],
         budget: Budget,
@@ -207,19 +220,19 @@ class ContextBuilder:
     ) -> list[dict[str, Any]]:
         """The earlier turns in router form; the oldest are left out while the prompt cannot fit.
 
-        Leaving turns out happens only when a compaction failed or fell short: it changes
-        the prompt's start on every turn, which a summary does once.
+        Leaving turns out happens only when a compaction fell short: it changes the
+        prompt's start on every turn, which a summary does once.
         """
         room = budget.prompt_limit - self.estimate([*system, *current])
-        sizes = [self.estimate(messages) for _, messages in turns]
+        total = sum(t.tokens for t in turns)
         skip = 0
-        while skip < len(turns) and sum(sizes[skip:]) > room:
+        while skip < len(turns) and total > room:
+            total -= turns[skip].tokens
             skip += 1
         if skip:
             logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
                            cid, skip, model.id)
-        kept = [m for _, messages in turns[skip:] for m in messages]
-        return router_messages(await resolve_image_refs(kept, vision=model.vision))
+        return [m for t in turns[skip:] for m in await t.for_router(model.vision)]
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -239,8 +252,8 @@ class ContextBuilder:
         folded: list[dict[str, Any]],
         through: int,
         progress: Progress,
-    ) -> Compaction | None:
-        """Summarise turns up to ``through`` and store it; None (logged) if the model fails."""
+    ) -> Compaction:
+        """Summarise turns up to ``through`` and store it; a note in its place if the model cannot."""
         progress("compacting", f"summarising turns 1-{through} to make room")
         # what the summariser may read: its own context less the summary it writes and
         # its instructions, at the cautious characters-per-token of file budgets
@@ -250,17 +263,23 @@ class ContextBuilder:
                 self.router, model.id, previous.summary if previous else None, folded, budget.summary_tokens,
                 max_input_chars=room,
             )
+        except RouterUnreachable:
+            raise  # no summary and no answer either: the turn fails and says why
         except AssistantError as exc:
-            logger.warning("compaction of conversation %d failed: %s", cid, exc.message)
-            return None
+            # the model cannot summarise (it errs, or says nothing): fold the turns all the same,
+            # behind a note, so the prompt stays the same from here on instead of losing its
+            # oldest turn anew (and asking for a summary again) on every turn
+            logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
+            summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
         return await self.history.run(lambda s: s.add_compaction(cid, through, summary))
 
     async def _knowledge(
-        self, cid: int, kb: tuple[str, str], ctx_used: int, ctx_max: int, progress: Progress
+        self, cid: int, kb: tuple[str, str], ctx_used: int, ctx_max: int, progress: Progress,
+        kb_ids: list[int] | None,
     ) -> str | None:
         """The knowledge-base block for this turn, if the mode, the links and the context allow."""
         query, mode = kb
-        injection = await self.kbs.context_block(cid, query, mode, ctx_used, ctx_max)
+        injection = await self.kbs.context_block(cid, query, mode, ctx_used, ctx_max, kb_ids)
         if injection.skipped_reason:
             progress("kb", injection.skipped_reason)
         elif injection.block:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from history import AsyncHistory, Conversation, NewAttachment, TurnStatus, parse_arguments
+from history import AsyncHistory, Conversation, NewAttachment, TurnContext, TurnStatus, parse_arguments
 from kbinject import KnowledgeBases, injection_mode
 from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_messages
 
@@ -82,6 +82,7 @@ class TurnState:
     ctx_used: int = 0
     round_start: int = 0  # where the current round's text begins in the reply
     prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
+    known: TurnContext | None = None  # what history held for the prompt before this turn (None: a new conversation)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -221,7 +222,10 @@ class TurnEngine:
     ) -> None:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
-        conv = await self.conversation(cid)
+        known = await self.context.read(cid) if cid is not None else None  # one trip for all the prompt needs
+        if cid is not None and known is None:
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+        conv = known.conversation if known else None
         where["turn"] = conv.turns + 1 if conv else 1
         self._validate(text, files)
         chosen: str | None = request.get("model") or None
@@ -235,6 +239,7 @@ class TurnEngine:
             return
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
         state = await self._store_start(conv, text, prepared, model, chosen)
+        state.known = known
         slot.state = state
         self._slots[state.conversation] = slot
         emit(self._user_event(state.conversation, state.turn, text, prepared))
@@ -369,13 +374,16 @@ class TurnEngine:
         def progress(stage: str, detail: str) -> None:
             emit({"type": "progress", **where, "stage": stage, "detail": detail})
 
+        known = state.known
         prompt = await self.context.build(
-            state.conversation, state.turn, state.model, [state.question], progress, state.kb
+            state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known
         )
         state.prompt_estimate = prompt.tokens
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
             max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens), kb_injection=state.kb[1],
+            has_attachments=(known is not None and known.has_attachments) or has_files(state.messages[0]),
+            kb_ids=known.kb_ids if known else None,
         )
         tools_work = state.model.tools and state.model.id not in self._no_tools
         offered = await self.toolbox.offer(ctx) if tools_work else []
@@ -390,7 +398,8 @@ class TurnEngine:
                 if round_no or state.reply:
                     raise
                 prompt = await self.context.build(
-                    state.conversation, state.turn, state.model, [state.question], progress, state.kb, force=True
+                    state.conversation, state.turn, state.model, [state.question], progress, state.kb, force=True,
+                    known=known,
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
             state.prompt = prompt.messages
@@ -559,6 +568,11 @@ class TurnEngine:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task failed", exc_info=task.exception())
+
+
+def has_files(question: dict[str, Any]) -> bool:
+    """Whether a stored question carries files (its content is a list of parts then)."""
+    return isinstance(question.get("content"), list)
 
 
 def add_user_note(prompt: list[dict[str, Any]], note: str) -> None:

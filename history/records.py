@@ -318,3 +318,17 @@ def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     return calls
+
+
+@dataclass
+class TurnContext:
+    """What a new turn's prompt needs from history, read in one trip to the store."""
+
+    conversation: Conversation
+    compaction: Compaction | None  # the latest one; its summary stands for the turns it folded
+    # (turn, messages) of the answered turns after the compaction and after what the
+    # caller already holds from earlier turns (``HistoryStore.turn_context``'s ``known``)
+    earlier: list[tuple[int, list[dict[str, Any]]]]
+    has_attachments: bool
+    kb_ids: list[int]  # the knowledge bases the conversation sees
+    known: int = 0  # the ``known`` it was read with: ``earlier`` holds the answered turns after it

@@ -46,6 +46,7 @@ from .records import (
     NewAttachment,
     SearchHit,
     Turn,
+    TurnContext,
     TurnStatus,
 )
 
@@ -296,6 +297,26 @@ class HistoryStore:
     def get_conversation(self, cid: int) -> Conversation | None:
         """The conversation, None if it is missing or deleted."""
         return self._conversation(cid)
+
+    def turn_context(self, cid: int, known: int = 0) -> TurnContext | None:
+        """The conversation and what its next prompt needs; None if it is missing or deleted.
+
+        ``known`` is the last turn the caller still holds from an earlier call: only the
+        answered turns after it (and after the latest compaction) are read and decoded.
+        """
+        conversation = self._conversation(cid)
+        if conversation is None:
+            return None
+        compaction = self.latest_compaction(cid)
+        after = max(compaction.through_turn if compaction else 0, known)
+        return TurnContext(
+            conversation=conversation,
+            compaction=compaction,
+            earlier=self.answered_turns(cid, conversation.turns + 1, after),
+            has_attachments=self.has_attachments(cid),
+            kb_ids=self.kb.linked_ids(cid),
+            known=known,
+        )
 
     def list_conversations(
         self, limit: int = DEFAULT_LIST_LIMIT, before: str | None = None

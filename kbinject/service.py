@@ -539,13 +539,17 @@ class KnowledgeBases:
         mode: InjectionMode | str | None,
         ctx_used_estimate: int,
         ctx_max: int,
+        kb_ids: Sequence[int] | None = None,
     ) -> Injection:
-        """The knowledge-base block for this turn's system prompt, or why there is none.
+        """The knowledge-base block for this turn's question, or why there is none.
 
+        ``kb_ids`` are the KBs the conversation sees when the caller has read them already.
         Never raises (but CancelledError): a failure is logged and nothing injected.
         """
         try:
-            return await self._context_block(conversation, query, injection_mode(mode), ctx_used_estimate, ctx_max)
+            return await self._context_block(
+                conversation, query, injection_mode(mode), ctx_used_estimate, ctx_max, kb_ids
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -553,12 +557,15 @@ class KnowledgeBases:
             return Injection(None, note=f"knowledge-base search failed ({type(exc).__name__})")
 
     async def _context_block(
-        self, conversation: int, query: str, mode: InjectionMode, ctx_used: int, ctx_max: int
+        self, conversation: int, query: str, mode: InjectionMode, ctx_used: int, ctx_max: int,
+        known_ids: Sequence[int] | None,
     ) -> Injection:
         top_k = self.config.kb_top_k
         if mode not in INJECTING_MODES or top_k <= 0 or not query.strip():
             return Injection(None)
-        kb_ids = await self.history.run(lambda s: s.kb.linked_ids(conversation))
+        kb_ids = list(known_ids) if known_ids is not None else await self.history.run(
+            lambda s: s.kb.linked_ids(conversation)
+        )
         if not kb_ids:
             return Injection(None)
         if ctx_max > 0 and ctx_used >= CONTEXT_LIMIT * ctx_max:

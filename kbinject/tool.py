@@ -66,6 +66,8 @@ class KbSearch(Tool):
     async def available(self, ctx: ToolContext) -> bool:
         if injection_mode(ctx.kb_injection) not in TOOL_MODES:
             return False
+        if ctx.kb_ids is not None:
+            return bool(ctx.kb_ids)
         return await self.kbs.has_linked(ctx.conversation)
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:

@@ -16,11 +16,12 @@ from .budget import Budget, cut_text, fit_message
 from .compaction import plan_compaction, summarize, summary_message, transcript
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
-from .tokens import CHARS_PER_TOKEN, estimate_messages, estimate_text
+from .tokens import CHARS_PER_TOKEN, IMAGE_PART_TYPES, estimate_messages, estimate_text
 from .toolbox import Tool, ToolContext, ToolError, ToolResult, Toolbox, error_result, json_content
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "IMAGE_PART_TYPES",
     "MAX_IMAGE_BASE64",
     "PAGE_BREAK",
     "PAGE_MARKER",

@@ -131,6 +131,8 @@ class AttachmentRecall(Tool):
     }
 
     async def available(self, ctx: ToolContext) -> bool:
+        if ctx.has_attachments is not None:
+            return ctx.has_attachments
         cid = ctx.conversation
         return await ctx.history.run(lambda s: s.has_attachments(cid))
 

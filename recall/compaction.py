@@ -136,12 +136,27 @@ def _render(message: dict[str, Any], limit: int) -> str | None:
 
 
 def transcript(messages: Sequence[dict[str, Any]], max_chars: int | None = None) -> str:
-    """The messages as the summariser reads them, long ones cut to fit ``max_chars``."""
+    """The messages as the summariser reads them, long ones cut to fit ``max_chars``.
+
+    When even cut messages are too many, the oldest are left out (the summary before
+    them, which the summariser also reads, stands for the older past).
+    """
     per_message = MESSAGE_CHARS
     if max_chars is not None and messages:
         per_message = max(MIN_MESSAGE_CHARS, min(MESSAGE_CHARS, max_chars // len(messages)))
-    rendered = (_render(m, per_message) for m in messages if isinstance(m, dict))
-    return "\n\n".join(text for text in rendered if text)
+    rendered = [text for text in (_render(m, per_message) for m in messages if isinstance(m, dict)) if text]
+    if max_chars is None:
+        return "\n\n".join(rendered)
+    kept: list[str] = []
+    size = 0
+    for text in reversed(rendered):
+        size += len(text) + 2
+        if kept and size > max_chars:
+            break
+        kept.append(text)
+    left_out = len(rendered) - len(kept)
+    note = [f"[{left_out} older messages are left out here]"] if left_out else []
+    return "\n\n".join(note + kept[::-1])
 
 
 def _clean(raw: str) -> str:

@@ -53,6 +53,9 @@ class ToolContext:
     # the conversation's kb_injection setting (auto/tool_only/both/off): kb_search is
     # offered only under tool_only and both; None reads as the default, auto
     kb_injection: str | None = None
+    # what the turn already read from history, so the offer needs no trip of its own (None: ask)
+    has_attachments: bool | None = None
+    kb_ids: list[int] | None = None
 
 
 @dataclass

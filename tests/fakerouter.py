@@ -184,6 +184,7 @@ class FakeRouter:
         self._stopping: asyncio.Event | None = None
         self._startup_error: BaseException | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self._counter = 0
 
     # -- lifecycle ---------------------------------------------------------
@@ -235,15 +236,24 @@ class FakeRouter:
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._connection, HOST, self._port_wanted, limit=HEADER_LIMIT)
+        server = await asyncio.start_server(self._accept, HOST, self._port_wanted, limit=HEADER_LIMIT)
         self._port = server.sockets[0].getsockname()[1]
         ready.set()
         async with server:
             await self._stopping.wait()
+            # Stop accepting before closing: a connection accepted in the same loop iteration
+            # as Server.close() gets its transport after the close, which Python 3.11 refuses
+            # (an AssertionError in Server._attach) and leaks the socket.
+            for sock in server.sockets:
+                self._loop.remove_reader(sock.fileno())
+            for _ in range(5):
+                await asyncio.sleep(0)
             server.close()
             for task in list(self._connections):
                 task.cancel()
             await asyncio.gather(*self._connections, return_exceptions=True)
+            for writer in self._writers:  # a task cancelled before its first step never closed its own
+                writer.transport.abort()
             # Closed transports release their sockets on the next loop iterations.
             for _ in range(3):
                 await asyncio.sleep(0)
@@ -292,10 +302,14 @@ class FakeRouter:
 
     # -- HTTP plumbing -------------------------------------------------------
 
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Called as a connection is made: the writer is known before its task runs."""
+        self._writers.add(writer)
+        self._connections.add(asyncio.ensure_future(self._connection(reader, writer)))
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         with self._cond:
             self.connections += 1
         try:
@@ -312,6 +326,7 @@ class FakeRouter:
             writer.write(_response_bytes(500, {"error": {"code": 500, "message": "fake router crashed"}}, False))
         finally:
             self._connections.discard(task)
+            self._writers.discard(writer)
             if self._stopping is not None and self._stopping.is_set():
                 writer.transport.abort()  # a client that stopped reading must not delay stop()
             else:
@@ -359,6 +374,11 @@ class FakeRouter:
             return await self._chat(request, reader, writer)
         if route == ("POST", "/embeddings"):
             return await self._embeddings(request, writer)
+        if route == ("GET", "/debug/last-chat"):
+            # the last chat request's body, for a benchmark that replays the daemon's very prompt
+            with self._cond:
+                last = self.requests[-1] if self.requests else None
+            return await _send(writer, 200 if last else 404, last or _error_body(404, "no chat yet", "not_found_error"), request)
         return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
 
     # -- endpoints -------------------------------------------------------------

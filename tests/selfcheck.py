@@ -353,13 +353,16 @@ async def _kb_ingest(ctx: Context) -> None:
     expect(bool(ctx.router.embedding_requests) and result["embedded"] == result["chunks"], f"embedded: {result}")
 
 
-@check("a linked KB is injected as [Knowledge Base Context] in the system prompt")
+@check("a linked KB is injected as [Knowledge Base Context] before the question, not in the system prompt")
 async def _kb_inject(ctx: Context) -> None:
     await ctx.wire.request({"type": "kb_link", "kb": "science"})
     await ctx.wire.ask("what is lava?")
-    system = ctx.router.requests[-1]["messages"][0]["content"]
-    expect("[Knowledge Base Context]" in system and "Source: science (chunk" in system, f"system: {system[:300]}")
-    expect("Magma that reaches the surface" in system, "the right passage was not injected")
+    messages = ctx.router.requests[-1]["messages"]
+    question = messages[-1]["content"]
+    expect("[Knowledge Base Context]" in question and "Source: science (chunk" in question, f"question: {question[:300]}")
+    expect(question.endswith("what is lava?"), "the passages do not come before the question")
+    expect("Magma that reaches the surface" in question, "the right passage was not injected")
+    expect("[Knowledge Base Context]" not in messages[0]["content"], "the system prompt changed with the passages")
 
 
 @check("kb_injection modes: off injects nothing, tool_only offers kb_search instead")
@@ -367,11 +370,11 @@ async def _kb_modes(ctx: Context) -> None:
     cid = _user(await ctx.wire.ask("hello"))["conversation"]
     await ctx.wire.request({"type": "settings", "conversation": cid, "kb_injection": "off"})
     await ctx.wire.ask("what is lava?", conversation=cid)
-    expect("[Knowledge Base Context]" not in ctx.router.requests[-1]["messages"][0]["content"], "off still injected")
+    expect("[Knowledge Base Context]" not in json.dumps(ctx.router.requests[-1]["messages"]), "off still injected")
     await ctx.wire.request({"type": "settings", "conversation": cid, "kb_injection": "tool_only"})
     ctx.router.script(_call("kb_search", {"query": "boiling water"}), Reply(text="100 degrees"))
     events = await ctx.wire.ask("when does water boil?", conversation=cid)
-    expect("[Knowledge Base Context]" not in ctx.router.requests[-1]["messages"][0]["content"], "tool_only injected")
+    expect("[Knowledge Base Context]" not in json.dumps(ctx.router.requests[-1]["messages"]), "tool_only injected")
     tools = of_type(events, "tool")
     expect(len(tools) == 1 and tools[0]["name"] == "kb_search" and tools[0]["ok"], f"tool: {tools}")
     expect("Water boils at 100 degrees" in _tool_results(ctx)[-1], "kb_search did not find the passage")

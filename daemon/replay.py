@@ -1,0 +1,131 @@
+"""Earlier turns as a prompt replays them, held between turns.
+
+Every turn replays the conversation so far.  Reading all of it from SQLite, decoding
+its JSON, cutting oversize messages and estimating tokens again on every turn costs
+milliseconds at a few hundred turns, before the first token.  The answered turns do not
+change once answered (one turn runs per conversation, and nothing edits a past one), so
+the replayed form of each is made once and held here; a turn reads only the turns
+answered since (``HistoryStore.turn_context(known=...)``).
+
+What is held stays valid while the conversation's latest compaction and the model's
+context size and vision are the same; otherwise the entry is rebuilt from storage.
+Turns carrying images are held without their pixels (resolved from their files for each
+prompt), so the cache holds text, and at most ``CACHED_CONVERSATIONS`` conversations.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attachments import resolve_image_refs
+from history import Compaction
+from recall import IMAGE_PART_TYPES, fit_message
+
+__all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
+
+CACHED_CONVERSATIONS = 32
+Messages = list[dict[str, Any]]
+PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")  # ours, not the router's
+
+
+def router_messages(messages: Sequence[dict[str, Any]]) -> Messages:
+    """Stored messages as the router takes them: our bookkeeping keys removed."""
+    return [{k: v for k, v in m.items() if k not in PRIVATE_MESSAGE_KEYS} for m in messages]
+
+
+def has_images(messages: Sequence[dict[str, Any]]) -> bool:
+    return any(
+        isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES
+        for m in messages if isinstance(m.get("content"), list)
+        for part in m["content"]
+    )
+
+
+@dataclass
+class ReplayedTurn:
+    """One answered turn as replayed: its stored messages (cut to fit) and their tokens."""
+
+    n: int
+    stored: Messages  # whole exchanges, oversize text cut; image references as stored
+    tokens: int
+    sent: Messages | None  # the router's form; None when it has images, resolved per prompt
+
+    async def for_router(self, vision: bool) -> Messages:
+        if self.sent is not None:
+            return self.sent
+        return router_messages(await resolve_image_refs(self.stored, vision=vision))
+
+
+@dataclass
+class Replayed:
+    """A conversation's replayed turns after its latest compaction, up to a turn."""
+
+    compaction: Compaction | None  # the latest; its summary stands for the turns it folded
+    ctx_max: int
+    vision: bool
+    upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
+    turns: list[ReplayedTurn] = field(default_factory=list)
+    system: Messages | None = None  # the system message, made once per compaction
+
+    @property
+    def after(self) -> int:
+        return self.compaction.through_turn if self.compaction else 0
+
+    def fold(self, compaction: Compaction) -> None:
+        """A new compaction now stands for the turns it folded."""
+        self.compaction = compaction
+        self.turns = [t for t in self.turns if t.n > compaction.through_turn]
+        self.system = None
+
+
+class ReplayCache:
+    """The replayed turns of the conversations asked in lately."""
+
+    def __init__(self, estimate: Callable[[Messages], int], size: int = CACHED_CONVERSATIONS) -> None:
+        self._estimate = estimate
+        self._size = size
+        self._entries: OrderedDict[int, Replayed] = OrderedDict()
+
+    def known(self, cid: int) -> int:
+        """The last turn held for ``cid``: a store read need only bring the turns after it."""
+        entry = self._entries.get(cid)
+        return entry.upto if entry else 0
+
+    def get(self, cid: int, after: int, ctx_max: int, vision: bool, known: int) -> Replayed | None:
+        """The entry, when it is still valid and holds every turn up to ``known``.
+
+        ``after`` is the latest compaction the store knew of when it was read; the entry may
+        know a later one (made by this same turn before a retry).
+        """
+        entry = self._entries.get(cid)
+        if entry is None or (entry.ctx_max, entry.vision) != (ctx_max, vision):
+            return None
+        if entry.after < after or entry.upto < known:
+            return None
+        self._entries.move_to_end(cid)
+        return entry
+
+    def start(self, cid: int, compaction: Compaction | None, ctx_max: int, vision: bool) -> Replayed:
+        """A new, empty entry for ``cid`` (replacing any)."""
+        entry = Replayed(compaction, ctx_max, vision)
+        self._entries[cid] = entry
+        self._entries.move_to_end(cid)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return entry
+
+    def add(self, entry: Replayed, turns: Sequence[tuple[int, Messages]], upto: int, replay_tokens: int) -> None:
+        """Append the turns answered after ``entry.upto`` (whole exchanges), then hold up to ``upto``."""
+        for n, messages in turns:
+            if n <= entry.upto or n <= entry.after:
+                continue
+            stored = [fit_message(m, replay_tokens) for m in messages]
+            sent = None if has_images(stored) else router_messages(stored)
+            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored), sent))
+        entry.upto = max(entry.upto, upto)
+
+    def forget(self, cid: int) -> None:
+        self._entries.pop(cid, None)
