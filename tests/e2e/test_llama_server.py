@@ -11,10 +11,12 @@ Skipped as a whole, with the reason, when llama-server is not installed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import string
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -438,3 +440,72 @@ async def test_a_knowledge_base_with_real_embeddings(
             await wire.close()
         finally:
             await running.stop()
+
+
+# -- a small context and the prompt cache (issue: prompts a real server can reuse) -------------------------
+
+SMALL_CTX = 1024
+# no -n cap here: the daemon's own max_tokens must stop a story that would fill the context
+SERVER_EXTRA_SMALL = ("--metrics", "--slots", "-np", "1")
+
+
+@pytest.fixture
+def small_server(config: Config) -> Iterator[Any]:
+    """A second llama-server with a 1,024-token context and one slot (its cache is the slot's)."""
+    server = llama.start_server(STATE, extra=(*SERVER_EXTRA_SMALL, "-c", str(SMALL_CTX)),
+                                log=llama.CACHE / "e2e-llama-server-small.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def small_daemon(config: Config, server: Any) -> RunningDaemon:
+    running = RunningDaemon(dataclasses.replace(config, router_url=server.v1))
+    await running.start()
+    return running
+
+
+async def test_a_long_story_in_a_small_context_leaves_the_conversation_alive(
+    config: Config, small_server: Any
+) -> None:
+    """Asked for a very long story with -c 1024, the model would write until the context is
+    full; every later turn would then overflow.  The reply is capped so two more questions
+    are answered."""
+    running = await small_daemon(config, small_server)
+    wire = await running.connect()
+    try:
+        story = assert_turn(await wire.ask(LONG))
+        assert story["ctx_max"] == SMALL_CTX
+        assert story["finish_reason"] in FINISHED
+        assert story["usage"]["prompt_tokens"] + story["usage"]["completion_tokens"] <= SMALL_CTX - SMALL_CTX // 8
+        cid = story["conversation"]
+        for question in ("Who was the hero of the story?", "How did it end?"):
+            done = assert_turn(await wire.ask(question, conversation=cid))
+            assert done["usage"]["prompt_tokens"] < SMALL_CTX
+        opened = await wire.request({"type": "open", "conversation": cid})
+        assert opened["turns"][0]["reply"] == story["text"]  # stored whole
+    finally:
+        await wire.close()
+        await running.stop()
+
+
+async def test_the_server_reuses_the_conversation_from_turn_to_turn(config: Config, small_server: Any) -> None:
+    """llama-server's `timings` say how much of each prompt came from its cache: from the
+    third turn on, only the previous answer and the new question are read."""
+    running = await small_daemon(config, small_server)
+    wire = await running.connect()
+    try:
+        cid = None
+        timings = []
+        for n in range(5):
+            events = await wire.ask(f"Question {n}: name a colour.", **({"conversation": cid} if cid else {}))
+            done = assert_turn(events)
+            cid = done["conversation"]
+            timings.append(done["timings"])
+        for later in timings[2:]:
+            assert later["cache_n"] > 0
+            assert later["prompt_n"] < later["cache_n"], timings
+    finally:
+        await wire.close()
+        await running.stop()
