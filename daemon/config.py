@@ -39,7 +39,7 @@ class Config:
     # the context assumed for a model whose server says nothing of it (and has not yet
     # refused a prompt as too long, which teaches us the real size)
     assumed_ctx: int = 4096
-    # the most tokens one reply may take; 0: a quarter of the context (see daemon/budget.py)
+    # the most tokens one reply may take; 0: a quarter of the context (docs/DESIGN.md, "Budgets")
     max_reply_tokens: int = 0
     embedding_model: str = ""
     embedding_url: str = ""  # empty: router_url
