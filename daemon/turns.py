@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from history import AsyncHistory, Conversation, NewAttachment, TurnContext, TurnStatus, parse_arguments
+from history import AsyncHistory, Conversation, HistoryStore, NewAttachment, TurnContext, TurnStatus, parse_arguments
 from kbinject import KnowledgeBases, injection_mode
 from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_messages
 
@@ -239,7 +239,7 @@ class TurnEngine:
             return
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
         state = await self._store_start(conv, text, prepared, model, chosen)
-        state.known = known
+        state.known = known or state.known
         slot.state = state
         self._slots[state.conversation] = slot
         emit(self._user_event(state.conversation, state.turn, text, prepared))
@@ -284,8 +284,9 @@ class TurnEngine:
     async def _start_turn(
         self, conv: Conversation | None, text: str, question: dict[str, Any], model: str | None,
         prepared: list[Prepared], chosen: str | None,
-    ) -> tuple[int, int]:
-        """Store the question (and its files' records) as a running turn; its (conversation, turn).
+    ) -> tuple[int, int, TurnContext | None]:
+        """Store the question (and its files' records) as a running turn; its (conversation, turn),
+        and for a new conversation what its prompt needs.
 
         ``chosen`` is the model the ask named: a new conversation keeps it as its own.
         """
@@ -297,14 +298,18 @@ class TurnEngine:
                           sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
             for p in prepared
         ]
+        def start(store: HistoryStore) -> tuple[int, int, TurnContext | None]:
+            conv_after, turn = store.start_turn(cid, text, [question], chips, model, title, attachments=records,
+                                                conversation_model=chosen)
+            # a new conversation's prompt needs its links (a KB linked to every conversation)
+            # and whether it has files: read them in the same trip
+            known = store.turn_context(conv_after.id, before=turn.turn) if cid is None else None
+            return conv_after.id, turn.turn, known
+
         try:
-            conv_after, turn = await self.history.run(
-                lambda s: s.start_turn(cid, text, [question], chips, model, title, attachments=records,
-                                       conversation_model=chosen)
-            )
+            return await self.history.run(start)
         except LookupError:  # deleted between our check and the write
             raise NotFound(f"conversation {cid} was deleted") from None
-        return conv_after.id, turn.turn
 
     @staticmethod
     def _questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -318,17 +323,17 @@ class TurnEngine:
         self, conv: Conversation | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None
     ) -> TurnState:
         question, stored = self._questions(text, prepared)
-        cid, turn = await self._start_turn(conv, text, stored, model.id, prepared, chosen)
+        cid, turn, known = await self._start_turn(conv, text, stored, model.id, prepared, chosen)
         mode = injection_mode(conv.settings if conv else None)
         return TurnState(conversation=cid, turn=turn, model=model, messages=[stored], question=question,
-                         kb=(text, mode))
+                         kb=(text, mode), known=known)
 
     async def _store_failed(
         self, conv: Conversation | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
         chosen: str | None,
     ) -> None:
         _question, stored = self._questions(text, prepared)
-        cid, turn = await self._start_turn(conv, text, stored, chosen, prepared, chosen)
+        cid, turn, _known = await self._start_turn(conv, text, stored, chosen, prepared, chosen)
         await self.history.run(
             lambda s: s.finish_turn(
                 cid, turn, messages=[stored], reply="", status="error", error=exc.message, error_code=exc.code

@@ -298,11 +298,12 @@ class HistoryStore:
         """The conversation, None if it is missing or deleted."""
         return self._conversation(cid)
 
-    def turn_context(self, cid: int, known: int = 0) -> TurnContext | None:
+    def turn_context(self, cid: int, known: int = 0, before: int | None = None) -> TurnContext | None:
         """The conversation and what its next prompt needs; None if it is missing or deleted.
 
         ``known`` is the last turn the caller still holds from an earlier call: only the
-        answered turns after it (and after the latest compaction) are read and decoded.
+        answered turns after it (and after the latest compaction), and before ``before``
+        (default: all), are read and decoded.
         """
         conversation = self._conversation(cid)
         if conversation is None:
@@ -312,7 +313,7 @@ class HistoryStore:
         return TurnContext(
             conversation=conversation,
             compaction=compaction,
-            earlier=self.answered_turns(cid, conversation.turns + 1, after),
+            earlier=self.answered_turns(cid, before or conversation.turns + 1, after),
             has_attachments=self.has_attachments(cid),
             kb_ids=self.kb.linked_ids(cid),
             known=known,
