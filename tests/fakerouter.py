@@ -142,6 +142,7 @@ class _Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    arrived: float = 0.0  # time.time() when the body was read
 
 
 class _ClientGone(Exception):
@@ -170,6 +171,7 @@ class FakeRouter:
         self.embeddings = True  # False: answer /v1/embeddings as llama-server without --embeddings
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # time.time() when each chat request's body was read
         self.embedding_requests: list[dict[str, Any]] = []
         self.hits: collections.Counter[str] = collections.Counter()  # path -> requests served
         self.disconnects = 0
@@ -284,6 +286,7 @@ class FakeRouter:
         """Forget recorded requests, queued replies and the embedder knobs; the models stay."""
         with self._cond:
             self.requests.clear()
+            self.arrivals.clear()
             self.embedding_requests.clear()
             self.hits.clear()
             self.disconnects = 0
@@ -353,7 +356,7 @@ class FakeRouter:
         connection = headers.get("connection", "").lower()
         keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
         parts = urlsplit(target)
-        return _Request(method, parts.path, dict(parse_qsl(parts.query)), headers, body, keep_alive)
+        return _Request(method, parts.path, dict(parse_qsl(parts.query)), headers, body, keep_alive, time.time())
 
     async def _dispatch(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; return whether the connection may serve another."""
@@ -377,7 +380,7 @@ class FakeRouter:
         if route == ("GET", "/debug/last-chat"):
             # the last chat request's body, for a benchmark that replays the daemon's very prompt
             with self._cond:
-                last = self.requests[-1] if self.requests else None
+                last = {**self.requests[-1], "_arrived": self.arrivals[-1]} if self.requests else None
             return await _send(writer, 200 if last else 404, last or _error_body(404, "no chat yet", "not_found_error"), request)
         return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
 
@@ -459,6 +462,7 @@ class FakeRouter:
         stream = bool(body.get("stream"))
         with self._cond:
             self.requests.append({"path": request.path, **body})
+            self.arrivals.append(request.arrived)
             self._counter += 1
             serial = self._counter
             self._cond.notify_all()
