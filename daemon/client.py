@@ -200,12 +200,30 @@ async def _ask(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> i
                     print(tail, file=out)
                     print(f"(conversation {event['conversation']}, turn {event['turn']}, "
                           f"context {event['ctx_used']}/{event['ctx_max'] or '?'})", file=sys.stderr)
+                    if args.stats and event.get("timings"):
+                        print(describe_timings(event["timings"]), file=sys.stderr)
                 return EXIT_OK
     except asyncio.CancelledError:
         if conversation is not None:
             await client.send({"type": "cancel", "conversation": conversation})
         raise
     return EXIT_ERROR
+
+
+def describe_timings(timings: dict[str, Any]) -> str:
+    """The model server's own figures of one reply, for people: what it read, reused and wrote."""
+    parts = []
+    if timings.get("prompt_n") is not None:
+        reused = timings.get("cache_n")
+        prompt = f"prompt: {timings['prompt_n']} tokens read"
+        if reused is not None:
+            prompt += f", {reused} reused from the server's cache"
+        if timings.get("prompt_ms") is not None:
+            prompt += f" ({timings['prompt_ms'] / 1000:.2f} s)"
+        parts.append(prompt)
+    if timings.get("predicted_per_second") is not None:
+        parts.append(f"reply: {timings['predicted_per_second']:.1f} tokens/s")
+    return "(" + "; ".join(parts) + ")" if parts else "(the model server reported no timings)"
 
 
 class ProgressBar:
@@ -326,6 +344,8 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     where.add_argument("--continue", dest="continue_", action="store_true", help="continue the latest conversation")
     ask.add_argument("-m", "--model", help="the model to use (default: the conversation's or the router's)")
     ask.add_argument("-f", "--file", action="append", help="attach a file (repeatable)")
+    ask.add_argument("--stats", action="store_true",
+                     help="after the reply, show what the model server read, reused from its cache and wrote")
 
     conversations = sub.add_parser("conversations", parents=[common], help="list conversations, newest first")
     conversations.add_argument("-n", "--limit", type=int, default=20)
