@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from history import AsyncHistory, Conversation, HistoryStore, NewAttachment, TurnContext, TurnStatus, parse_arguments
+from history import AsyncHistory, Conversation, NewAttachment, Turn, TurnContext, TurnStatus, parse_arguments
 from kbinject import KnowledgeBases, injection_mode
 from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_messages
 
@@ -75,6 +75,7 @@ class TurnState:
     messages: list[dict[str, Any]]  # this turn's messages as stored, the question first
     question: dict[str, Any]  # the question as the router gets it (images inline)
     kb: tuple[str, str]  # the question as typed and the kb_injection mode: what the KB search uses
+    model_id: str = ""  # the model the turn was stored with (``model`` may still be the default)
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
@@ -222,33 +223,53 @@ class TurnEngine:
     ) -> None:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
-        known = await self.context.read(cid) if cid is not None else None  # one trip for all the prompt needs
-        if cid is not None and known is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
-        conv = known.conversation if known else None
-        where["turn"] = conv.turns + 1 if conv else 1
-        self._validate(text, files)
         chosen: str | None = request.get("model") or None
+        # the files' budget needs the conversation before they are read; for a plain question
+        # the conversation is read in the same trip to the store that stores the question
+        known = await self._read(cid, where) if cid is not None and files else None
+        conv = known.conversation if known else None
         try:
+            self._validate(text, files)
+            # the model as far as it is known before the question is stored: named on the ask,
+            # the conversation's own (read for files), else the default
             model = await self.router.model_info(chosen or (conv.model if conv else None))
         except (RouterUnreachable, RouterError) as exc:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
             prepared = await self._prepare(files, offline, conv, where, emit)
-            await self._store_failed(conv, text, prepared, exc, emit, chosen)
+            await self._store_failed(cid, text, prepared, exc, emit, chosen)
             return
+        except AssistantError:
+            if known is None and cid is not None:
+                await self._read(cid, where)  # the refusal names the turn it would have been
+            raise
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
-        state = await self._store_start(conv, text, prepared, model, chosen)
-        state.known = known or state.known
+        final = chosen is not None or cid is None or known is not None
+        state = await self._store_start(cid, text, prepared, model, chosen, final)
         slot.state = state
         self._slots[state.conversation] = slot
+        where["conversation"], where["turn"] = state.conversation, state.turn
         emit(self._user_event(state.conversation, state.turn, text, prepared))
-        await self._run(state, slot, conv, emit)
-        if conv is None and state.reply and self.config.auto_title:
+        if state.model.id != state.model_id:  # the conversation has a model of its own
+            try:
+                state.model = await self.router.model_info(state.model_id)
+            except AssistantError as exc:
+                await self._fail(state, exc, emit)
+                return
+        await self._run(state, slot, emit)
+        if cid is None and state.reply and self.config.auto_title:
             question = text or " ".join(p.name for p in prepared)
             answer = state.messages[-1].get("content") if state.messages[-1].get("role") == "assistant" else ""
             prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
             self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question))
+
+    async def _read(self, cid: int, where: dict[str, Any]) -> TurnContext:
+        """The conversation and what its prompt needs; sets the turn an error would name."""
+        known = await self.context.read(cid)
+        if known is None:
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+        where["turn"] = known.conversation.turns + 1
+        return known
 
     def _validate(self, text: str, files: list[str]) -> None:
         if len(files) > MAX_FILES:
@@ -282,15 +303,15 @@ class TurnEngine:
                 "files": [p.chip.to_json() for p in prepared]}
 
     async def _start_turn(
-        self, conv: Conversation | None, text: str, question: dict[str, Any], model: str | None,
-        prepared: list[Prepared], chosen: str | None,
-    ) -> tuple[int, int, TurnContext | None]:
-        """Store the question (and its files' records) as a running turn; its (conversation, turn),
-        and for a new conversation what its prompt needs.
+        self, cid: int | None, text: str, question: dict[str, Any], model: str | None,
+        prepared: list[Prepared], chosen: str | None, default_model: str | None = None,
+    ) -> tuple[Turn, TurnContext]:
+        """Store the question (and its files' records) as a running turn, and read what its
+        prompt needs, in one trip to the store.
 
-        ``chosen`` is the model the ask named: a new conversation keeps it as its own.
+        ``model`` None: the conversation's own model, else ``default_model``. ``chosen`` is
+        the model the ask named: a new conversation keeps it as its own.
         """
-        cid = conv.id if conv else None
         chips = [p.chip.to_json() for p in prepared]
         title = provisional_title(text or " ".join(p.name for p in prepared))
         records = [
@@ -298,18 +319,14 @@ class TurnEngine:
                           sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
             for p in prepared
         ]
-        def start(store: HistoryStore) -> tuple[int, int, TurnContext | None]:
-            conv_after, turn = store.start_turn(cid, text, [question], chips, model, title, attachments=records,
-                                                conversation_model=chosen)
-            # a new conversation's prompt needs its links (a KB linked to every conversation)
-            # and whether it has files: read them in the same trip
-            known = store.turn_context(conv_after.id, before=turn.turn) if cid is None else None
-            return conv_after.id, turn.turn, known
-
+        known = self.context.replays.known(cid) if cid is not None else 0
         try:
-            return await self.history.run(start)
-        except LookupError:  # deleted between our check and the write
-            raise NotFound(f"conversation {cid} was deleted") from None
+            return await self.history.run(
+                lambda s: s.begin_turn(cid, text, [question], chips, model, title, attachments=records,
+                                       conversation_model=chosen, default_model=default_model, known=known)
+            )
+        except LookupError:  # missing, or deleted since it was read
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request") from None
 
     @staticmethod
     def _questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -320,29 +337,47 @@ class TurnEngine:
         return {"role": "user", "content": for_router}, {"role": "user", "content": for_storage}
 
     async def _store_start(
-        self, conv: Conversation | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None
+        self, cid: int | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None,
+        final: bool,
     ) -> TurnState:
+        """Store the question; ``model`` is the one to use when ``final``, else the default, which
+        the conversation's own model (known once it is read) overrides."""
         question, stored = self._questions(text, prepared)
-        cid, turn, known = await self._start_turn(conv, text, stored, model.id, prepared, chosen)
-        mode = injection_mode(conv.settings if conv else None)
-        return TurnState(conversation=cid, turn=turn, model=model, messages=[stored], question=question,
-                         kb=(text, mode), known=known)
+        turn, known = await self._start_turn(
+            cid, text, stored, model.id if final else None, prepared, chosen, default_model=model.id
+        )
+        conv = known.conversation
+        return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
+                         messages=[stored], question=question, kb=(text, injection_mode(conv.settings)),
+                         known=known)
 
     async def _store_failed(
-        self, conv: Conversation | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
+        self, cid: int | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
         chosen: str | None,
     ) -> None:
         _question, stored = self._questions(text, prepared)
-        cid, turn, _known = await self._start_turn(conv, text, stored, chosen, prepared, chosen)
+        turn, known = await self._start_turn(cid, text, stored, chosen, prepared, chosen)
+        await self._fail(
+            TurnState(conversation=known.conversation.id, turn=turn.turn, model=ModelInfo(chosen or ""),
+                      messages=[stored], question=stored, kb=(text, "off")),
+            exc, emit, prepared,
+        )
+
+    async def _fail(
+        self, state: TurnState, exc: AssistantError, emit: Emit, prepared: list[Prepared] | None = None
+    ) -> None:
+        """End a stored turn that never reached the model: the question stays, with the error."""
+        cid, turn, messages = state.conversation, state.turn, state.messages
         await self.history.run(
             lambda s: s.finish_turn(
-                cid, turn, messages=[stored], reply="", status="error", error=exc.message, error_code=exc.code
+                cid, turn, messages=messages, reply="", status="error", error=exc.message, error_code=exc.code
             )
         )
-        emit(self._user_event(cid, turn, text, prepared))
+        if prepared is not None:
+            emit(self._user_event(cid, turn, state.kb[0], prepared))
         emit(error_event(exc, conversation=cid, turn=turn))
 
-    async def _run(self, state: TurnState, slot: Slot, conv: Conversation | None, emit: Emit) -> None:
+    async def _run(self, state: TurnState, slot: Slot, emit: Emit) -> None:
         """Converse, then store the outcome and send its event, whatever happened."""
         status: TurnStatus = "complete"
         failure: AssistantError | None = None

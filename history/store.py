@@ -415,6 +415,34 @@ class HistoryStore:
         assert conversation is not None and turn is not None
         return conversation, turn
 
+    def begin_turn(
+        self,
+        cid: int | None,
+        text: str,
+        messages: list[dict[str, Any]],
+        files: list[dict[str, Any]],
+        model: str | None,
+        title: str = "",
+        attachments: Sequence[NewAttachment] = (),
+        conversation_model: str | None = None,
+        default_model: str | None = None,
+        known: int = 0,
+    ) -> tuple[Turn, TurnContext]:
+        """``start_turn``, then what the turn's prompt needs (``turn_context``): one call, so the
+        daemon stores a question and reads its conversation in one trip to this thread.
+
+        ``model`` None runs the turn on the conversation's own model, else ``default_model``.
+        """
+        if model is None and cid is not None:
+            conversation = self._conversation(cid)
+            model = conversation.model if conversation else None
+        conversation, turn = self.start_turn(
+            cid, text, messages, files, model or default_model, title, attachments, conversation_model
+        )
+        context = self.turn_context(conversation.id, known, before=turn.turn)
+        assert context is not None
+        return turn, context
+
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""
         return [Attachment.from_row(r) for r in self._conn.execute(LIST_ATTACHMENTS, (cid,))]

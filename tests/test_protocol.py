@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sqlite3
 
 import pytest
 
@@ -473,3 +474,20 @@ async def test_a_model_named_by_its_path_is_shown_by_its_name(config: Config) ->
         finally:
             await wire.close()
             await running.stop()
+
+
+async def test_a_conversations_own_model_is_used_and_its_loss_is_an_error_kept(
+    wire: Wire, router: FakeRouter, config: Config
+) -> None:
+    cid = (await wire.ask("hello", model="fake-vision"))[0]["conversation"]
+    await wire.ask("again", conversation=cid)
+    assert router.requests[-1]["model"] == "fake-vision"  # read with the question, in one trip
+    with sqlite3.connect(config.db_path) as conn:  # a model the server no longer has
+        conn.execute("UPDATE conversations SET model = 'gone-model' WHERE id = ?", (cid,))
+    conn.close()
+    events = await wire.ask("still there?", conversation=cid)
+    assert [e["type"] for e in events] == ["user", "error"]
+    assert events[-1]["code"] == "not_found" and "gone-model" in events[-1]["message"]
+    assert events[-1]["turn"] == 3
+    turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]
+    assert turn["text"] == "still there?" and turn["status"] == "error"
