@@ -184,6 +184,7 @@ class FakeRouter:
         self._stopping: asyncio.Event | None = None
         self._startup_error: BaseException | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # connections not yet closed for good
         self._counter = 0
 
     # -- lifecycle ---------------------------------------------------------
@@ -235,18 +236,42 @@ class FakeRouter:
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._connection, HOST, self._port_wanted, limit=HEADER_LIMIT)
+        server = await asyncio.start_server(self._accept, HOST, self._port_wanted, limit=HEADER_LIMIT)
         self._port = server.sockets[0].getsockname()[1]
         ready.set()
         async with server:
             await self._stopping.wait()
+            await self._settle_accepts()
             server.close()
+            await self._close_connections()
+
+    async def _settle_accepts(self) -> None:
+        """Let connections accepted just before stop finish their set-up: on Python 3.11 one
+        whose set-up task first runs after server.close() fails an assertion there, silently,
+        and its socket is left to the garbage collector (a ResourceWarning in a later test)."""
+        me = asyncio.current_task()
+        while True:
+            setting_up = [t for t in asyncio.all_tasks() if t is not me and t not in self._connections]
+            if not setting_up:
+                return
+            await asyncio.wait(setting_up)
+
+    async def _close_connections(self) -> None:
+        """Close every connection, also one whose handler, cancelled before it ran, cannot."""
+        me = asyncio.current_task()
+        while True:
             for task in list(self._connections):
                 task.cancel()
-            await asyncio.gather(*self._connections, return_exceptions=True)
-            # Closed transports release their sockets on the next loop iterations.
-            for _ in range(3):
-                await asyncio.sleep(0)
+            for writer in list(self._writers):
+                writer.transport.abort()
+            self._writers.clear()
+            others = [task for task in asyncio.all_tasks() if task is not me]
+            if not others:
+                break
+            await asyncio.wait(others)  # cancelled handlers end at once; accepts finish on their own
+        # Closed transports release their sockets on the next loop iterations.
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     # -- scripting and recording ----------------------------------------
 
@@ -292,10 +317,15 @@ class FakeRouter:
 
     # -- HTTP plumbing -------------------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Track a new connection from its first moment: stop() may come before its handler runs."""
+        assert self._loop is not None
+        self._writers.add(writer)
+        task = self._loop.create_task(self._connection(reader, writer))
         self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with self._cond:
             self.connections += 1
         try:
@@ -311,11 +341,12 @@ class FakeRouter:
             logger.exception("fake router: request failed")
             writer.write(_response_bytes(500, {"error": {"code": 500, "message": "fake router crashed"}}, False))
         finally:
-            self._connections.discard(task)
             if self._stopping is not None and self._stopping.is_set():
                 writer.transport.abort()  # a client that stopped reading must not delay stop()
             else:
                 writer.close()
+            if not writer.transport.get_write_buffer_size():
+                self._writers.discard(writer)  # closed for good; one still flushing waits for stop()
 
     async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
         try:
