@@ -108,7 +108,11 @@ async def test_reasoning_and_tool_calls_by_index(client: RouterClient, fake: Fak
 async def test_scripted_chunks_finish_and_no_usage(client: RouterClient, fake: FakeRouter) -> None:
     fake.script(Reply(chunks=["a", "b"], finish_reason="length", usage=None, first_content_null=False))
     events = await drain(client.stream_chat("fake-text", USER))
-    assert events == [ContentDelta("a"), ContentDelta("b"), StreamEnd("length", [], None, "ab")]
+    assert events[:2] == [ContentDelta("a"), ContentDelta("b")]
+    end = events[-1]
+    assert isinstance(end, StreamEnd)
+    assert (end.finish_reason, end.tool_calls, end.usage, end.text) == ("length", [], None, "ab")
+    assert end.timings is not None and end.timings.predicted_n == 2  # on the finish chunk, without usage
 
 
 @pytest.mark.asyncio
