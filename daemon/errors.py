@@ -131,9 +131,14 @@ class RouterError(AssistantError):
 
 
 class RouterContextOverflow(RouterError):
-    """The model server said the prompt exceeds its context."""
+    """The model server said the prompt exceeds its context; ``n_ctx`` is the size it
+    named (llama-server's error body carries it), None when it named none."""
 
     code = "router_context_overflow"
+
+    def __init__(self, message: str, status: int | None = None, n_ctx: int | None = None) -> None:
+        super().__init__(message, status)
+        self.n_ctx = n_ctx
 
 
 class ShuttingDown(AssistantError):

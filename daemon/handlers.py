@@ -192,9 +192,13 @@ class Handlers:
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()
         model: str | None = self.config.model or None
-        if model is None and reachable:
+        ctx_max: int | None = None
+        ctx_source: str | None = None
+        if reachable:
             try:
-                model = (await asyncio.wait_for(self.router.model_info(None), CTX_LOOKUP_SECONDS)).id
+                # load=False: a status line must not make llama-swap load the default model
+                info = await asyncio.wait_for(self.router.model_info(model, load=False), CTX_LOOKUP_SECONDS)
+                model, ctx_max, ctx_source = info.id, info.ctx_max, info.ctx_source
             except Exception:  # status must answer, and soon, whatever the router says
                 logger.debug("no default model for status", exc_info=True)
         emit({
@@ -203,6 +207,8 @@ class Handlers:
             "router_url": self.config.router_url,
             "router_reachable": reachable,
             "model": model,
+            "ctx_max": ctx_max,
+            "ctx_source": ctx_source,
             "uptime": round(time.monotonic() - self.started, 3),
             "turns_running": self.engine.running,
             "socket": str(self.config.socket_path),

@@ -11,12 +11,27 @@ Models and their capabilities come from ``GET /models``, cached for
 ``MODELS_TTL`` seconds behind a lock so concurrent turns share one fetch.  Entries
 state their input modalities at the top level or under ``architecture`` (recent
 llama-server), and their context as ``meta.n_ctx``, ``context_length`` or
-``max_model_len``.  What an entry lacks is asked of llama-server's ``/props``
-(``?model=`` selects the model on llama-server's router mode and llama-swap;
-a single-model llama-server ignores it).  A router listing one model is asked
-at once; on a multi-model router the question waits until ``model_info`` picks
-a model, because asking there may load that model, and listing models must not
-load every one of them.
+``max_model_len``.  What an entry lacks is asked where the router says it:
+
+- llama-server's ``/props`` (``?model=`` selects the model on llama-server's
+  router mode and recent llama-swap; a single-model llama-server ignores it);
+- behind llama-swap (its entries are ``owned_by: "llama-swap"``), the same
+  ``/props`` through its pass-through ``/upstream/<model>/props``;
+- Ollama (its root answers "Ollama is running"): ``POST /api/show``, whose
+  ``parameters`` hold ``num_ctx`` when the model sets one; otherwise Ollama runs
+  it at its default context, taken as the smallest of those
+  (``OLLAMA_DEFAULT_CTX``), capped at the training length in ``model_info``.
+
+Asking a router of several models about one may load that model, so a router
+listing one model is asked at once (llama-swap excepted, where asking loads it), and
+on a multi-model router the question waits until ``model_info`` picks the model a
+turn is about to use: listing models, or a status line, must not load any.
+
+A model whose size nobody tells has ``assumed_ctx`` (the configuration's), until
+the server refuses a prompt as too long and names its size: the turn engine hands
+that to ``learn_context``, and the learned size stays for the daemon's life unless
+the router later reports one.  ``ModelInfo.ctx_source`` says where a size came
+from, so nothing shows an assumed size as a known one; ``ctx_max`` is never 0.
 
 Streaming happens only inside ``async with client.stream(...)``: cancelling
 the consuming task, or closing the generator, closes the HTTP response, so the
@@ -30,11 +45,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -45,6 +62,7 @@ from .sse import (
     ReasoningDelta,
     StreamEnd,
     StreamEvent,
+    Timings,
     ToolCall,
     Usage,
     error_from_body,
@@ -53,12 +71,14 @@ from .sse import (
 
 __all__ = [
     "ContentDelta",
+    "CtxSource",
     "MODELS_TTL",
     "ModelInfo",
     "ReasoningDelta",
     "RouterClient",
     "StreamEnd",
     "StreamEvent",
+    "Timings",
     "ToolCall",
     "Usage",
 ]
@@ -69,39 +89,70 @@ MODELS_TTL = 60.0  # seconds a model list is trusted; a model swapped in llama-s
 WRITE_TIMEOUT = 30.0  # seconds to send a request body (large base64 images included)
 POOL_TIMEOUT = 30.0  # seconds to wait for a free pooled connection
 MODELS_TIMEOUT = 30.0  # seconds to wait for /models
-PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx unknown rather than stall a turn
+PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx assumed rather than stall a turn
+# Behind llama-swap, /upstream/<model>/props loads the model first: that may take a while
+UPSTREAM_TIMEOUT = 120.0
 REACHABLE_TIMEOUT = 3.0  # a status request answers quickly even when the router hangs
 STREAM_HEADERS = {"Connection": "close"}
 MAX_RAW_ERROR = 500
 USER_AGENT = "assistant (local desktop daemon)"
 UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
+LLAMA_SWAP_OWNER = "llama-swap"  # owned_by of llama-swap's /v1/models entries
+OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
+# Ollama's default num_ctx with under 24 GiB of VRAM (docs/context-length.mdx; 32k and
+# 256k with more, 2048 before 0.6): the smallest of today's defaults is the safe guess
+OLLAMA_DEFAULT_CTX = 4096
+NUM_CTX_PARAMETER = re.compile(r"^num_ctx\s+(\d+)\s*$", re.MULTILINE)
+
+# Where a model's ctx_max came from, most trusted first: the configuration's ctx_max,
+# the model list, llama-server's /props, the same through llama-swap's /upstream,
+# Ollama's /api/show, an overflow error that named the size, else assumed_ctx.
+CtxSource = Literal["config", "models", "props", "upstream", "ollama", "learned", "assumed"]
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """A model the router serves: what input it takes and its context size (0 = unknown)."""
+    """A model the router serves: what input it takes, its context size and where that came from."""
 
     id: str
     input_modalities: tuple[str, ...] = ("text",)
-    ctx_max: int = 0
+    ctx_max: int = Config.assumed_ctx
     # False when llama-server's /props says the chat template has no tool support: the
     # server then drops `tools` silently, so offering them only costs prompt tokens
     tools: bool = True
+    ctx_source: CtxSource = "assumed"
 
     @property
     def vision(self) -> bool:
         return "image" in self.input_modalities
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "input_modalities": list(self.input_modalities), "ctx_max": self.ctx_max}
+        return {
+            "id": self.id,
+            "input_modalities": list(self.input_modalities),
+            "ctx_max": self.ctx_max,
+            "ctx_source": self.ctx_source,
+        }
 
 
 @dataclass(frozen=True)
 class _Missing:
-    """What a model entry did not say, to be asked of /props."""
+    """What a model entry did not say, to be asked where the router says it."""
 
     modalities: bool
     ctx: bool
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What one source said of a model; None where it said nothing."""
+
+    modalities: tuple[str, ...] | None = None
+    ctx: int | None = None
+    tools: bool | None = None
+    # ctx is the server's default rather than a size it states (Ollama without num_ctx):
+    # a size learned from an overflow error is better
+    guess: bool = False
 
 
 def _modalities(entry: dict[str, Any]) -> tuple[str, ...] | None:
@@ -136,10 +187,10 @@ def _context(entry: dict[str, Any]) -> int | None:
     return None
 
 
-def _props_facts(props: Any) -> tuple[tuple[str, ...] | None, int | None, bool]:
+def _props_facts(props: Any) -> _Facts:
     """Modalities, context and tool support from a llama-server /props answer."""
     if not isinstance(props, dict):
-        return None, None, True
+        return _Facts()
     modalities = None
     flags = props.get("modalities")
     if isinstance(flags, dict):
@@ -148,7 +199,43 @@ def _props_facts(props: Any) -> tuple[tuple[str, ...] | None, int | None, bool]:
     ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
     caps = props.get("chat_template_caps")
     tools = not (isinstance(caps, dict) and caps.get("supports_tools") is False)
-    return modalities, ctx or _positive_int(props.get("n_ctx")), tools
+    return _Facts(modalities, ctx or _positive_int(props.get("n_ctx")), tools)
+
+
+def _training_ctx(model_info: Any) -> int | None:
+    """The training context length in an Ollama ``model_info``: ``<arch>.context_length``."""
+    if not isinstance(model_info, dict):
+        return None
+    arch = model_info.get("general.architecture")
+    ctx = _positive_int(model_info.get(f"{arch}.context_length")) if isinstance(arch, str) else None
+    if ctx is None:
+        ctx = next((_positive_int(v) for k, v in model_info.items() if k.endswith(".context_length")), None)
+    return ctx
+
+
+def _ollama_facts(show: Any) -> _Facts:
+    """Modalities, context and tool support from an Ollama /api/show answer."""
+    if not isinstance(show, dict):
+        return _Facts()
+    trained = _training_ctx(show.get("model_info"))
+    parameters = show.get("parameters")
+    found = NUM_CTX_PARAMETER.search(parameters) if isinstance(parameters, str) else None
+    # Ollama caps num_ctx at the training length, and so its default
+    ctx, guess = (int(found.group(1)), False) if found else (OLLAMA_DEFAULT_CTX, True)
+    if trained:
+        ctx = min(ctx, trained)
+    caps = show.get("capabilities")
+    if not isinstance(caps, list):
+        return _Facts(None, ctx or None, None, guess)
+    modalities = ("text", "image") if "vision" in caps else ("text",)
+    return _Facts(modalities, ctx or None, "tools" in caps, guess)
+
+
+def _enough(missing: _Missing, found: list[tuple[CtxSource, _Facts]]) -> bool:
+    """Whether the sources asked so far said everything the model entry lacked."""
+    ctx = any(f.ctx and not f.guess for _, f in found)
+    modalities = any(f.modalities for _, f in found)
+    return (ctx or not missing.ctx) and (modalities or not missing.modalities)
 
 
 def _server_body(response: httpx.Response) -> Any:
@@ -170,11 +257,10 @@ def _status_advice(status: int) -> str:
 
 
 def _status_error(response: httpx.Response, url: str) -> RouterError:
-    error = error_from_body(_server_body(response), response.status_code, prefix=f"the model server at {url} answered")
-    advice = _status_advice(response.status_code)
-    if advice:
-        return type(error)(f"{error.message}; {advice}", error.status)
-    return error
+    return error_from_body(
+        _server_body(response), response.status_code, prefix=f"the model server at {url} answered",
+        advice=_status_advice(response.status_code),
+    )
 
 
 def _seconds(value: float | None) -> str:
@@ -191,8 +277,9 @@ class RouterClient:
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._config = config
         self._base = config.router_url.rstrip("/")
-        # llama-server serves /props beside /v1, not under it.
-        self._props_url = (self._base.removesuffix("/v1") or self._base) + "/props"
+        # llama-server serves /props beside /v1, not under it; so do llama-swap and Ollama their own.
+        self._root = self._base.removesuffix("/v1") or self._base
+        self._props_url = self._root + "/props"
         headers = {"User-Agent": USER_AGENT}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
@@ -209,6 +296,9 @@ class RouterClient:
         self._models: list[ModelInfo] = []
         self._missing: dict[str, _Missing] = {}
         self._fetched_at: float | None = None
+        self._learned: dict[str, int] = {}  # model -> the size an overflow error named
+        self._swap = False  # the model list is llama-swap's
+        self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -225,8 +315,14 @@ class RouterClient:
                 await self._fetch_models()
             return list(self._models)
 
-    async def model_info(self, model: str | None = None) -> ModelInfo:
-        """The named model, else the configured one, else the router's first; ``NotFound`` if absent."""
+    async def model_info(self, model: str | None = None, *, load: bool = True) -> ModelInfo:
+        """The named model, else the configured one, else the router's first; ``NotFound`` if absent.
+
+        What the model list did not say of it is asked of the router first.  With
+        ``load=False`` nothing is asked that may load the model (llama-swap's
+        pass-through, /props on a router of several models): for a status line,
+        not a turn.
+        """
         wanted = model or self._config.model
         async with self._lock:
             fetched = not self._fresh()
@@ -246,8 +342,27 @@ class RouterClient:
                 fix = "pick one of those" if model else "fix model in the configuration"
                 raise NotFound(f"the model server has no model {wanted!r}; it has: {names}; {fix}")
             if info.id in self._missing:
-                info = await self._probe(info)
+                info = await self._probe(info, may_load=load)
             return info
+
+    def learn_context(self, model: str, n_ctx: int) -> ModelInfo:
+        """Remember the context size an overflow error named (``RouterContextOverflow.n_ctx``)
+        for the daemon's life; the model's info with it.
+
+        The learned size replaces an assumed or guessed one until the router reports a
+        size itself; a configured ``ctx_max`` stays unless the server holds less.
+        """
+        if n_ctx <= 0:
+            raise ValueError(f"a context size must be positive, not {n_ctx}")
+        self._learned[model] = n_ctx
+        current = next((m for m in self._models if m.id == model), None) or ModelInfo(model)
+        override = self._config.ctx_max
+        if override and override <= n_ctx:
+            return replace(current, ctx_max=override, ctx_source="config")
+        learned = replace(current, ctx_max=n_ctx, ctx_source="learned")
+        self._models = [learned if m.id == model else m for m in self._models]
+        logger.info("model %s holds %d tokens (learned from the server's refusal)", model, n_ctx)
+        return learned
 
     def _find(self, wanted: str) -> ModelInfo | None:
         if not wanted:
@@ -263,48 +378,111 @@ class RouterClient:
             raise RouterError(f"the model server at {url} did not answer with a model list; check router_url")
         models: list[ModelInfo] = []
         missing: dict[str, _Missing] = {}
-        override = self._config.ctx_max
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 continue
-            modalities, ctx = _modalities(entry), override or _context(entry)
-            models.append(ModelInfo(entry["id"], modalities or ("text",), ctx or 0))
-            if modalities is None or ctx is None:
-                missing[entry["id"]] = _Missing(modalities is None, ctx is None)
+            modalities, listed = _modalities(entry), _context(entry)
+            ctx_max, source = self._size(entry["id"], listed, "models")
+            models.append(ModelInfo(entry["id"], modalities or ("text",), ctx_max, ctx_source=source))
+            if modalities is None or (listed is None and not self._config.ctx_max):
+                missing[entry["id"]] = _Missing(modalities is None, listed is None and not self._config.ctx_max)
         self._models, self._missing = models, missing
+        self._swap = any(isinstance(e, dict) and e.get("owned_by") == LLAMA_SWAP_OWNER for e in entries)
+        self._ollama = None
         # An empty list (a server still loading) is asked again next time rather than cached.
         self._fetched_at = time.monotonic() if models else None
         logger.debug("router lists %d models: %s", len(models), ", ".join(m.id for m in models))
         if len(models) == 1:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
             # whether its template takes tools; a router of several may load a model to answer
-            await self._probe(models[0])
+            await self._probe(models[0], may_load=False)
 
-    async def _probe(self, info: ModelInfo) -> ModelInfo:
-        """Fill what the model entry lacked from /props; a router without /props leaves defaults."""
-        props = await self._props(info.id)
-        # Only now: a probe cancelled by an impatient caller is tried again by the next one.
-        missing = self._missing.pop(info.id, _Missing(False, False))
-        modalities, ctx, tools = _props_facts(props)
-        better = ModelInfo(
-            info.id,
-            modalities if missing.modalities and modalities else info.input_modalities,
-            ctx if missing.ctx and ctx else info.ctx_max,
-            tools,
-        )
+    def _size(self, model: str, found: int | None, source: CtxSource, guess: bool = False) -> tuple[int, CtxSource]:
+        """ctx_max and its source: the configuration's, else a size the router states, else a
+        learned one, else the router's default, else ``assumed_ctx``."""
+        learned = self._learned.get(model)
+        override = self._config.ctx_max
+        if override:
+            return (learned, "learned") if learned and learned < override else (override, "config")
+        if found and not guess:
+            return found, source
+        if learned:
+            return learned, "learned"
+        if found:
+            return found, source
+        return self._config.assumed_ctx, "assumed"
+
+    async def _probe(self, info: ModelInfo, *, may_load: bool) -> ModelInfo:
+        """Ask what the model entry lacked, where the router says it; a router that says
+        nothing leaves the defaults.  Without ``may_load``, only what cannot load a model."""
+        missing = self._missing.get(info.id, _Missing(False, False))
+        lone = len(self._models) == 1
+        found: list[tuple[CtxSource, _Facts]] = []
+        # recent llama-swap answers /props?model= too, by starting that model
+        if may_load or (lone and not self._swap):
+            found.append(("props", _props_facts(await self._side_json(self._props_url, params={"model": info.id}))))
+        if may_load and self._swap and not _enough(missing, found):
+            url = f"{self._root}/upstream/{quote(info.id, safe='/')}/props"
+            found.append(("upstream", _props_facts(await self._side_json(url, timeout=UPSTREAM_TIMEOUT))))
+        if not _enough(missing, found) and await self._is_ollama():
+            show = await self._side_json(f"{self._root}/api/show", payload={"model": info.id})
+            found.append(("ollama", _ollama_facts(show)))
+        # Only now: a probe cancelled by an impatient caller is tried again by the next one;
+        # one that could not ask everything leaves the rest to a caller that may load the model.
+        if may_load or (not self._swap and (lone or bool(self._ollama))):
+            self._missing.pop(info.id, None)
+        better = self._improve(info, missing, found)
         self._models = [better if m.id == info.id else m for m in self._models]
         return better
 
-    async def _props(self, model: str) -> Any:
-        """llama-server's /props for ``model`` as parsed JSON, or None when there is none."""
+    def _improve(self, info: ModelInfo, missing: _Missing, found: list[tuple[CtxSource, _Facts]]) -> ModelInfo:
+        """``info`` with what the sources said filled in where the model entry was silent."""
+        modalities = next((f.modalities for _, f in found if f.modalities), None)
+        tools = next((f.tools for _, f in found if f.tools is not None), info.tools)
+        ctx_max, source = info.ctx_max, info.ctx_source
+        if missing.ctx:
+            said = next(((s, f) for s, f in found if f.ctx), None)
+            if said is None:
+                ctx_max, source = self._size(info.id, None, "assumed")
+            else:
+                ctx_max, source = self._size(info.id, said[1].ctx, said[0], said[1].guess)
+        if missing.modalities and modalities:
+            return ModelInfo(info.id, modalities, ctx_max, tools, source)
+        return ModelInfo(info.id, info.input_modalities, ctx_max, tools, source)
+
+    async def _is_ollama(self) -> bool:
+        """Whether the router is Ollama, whose root says so; asked once per model list."""
+        if self._ollama is None:
+            response = await self._side(f"{self._root}/")
+            self._ollama = response is not None and OLLAMA_BANNER in response.text
+        return self._ollama
+
+    async def _side(
+        self, url: str, *, params: dict[str, str] | None = None, payload: Any = None, timeout: float = PROPS_TIMEOUT
+    ) -> httpx.Response | None:
+        """A side-channel question (GET, or POST with ``payload``): the answer when it is
+        a 200, else None; it never raises, a router without the route just says nothing."""
         try:
-            response = await self._client.get(self._props_url, params={"model": model}, timeout=PROPS_TIMEOUT)
-            if response.status_code == 200:
-                return response.json()
-            logger.debug("no /props at %s: HTTP %d", self._props_url, response.status_code)
-        except (httpx.HTTPError, ValueError) as exc:
-            logger.debug("no /props at %s: %s", self._props_url, _reason(exc))
-        return None
+            if payload is None:
+                response = await self._client.get(url, params=params, timeout=timeout)
+            else:
+                response = await self._client.post(url, json=payload, timeout=timeout)
+        except httpx.HTTPError as exc:
+            logger.debug("no answer at %s: %s", url, _reason(exc))
+            return None
+        if response.status_code != 200:
+            logger.debug("no answer at %s: HTTP %d", url, response.status_code)
+            return None
+        return response
+
+    async def _side_json(self, url: str, **kwargs: Any) -> Any:
+        """A side-channel answer as parsed JSON, or None."""
+        response = await self._side(url, **kwargs)
+        try:
+            return response.json() if response is not None else None
+        except ValueError:
+            logger.debug("no JSON at %s", url)
+            return None
 
     async def reachable(self) -> bool:
         """Whether the router answers HTTP at all, within a few seconds; never raises."""

@@ -9,18 +9,22 @@ strings in a test:
   blank line, ``:`` lines are comments, ``event:`` names the event.
 - ``ChatAccumulator`` consumes each event's JSON chunk and yields the typed
   ``ContentDelta`` / ``ReasoningDelta`` events the turn engine forwards, while
-  it collects tool-call fragments (by ``index``), the ``finish_reason`` and the
-  ``usage`` for the closing ``StreamEnd``.
+  it collects tool-call fragments (by ``index``), the ``finish_reason``, the
+  ``usage`` and llama-server's ``timings`` for the closing ``StreamEnd``.
 
 Dialects handled, because real servers differ:
 
 - llama-server's first chunk carries ``"content": null``; a usage-only chunk
   has ``"choices": []``; reasoning arrives as ``reasoning_content`` (llama.cpp,
-  DeepSeek) or ``reasoning`` (vLLM, OpenRouter).
+  DeepSeek) or ``reasoning`` (vLLM, OpenRouter).  llama-server adds ``timings``
+  to its last chunk (the usage chunk when usage was asked for, else the one with
+  the ``finish_reason``); other servers send none.
 - An error after the HTTP 200: ``data: {"error": {...}}`` (OpenAI, current
   llama-server, vLLM), ``event: error`` + ``data:``, or llama-server's pre-2025-09
   non-standard ``error: {...}`` field (then ``data: [DONE]``).  All raise
-  ``RouterError`` (``RouterContextOverflow`` for a context overflow).
+  ``RouterError`` (``RouterContextOverflow`` for a context overflow, carrying the
+  context size when the server names it: llama-server's ``n_ctx`` field, or the
+  number in vLLM's and OpenAI's wording).
 - Servers that omit the blank line between events: a ``data:`` line arriving
   while the buffered data is already a complete JSON document dispatches the
   buffered one first, instead of gluing two chunks into invalid JSON.
@@ -49,6 +53,7 @@ __all__ = [
     "SSEParser",
     "StreamEnd",
     "StreamEvent",
+    "Timings",
     "ToolCall",
     "Usage",
     "error_from_body",
@@ -73,6 +78,11 @@ OVERFLOW_PATTERN = re.compile(
     r"|context (?:length|window) (?:is )?exceeded"
     r"|too (?:many|long) .*context",
     re.IGNORECASE,
+)
+# The context size in an overflow message without an ``n_ctx`` field: vLLM and OpenAI say
+# "maximum context length is 4096 tokens", llama-server "the available context size (4096 tokens)".
+OVERFLOW_CTX_PATTERN = re.compile(
+    r"maximum context length is (\d+)|(?:available )?context size \((\d+) tokens\)", re.IGNORECASE
 )
 OVERFLOW_ADVICE = (
     "start a new conversation, attach fewer or smaller files, or give the model server a larger context "
@@ -126,14 +136,66 @@ class Usage:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None else None
+
+
+@dataclass
+class Timings:
+    """llama-server's account of one reply: prompt tokens it processed and reused from
+    its prompt cache, tokens it generated, and how fast; a field it did not send is None."""
+
+    prompt_n: int | None = None  # prompt tokens processed (not found in the cache)
+    cache_n: int | None = None  # prompt tokens reused from the previous prompt
+    prompt_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    predicted_per_second: float | None = None
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Timings | None:
+        """The timings of a chunk's ``timings`` object; None when it is not one."""
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            prompt_n=_count(raw.get("prompt_n")),
+            cache_n=_count(raw.get("cache_n")),
+            prompt_ms=_number(raw.get("prompt_ms")),
+            prompt_per_second=_number(raw.get("prompt_per_second")),
+            predicted_n=_count(raw.get("predicted_n")),
+            predicted_ms=_number(raw.get("predicted_ms")),
+            predicted_per_second=_number(raw.get("predicted_per_second")),
+        )
+
+    def to_json(self) -> dict[str, int | float | None]:
+        """The part a client shows: the ``timings`` of a ``done`` event."""
+        return {
+            "prompt_n": self.prompt_n,
+            "cache_n": self.cache_n,
+            "prompt_ms": self.prompt_ms,
+            "predicted_n": self.predicted_n,
+            "predicted_per_second": self.predicted_per_second,
+        }
+
+
 @dataclass
 class StreamEnd:
-    """The close of a reply: why it stopped, the tool calls it made, usage, and its whole text."""
+    """The close of a reply: why it stopped, the tool calls it made, usage, its whole text,
+    and llama-server's timings (None from servers that send none)."""
 
     finish_reason: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
     text: str = ""
+    timings: Timings | None = None
 
 
 StreamEvent = ContentDelta | ReasoningDelta | StreamEnd
@@ -200,6 +262,21 @@ class SSEParser:
         return event
 
 
+def _overflow_ctx(body: Any, message: str) -> int | None:
+    """The context size an overflow error names: llama-server's ``n_ctx`` (in the error
+    object, or beside it), else a number in the message's wording."""
+    error = body.get("error") if isinstance(body, dict) else None
+    for holder in (error, body):
+        if isinstance(holder, dict):
+            n_ctx = _count(holder.get("n_ctx"))
+            if n_ctx:
+                return n_ctx
+    found = OVERFLOW_CTX_PATTERN.search(message)
+    if found:
+        return int(found.group(1) or found.group(2)) or None
+    return None
+
+
 def _error_fields(body: Any) -> tuple[str, tuple[str, ...]]:
     """The message and the type/code values of an error body in any of the usual shapes."""
     if isinstance(body, dict):
@@ -232,15 +309,23 @@ def is_context_overflow(message: str, kinds: tuple[str, ...] = ()) -> bool:
     return any(kind in OVERFLOW_TYPES for kind in kinds) or bool(OVERFLOW_PATTERN.search(message))
 
 
-def error_from_body(body: Any, status: int | None = None, *, prefix: str = "the model server answered") -> RouterError:
-    """Our error for a server's error body (parsed JSON, or raw text), carrying the server's words."""
+def error_from_body(
+    body: Any, status: int | None = None, *, prefix: str = "the model server answered", advice: str = ""
+) -> RouterError:
+    """Our error for a server's error body (parsed JSON, or raw text), carrying the server's
+    words, then ``advice`` when given."""
     message, kinds = _error_fields(body)
     if not message:
         message = "no error message"
     where = f"{prefix} {status}" if status else prefix
+    tail = f"; {advice}" if advice else ""
     if is_context_overflow(message, kinds):
-        return RouterContextOverflow(f"{where}: {message}; the prompt is too long for the model: {OVERFLOW_ADVICE}", status)
-    return RouterError(f"{where}: {message}", status)
+        return RouterContextOverflow(
+            f"{where}: {message}; the prompt is too long for the model: {OVERFLOW_ADVICE}{tail}",
+            status,
+            _overflow_ctx(body, message),
+        )
+    return RouterError(f"{where}: {message}{tail}", status)
 
 
 class ChatAccumulator:
@@ -250,6 +335,7 @@ class ChatAccumulator:
         self.done = False  # saw data: [DONE]
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.timings: Timings | None = None
         self._text: list[str] = []
         # index -> [id, name, argument fragments]
         self._calls: dict[int, tuple[list[str], list[str], list[str]]] = {}
@@ -289,6 +375,9 @@ class ChatAccumulator:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        if "timings" in chunk:
+            # the last chunk's; earlier ones carry them only with timings_per_token
+            self.timings = Timings.from_json(chunk["timings"]) or self.timings
         out: list[ContentDelta | ReasoningDelta] = []
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -338,7 +427,7 @@ class ChatAccumulator:
 
     def end(self) -> StreamEnd:
         """The ``StreamEnd`` summing up everything consumed."""
-        return StreamEnd(self.finish_reason, self.tool_calls(), self.usage, "".join(self._text))
+        return StreamEnd(self.finish_reason, self.tool_calls(), self.usage, "".join(self._text), self.timings)
 
 
 async def parse_chat_stream(lines: AsyncIterable[str]) -> AsyncGenerator[StreamEvent, None]:

@@ -10,17 +10,49 @@ client that hangs up in the middle of a stream (``disconnects``).
 It imitates llama-server where servers differ: ``/v1/models`` entries with
 ``architecture.input_modalities`` and ``meta`` (``"llama"`` format), ``/props``
 with ``modalities`` and ``default_generation_settings.n_ctx`` (honouring
-``?model=`` like llama-server's router mode and llama-swap), a first chunk with
+``?model=`` like llama-server's router mode), a first chunk with
 ``"content": null``, tool calls streamed by ``index`` in several pieces, a
-usage chunk with ``"choices": []``, and errors as
-``{"error": {"code", "message", "type"}}``.
+usage chunk with ``"choices": []``, errors as ``{"error": {"code", "message",
+"type"}}``, a prompt over the model's ``n_ctx`` refused with
+``exceed_context_size_error`` naming ``n_prompt_tokens`` and ``n_ctx``, and
+``timings`` on the last chunk (and in a non-streamed answer).
+
+Its prompt cache works as llama-server's one slot per model (see
+``tests/fakeprompt.py``): ``fake.timings[i]`` is the timings of
+``fake.requests[i]`` (None when it was refused), ``cache_n`` the prompt tokens
+reused from the previous request to that model and ``prompt_n`` the rest.
+
+Replies are cut as llama-server cuts them, with ``finish_reason: "length"``: at
+``max_tokens`` (or ``max_completion_tokens``, ``n_predict``), counted in
+streamed pieces (a word, a reasoning piece; a tool call costs its pieces), and
+where the prompt (in rough tokens) and the reply would pass the model's
+``n_ctx``.  ``Reply(fill=True)`` writes words until one of those ends it.
+
+``mode`` picks the router it imitates:
+
+- ``"llama-server"`` (default): as above; ``models_format`` and ``props`` vary it.
+- ``"llama-swap"``: entries ``owned_by: "llama-swap"`` without size or
+  modalities, no ``/props`` at the root, llama-server's ``/props`` through
+  ``/upstream/<model>/props``, and ``/running``.  A request for another model
+  than the running one starts it: ``fake.loaded`` lists the models started, in
+  order.
+- ``"ollama"``: entries ``owned_by: "library"``, the root answering "Ollama is
+  running", ``/api/version``, ``POST /api/show`` (``parameters`` with
+  ``num_ctx`` unless the model runs at Ollama's default, ``model_info`` with the
+  training length, ``capabilities``), no ``/props``.  As Ollama, it sends no
+  ``timings`` and neither refuses an over-long prompt (Ollama drops old
+  messages) nor stops at the context end (it shifts the context).
+- ``"silent"``: entries without size or modalities and nothing else that tells
+  the size, but the overflow error still names ``n_ctx`` (llama-server behind
+  a plain proxy).
 
     with FakeRouter() as fake:
         fake.script(Reply(text="Hello there", reasoning=["Thinking."]))
         ...  # point the client at fake.url
         assert fake.requests[-1]["stream"] is True
+        assert fake.timings[-1]["cache_n"] == 0
 
-Run ``python -m tests.fakerouter [--port N]`` to serve in the foreground.
+Run ``python -m tests.fakerouter [--port N] [--mode M]`` to serve in the foreground.
 """
 
 from __future__ import annotations
@@ -40,13 +72,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["FakeModel", "FakeRouter", "Reply", "fake_embedding"]
+from tests.fakeprompt import CHARS_PER_TOKEN, PromptSlot, render_prompt, render_reply, text_tokens
+
+__all__ = ["CHARS_PER_TOKEN", "FakeModel", "FakeRouter", "Reply", "RouterMode", "fake_embedding"]
 
 logger = logging.getLogger(__name__)
 
 ModelsFormat = Literal["llama", "top", "bare"]
+RouterMode = Literal["llama-server", "llama-swap", "ollama", "silent"]
 
 HOST = "127.0.0.1"
 HEADER_LIMIT = 64 * 1024  # request line and headers
@@ -54,9 +89,12 @@ BATCH_BYTES = 64 * 1024  # coalesce unpaced SSE events into writes of about this
 EMBED_DIM = 8
 START_TIMEOUT = 10.0
 COMPLETE_DEFAULT = "Fake title"
-# Rough characters per token for the "auto" prompt_tokens count.
-CHARS_PER_TOKEN = 4
 ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
+FILL_WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
+FILL_LIMIT = 4096  # words a fill reply writes when neither max_tokens nor a context ends it
+OLLAMA_DEFAULT_CTX = 4096  # Ollama's default num_ctx below 24 GiB of VRAM
+OLLAMA_VERSION = "0.12.6"
+OLLAMA_BANNER = "Ollama is running"
 
 
 EMBED_MAX_TOKENS = 512  # llama-server refuses a longer embedding input (HTTP 500)
@@ -71,6 +109,11 @@ class FakeModel:
     input_modalities: list[str] = field(default_factory=lambda: ["text"])
     n_ctx: int = 4096
     tools: bool = True  # /props chat_template_caps.supports_tools, as llama-server reports it
+    n_ctx_train: int | None = None  # the training length; None: 8 x n_ctx
+
+    @property
+    def trained(self) -> int:
+        return self.n_ctx_train or self.n_ctx * 8
 
 
 def default_models() -> list[FakeModel]:
@@ -95,6 +138,7 @@ class Reply:
     drop_after: int | None = None  # close the connection after this many chunks
     hang: bool = False  # send the chunks, then nothing until the client hangs up
     first_content_null: bool = True
+    fill: bool = False  # instead of text: words until max_tokens or the context ends the reply
 
 
 def _words(text: str) -> list[str]:
@@ -112,12 +156,23 @@ def _message_text(message: dict[str, Any]) -> str:
 
 
 def _rough_tokens(body: dict[str, Any]) -> int:
-    """A tokenizer's count, roughly: ASCII at CHARS_PER_TOKEN a token, and other scripts at
-    two tokens a character, as SmolLM2's tokenizer counts CJK text on llama-server."""
+    """The messages' text in rough tokens (``text_tokens``): usage's prompt_tokens, and what
+    is measured against a model's n_ctx."""
     texts = [_message_text(m) for m in body.get("messages") or () if isinstance(m, dict)]
-    ascii_chars = sum(len(t.encode("ascii", "ignore")) for t in texts)
-    other_chars = sum(len(t) for t in texts) - ascii_chars
-    return max(1, ascii_chars // CHARS_PER_TOKEN + 2 * other_chars)
+    return max(1, text_tokens("".join(texts)))
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """The reply's cap the request set, if any (-1 is llama-server's "no cap")."""
+    for key in ("max_tokens", "max_completion_tokens", "n_predict"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def _fill(count: int) -> list[str]:
+    return [(" " if i else "") + FILL_WORDS[i % len(FILL_WORDS)] for i in range(count)]
 
 
 def fake_embedding(text: str, dim: int = EMBED_DIM) -> list[float]:
@@ -158,12 +213,14 @@ class FakeRouter:
         models_format: ModelsFormat = "llama",
         props: bool = True,
         *,
+        mode: RouterMode = "llama-server",
         port: int = 0,
         api_key: str | None = None,
     ) -> None:
         self.models = default_models() if models is None else models
         self.models_format = models_format
         self.props = props
+        self.mode = mode
         self.api_key = api_key  # when set, requests must carry "Authorization: Bearer <key>"
         self.embed_dim = EMBED_DIM
         self.embed_delay = 0.0
@@ -172,6 +229,8 @@ class FakeRouter:
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.time() when each chat request's body was read
+        self.timings: list[dict[str, Any] | None] = []  # llama-server's timings of requests[i]
+        self.loaded: list[str] = []  # llama-swap mode: the models started, in order
         self.embedding_requests: list[dict[str, Any]] = []
         self.hits: collections.Counter[str] = collections.Counter()  # path -> requests served
         self.disconnects = 0
@@ -186,8 +245,10 @@ class FakeRouter:
         self._stopping: asyncio.Event | None = None
         self._startup_error: BaseException | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # connections not yet closed for good
         self._counter = 0
+        self._slots: dict[str, PromptSlot] = {}  # model -> its prompt cache
+        self._running: str | None = None  # llama-swap mode: the model it runs
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -243,22 +304,37 @@ class FakeRouter:
         ready.set()
         async with server:
             await self._stopping.wait()
-            # Stop accepting before closing: a connection accepted in the same loop iteration
-            # as Server.close() gets its transport after the close, which Python 3.11 refuses
-            # (an AssertionError in Server._attach) and leaks the socket.
-            for sock in server.sockets:
-                self._loop.remove_reader(sock.fileno())
-            for _ in range(5):
-                await asyncio.sleep(0)
+            await self._settle_accepts()
             server.close()
+            await self._close_connections()
+
+    async def _settle_accepts(self) -> None:
+        """Let connections accepted just before stop finish their set-up: on Python 3.11 one
+        whose set-up task first runs after server.close() fails an assertion there, silently,
+        and its socket is left to the garbage collector (a ResourceWarning in a later test)."""
+        me = asyncio.current_task()
+        while True:
+            setting_up = [t for t in asyncio.all_tasks() if t is not me and t not in self._connections]
+            if not setting_up:
+                return
+            await asyncio.wait(setting_up)
+
+    async def _close_connections(self) -> None:
+        """Close every connection, also one whose handler, cancelled before it ran, cannot."""
+        me = asyncio.current_task()
+        while True:
             for task in list(self._connections):
                 task.cancel()
-            await asyncio.gather(*self._connections, return_exceptions=True)
-            for writer in self._writers:  # a task cancelled before its first step never closed its own
+            for writer in list(self._writers):
                 writer.transport.abort()
-            # Closed transports release their sockets on the next loop iterations.
-            for _ in range(3):
-                await asyncio.sleep(0)
+            self._writers.clear()
+            others = [task for task in asyncio.all_tasks() if task is not me]
+            if not others:
+                break
+            await asyncio.wait(others)  # cancelled handlers end at once; accepts finish on their own
+        # Closed transports release their sockets on the next loop iterations.
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     # -- scripting and recording ----------------------------------------
 
@@ -283,10 +359,13 @@ class FakeRouter:
             return self._cond.wait_for(lambda: self.disconnects >= n, timeout)
 
     def reset(self) -> None:
-        """Forget recorded requests, queued replies and the embedder knobs; the models stay."""
+        """Forget recorded requests, queued replies and the embedder knobs; the models, and
+        what the server holds (its prompt caches, llama-swap's running model), stay."""
         with self._cond:
             self.requests.clear()
             self.arrivals.clear()
+            self.timings.clear()
+            self.loaded.clear()
             self.embedding_requests.clear()
             self.hits.clear()
             self.disconnects = 0
@@ -306,13 +385,14 @@ class FakeRouter:
     # -- HTTP plumbing -------------------------------------------------------
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Called as a connection is made: the writer is known before its task runs."""
+        """Track a new connection from its first moment: stop() may come before its handler runs."""
+        assert self._loop is not None
         self._writers.add(writer)
-        self._connections.add(asyncio.ensure_future(self._connection(reader, writer)))
+        task = self._loop.create_task(self._connection(reader, writer))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         with self._cond:
             self.connections += 1
         try:
@@ -328,12 +408,12 @@ class FakeRouter:
             logger.exception("fake router: request failed")
             writer.write(_response_bytes(500, {"error": {"code": 500, "message": "fake router crashed"}}, False))
         finally:
-            self._connections.discard(task)
-            self._writers.discard(writer)
             if self._stopping is not None and self._stopping.is_set():
                 writer.transport.abort()  # a client that stopped reading must not delay stop()
             else:
                 writer.close()
+            if not writer.transport.get_write_buffer_size():
+                self._writers.discard(writer)  # closed for good; one still flushing waits for stop()
 
     async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
         try:
@@ -369,8 +449,6 @@ class FakeRouter:
             return await _send(writer, 401, _error_body(401, "Invalid API Key", "authentication_error"), request)
         if route == ("GET", "/models"):
             return await _send(writer, 200, self._models_body(), request)
-        if (request.method, path) == ("GET", "/props"):
-            return await self._props(request, writer)
         if route == ("GET", "/health"):
             return await _send(writer, 200, {"status": "ok"}, request)
         if route == ("POST", "/chat/completions"):
@@ -378,34 +456,50 @@ class FakeRouter:
         if route == ("POST", "/embeddings"):
             return await self._embeddings(request, writer)
         if route == ("GET", "/debug/last-chat"):
-            # the last chat request's body, for a benchmark that replays the daemon's very prompt
+            # the last chat request's body and when it arrived: a benchmark replays the daemon's
+            # very prompt, and times the daemon's part of the way to the router
             with self._cond:
                 last = {**self.requests[-1], "_arrived": self.arrivals[-1]} if self.requests else None
             return await _send(writer, 200 if last else 404, last or _error_body(404, "no chat yet", "not_found_error"), request)
-        return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
+        if self.mode == "llama-server" and (request.method, path) == ("GET", "/props"):
+            return await self._props(request, writer, request.query.get("model"))
+        if self.mode == "llama-swap":
+            return await self._llama_swap(request, writer, path)
+        if self.mode == "ollama":
+            return await self._ollama(request, writer, path)
+        return await _not_found(writer, request)
 
     # -- endpoints -------------------------------------------------------------
+
+    def _model(self, name: Any) -> FakeModel | None:
+        return next((m for m in self.models if m.id == name), None)
 
     def _models_body(self) -> dict[str, Any]:
         data = []
         for model in self.models:
             entry: dict[str, Any] = {"id": model.id, "object": "model", "created": 0, "owned_by": "llamacpp"}
-            if self.models_format == "llama":
+            if self.mode == "llama-swap":
+                entry.update(owned_by="llama-swap", status={"value": "loaded" if model.id == self._running else "unloaded"})
+            elif self.mode == "ollama":
+                entry["owned_by"] = "library"
+            elif self.mode == "silent":
+                pass
+            elif self.models_format == "llama":
                 entry["architecture"] = {"input_modalities": list(model.input_modalities), "output_modalities": ["text"]}
                 # n_ctx_train is deliberately larger: a client must not take it for the runtime context.
-                entry["meta"] = {"n_ctx": model.n_ctx, "n_ctx_train": model.n_ctx * 8, "n_vocab": 32000}
+                entry["meta"] = {"n_ctx": model.n_ctx, "n_ctx_train": model.trained, "n_vocab": 32000}
             elif self.models_format == "top":
                 entry["input_modalities"] = list(model.input_modalities)
             data.append(entry)
         return {"object": "list", "data": data}
 
-    async def _props(self, request: _Request, writer: asyncio.StreamWriter) -> bool:
+    async def _props(self, request: _Request, writer: asyncio.StreamWriter, wanted: str | None) -> bool:
+        """llama-server's /props, of ``wanted`` (``?model=`` on its router mode) or the first model."""
         if self.props_delay:
             await asyncio.sleep(self.props_delay)
         if not self.props or not self.models:
-            return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
-        wanted = request.query.get("model")
-        model = next((m for m in self.models if m.id == wanted), None) if wanted else self.models[0]
+            return await _not_found(writer, request)
+        model = self._model(wanted) if wanted else self.models[0]
         if model is None:
             return await _send(writer, 400, _error_body(400, f"model {wanted!r} not found", "invalid_request_error"), request)
         body = {
@@ -418,11 +512,49 @@ class FakeRouter:
         }
         return await _send(writer, 200, body, request)
 
+    def _start(self, model: str) -> None:
+        """llama-swap mode: run ``model``, stopping the one that ran (no groups)."""
+        with self._cond:
+            if self.mode == "llama-swap" and model != self._running:
+                self._running = model
+                self.loaded.append(model)
+
+    async def _llama_swap(self, request: _Request, writer: asyncio.StreamWriter, path: str) -> bool:
+        """llama-swap's own routes: /upstream/<model>/<path> passes through to the model's
+        llama-server (starting it), /running lists what runs."""
+        if (request.method, path) == ("GET", "/running"):
+            running = [{"model": self._running, "state": "ready"}] if self._running else []
+            return await _send(writer, 200, {"running": running}, request)
+        upstream = unquote(path.removeprefix("/upstream/")) if path.startswith("/upstream/") else ""
+        if request.method == "GET" and upstream.endswith("/props"):
+            model = self._model(upstream.removesuffix("/props"))
+            if model is not None:
+                self._start(model.id)
+                return await self._props(request, writer, model.id)
+        return await _not_found(writer, request)
+
+    async def _ollama(self, request: _Request, writer: asyncio.StreamWriter, path: str) -> bool:
+        """Ollama's own routes: its banner, /api/version and /api/show."""
+        if (request.method, path) == ("GET", "/"):
+            return await _send_text(writer, 200, OLLAMA_BANNER, request)
+        if (request.method, path) == ("GET", "/api/version"):
+            return await _send(writer, 200, {"version": OLLAMA_VERSION}, request)
+        if (request.method, path) == ("POST", "/api/show"):
+            try:
+                asked = json.loads(request.body)
+                model = self._model(asked.get("model") or asked.get("name"))
+            except (ValueError, AttributeError):
+                model = None
+            if model is None:
+                return await _send(writer, 404, {"error": "model not found"}, request)
+            return await _send(writer, 200, _ollama_show(model), request)
+        return await _not_found(writer, request)
+
     def _overflow(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """llama-server's answer to a prompt over the model's context, when it is one."""
-        model = next((m for m in self.models if m.id == body.get("model")), None)
+        model = self._model(body.get("model"))
         tokens = _rough_tokens(body)
-        if model is None or tokens <= model.n_ctx:
+        if self.mode == "ollama" or model is None or tokens <= model.n_ctx:
             return None
         message = (
             f"request ({tokens} tokens) exceeds the available context size ({model.n_ctx} tokens), "
@@ -432,7 +564,7 @@ class FakeRouter:
                           "n_prompt_tokens": tokens, "n_ctx": model.n_ctx}}
 
     def _image_for_blind_model(self, body: dict[str, Any]) -> bool:
-        model = next((m for m in self.models if m.id == body.get("model")), None)
+        model = self._model(body.get("model"))
         if model is None or "image" in model.input_modalities:
             return False
         return any(
@@ -463,9 +595,12 @@ class FakeRouter:
         with self._cond:
             self.requests.append({"path": request.path, **body})
             self.arrivals.append(request.arrived)
+            self.timings.append(None)
+            index = len(self.requests) - 1
             self._counter += 1
             serial = self._counter
             self._cond.notify_all()
+        self._start(str(body.get("model") or ""))
         if self._image_for_blind_model(body):
             # what llama-server answers for an image to a model loaded without its mmproj
             message = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
@@ -477,12 +612,31 @@ class FakeRouter:
         if reply.status >= 400:
             kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")
             return await _send(writer, reply.status, _error_body(reply.status, reply.error or "fake error", kind), request)
-        chunks = _Chunks(reply, body, serial)
+        chunks = _Chunks(reply, body, serial, self._reply_limit(body), send_timings=self.mode != "ollama")
+        self._use_slot(body, chunks, index)
         if not stream:
             if reply.delay:
                 await asyncio.sleep(reply.delay)
             return await _send(writer, 200, chunks.completion(), request)
         return await self._stream(chunks, request, reader, writer)
+
+    def _reply_limit(self, body: dict[str, Any]) -> int | None:
+        """Pieces the reply may have: max_tokens, and the room the context leaves after the
+        prompt (llama-server stops when its context is full; Ollama shifts it instead)."""
+        limits = [n for n in (_max_tokens(body),) if n is not None]
+        model = self._model(body.get("model"))
+        if model is not None and self.mode != "ollama":
+            limits.append(max(0, model.n_ctx - _rough_tokens(body)))
+        return min(limits) if limits else None
+
+    def _use_slot(self, body: dict[str, Any], chunks: _Chunks, index: int) -> None:
+        """Measure the request against its model's prompt cache, which then holds it."""
+        with self._cond:
+            slot = self._slots.setdefault(str(body.get("model") or ""), PromptSlot())
+            timings = slot.use(render_prompt(body), chunks.generated()).timings(chunks.piece_count())
+            self.timings[index] = timings
+        if chunks.send_timings and not chunks.reply.error:
+            chunks.timings = timings
 
     async def _stream(self, chunks: _Chunks, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         reply = chunks.reply
@@ -580,9 +734,12 @@ class FakeRouter:
 
 
 class _Chunks:
-    """Builds the SSE events (and the non-streamed answer) of one scripted reply."""
+    """Builds the SSE events (and the non-streamed answer) of one scripted reply, cut at
+    ``limit`` pieces when one is given."""
 
-    def __init__(self, reply: Reply, body: dict[str, Any], serial: int) -> None:
+    def __init__(
+        self, reply: Reply, body: dict[str, Any], serial: int, limit: int | None = None, *, send_timings: bool = True
+    ) -> None:
         self.reply = reply
         self.body = body
         self.model = str(body.get("model") or "fake")
@@ -593,11 +750,37 @@ class _Chunks:
             "system_fingerprint": "fake",
             "object": "chat.completion.chunk",
         }
-        if reply.chunks is not None:
+        if reply.fill:
+            self.content = _fill(FILL_LIMIT if limit is None else limit)
+        elif reply.chunks is not None:
             self.content = list(reply.chunks)
         else:
             self.content = _words(reply.text or "") if reply.text is not None else []
+        self.reasoning = list(reply.reasoning)
         self.calls = [self._call(i, c) for i, c in enumerate(reply.tool_calls or ())]
+        self.cut = reply.fill or (limit is not None and self._cut(limit))
+        self.send_timings = send_timings
+        self.timings: dict[str, Any] | None = None  # llama-server's, set once the slot measured the prompt
+
+    def _cut(self, limit: int) -> bool:
+        """Keep what fits ``limit`` pieces: reasoning, then text, then whole tool calls."""
+        whole = self.piece_count()
+        self.reasoning = self.reasoning[:limit]
+        self.content = self.content[: limit - len(self.reasoning)]
+        room = limit - len(self.reasoning) - len(self.content)
+        kept = []
+        for call in self.calls:
+            cost = _call_pieces(call)
+            if cost > room:
+                break
+            kept.append(call)
+            room -= cost
+        self.calls = kept
+        return self.piece_count() < whole
+
+    def generated(self) -> str:
+        """The reply as the model wrote it, for the prompt cache (reasoning left out)."""
+        return render_reply("".join(self.content), [(c["name"], c["arguments"]) for c in self.calls])
 
     @staticmethod
     def _call(index: int, call: dict[str, Any]) -> dict[str, str]:
@@ -616,6 +799,8 @@ class _Chunks:
 
     @property
     def finish_reason(self) -> str:
+        if self.cut:
+            return "length"
         return self.reply.finish_reason or ("tool_calls" if self.calls else "stop")
 
     def prologue(self) -> list[bytes]:
@@ -625,7 +810,7 @@ class _Chunks:
 
     def pieces(self) -> list[bytes]:
         """The counted chunks: reasoning, then content, then tool-call fragments."""
-        out = [self._delta({"reasoning_content": piece}) for piece in self.reply.reasoning]
+        out = [self._delta({"reasoning_content": piece}) for piece in self.reasoning]
         # Content chunks dominate benchmarks: build them from a template, not json.dumps of a dict.
         prefix = b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":'
         suffix = (b'}}],' + json.dumps(self.common)[1:].encode()) + b"\n\n"
@@ -637,13 +822,13 @@ class _Chunks:
                 out.append(self._delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
         return out
 
-    def _piece_count(self) -> int:
-        calls = sum(1 + len(list(_split_even(c["arguments"], ARGUMENT_PIECES))) for c in self.calls)
-        return len(self.reply.reasoning) + len(self.content) + calls
+    def piece_count(self) -> int:
+        """The reply's length in the fake's tokens: its streamed pieces."""
+        return len(self.reasoning) + len(self.content) + sum(_call_pieces(c) for c in self.calls)
 
     def usage(self) -> dict[str, int] | None:
         if self.reply.usage == "auto":
-            prompt, completion = _rough_tokens(self.body), self._piece_count()
+            prompt, completion = _rough_tokens(self.body), self.piece_count()
             return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return self.reply.usage
 
@@ -654,19 +839,20 @@ class _Chunks:
             if reply.legacy_error:
                 return [b"error: " + json.dumps(error).encode() + b"\n\n", b"data: [DONE]\n\n"]
             return [b"data: " + json.dumps({"error": error}).encode() + b"\n\n"]
-        out = [self._event([{"finish_reason": self.finish_reason, "index": 0, "delta": {}}])]
+        last: list[tuple[list[Any], dict[str, Any]]] = [([{"finish_reason": self.finish_reason, "index": 0, "delta": {}}], {})]
         usage = self.usage()
         options = self.body.get("stream_options") or {}
         if usage is not None and isinstance(options, dict) and options.get("include_usage"):
-            out.append(self._event([], usage=usage))
-        out.append(b"data: [DONE]\n\n")
-        return out
+            last.append(([], {"usage": usage}))
+        if self.timings is not None:
+            last[-1][1]["timings"] = self.timings  # llama-server's go on the last chunk
+        return [self._event(choices, **extra) for choices, extra in last] + [b"data: [DONE]\n\n"]
 
     def completion(self) -> dict[str, Any]:
         """The whole answer to a request without ``stream``."""
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
-        if self.reply.reasoning:
-            message["reasoning_content"] = "".join(self.reply.reasoning)
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = [
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -680,7 +866,14 @@ class _Chunks:
         usage = self.usage()
         if usage is not None:
             answer["usage"] = usage
+        if self.timings is not None:
+            answer["timings"] = self.timings
         return answer
+
+
+def _call_pieces(call: dict[str, str]) -> int:
+    """A streamed tool call's pieces: its head, then its arguments in ARGUMENT_PIECES."""
+    return 1 + len(list(_split_even(call["arguments"], ARGUMENT_PIECES)))
 
 
 def _frame(data: bytes) -> bytes:
@@ -692,6 +885,39 @@ def _split_even(text: str, parts: int) -> Iterator[str]:
     size = max(1, math.ceil(len(text) / parts))
     for start in range(0, len(text), size):
         yield text[start : start + size]
+
+
+def _ollama_show(model: FakeModel) -> dict[str, Any]:
+    """Ollama's /api/show of a model: num_ctx among its parameters unless it runs at
+    Ollama's default, its training length in model_info, and its capabilities."""
+    parameters = ['stop                           "<|im_end|>"']
+    if model.n_ctx != min(OLLAMA_DEFAULT_CTX, model.trained):
+        parameters.insert(0, f"num_ctx                        {model.n_ctx}")
+    capabilities = ["completion"] + ["vision"] * ("image" in model.input_modalities) + ["tools"] * model.tools
+    return {
+        "modelfile": f"# Modelfile generated by \"ollama show\"\nFROM /models/{model.id}.gguf\n",
+        "parameters": "\n".join(parameters),
+        "template": "{{ .Prompt }}",
+        "details": {"format": "gguf", "family": "llama", "parameter_size": "1B", "quantization_level": "Q4_K_M"},
+        "model_info": {"general.architecture": "llama", "general.parameter_count": 10**9,
+                       "llama.context_length": model.trained},
+        "capabilities": capabilities,
+    }
+
+
+async def _not_found(writer: asyncio.StreamWriter, request: _Request) -> bool:
+    return await _send(writer, 404, _error_body(404, "File Not Found", "not_found_error"), request)
+
+
+async def _send_text(writer: asyncio.StreamWriter, status: int, text: str, request: _Request) -> bool:
+    payload = text.encode()
+    writer.write(
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: {'keep-alive' if request.keep_alive else 'close'}\r\n\r\n"
+        .encode() + payload
+    )
+    await writer.drain()
+    return request.keep_alive
 
 
 def _error_body(code: int, message: str, kind: str) -> dict[str, Any]:
@@ -733,12 +959,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.fakerouter", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     parser.add_argument("--format", choices=["llama", "top", "bare"], default="llama", help="shape of /v1/models")
+    parser.add_argument("--mode", choices=["llama-server", "llama-swap", "ollama", "silent"], default="llama-server",
+                        help="the router to imitate")
     args = parser.parse_args(argv)
     stop = threading.Event()
     # Set explicitly: a shell starting us in the background leaves SIGINT ignored.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with FakeRouter(models_format=args.format, port=args.port) as fake:
+    with FakeRouter(models_format=args.format, mode=args.mode, port=args.port) as fake:
         print(fake.url, flush=True)
         stop.wait()
 

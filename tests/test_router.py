@@ -108,7 +108,11 @@ async def test_reasoning_and_tool_calls_by_index(client: RouterClient, fake: Fak
 async def test_scripted_chunks_finish_and_no_usage(client: RouterClient, fake: FakeRouter) -> None:
     fake.script(Reply(chunks=["a", "b"], finish_reason="length", usage=None, first_content_null=False))
     events = await drain(client.stream_chat("fake-text", USER))
-    assert events == [ContentDelta("a"), ContentDelta("b"), StreamEnd("length", [], None, "ab")]
+    assert events[:2] == [ContentDelta("a"), ContentDelta("b")]
+    end = events[-1]
+    assert isinstance(end, StreamEnd)
+    assert (end.finish_reason, end.tool_calls, end.usage, end.text) == ("length", [], None, "ab")
+    assert end.timings is not None and end.timings.predicted_n == 2  # on the finish chunk, without usage
 
 
 @pytest.mark.asyncio
@@ -129,9 +133,14 @@ async def test_back_to_back_streams_survive_a_server_that_closes_after_each(
 @pytest.mark.asyncio
 async def test_llama_format_models(client: RouterClient, fake: FakeRouter) -> None:
     models = await client.models()
-    assert models == [ModelInfo("fake-text", ("text",), 4096), ModelInfo("fake-vision", ("text", "image"), 8192)]
+    assert models == [
+        ModelInfo("fake-text", ("text",), 4096, ctx_source="models"),
+        ModelInfo("fake-vision", ("text", "image"), 8192, ctx_source="models"),
+    ]
     assert [m.vision for m in models] == [False, True]
-    assert models[1].to_json() == {"id": "fake-vision", "input_modalities": ["text", "image"], "ctx_max": 8192}
+    assert models[1].to_json() == {
+        "id": "fake-vision", "input_modalities": ["text", "image"], "ctx_max": 8192, "ctx_source": "models"
+    }
     assert fake.hits["/props"] == 0
 
 
@@ -140,11 +149,15 @@ async def test_top_format_takes_ctx_from_props_when_a_model_is_chosen(make_clien
     with FakeRouter(models_format="top") as fake:
         client = make_client(router_url=fake.url)
         listed = await client.models()
-        # Two models: listing must not ask /props about each (on a router that may load them).
-        assert listed == [ModelInfo("fake-text", ("text",), 0), ModelInfo("fake-vision", ("text", "image"), 0)]
+        # Two models: listing must not ask /props about each (on a router that may load them);
+        # until a turn picks one, their size is the configuration's assumed_ctx, and says so.
+        assert listed == [
+            ModelInfo("fake-text", ("text",), 4096, ctx_source="assumed"),
+            ModelInfo("fake-vision", ("text", "image"), 4096, ctx_source="assumed"),
+        ]
         assert fake.hits["/props"] == 0
         info = await client.model_info("fake-vision")
-        assert info == ModelInfo("fake-vision", ("text", "image"), 8192)
+        assert info == ModelInfo("fake-vision", ("text", "image"), 8192, ctx_source="props")
         assert fake.hits["/props"] == 1
         assert (await client.models())[1] == info
         await client.model_info("fake-vision")
@@ -166,22 +179,130 @@ async def test_an_abandoned_props_probe_is_tried_again(make_client: MakeClient) 
 async def test_bare_single_model_falls_back_to_props(make_client: MakeClient) -> None:
     with FakeRouter([FakeModel("solo", ["text", "image"], 16384)], models_format="bare") as fake:
         client = make_client(router_url=fake.url)
-        assert await client.models() == [ModelInfo("solo", ("text", "image"), 16384)]
+        assert await client.models() == [ModelInfo("solo", ("text", "image"), 16384, ctx_source="props")]
         assert fake.hits["/props"] == 1
 
 
 @pytest.mark.asyncio
-async def test_bare_without_props_defaults_to_text_and_unknown_ctx(make_client: MakeClient) -> None:
+async def test_bare_without_props_defaults_to_text_and_assumed_ctx(make_client: MakeClient) -> None:
     with FakeRouter([FakeModel("solo", ["text", "image"], 16384)], models_format="bare", props=False) as fake:
-        client = make_client(router_url=fake.url)
-        assert await client.model_info(None) == ModelInfo("solo", ("text",), 0)
+        client = make_client(router_url=fake.url, assumed_ctx=3000)
+        assert await client.model_info(None) == ModelInfo("solo", ("text",), 3000, ctx_source="assumed")
         assert fake.hits["/props"] == 1
 
 
 @pytest.mark.asyncio
 async def test_ctx_override_applies_to_every_model(make_client: MakeClient, fake: FakeRouter) -> None:
     client = make_client(router_url=fake.url, ctx_max=2000)
-    assert [m.ctx_max for m in await client.models()] == [2000, 2000]
+    assert [(m.ctx_max, m.ctx_source) for m in await client.models()] == [(2000, "config"), (2000, "config")]
+
+
+# -- where the context size comes from ----------------------------------------------
+
+UPSTREAM_PROPS = "/upstream/fake-vision/props"
+
+
+@pytest.mark.asyncio
+async def test_llama_swap_is_asked_through_upstream_only_for_the_model_in_use(make_client: MakeClient) -> None:
+    with FakeRouter(mode="llama-swap") as fake:
+        client = make_client(router_url=fake.url)
+        listed = await client.models()
+        assert [(m.ctx_max, m.ctx_source) for m in listed] == [(4096, "assumed"), (4096, "assumed")]
+        # a status line does not load the model either
+        assert (await client.model_info("fake-vision", load=False)).ctx_source == "assumed"
+        assert fake.loaded == [] and not any(path.startswith("/upstream/") for path in fake.hits)
+        info = await client.model_info("fake-vision")
+        assert info == ModelInfo("fake-vision", ("text", "image"), 8192, ctx_source="upstream")
+        assert fake.loaded == ["fake-vision"] and fake.hits[UPSTREAM_PROPS] == 1
+        assert fake.hits["/props"] == 1  # llama-server's own place was asked first, and has none
+        await client.model_info("fake-vision")
+        await client.models()
+        assert fake.hits[UPSTREAM_PROPS] == 1 and fake.loaded == ["fake-vision"]
+
+
+@pytest.mark.asyncio
+async def test_a_lone_model_behind_llama_swap_is_not_loaded_by_a_listing(make_client: MakeClient) -> None:
+    with FakeRouter([FakeModel("solo", n_ctx=16384)], mode="llama-swap") as fake:
+        client = make_client(router_url=fake.url)
+        assert (await client.models())[0].ctx_source == "assumed"
+        assert fake.loaded == []
+        assert (await client.model_info(None)).ctx_max == 16384
+        assert fake.loaded == ["solo"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("model", "ctx"),
+    [
+        (FakeModel("qwen3:8b", ["text", "image"], n_ctx=8192, n_ctx_train=40960), 8192),  # num_ctx in its parameters
+        (FakeModel("llama3.2:1b", n_ctx=4096, n_ctx_train=131072), 4096),  # Ollama's default
+        (FakeModel("tiny:1b", n_ctx=2048, n_ctx_train=2048), 2048),  # the default, capped at the training length
+    ],
+)
+async def test_ollama_is_asked_with_api_show(make_client: MakeClient, model: FakeModel, ctx: int) -> None:
+    with FakeRouter([model, FakeModel("other:1b", tools=False)], mode="ollama") as fake:
+        client = make_client(router_url=fake.url)
+        assert (await client.models())[0].ctx_source == "assumed"
+        info = await client.model_info(model.id)
+        assert info == ModelInfo(model.id, tuple(model.input_modalities), ctx, tools=True, ctx_source="ollama")
+        assert fake.hits["/api/show"] == 1 and fake.hits["/"] == 1
+        assert (await client.model_info("other:1b", load=False)).tools is False  # /api/show loads nothing
+
+
+@pytest.mark.asyncio
+async def test_a_silent_router_gets_the_assumed_size_until_an_overflow_names_it(make_client: MakeClient) -> None:
+    with FakeRouter([FakeModel("quiet", n_ctx=1000), FakeModel("other")], mode="silent") as fake:
+        client = make_client(router_url=fake.url, assumed_ctx=2048)
+        assert await client.model_info("quiet") == ModelInfo("quiet", ("text",), 2048, ctx_source="assumed")
+        long = [{"role": "user", "content": "word " * 1000}]
+        with pytest.raises(RouterContextOverflow) as overflow:
+            await drain(client.stream_chat("quiet", long))
+        assert overflow.value.n_ctx == 1000
+        learned = client.learn_context("quiet", overflow.value.n_ctx)
+        assert learned == ModelInfo("quiet", ("text",), 1000, ctx_source="learned")
+        assert await client.model_info("quiet") == learned
+        # a refreshed model list does not forget it
+        await client.models(refresh=True)
+        assert await client.model_info("quiet") == learned
+        assert (await client.models())[1].ctx_source == "assumed"
+
+
+@pytest.mark.asyncio
+async def test_a_size_the_router_reports_wins_over_a_learned_one(make_client: MakeClient, fake: FakeRouter) -> None:
+    client = make_client(router_url=fake.url)
+    await client.models()
+    assert client.learn_context("fake-text", 1000).ctx_max == 1000
+    assert (await client.model_info("fake-text")).ctx_max == 1000
+    await client.models(refresh=True)
+    assert await client.model_info("fake-text") == ModelInfo("fake-text", ("text",), 4096, ctx_source="models")
+
+
+@pytest.mark.asyncio
+async def test_a_configured_size_yields_only_to_a_smaller_learned_one(make_client: MakeClient, fake: FakeRouter) -> None:
+    client = make_client(router_url=fake.url, ctx_max=3000)
+    await client.models()
+    assert client.learn_context("fake-text", 5000).ctx_source == "config"
+    assert (await client.model_info("fake-text")).ctx_max == 3000
+    assert client.learn_context("fake-text", 2000) == ModelInfo("fake-text", ("text",), 2000, ctx_source="learned")
+    await client.models(refresh=True)
+    assert (await client.model_info("fake-text")).ctx_max == 2000
+
+
+@pytest.mark.asyncio
+async def test_learning_the_size_of_a_model_not_listed_yet(client: RouterClient) -> None:
+    assert client.learn_context("elsewhere", 512) == ModelInfo("elsewhere", ctx_max=512, ctx_source="learned")
+    with pytest.raises(ValueError):
+        client.learn_context("elsewhere", 0)
+
+
+@pytest.mark.asyncio
+async def test_ollama_default_guess_yields_to_a_learned_size(make_client: MakeClient) -> None:
+    with FakeRouter([FakeModel("llama3.2:1b", n_ctx=4096, n_ctx_train=131072)], mode="ollama") as fake:
+        client = make_client(router_url=fake.url)
+        assert (await client.model_info(None)).ctx_max == 4096
+        client.learn_context("llama3.2:1b", 32768)  # a server with more VRAM runs a larger default
+        await client.models(refresh=True)
+        assert await client.model_info(None) == ModelInfo("llama3.2:1b", ctx_max=32768, ctx_source="learned")
 
 
 @pytest.mark.asyncio
@@ -218,7 +339,7 @@ async def test_unknown_model_refreshes_once_then_names_the_models(client: Router
 async def test_a_model_loaded_after_caching_is_found(client: RouterClient, fake: FakeRouter) -> None:
     await client.models()
     fake.models.append(FakeModel("new-one", n_ctx=1024))
-    assert await client.model_info("new-one") == ModelInfo("new-one", ("text",), 1024)
+    assert await client.model_info("new-one") == ModelInfo("new-one", ("text",), 1024, ctx_source="models")
 
 
 @pytest.mark.asyncio
@@ -425,7 +546,7 @@ async def test_failing_and_slow_embedder(client: RouterClient, fake: FakeRouter)
 async def test_props_tells_a_template_without_tools(make_client: MakeClient) -> None:
     with FakeRouter(models=[FakeModel("plain", n_ctx=2048, tools=False)], models_format="bare") as fake:
         info = await make_client(router_url=fake.url).model_info(None)
-        assert info == ModelInfo("plain", ("text",), 2048, tools=False)
+        assert info == ModelInfo("plain", ("text",), 2048, tools=False, ctx_source="props")
     with FakeRouter(models=[FakeModel("able", n_ctx=2048)], models_format="bare") as fake:
         assert (await make_client(router_url=fake.url).model_info(None)).tools is True
 

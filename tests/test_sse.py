@@ -20,6 +20,7 @@ from daemon.sse import (
     SSEParser,
     StreamEnd,
     StreamEvent,
+    Timings,
     ToolCall,
     Usage,
     error_from_body,
@@ -177,6 +178,33 @@ def test_error_from_body_shapes(body: Any, overflow: bool, words: str) -> None:
     assert error.status == 400
 
 
+@pytest.mark.parametrize(
+    ("body", "n_ctx"),
+    [
+        # llama-server: the sizes beside the message, in the error object
+        ({"error": {"code": 400, "message": "request (5000 tokens) exceeds the available context size (4096 tokens), "
+                    "try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}},
+         4096),
+        ({"error": {"code": 400, "message": "request (9000 tokens) exceeds the available context size (8192 tokens)",
+                    "type": "exceed_context_size_error"}}, 8192),
+        ({"object": "error", "message": "This model's maximum context length is 2048 tokens. However, you requested "
+          "3000 tokens.", "type": "BadRequestError"}, 2048),
+        ({"error": {"message": "the request exceeds the available context size", "type": "exceed_context_size_error"}},
+         None),
+        ({"error": {"message": "too long", "code": "context_length_exceeded", "n_ctx": 0}}, None),
+    ],
+)
+def test_an_overflow_carries_the_size_the_server_named(body: Any, n_ctx: int | None) -> None:
+    error = error_from_body(body, 400)
+    assert isinstance(error, RouterContextOverflow)
+    assert error.n_ctx == n_ctx
+
+
+def test_advice_follows_the_servers_words() -> None:
+    error = error_from_body({"error": {"message": "Loading model", "type": "unavailable_error"}}, 503, advice="wait")
+    assert error.message.endswith("Loading model; wait") and error.status == 503
+
+
 def test_error_from_raw_text_is_truncated() -> None:
     error = error_from_body("x" * 2000 + "tail", 502)
     assert "x" * 500 in error.message
@@ -198,6 +226,50 @@ async def test_stream_ends_with_stream_end() -> None:
         "data: [DONE]", "",
     ])
     assert events == [ContentDelta("Hel"), ContentDelta("lo"), StreamEnd("stop", [], Usage(5, 2), "Hello")]
+
+
+# llama-server's timings object as it ends a stream (tools/server, result_timings::to_json)
+TIMINGS = {
+    "cache_n": 3000, "prompt_n": 512, "prompt_ms": 1234.5, "prompt_per_token_ms": 2.41, "prompt_per_second": 414.7,
+    "predicted_n": 37, "predicted_ms": 890.0, "predicted_per_token_ms": 24.05, "predicted_per_second": 41.6,
+}
+
+
+@pytest.mark.asyncio
+async def test_timings_on_the_usage_chunk_reach_the_stream_end() -> None:
+    # with stream_options.include_usage llama-server puts them on the usage chunk, the last one
+    events = await collect([
+        chunk({"content": "Hi"}), "",
+        chunk({}, "stop"), "",
+        chunk(None, usage={"prompt_tokens": 3512, "completion_tokens": 37}, timings=TIMINGS), "",
+        "data: [DONE]", "",
+    ])
+    end = events[-1]
+    assert isinstance(end, StreamEnd)
+    assert end.timings == Timings(512, 3000, 1234.5, 414.7, 37, 890.0, 41.6)
+    assert end.timings.to_json() == {
+        "prompt_n": 512, "cache_n": 3000, "prompt_ms": 1234.5, "predicted_n": 37, "predicted_per_second": 41.6
+    }
+
+
+@pytest.mark.asyncio
+async def test_timings_on_the_finish_chunk_and_their_absence() -> None:
+    # without usage the finish chunk is the last, and carries them; other servers send none
+    events = await collect([chunk({"content": "Hi"}), "", chunk({}, "stop", timings={"prompt_n": 4}), "", "data: [DONE]"])
+    end = events[-1]
+    assert isinstance(end, StreamEnd) and end.timings is not None
+    assert end.timings.to_json() == {
+        "prompt_n": 4, "cache_n": None, "prompt_ms": None, "predicted_n": None, "predicted_per_second": None
+    }
+    plain = await collect([chunk({"content": "Hi"}), "", chunk({}, "stop"), "", "data: [DONE]"])
+    assert plain[-1] == StreamEnd("stop", [], None, "Hi", None)
+
+
+def test_odd_timings_are_left_out() -> None:
+    assert Timings.from_json("fast") is None
+    assert Timings.from_json({"prompt_n": "many", "cache_n": True, "prompt_ms": -1.0, "predicted_n": 3.0}) == Timings(
+        predicted_n=3
+    )
 
 
 @pytest.mark.asyncio
@@ -282,7 +354,7 @@ async def test_vllm_style_400_through_the_client() -> None:
                 pass
     finally:
         await client.aclose()
-    assert info.value.status == 400
+    assert info.value.status == 400 and info.value.n_ctx == 2048
     assert "maximum context length is 2048" in info.value.message
     assert "http://router.test/v1/chat/completions" in info.value.message
 

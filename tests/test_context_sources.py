@@ -1,0 +1,100 @@
+"""Through the daemon's socket: where each model's context size came from, in `models` and `status`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest
+
+from daemon import Config
+from tests.conftest import RunningDaemon
+from tests.fakerouter import FakeModel, FakeRouter, RouterMode
+from tests.wire import Wire
+
+pytestmark = pytest.mark.asyncio
+
+Serve = Callable[..., AbstractAsyncContextManager[tuple[FakeRouter, Wire]]]
+
+
+@pytest.fixture
+def serve(config: Config) -> Serve:
+    """A daemon on a fake router of the given mode (and settings), with a connection to it."""
+
+    @asynccontextmanager
+    async def run(
+        mode: RouterMode, models: list[FakeModel] | None = None, **settings: Any
+    ) -> AsyncIterator[tuple[FakeRouter, Wire]]:
+        with FakeRouter(models, mode=mode) as fake:
+            daemon = RunningDaemon(dataclasses.replace(config, router_url=fake.url, **settings))
+            await daemon.start()
+            wire = await daemon.connect()
+            try:
+                yield fake, wire
+            finally:
+                await wire.close()
+                await daemon.stop()
+
+    return run
+
+
+def sizes(event: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    return {m["id"]: (m["ctx_max"], m["ctx_source"]) for m in event["items"]}
+
+
+async def test_llama_server_states_its_sizes_in_the_model_list(wire: Wire) -> None:
+    models = await wire.request({"type": "models"})
+    assert sizes(models) == {"fake-text": (4096, "models"), "fake-vision": (8192, "models")}
+    status = await wire.request({"type": "status"})
+    assert (status["model"], status["ctx_max"], status["ctx_source"]) == ("fake-text", 4096, "models")
+
+
+async def test_llama_swap_is_asked_only_for_the_model_a_turn_uses(serve: Serve) -> None:
+    async with serve("llama-swap") as (fake, wire):
+        status = await wire.request({"type": "status"})
+        assert (status["model"], status["ctx_max"], status["ctx_source"]) == ("fake-text", 4096, "assumed")
+        models = await wire.request({"type": "models"})
+        assert sizes(models) == {"fake-text": (4096, "assumed"), "fake-vision": (4096, "assumed")}
+        assert fake.loaded == []  # neither a status line nor a model list loads a model
+        events = await wire.ask("hello", model="fake-vision")
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
+        assert fake.loaded == ["fake-vision"] and fake.hits["/upstream/fake-vision/props"] == 1
+        models = await wire.request({"type": "models"})
+        assert sizes(models) == {"fake-text": (4096, "assumed"), "fake-vision": (8192, "upstream")}
+
+
+async def test_ollama_is_asked_with_its_show_api(serve: Serve) -> None:
+    models = [FakeModel("qwen3:8b", n_ctx=8192, n_ctx_train=40960), FakeModel("llama3.2:1b", n_ctx_train=131072)]
+    async with serve("ollama", models) as (fake, wire):
+        status = await wire.request({"type": "status"})
+        assert (status["model"], status["ctx_max"], status["ctx_source"]) == ("qwen3:8b", 8192, "ollama")
+        events = await wire.ask("hello", model="llama3.2:1b")
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 4096  # Ollama's default
+        assert sizes(await wire.request({"type": "models"})) == {
+            "qwen3:8b": (8192, "ollama"), "llama3.2:1b": (4096, "ollama")
+        }
+
+
+async def test_a_router_that_tells_no_size_gets_the_assumed_one(serve: Serve) -> None:
+    async with serve("silent", [FakeModel("quiet", n_ctx=16384)], assumed_ctx=3000) as (fake, wire):
+        status = await wire.request({"type": "status"})
+        assert (status["model"], status["ctx_max"], status["ctx_source"]) == ("quiet", 3000, "assumed")
+        events = await wire.ask("hello")
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 3000
+        assert sizes(await wire.request({"type": "models"})) == {"quiet": (3000, "assumed")}
+
+
+async def test_a_configured_size_says_so(serve: Serve) -> None:
+    async with serve("llama-server", ctx_max=2000) as (fake, wire):
+        assert sizes(await wire.request({"type": "models"})) == {"fake-text": (2000, "config"), "fake-vision": (2000, "config")}
+        status = await wire.request({"type": "status"})
+        assert (status["ctx_max"], status["ctx_source"]) == (2000, "config")
+
+
+async def test_status_without_a_router_names_no_size(wire: Wire, router: FakeRouter) -> None:
+    router.stop()
+    status = await wire.request({"type": "status"})
+    assert status["router_reachable"] is False
+    assert (status["model"], status["ctx_max"], status["ctx_source"]) == (None, None, None)
