@@ -184,7 +184,9 @@ class ContextBuilder:
         entry = self.replays.get(cid, after, budget.ctx_max, model.vision, known.known if known else 0)
         raw = known.earlier if known else []
         if entry is None:
-            if known is not None and known.known > 0:  # the read skipped turns no longer held
+            # what was read is the whole story only when it skipped nothing and nothing was
+            # held (a held entry for another context size may have compacted since)
+            if (known is not None and known.known > 0) or self.replays.holds(cid):
                 compaction, raw = await self.history.run(lambda s: _earlier(s, cid, turn))
             entry = self.replays.start(cid, compaction, budget.ctx_max, model.vision)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)

@@ -94,6 +94,9 @@ class ReplayCache:
         entry = self._entries.get(cid)
         return entry.upto if entry else 0
 
+    def holds(self, cid: int) -> bool:
+        return cid in self._entries
+
     def get(self, cid: int, after: int, ctx_max: int, vision: bool, known: int) -> Replayed | None:
         """The entry, when it is still valid and holds every turn up to ``known``.
 

@@ -59,11 +59,17 @@ def title_prompt(asked: list[dict[str, Any]], answer: str, question: str, reply:
 
 
 async def make_title(
-    router: RouterClient, history: AsyncHistory, cid: int, model: str, prompt: list[dict[str, Any]], question: str
+    router: RouterClient, history: AsyncHistory, cid: int, model: str, prompt: list[dict[str, Any]], question: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Ask the model for a short title; keep the provisional one if that fails or was changed."""
+    """Ask the model for a short title; keep the provisional one if that fails or was changed.
+
+    ``tools`` are the ones the turn offered: a template renders them at the top of the
+    prompt, so the request offers them too (``tool_choice: none``) to keep the cache's prefix.
+    """
+    params: dict[str, Any] = {"tools": tools, "tool_choice": "none"} if tools else {}
     try:
-        title = clean_title(await router.complete(model, prompt, max_tokens=TITLE_TOKENS))
+        title = clean_title(await router.complete(model, prompt, max_tokens=TITLE_TOKENS, **params))
     except AssistantError as exc:
         logger.info("no model-made title for conversation %d: %s", cid, exc.message)
         return

@@ -49,7 +49,17 @@ from .errors import (
     TooManyFiles,
 )
 from .protocol import Request, error_event
-from .router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
+from .router import (
+    ContentDelta,
+    ModelInfo,
+    ReasoningDelta,
+    RouterClient,
+    StreamEnd,
+    StreamEvent,
+    Timings,
+    ToolCall,
+    Usage,
+)
 from .titles import make_title, provisional_title, title_prompt
 
 __all__ = ["TurnEngine"]
@@ -79,10 +89,12 @@ class TurnState:
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
+    timings: Timings | None = None  # the model server's figures of the last request (llama-server)
     prompt_estimate: int = 0
     ctx_used: int = 0
     round_start: int = 0  # where the current round's text begins in the reply
     prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
+    tools: list[dict[str, Any]] | None = None  # the tools offered with it
     known: TurnContext | None = None  # what history held for the prompt before this turn (None: a new conversation)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
@@ -261,7 +273,8 @@ class TurnEngine:
             question = text or " ".join(p.name for p in prepared)
             answer = state.messages[-1].get("content") if state.messages[-1].get("role") == "assistant" else ""
             prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
-            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question))
+            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question,
+                                   state.tools if state.prompt else None))
 
     async def _read(self, cid: int, where: dict[str, Any]) -> TurnContext:
         """The conversation and what its prompt needs; sets the turn an error would name."""
@@ -434,15 +447,21 @@ class TurnEngine:
                 add_user_note(prompt.messages, LAST_ROUND_NOTE)
             try:
                 end = await self._stream_round(state, prompt, tools, emit)
-            except RouterContextOverflow:
+            except RouterContextOverflow as exc:
                 if round_no or state.reply:
                     raise
+                # the server said how big its context is: when that explains the refusal (we
+                # thought the prompt bigger than that), a prompt built for the size fits; else
+                # our estimate was low: fold all that may be folded, with no passages
+                explained = exc.n_ctx is not None and prompt.tokens >= exc.n_ctx
+                if exc.n_ctx is not None:
+                    state.model = self.router.learn_context(state.model.id, exc.n_ctx)
                 prompt = await self.context.build(
-                    state.conversation, state.turn, state.model, [state.question], progress, state.kb, force=True,
-                    known=known,
+                    state.conversation, state.turn, state.model, [state.question], progress, state.kb,
+                    force=not explained, known=known,
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
-            state.prompt = prompt.messages
+            state.prompt, state.tools = prompt.messages, tools
             if not end.tool_calls or tools is None:
                 return end.finish_reason
             prompt.messages.extend(router_messages(state.messages[-1:]))
@@ -499,7 +518,8 @@ class TurnEngine:
                 calls = event.tool_calls if tools else []  # calls nobody offered are not run
                 self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
                 state.round_start = len(state.reply)  # this round's text is stored with its message
-                return StreamEnd(event.finish_reason, calls, event.usage, event.text)
+                state.timings = event.timings or state.timings
+                return StreamEnd(event.finish_reason, calls, event.usage, event.text, event.timings)
         raise AssertionError("stream_chat ended without a StreamEnd")
 
     def _stream(
@@ -597,6 +617,7 @@ class TurnEngine:
             "usage": usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None},
             "ctx_used": state.ctx_used,
             "ctx_max": state.model.ctx_max,
+            "timings": state.timings.to_json() if state.timings else None,
         }
 
     def _spawn(self, coro: Any) -> None:

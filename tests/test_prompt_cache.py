@@ -10,6 +10,7 @@ the next question still fits, and an oversize past is folded or cut, never fatal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from daemon import Config
+from tests.conftest import RunningDaemon
+from tests.fakeprompt import render_prompt, text_tokens
 from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.samples import make_png
 from tests.wire import Wire, of_type
@@ -117,19 +121,34 @@ async def test_every_request_caps_its_reply_and_leaves_room(wire: Wire, router: 
         assert prompt + request["max_tokens"] <= 1024 - 1024 // 8 or request["max_tokens"] == 1024 // 8
 
 
+async def test_a_model_that_writes_until_stopped_leaves_room_for_more(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(fill=True))  # "a very long story": words until max_tokens or the context end
+    story = (await wire.ask("tell me a very long story", model=SMALL))[-1]
+    assert story["type"] == "done" and story["finish_reason"] == "length"
+    assert turn_requests(router)[-1]["max_tokens"] <= 1024 // 4
+    cid = story["conversation"]
+    for question in ("who was the hero?", "and how did it end?"):
+        events = await wire.ask(question, conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert opened["turns"][0]["reply"] == story["text"] and opened["turns"][0]["finish_reason"] == "length"
+
+
 async def test_a_reply_larger_than_the_context_does_not_end_the_conversation(
     wire: Wire, router: FakeRouter
 ) -> None:
-    story = " ".join(f"word{n}" for n in range(2_500))  # ~4,000 tokens in a 1,024-token context
+    story = " ".join(f"word{n}" for n in range(1_800))  # ~4,000 tokens: fits 8k, not 1k
     router.script(Reply(text=story))
-    events = await wire.ask("tell me a very long story", model=SMALL)
+    events = await wire.ask("tell me a very long story", model="fake-vision")
     cid = events[0]["conversation"]
-    assert events[-1]["type"] == "done"
+    assert events[-1]["type"] == "done" and events[-1]["text"] == story
+    changed = await wire.request({"type": "settings", "conversation": cid, "model": SMALL})
+    assert changed["type"] == "settings", changed
     for question in ("who was the hero?", "and how did it end?"):
         events = await wire.ask(question, conversation=cid)
         assert events[-1]["type"] == "done", events[-1]
     replayed = json.dumps(turn_requests(router)[-1]["messages"])
-    assert "word0 " in replayed and "word2499" in replayed  # its head and its end
+    assert "word0 " in replayed and "word1799" in replayed  # its head and its end
     assert "left out here to fit the context" in replayed and "conversation_search" in replayed
     opened = await wire.request({"type": "open", "conversation": cid})
     assert opened["turns"][0]["reply"] == story  # history keeps it whole
@@ -181,3 +200,146 @@ async def test_a_failed_summary_leaves_old_turns_out_and_goes_on(wire: Wire, rou
     last = turn_requests(router)[-1]["messages"]
     assert "question 0 " not in json.dumps(last) and "question 11 " in json.dumps(last)
     assert sum(len(json.dumps(m)) for m in last) // 4 < 1024
+
+
+# -- what the server reads: the fake keeps llama-server's prompt cache ------------------------------
+
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+class Turns:
+    """Asks in one conversation, keeping the streamed requests of each turn (its rounds)."""
+
+    def __init__(self, wire: Wire, router: FakeRouter) -> None:
+        self.wire, self.router = wire, router
+        self.cid: int | None = None
+        self.rounds: list[list[int]] = []  # per turn: indexes into router.requests
+        self.done: list[dict[str, Any]] = []
+
+    async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
+        before = len(self.router.requests)
+        if self.cid is not None:
+            fields["conversation"] = self.cid
+        events = await self.wire.ask(text, **fields)
+        assert events[-1]["type"] == "done", events[-1]
+        self.cid = of_type(events, "user")[0]["conversation"]
+        self.rounds.append([i for i in range(before, len(self.router.requests)) if self.router.requests[i].get("stream")])
+        self.done.append(events[-1])
+        return events
+
+    def limit(self, n: int) -> int:
+        """The most turn ``n`` (0-based) may read: the previous exchange and what follows it."""
+        first = self.router.requests[self.rounds[n][0]]
+        previous_question = len(self.router.requests[self.rounds[n - 1][0]]["messages"]) - 1
+        head = render_prompt({"messages": first["messages"][:previous_question], "tools": first.get("tools")})
+        return text_tokens(render_prompt(first)) - text_tokens(head.removesuffix(GENERATION_PROMPT))
+
+    def read(self, n: int) -> int:
+        """What the server read for turn ``n``'s first request."""
+        timings = self.router.timings[self.rounds[n][0]]
+        assert timings is not None
+        return int(timings["prompt_n"])
+
+
+async def test_with_a_kb_each_turn_reads_only_the_new_exchange(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    await kb_linked(wire, tmp_path)
+    turns = Turns(wire, router)
+    for n, question in enumerate(["why do bees dance?", "and the pump?", "how often oil?", "the hive?", "a seal?"]):
+        router.script(Reply(text=f"Answer {n}: " + "detail " * 30))
+        await turns.ask(question)
+    for n in range(2, 5):
+        assert turns.read(n) <= turns.limit(n), (n, router.timings)
+        # most of the prompt comes from the cache: the passages are read once, with their question
+        assert router.timings[turns.rounds[n][0]]["cache_n"] > turns.read(n)
+    # done carries the server's figures of the turn's request
+    assert turns.done[-1]["timings"]["prompt_n"] == turns.read(4)
+    assert turns.done[-1]["timings"]["cache_n"] == router.timings[turns.rounds[4][0]]["cache_n"]
+
+
+async def test_without_a_kb_a_turn_reads_little_more_than_its_question(wire: Wire, router: FakeRouter) -> None:
+    turns = Turns(wire, router)
+    for n in range(5):
+        await turns.ask(f"question number {n} about the weather")
+    for n in range(1, 5):
+        question = render_prompt({"messages": [{"role": "user", "content": f"question number {n} about the weather"}]})
+        assert turns.read(n) <= text_tokens(question) + 2, (n, router.timings)
+
+
+async def test_files_and_tools_keep_each_turn_within_its_limit(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the launch code is 4711\n" * 20)
+    turns = Turns(wire, router)
+    await turns.ask("hello")
+    await turns.ask("keep this", files=[str(notes)])
+    router.script(
+        Reply(tool_calls=[{"id": "c1", "name": "attachment_recall", "arguments": '{"action": "list"}'}]),
+        Reply(text="It is in notes.txt."),
+    )
+    await turns.ask("where is the code?")
+    await turns.ask("thanks")
+    await turns.ask("one more")
+    for n in range(3, 5):
+        assert turns.read(n) <= turns.limit(n), (n, router.timings)
+    # the second round of a tool turn reads only the call and its result
+    second_round = router.timings[turns.rounds[2][1]]
+    assert second_round is not None and second_round["prompt_n"] < 200
+
+
+async def test_after_a_compaction_the_next_turns_reuse_it(wire: Wire, router: FakeRouter) -> None:
+    turns = Turns(wire, router)
+    compacting: list[int] = []
+    for n in range(10):
+        router.script_complete(Reply(text=f"Earlier: weather questions up to {n}."))
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        events = await turns.ask(f"question {n} " + "filler " * 40, **({} if n else {"model": SMALL}))
+        if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+            compacting.append(n)
+    assert compacting and compacting[0] >= 2
+    # a compacting turn reads its new prompt whole (and its summary request is a prompt of
+    # its own); every other turn from the third on reads only what is new
+    after = [n for n in range(2, 10) if n not in compacting]
+    assert any(n - 1 in compacting for n in after), compacting  # a turn right after one is checked
+    for n in after:
+        assert turns.read(n) <= turns.limit(n), (n, compacting, router.timings)
+
+
+async def test_the_title_request_does_not_cost_the_next_turn(config: Config, router: FakeRouter) -> None:
+    running = RunningDaemon(dataclasses.replace(config, auto_title=True))
+    await running.start()
+    wire = await running.connect()
+    try:
+        turns = Turns(wire, router)
+        await turns.ask("what is a good name for a cat?")
+        await running.server._engine.settle()  # the title request has been answered
+        await turns.ask("and for a dog?")
+        titles = [r for r in router.requests if not r.get("stream")]
+        assert len(titles) == 1
+        assert turns.read(1) <= turns.limit(1), router.timings
+    finally:
+        await wire.close()
+        await running.stop()
+
+
+async def test_a_router_that_tells_no_size_is_learned_from_its_refusal(config: Config) -> None:
+    """Behind a proxy that lists no context (llama-swap without capabilities), the daemon
+    assumes 4,096; the server's refusal names 2,048, and the turn is retried at once."""
+    with FakeRouter(models=[FakeModel("hidden", n_ctx=2048)], mode="silent") as silent:
+        running = RunningDaemon(dataclasses.replace(config, router_url=silent.url))
+        await running.start()
+        wire = await running.connect()
+        try:
+            cid = None
+            for n in range(12):
+                silent.script(Reply(text=f"Answer {n}: " + "word " * 60))
+                events = await wire.ask(f"question {n} " + "filler " * 60, **({"conversation": cid} if cid else {}))
+                assert events[-1]["type"] == "done", (n, events[-1])
+                cid = events[0]["conversation"]
+            assert events[-1]["ctx_max"] == 2048
+            models = await wire.request({"type": "models"})
+            assert models["items"][0]["ctx_max"] == 2048 and models["items"][0]["ctx_source"] == "learned"
+            refused = [t for t in silent.timings if t is None]
+            assert len(refused) == 1  # refused once, then known
+        finally:
+            await wire.close()
+            await running.stop()

@@ -395,6 +395,7 @@ async def test_cancel_right_after_ask_stops_it_as_soon_as_it_is_stored(wire: Wir
 
 async def test_delete_right_after_ask_leaves_nothing_behind(wire: Wire, router: FakeRouter) -> None:
     cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(Reply(chunks=["never"], hang=True))  # the reply cannot end before the delete lands
     await wire.send_raw(
         json.dumps({"type": "ask", "id": "a", "text": "second", "conversation": cid}).encode() + b"\n"
         + json.dumps({"type": "delete", "id": "d", "conversation": cid}).encode() + b"\n"
