@@ -145,3 +145,15 @@ async def test_the_client_needs_only_the_standard_library() -> None:
     )
     out, _ = await proc.communicate()
     assert out.decode().strip() == "[]"
+
+
+async def test_ask_stats_shows_what_the_server_read_and_reused(daemon: RunningDaemon, router: FakeRouter) -> None:
+    await cli("ask", "first question")
+    code, _out, err = await cli("ask", "--continue", "--stats", "second question")
+    assert code == 0, err
+    timings = router.timings[-1]
+    assert timings is not None and timings["cache_n"] > 0
+    assert f"prompt: {timings['prompt_n']} tokens read, {timings['cache_n']} reused from the server's cache" in err
+    assert "reply: 50.0 tokens/s" in err
+    code, _out, err = await cli("ask", "third question")
+    assert "tokens read" not in err  # only when asked for
