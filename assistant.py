@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from daemon import AssistantError, load_config
+from core import AssistantError, load_config
 from daemon.client import add_client_commands, run_client
 
 logger = logging.getLogger("assistant")
@@ -44,14 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.test:
-        from tests.selfcheck import run_selfcheck
+        from selfcheck import run_selfcheck
 
         return run_selfcheck(verbose=args.verbose)
     if args.command not in (None, "serve"):
         return run_client(args)
     setup_logging(args.verbose)
     # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
-    from daemon import serve
+    from daemon.server import serve
 
     try:
         config = load_config()

@@ -17,7 +17,6 @@ This package imports nothing of the daemon but its errors.
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares, text_weight
 from .classify import Kind
 from .extract import (
-    DEFAULT_IMAGE_TOKENS,
     MAX_FILES,
     Chip,
     ImageAttachment,
@@ -30,7 +29,6 @@ from .pdf import MAX_PAGE_IMAGES
 from .refs import image_ref, resolve_image_refs, user_content
 
 __all__ = [
-    "DEFAULT_IMAGE_TOKENS",
     "FULL_TEXT_CAP",
     "MAX_FILES",
     "MAX_IMAGE_BYTES",

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from core.tokens import BUDGET_CHARS_PER_TOKEN
+
 __all__ = [
-    "CHARS_PER_TOKEN",
     "DEFAULT_BUDGET_CHARS",
-    "ESTIMATE_CHARS_PER_TOKEN",
     "FULL_TEXT_CAP",
     "NON_ASCII_WEIGHT",
     "budget_chars",
@@ -33,21 +33,17 @@ __all__ = [
     "text_weight",
 ]
 
-# seed 003: 3 characters per token when sizing the budget
-CHARS_PER_TOKEN = 3
 # seed 003: the budget when the model's context size is unknown
 DEFAULT_BUDGET_CHARS = 24_000
-# seed 000 (tokens.js): the staged-attachment estimate divides by 4
-ESTIMATE_CHARS_PER_TOKEN = 4
 # the full text kept per document for attachment_recall: 2 Mi characters (about half a
 # million tokens, beyond any local context; more only costs memory and disk)
 FULL_TEXT_CAP = 2 * 1024 * 1024
 
 
 # A character outside ASCII (CJK, Cyrillic, emoji, U+FFFD) costs a tokenizer one or two
-# tokens (SmolLM2 on llama-server: two for CJK), where ASCII runs CHARS_PER_TOKEN to one;
+# tokens (SmolLM2 on llama-server: two for CJK), where ASCII runs BUDGET_CHARS_PER_TOKEN to one;
 # counted at two tokens, such text is cut before it can overflow the context.
-NON_ASCII_WEIGHT = 2 * CHARS_PER_TOKEN
+NON_ASCII_WEIGHT = 2 * BUDGET_CHARS_PER_TOKEN
 
 
 def text_weight(text: str) -> int:
@@ -75,7 +71,7 @@ def budget_chars(ctx_max: int, ctx_used: int) -> int:
     if ctx_max <= 0:
         return DEFAULT_BUDGET_CHARS
     free_tokens = max(ctx_max - ctx_used, 0)
-    return free_tokens // 2 * CHARS_PER_TOKEN
+    return free_tokens // 2 * BUDGET_CHARS_PER_TOKEN
 
 
 def fair_shares(needs: Sequence[int], budget: int) -> list[int]:

@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.errors import UnsupportedKind
+from core.errors import UnsupportedKind
 
 __all__ = [
     "IMAGE_SUFFIXES",

@@ -38,17 +38,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.errors import NoVision, TooManyFiles
+from core.errors import NoVision, TooManyFiles
+from core.files import check_path, open_regular, read_head, sha256_file
+from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS
 
 from . import pdf
-from .budget import ESTIMATE_CHARS_PER_TOKEN, FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
+from .budget import FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
 from .classify import Kind, classify
-from .files import check_path, open_regular, read_head, sha256_file
 from .images import MAX_IMAGE_BYTES, load_image, too_large
 from .tasks import gather_all
 
 __all__ = [
-    "DEFAULT_IMAGE_TOKENS",
     "MAX_FILES",
     "Chip",
     "ImageAttachment",
@@ -62,8 +62,6 @@ logger = logging.getLogger(__name__)
 
 # seed 003: at most 8 files per question
 MAX_FILES = 8
-# SPEC: images count a flat per-model cost, 765 tokens by default
-DEFAULT_IMAGE_TOKENS = 765
 # bytes read per step from a text file: keeps memory flat however big the file
 TEXT_READ_CHUNK = 1024 * 1024
 
@@ -360,7 +358,7 @@ async def estimate_files(
         {
             "name": item.name,
             "kind": item.kind,
-            "tokens": math.ceil(share / ESTIMATE_CHARS_PER_TOKEN) + images * image_tokens,
+            "tokens": math.ceil(share / CHARS_PER_TOKEN) + images * image_tokens,
         }
         for item, (_, images), share in zip(staged, counted, shares)
     ]

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from daemon.errors import FileRefused
-
-from .files import open_regular
+from core.errors import FileRefused
+from core.files import open_regular
 
 __all__ = [
     "ACCEPTED_FORMATS",

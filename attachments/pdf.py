@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from daemon.errors import FileRefused
+from core.errors import FileRefused
+from core.files import open_regular
 
 from .budget import FULL_TEXT_CAP
-from .files import open_regular
 from .images import EncodedImage, encode_png
 from .tasks import gather_all
 

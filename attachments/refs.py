@@ -27,11 +27,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from daemon.errors import FileRefused
+from core.errors import FileRefused
+from core.files import check_path, sha256_file
 
 from . import pdf
 from .extract import Prepared
-from .files import check_path, sha256_file
 from .images import load_image
 
 __all__ = ["image_ref", "resolve_image_refs", "user_content"]

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Attachments: how long a question with a PDF takes to reach the router, and peak memory with 8 big files.
 
-Timing.  Two PDFs are built with ``tests/samples.py``: 200 text pages, and 20
+Timing.  Two PDFs are built with ``selfcheck/samples.py``: 200 text pages, and 20
 scanned pages (``Scan(grain=True)``: pictures only, as costly to encode as a
 real scan).  Each is attached to an ``ask`` (model ``fake-vision``, a new
 conversation each time) and timed from the ask line to the moment the chat
-request has fully arrived at the router.  The router is ``tests.fakerouter.FakeRouter``
+request has fully arrived at the router.  The router is ``selfcheck.fakerouter.FakeRouter``
 run in this process's thread (a real HTTP server on loopback), subclassed only
 to note ``perf_counter()`` when a chat request's body has been read, before it
 is parsed; the daemon is its own process, so nothing timed in it shares a GIL
@@ -45,20 +45,22 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
-    Client,
     Daemon,
     header,
     median,
     ms,
+    open_client,
     print_profile,
     profile_prefix,
     temp_dir,
     terminate_on_sigterm,
     verdict,
 )
+
 from attachments.budget import FULL_TEXT_CAP, budget_chars
-from tests.fakerouter import FakeRouter, Reply
-from tests.samples import Scan, make_pdf, make_sparse
+from core.wire import Wire
+from selfcheck.fakerouter import FakeRouter, Reply
+from selfcheck.samples import Scan, make_pdf, make_sparse
 
 VISION_MODEL = "fake-vision"  # sees images; n_ctx 8192, so a budget of 12,288 characters
 TEXT_PAGES = 200
@@ -136,7 +138,7 @@ class Ask:
     chips: list[dict[str, Any]] = field(default_factory=list)
 
 
-async def timed_ask(client: Client, router: StampingRouter, files: list[str], reply: str = "Read it.") -> Ask:
+async def timed_ask(client: Wire, router: StampingRouter, files: list[str], reply: str = "Read it.") -> Ask:
     """Ask about ``files`` in a new conversation; time it until the router has the request."""
     router.script(Reply(text=reply))
     seen = len(router.arrivals)
@@ -147,7 +149,7 @@ async def timed_ask(client: Client, router: StampingRouter, files: list[str], re
     started = time.perf_counter()
     rid = await client.send(request)
     while True:
-        event = await client.event()
+        event = await client.read()
         if event.get("id") != rid:
             continue
         now = time.perf_counter() - started
@@ -229,7 +231,7 @@ async def measure_timing(args: argparse.Namespace, daemon: Daemon, router: Stamp
                          text_pdf: Path, scan_pdf: Path, pages_dir: Path) -> list[Case]:
     totext = ["pdftotext", "-layout", str(text_pdf), "-"]
     plain, text, scan = Case("no files"), Case(f"text PDF, {TEXT_PAGES} pages"), Case(f"scanned PDF, {SCAN_PAGES} pages")
-    client = await Client.open(daemon.socket_path)
+    client = await open_client(daemon.socket_path)
     try:
         async with asyncio.timeout(ASK_TIMEOUT * 3):
             # warm-up: the model list, the daemon's imports, the page cache, poppler's own start
@@ -325,7 +327,7 @@ class Peak:
 
 async def attach_peak(daemon: Daemon, router: StampingRouter, files: list[Path], small: Path) -> tuple[int, int, int, Ask]:
     """VmHWM after a warm-up, then VmHWM and VmRSS after one ask with ``files`` (KiB), and that ask."""
-    client = await Client.open(daemon.socket_path)
+    client = await open_client(daemon.socket_path)
     try:
         async with asyncio.timeout(ASK_TIMEOUT):
             await timed_ask(client, router, [])

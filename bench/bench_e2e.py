@@ -31,8 +31,19 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from benchlib import (
+    ROOT,
+    SYSTEM_PROMPT,
+    Daemon,
+    header,
+    median,
+    ms,
+    open_client,
+    temp_dir,
+    terminate_on_sigterm,
+)
 
-from benchlib import ROOT, SYSTEM_PROMPT, Client, Daemon, header, median, ms, temp_dir, terminate_on_sigterm
+from core.wire import Wire
 
 sys.path.insert(0, str(ROOT))
 from tests.e2e.realserver import llama  # noqa: E402  (scripts/llama.py, loaded by path)
@@ -93,12 +104,12 @@ class Dropped(Exception):
     """The daemon reused a connection llama-server had closed (router_unreachable): the sample is lost."""
 
 
-async def daemon_sample(client: Client) -> Sample:
+async def daemon_sample(client: Wire) -> Sample:
     first = last = 0.0
     started = time.perf_counter()
     rid = await client.send({"type": "ask", "text": QUESTION})
     while True:
-        event = await client.event()
+        event = await client.read()
         if event.get("id") != rid:
             continue
         if event["type"] == "delta":
@@ -113,7 +124,7 @@ async def daemon_sample(client: Client) -> Sample:
             raise RuntimeError(f"the daemon answered with an error: {event}")
 
 
-async def daemon_retrying(client: Client, samples: Samples) -> Sample:
+async def daemon_retrying(client: Wire, samples: Samples) -> Sample:
     """A daemon sample, asked again (once per loss) if it failed router_unreachable: a guard
     that should never fire since the daemon streams each reply on a fresh connection."""
     while True:
@@ -127,7 +138,7 @@ async def measure(args: argparse.Namespace, url: str, daemon: Daemon) -> Samples
     samples = Samples()
     async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=120.0) as http:
         model = (await http.get(f"{url}/models")).json()["data"][0]["id"]
-        client = await Client.open(daemon.socket_path)
+        client = await open_client(daemon.socket_path)
         try:
             for i in range(args.warmup + args.runs):
                 if i % 2 == 0:  # alternate which path goes first

@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
-
 from benchlib import (
     _die_with_parent,
     header,
@@ -48,10 +47,10 @@ from benchlib import (
     vocabulary,
 )
 
-from daemon import Config
-from daemon.router import RouterClient
+from core import Config
+from core.router import RouterClient
 from history import AsyncHistory, HistoryStore, kb_chunk_range
-from kbinject import KnowledgeBases
+from kbinject import KbSettings, KnowledgeBases
 from kbinject.search import CANDIDATES, fts_query, query_terms
 from kbinject.vectors import vector_blob
 
@@ -193,7 +192,7 @@ def make_queries(count: int) -> list[str]:
 def _embedding_router(conn: multiprocessing.connection.Connection, dim: int) -> None:
     """Child process: a FakeRouter serving ``dim``-dimensional embeddings; stops on a message."""
     _die_with_parent()
-    from tests.fakerouter import FakeRouter
+    from selfcheck.fakerouter import FakeRouter
 
     with FakeRouter() as fake:
         fake.embed_dim = dim
@@ -244,7 +243,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
         config = Config(router_url=url, embedding_model=EMBED_MODEL, kb_top_k=3)
         history = await AsyncHistory.open(path)
         router = RouterClient(config)
-        kbs = KnowledgeBases(config, history, router)
+        kbs = KnowledgeBases(history, router, KbSettings(config.embedding_model, config.kb_top_k))
         try:
             started = time.perf_counter()
             await kbs.start()
@@ -301,7 +300,7 @@ def page_text(rng: random.Random, words: list[str], cumulative: list[float]) -> 
 
 
 def make_pdfs(folder: Path, pdfs: int, pages: int) -> None:
-    from tests.samples import make_pdf
+    from selfcheck.samples import make_pdf
 
     rng = random.Random(SEED + 3)
     words = kb_vocabulary()[:5_000]
@@ -315,7 +314,7 @@ async def ingest_once(folder: Path, work: Path, url: str, model: str) -> tuple[f
     config = Config(router_url=url, embedding_model=model)
     history = await AsyncHistory.open(work / f"ingest-{model or 'none'}.db")
     router = RouterClient(config)
-    kbs = KnowledgeBases(config, history, router)
+    kbs = KnowledgeBases(history, router, KbSettings(config.embedding_model, config.kb_top_k))
     try:
         started = time.perf_counter()
         result = await kbs.add("Papers", [str(folder)])

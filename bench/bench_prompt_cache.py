@@ -43,8 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, Client, Daemon, header, temp_dir, terminate_on_sigterm
+from benchlib import (
+    ROOT,
+    Daemon,
+    answer,
+    header,
+    open_client,
+    temp_dir,
+    terminate_on_sigterm,
+)
 from recording_proxy import Exchange, RecordingProxy, listening_socket
+
+from core.wire import Wire
 
 sys.path.insert(0, str(ROOT))
 from tests.e2e.realserver import get, installed_or_skip_reason, llama, post  # noqa: E402
@@ -174,25 +184,25 @@ class PromptCacheDaemon(Daemon):
 # -- talking to the daemon -------------------------------------------------------------------
 
 
-async def add_knowledge(client: Client, folder: Path) -> None:
+async def add_knowledge(client: Wire, folder: Path) -> None:
     folder.mkdir()
     for name, text in KB_NOTES.items():
         (folder / name).write_text(text + "\n")
     rid = await client.send({"type": "kb_add", "kb": KB_NAME, "paths": [str(folder)]})
-    added = await client.until(rid, ("kb",))
+    added = await answer(client, rid, ("kb",))
     if added["documents"] != len(KB_NOTES) or not added["chunks"]:
         raise RuntimeError(f"kb_add did not take the notes: {added}")
-    await client.request({"type": "kb_link", "kb": KB_NAME}, "kb")
+    await answer(client, await client.send({"type": "kb_link", "kb": KB_NAME}), ("kb",))
 
 
-async def ask(client: Client, number: int, text: str, conversation: int | None) -> Turn:
+async def ask(client: Wire, number: int, text: str, conversation: int | None) -> Turn:
     request: dict[str, Any] = {"type": "ask", "text": text}
     if conversation is not None:
         request["conversation"] = conversation
     rid = await client.send(request)
     turn = Turn(number)
     while True:
-        event = await client.event()
+        event = await client.read()
         if event.get("id") != rid:
             continue
         if event["type"] == "progress" and event.get("stage") == "compacting":
@@ -206,7 +216,7 @@ async def ask(client: Client, number: int, text: str, conversation: int | None) 
             raise RuntimeError(f"turn {number} failed: {event.get('code')}: {event.get('message')}")
 
 
-async def converse(client: Client, proxy: RecordingProxy, turns: int) -> list[Turn]:
+async def converse(client: Wire, proxy: RecordingProxy, turns: int) -> list[Turn]:
     """One conversation; after each turn, wait until the server has answered all it was asked."""
     done: list[Turn] = []
     conversation: int | None = None
@@ -229,7 +239,7 @@ async def run_conversation(
     scenario: Scenario, base: str, listener: socket.socket, daemon: Daemon, turns: int
 ) -> tuple[list[Exchange], list[Turn]]:
     async with RecordingProxy(base, sock=listener) as proxy:
-        client = await Client.open(daemon.socket_path)
+        client = await open_client(daemon.socket_path)
         try:
             async with asyncio.timeout(RUN_TIMEOUT):
                 if scenario.kb:

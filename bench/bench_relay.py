@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Relay throughput: deltas per second the daemon passes on from a router streaming flat out.
 
-A FakeRouter in a child process (it scripts itself: ``python -m tests.fakerouter``
+A FakeRouter in a child process (it scripts itself: ``python -m selfcheck.fakerouter``
 has no way to ask for a long reply) answers each stream with ``--chunks``
 one-word content chunks, unpaced, so it writes them as fast as the socket takes
 them.  Each run asks the daemon in a new conversation and counts ``delta``
@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass
 
 import httpx
-
 from benchlib import (
     FAKE_MODEL,
-    Client,
     Daemon,
+    answer,
     header,
     median,
+    open_client,
     print_profile,
     profile_prefix,
     scripted_router_process,
@@ -38,6 +38,8 @@ from benchlib import (
     terminate_on_sigterm,
     verdict,
 )
+
+from core.wire import Wire
 
 TARGET_RATE = 10_000.0  # deltas per second
 RUN_TIMEOUT = 100.0  # the whole measurement
@@ -113,7 +115,7 @@ async def direct_run(http: httpx.AsyncClient, url: str, expected: str) -> Run:
     return Run(deltas, size, len(text.encode()), first, total)
 
 
-async def daemon_run(client: Client, expected: str) -> Run:
+async def daemon_run(client: Wire, expected: str) -> Run:
     """One ask; deltas are counted from the raw lines, everything else is parsed."""
     deltas = size = text_bytes = 0
     first: float | None = None
@@ -156,11 +158,11 @@ async def measure(args: argparse.Namespace, url: str, daemon: Daemon, expected: 
     direct: list[Run] = []
     through: list[Run] = []
     async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=30.0) as http:
-        client = await Client.open(daemon.socket_path)
+        client = await open_client(daemon.socket_path)
         try:
             # warm-up without using a scripted reply: the daemon fetches the model list and connects
-            await client.request({"type": "status"}, "status")
-            await client.request({"type": "models"}, "models")
+            await answer(client, await client.send({"type": "status"}), ("status",))
+            await answer(client, await client.send({"type": "models"}), ("models",))
             for _ in range(args.runs):
                 direct.append(await direct_run(http, url, expected))
                 through.append(await daemon_run(client, expected))

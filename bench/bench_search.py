@@ -45,10 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from benchlib import header, temp_dir, terminate_on_sigterm, verdict, vocabulary
 
-from history import HistoryStore, SearchHit, conversation_rowid_range, message_rowid, quote_fts
+from history import (
+    HistoryStore,
+    SearchHit,
+    conversation_rowid_range,
+    message_rowid,
+    quote_fts,
+)
 
 CORPUS_VERSION = 2  # bump when the generator changes: the cache name carries it
 SEED = 20260401

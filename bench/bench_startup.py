@@ -26,11 +26,12 @@ from typing import Any
 from benchlib import (
     DEFAULT_QUESTION,
     ROOT,
-    Client,
     Daemon,
+    answer,
     fake_router_process,
     header,
     median,
+    open_client,
     temp_dir,
     terminate_on_sigterm,
     verdict,
@@ -84,10 +85,10 @@ def start_stop(work: Path, url: str, data_dir: Path) -> tuple[float, float | Non
 async def exercise(daemon: Daemon, asks: int) -> None:
     """A few ordinary requests: asks in new and in one conversation, a list, an open."""
     async with asyncio.timeout(REQUESTS_TIMEOUT):
-        client = await Client.open(daemon.socket_path)
+        client = await open_client(daemon.socket_path)
         try:
-            await client.request({"type": "status"}, "status")
-            await client.request({"type": "models"}, "models")
+            await answer(client, await client.send({"type": "status"}), ("status",))
+            await answer(client, await client.send({"type": "models"}), ("models",))
             cid: int | None = None
             for i in range(asks):
                 request: dict[str, Any] = {"type": "ask", "text": f"{DEFAULT_QUESTION} ({i})"}
@@ -95,8 +96,8 @@ async def exercise(daemon: Daemon, asks: int) -> None:
                     request["conversation"] = cid
                 done = await client.request(request, "done")
                 cid = cid or int(done["conversation"])
-            await client.request({"type": "conversations"}, "conversations")
-            await client.request({"type": "open", "conversation": cid}, "conversation")
+            await answer(client, await client.send({"type": "conversations"}), ("conversations",))
+            await answer(client, await client.send({"type": "open", "conversation": cid}), ("conversation",))
         finally:
             await client.close()
 

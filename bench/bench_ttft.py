@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to first token: what the daemon adds over talking to the router directly.
 
-The fake router (``python -m tests.fakerouter``, its own process) answers every
+The fake router (``python -m selfcheck.fakerouter``, its own process) answers every
 stream with its default reply, an echo of the question in word chunks, so each
 request is answered identically.  Each sample is a pair, in alternating order:
 
@@ -34,16 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from benchlib import (
     DEFAULT_QUESTION,
-    FAKE_MODEL,
-    Client,
     Daemon,
     fake_router_process,
     header,
     median,
     ms,
+    open_client,
     p90,
     print_profile,
     profile_prefix,
@@ -52,6 +50,8 @@ from benchlib import (
     verdict,
     write_history,
 )
+
+from core.wire import Wire
 
 TARGET_OVERHEAD = 0.001  # seconds, median: a new conversation, and 200 turns of history
 TARGET_LONG = 0.002  # seconds, median, from LONG_HISTORY turns on
@@ -105,7 +105,7 @@ def next_body(last: dict[str, Any], reply: str, question: str) -> dict[str, Any]
     return {**last, "messages": messages}
 
 
-async def daemon_ttft(client: Client, question: str, conversation: int | None) -> tuple[float, str]:
+async def daemon_ttft(client: Wire, question: str, conversation: int | None) -> tuple[float, str]:
     """Seconds from the ask line to the first ``delta``; then reads through ``done``. Also the reply."""
     request: dict[str, Any] = {"type": "ask", "text": question}
     if conversation is not None:
@@ -114,7 +114,7 @@ async def daemon_ttft(client: Client, question: str, conversation: int | None) -
     started = time.perf_counter()
     rid = await client.send(request)
     while True:
-        event = await client.event()
+        event = await client.read()
         if event.get("id") != rid:
             continue
         kind = event["type"]
@@ -142,7 +142,7 @@ class Conversations:
 
 
 async def measure(
-    samples: Samples | None, runs: int, http: httpx.AsyncClient, url: str, client: Client, convs: Conversations
+    samples: Samples | None, runs: int, http: httpx.AsyncClient, url: str, client: Wire, convs: Conversations
 ) -> None:
     """``runs`` pairs (direct, daemon); ``samples`` None is a warm-up (it also learns each body)."""
     for i in range(runs):
@@ -175,7 +175,7 @@ async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: lis
     ]
     limits = httpx.Limits(max_keepalive_connections=1)
     async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(limits=limits, timeout=10.0) as http:
-        client = await Client.open(daemon.socket_path)
+        client = await open_client(daemon.socket_path)
         try:
             for samples, convs in cases:
                 await measure(None, len(convs.ids) + args.warmup, http, url, client, convs)

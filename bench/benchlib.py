@@ -1,7 +1,7 @@
 """Shared plumbing for the benchmarks: processes, sockets, statistics, the report header.
 
 Every benchmark runs the daemon (``python assistant.py``) and the fake router
-(``tests/fakerouter.py``) as separate processes on loopback, so neither shares
+(``selfcheck/fakerouter.py``) as separate processes on loopback, so neither shares
 a GIL with the other or with the measuring client.  Children are started with
 ``PR_SET_PDEATHSIG`` so they die with the benchmark even if it is killed, and
 every context manager here stops what it started on the way out, failure or not.
@@ -9,11 +9,9 @@ every context manager here stops what it started on the way out, failure or not.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import datetime
-import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -35,7 +33,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # tests.fakerouter, history
+    sys.path.insert(0, str(ROOT))  # selfcheck.fakerouter, history
+
+from core.wire import Wire  # noqa: E402  (after the path above)
 
 TMP_PREFIX = "/tmp/asst-bench-"  # short: AF_UNIX paths are limited to 107 bytes
 START_TIMEOUT = 15.0  # seconds a child gets to come up
@@ -152,9 +152,9 @@ def temp_dir(tag: str) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def fake_router_process() -> Iterator[str]:
-    """``python -m tests.fakerouter`` in its own process; yields its URL (default replies only)."""
+    """``python -m selfcheck.fakerouter`` in its own process; yields its URL (default replies only)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakerouter"],
+        [sys.executable, "-m", "selfcheck.fakerouter"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -187,7 +187,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 def _scripted_router(conn: multiprocessing.connection.Connection, chunks: list[str], repeat: int) -> None:
     """Child process: a FakeRouter with ``repeat`` copies of one long reply queued; stops on a message."""
     _die_with_parent()
-    from tests.fakerouter import FakeRouter, Reply
+    from selfcheck.fakerouter import FakeRouter, Reply
 
     with FakeRouter() as fake:
         fake.script(*[Reply(chunks=chunks) for _ in range(repeat)])
@@ -199,7 +199,7 @@ def _scripted_router(conn: multiprocessing.connection.Connection, chunks: list[s
 def scripted_router_process(chunks: list[str], repeat: int) -> contextlib.AbstractContextManager[str]:
     """A FakeRouter in a child process answering the next ``repeat`` streams with ``chunks``.
 
-    ``python -m tests.fakerouter`` cannot be scripted from outside, so the child
+    ``python -m selfcheck.fakerouter`` cannot be scripted from outside, so the child
     scripts itself; its replies after the ``repeat`` scripted ones are the default echo.
     """
     return router_process(_scripted_router, chunks, repeat)
@@ -366,52 +366,19 @@ def print_profile(path: Path, top: int = 25) -> None:
 # -- the socket client -----------------------------------------------------------------------
 
 
-class Client:
-    """A minimal JSON-lines client: no per-read timers, so it adds as little as it can."""
+async def open_client(path: Path) -> Wire:
+    """A connection for a benchmark: no events kept and no per-read timers, so it adds little."""
+    return await Wire.open(path, keep=False)
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self._next = 0
 
-    @classmethod
-    async def open(cls, path: Path) -> Client:
-        reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
-        return cls(reader, writer)
-
-    async def send(self, request: dict[str, Any]) -> str:
-        self._next += 1
-        rid = f"b{self._next}"
-        self.writer.write(json.dumps({**request, "id": rid}).encode() + b"\n")
-        await self.writer.drain()
-        return rid
-
-    async def event(self) -> dict[str, Any]:
-        line = await self.reader.readline()
-        if not line:
-            raise ConnectionError("the daemon closed the connection")
-        event: dict[str, Any] = json.loads(line)
-        return event
-
-    async def until(self, rid: str, types: tuple[str, ...]) -> dict[str, Any]:
-        """Read events until one answering ``rid`` has a type in ``types``; an ``error`` raises."""
-        while True:
-            event = await self.event()
-            if event.get("id") != rid:
-                continue
-            if event["type"] == "error" and "error" not in types:
-                raise RuntimeError(f"the daemon answered with an error: {event}")
-            if event["type"] in types:
-                return event
-
-    async def request(self, request: dict[str, Any], answer: str) -> dict[str, Any]:
-        rid = await self.send(request)
-        return await self.until(rid, (answer,))
-
-    async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
+async def answer(client: Wire, rid: Any, types: tuple[str, ...]) -> dict[str, Any]:
+    """The first event answering ``rid`` whose type is in ``types``; an ``error`` raises."""
+    async for event in client.stream(rid):
+        if event["type"] == "error" and "error" not in types:
+            raise RuntimeError(f"the daemon answered with an error: {event}")
+        if event["type"] in types:
+            return event
+    raise AssertionError("stream() ends only by raising")  # pragma: no cover
 
 
 def history_messages(question: str, reply: str) -> list[dict[str, str]]:

@@ -12,75 +12,17 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from .config import default_socket_path
-from .protocol import MAX_LINE_BYTES, encode_event
+from core.config import default_socket_path
+from core.wire import DaemonGone, Wire
 
-__all__ = ["ClientError", "DaemonClient", "add_client_commands", "run_client"]
+__all__ = ["add_client_commands", "run_client"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_NO_DAEMON = 2
-
-
-class ClientError(Exception):
-    """The daemon cannot be reached, or hung up."""
-
-
-class DaemonClient:
-    """One connection to the daemon; requests are tagged with ids to match their events."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-        self._next_id = 0
-
-    @classmethod
-    async def connect(cls, path: Path) -> DaemonClient:
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(path), limit=MAX_LINE_BYTES * 64)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise ClientError(
-                f"no daemon answers on {path} ({exc.strerror}); start it with `make run` "
-                "or `systemctl --user start assistant`"
-            ) from None
-        except PermissionError:
-            raise ClientError(f"{path} belongs to another user; set ASSISTANT_SOCKET to your daemon's socket") from None
-        return cls(reader, writer)
-
-    async def send(self, request: dict[str, Any]) -> int:
-        self._next_id += 1
-        request = {**request, "id": self._next_id}
-        self._writer.write(encode_event(request))
-        await self._writer.drain()
-        return self._next_id
-
-    async def events(self, request_id: int) -> AsyncIterator[dict[str, Any]]:
-        """Events answering ``request_id``, until the connection closes."""
-        while True:
-            line = await self._reader.readline()
-            if not line:
-                raise ClientError("the daemon closed the connection (is it stopping? see its log)")
-            event = json.loads(line)
-            if event.get("id") == request_id:
-                yield event
-
-    async def request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return its single answer (``error`` included)."""
-        rid = await self.send(request)
-        async for event in self.events(rid):
-            return event
-        raise ClientError("no answer")  # pragma: no cover - events() raises first
-
-    async def close(self) -> None:
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -171,7 +113,7 @@ RENDERERS = {
 # -- commands -------------------------------------------------------------------------------
 
 
-async def _ask(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> int:
+async def _ask(client: Wire, args: argparse.Namespace, out: TextIO) -> int:
     request: dict[str, Any] = {"type": "ask", "text": " ".join(args.text)}
     if args.conversation is not None:
         request["conversation"] = args.conversation
@@ -182,7 +124,7 @@ async def _ask(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> i
     rid = await client.send(request)
     conversation: int | None = None
     try:
-        async for event in client.events(rid):
+        async for event in client.stream(rid):
             if args.json:
                 print(json.dumps(event, ensure_ascii=False), file=out, flush=True)
             kind = event["type"]
@@ -250,12 +192,12 @@ class ProgressBar:
             self.stream.write("\n")
 
 
-async def _kb_add(client: DaemonClient, args: argparse.Namespace, out: TextIO) -> int:
+async def _kb_add(client: Wire, args: argparse.Namespace, out: TextIO) -> int:
     paths = [os.path.abspath(p) for p in args.paths]
     rid = await client.send({"type": "kb_add", "kb": args.name, "paths": paths})
     bar = ProgressBar(sys.stderr)
     try:
-        async for event in client.events(rid):
+        async for event in client.stream(rid):
             if args.json:
                 print(json.dumps(event, ensure_ascii=False), file=out, flush=True)
             if event["type"] == "progress":
@@ -284,13 +226,13 @@ def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
-async def _latest_conversation(client: DaemonClient) -> int | None:
+async def _latest_conversation(client: Wire) -> int | None:
     event = await client.request({"type": "conversations", "limit": 1})
     items = event.get("items") or []
     return items[0]["conversation"] if items else None
 
 
-async def _simple(client: DaemonClient, request: dict[str, Any], as_json: bool, out: TextIO) -> int:
+async def _simple(client: Wire, request: dict[str, Any], as_json: bool, out: TextIO) -> int:
     event = await client.request(request)
     if as_json:
         print(json.dumps(event, ensure_ascii=False), file=out)
@@ -304,7 +246,7 @@ async def _simple(client: DaemonClient, request: dict[str, Any], as_json: bool, 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
     path = Path(args.socket) if args.socket else default_socket_path(os.environ)
-    client = await DaemonClient.connect(path)
+    client = await Wire.open(path, keep=False)
     try:
         if args.command == "ask":
             if args.new:
@@ -375,7 +317,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
 def run_client(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         return asyncio.run(_run(args, out))
-    except ClientError as exc:
+    except DaemonGone as exc:
         print(f"assistant: {exc}", file=sys.stderr)
         return EXIT_NO_DAEMON
     except KeyboardInterrupt:

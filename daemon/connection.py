@@ -23,8 +23,16 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from .errors import AssistantError, InternalError, LineTooLong
-from .protocol import MAX_LINE_BYTES, Request, decode_line, encode_event, error_event, validate
+from core.errors import AssistantError, InternalError, LineTooLong
+
+from .protocol import (
+    MAX_LINE_BYTES,
+    Request,
+    decode_line,
+    encode_event,
+    error_event,
+    validate,
+)
 
 __all__ = ["Connection", "Emit", "Handler"]
 

@@ -34,21 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core import BUDGET_CHARS_PER_TOKEN, Budget, Config, estimate_messages
+from core.errors import AssistantError, ContextOverflow, RouterUnreachable
+from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
-from recall import (
-    Budget,
-    attachment_manifest,
-    estimate_messages,
-    plan_compaction,
-    summarize,
-    summary_message,
-)
+from recall import attachment_manifest, plan_compaction, summarize, summary_message
 
-from .config import Config
-from .errors import AssistantError, ContextOverflow, RouterUnreachable
 from .replay import ReplayCache, Replayed, ReplayedTurn, router_messages
-from .router import ModelInfo, RouterClient
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
 
@@ -57,7 +50,6 @@ logger = logging.getLogger(__name__)
 KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
 COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
 NO_SUMMARY = "{previous}(Later turns could not be summarised: conversation_search finds what was said in them.)"
-SUMMARY_CHARS_PER_TOKEN = 3  # what the summariser is sent, counted cautiously (dense text, code)
 
 Progress = Callable[[str, str], None]
 
@@ -259,7 +251,7 @@ class ContextBuilder:
         progress("compacting", f"summarising turns 1-{through} to make room")
         # what the summariser may read: its own context less the summary it writes and
         # its instructions, at the cautious characters-per-token of file budgets
-        room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * SUMMARY_CHARS_PER_TOKEN
+        room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * BUDGET_CHARS_PER_TOKEN
         try:
             summary = await summarize(
                 self.router, model.id, previous.summary if previous else None, folded, budget.summary_tokens,

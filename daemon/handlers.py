@@ -12,16 +12,22 @@ import time
 from typing import Any
 
 from attachments import estimate_files
+from core import estimate_text
+from core.config import Config
+from core.errors import (
+    AssistantError,
+    BadRequest,
+    NotFound,
+    RouterError,
+    RouterUnreachable,
+)
+from core.router import RouterClient
+from core.version import __version__
 from history import AsyncHistory, Conversation, HistoryStore, SearchHit
 from kbinject import KbProgress, KnowledgeBases, kb_name
-from recall import estimate_text
 
-from . import __version__
-from .config import Config
 from .connection import Emit
-from .errors import AssistantError, BadRequest, NotFound, RouterError, RouterUnreachable
 from .protocol import Request
-from .router import RouterClient
 from .turns import TurnEngine
 
 __all__ = ["Handlers"]

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AssistantError
+from core.errors import AssistantError
 
 __all__ = ["AlreadyRunning", "Listener", "bind_listener", "socket_from_systemd"]
 

@@ -14,9 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.errors import AssistantError, BadRequest, UnknownType
 from history import MAX_CONVERSATION_ID
-
-from .errors import AssistantError, BadRequest, UnknownType
 
 __all__ = [
     "KB_INJECTION_MODES",

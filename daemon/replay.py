@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attachments import resolve_image_refs
+from core import IMAGE_PART_TYPES, fit_message
 from history import Compaction
-from recall import IMAGE_PART_TYPES, fit_message
 
 __all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
 

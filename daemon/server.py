@@ -14,15 +14,15 @@ import logging
 import signal
 import time
 
+from core.config import Config
+from core.router import RouterClient
 from history import AsyncHistory
-from kbinject import KnowledgeBases
+from kbinject import KbSettings, KnowledgeBases
 
-from .config import Config
 from .connection import Connection
 from .handlers import Handlers
 from .listener import Listener, bind_listener, socket_from_systemd
 from .notify import sd_notify
-from .router import RouterClient
 from .turns import TurnEngine
 
 __all__ = ["Server", "serve"]
@@ -92,7 +92,9 @@ class Server:
         if interrupted:
             logger.warning("%d turn(s) were cut by a crash; kept as interrupted", interrupted)
         self._router = RouterClient(self.config)
-        self._kbs = KnowledgeBases(self.config, self._history, self._router)
+        self._kbs = KnowledgeBases(
+            self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k)
+        )
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from core.errors import AssistantError
+from core.router import RouterClient
 from history import AsyncHistory, HistoryStore
-
-from .errors import AssistantError
-from .router import RouterClient
 
 __all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 

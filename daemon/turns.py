@@ -29,14 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from history import AsyncHistory, Conversation, NewAttachment, Turn, TurnContext, TurnStatus, parse_arguments
-from kbinject import KnowledgeBases, injection_mode
-from recall import Tool, ToolContext, Toolbox, default_toolbox, estimate_messages
-
-from .config import Config
-from .connection import Emit
-from .context import ContextBuilder, Prompt, router_messages
-from .errors import (
+from core import estimate_messages
+from core.config import Config
+from core.errors import (
     AssistantError,
     BadRequest,
     Busy,
@@ -48,8 +43,7 @@ from .errors import (
     ShuttingDown,
     TooManyFiles,
 )
-from .protocol import Request, error_event
-from .router import (
+from core.router import (
     ContentDelta,
     ModelInfo,
     ReasoningDelta,
@@ -60,6 +54,22 @@ from .router import (
     ToolCall,
     Usage,
 )
+from core.tools import Tool, Toolbox, ToolContext
+from history import (
+    AsyncHistory,
+    Conversation,
+    NewAttachment,
+    Turn,
+    TurnContext,
+    TurnStatus,
+    parse_arguments,
+)
+from kbinject import KnowledgeBases, injection_mode
+from recall import default_toolbox
+
+from .connection import Emit
+from .context import ContextBuilder, Prompt, router_messages
+from .protocol import Request, error_event
 from .titles import make_title, provisional_title, title_prompt
 
 __all__ = ["TurnEngine"]

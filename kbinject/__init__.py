@@ -1,18 +1,19 @@
 """Knowledge bases: ingest, chunk, embed, hybrid search, auto-injection, the kb_search tool.
 
-The daemon holds one ``KnowledgeBases(config, history, router)`` and calls:
+The daemon holds one ``KnowledgeBases(history, embedder, KbSettings(model, top_k))`` (the
+embedder is any ``core.Embedder``: the daemon's router client, or a test's fake) and calls:
 
 - ``await kbs.add(name, paths, progress)`` → ``AddResult`` (kb_add; ``progress`` gets
   ``KbProgress`` steps), ``list()``, ``get(name)``, ``remove(name)``,
   ``link(name, conversation | None, linked)`` → ``KbInfo``;
 - ``await kbs.context_block(conversation, query, mode, ctx_used_estimate, ctx_max)`` →
-  ``Injection`` per turn (seed 000 §4), ``injection_mode(conversation.settings)`` for the
+  ``Injection`` per turn (docs/DESIGN.md), ``injection_mode(conversation.settings)`` for the
   mode;
 - ``kbs.tool()`` → the ``kb_search`` tool for the Toolbox (``ToolContext.kb_injection``);
 - ``await kbs.start()`` (optional: load the vectors at start) and ``await kbs.close()``.
 
-This package imports history, the attachments extractors, recall's tool framework and
-the daemon's config, errors and router client; never the turn engine.
+It stands on ``history``, ``attachments`` (the extractors) and ``core`` (errors, token
+estimates, the tool framework, the ``Embedder`` protocol).
 """
 
 from .chunking import CHUNK_CHARS, CHUNK_OVERLAP, Chunk, chunk_pages, chunk_text
@@ -31,7 +32,7 @@ from .injection import (
 )
 from .records import AddResult, KbInfo, KbProgress, ProgressCallback
 from .search import Hit, SearchMode, SearchResult, SimilarityKind
-from .service import KnowledgeBases, kb_name
+from .service import KbSettings, KnowledgeBases, kb_name
 from .tool import KbSearch
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "KbInfo",
     "KbProgress",
     "KbSearch",
+    "KbSettings",
     "KnowledgeBases",
     "ProgressCallback",
     "SearchMode",

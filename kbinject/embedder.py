@@ -27,8 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from daemon.errors import AssistantError, RouterError, RouterUnreachable
-from daemon.router import RouterClient
+from core.errors import AssistantError, RouterError, RouterUnreachable
+from core.seams import Embedder
 
 from .vectors import normalised
 
@@ -37,7 +37,7 @@ __all__ = [
     "QUERY_CACHE_SIZE",
     "QUERY_TIMEOUT",
     "RETRY_AFTER",
-    "Embedder",
+    "BatchEmbedder",
     "EmbedderFailed",
 ]
 
@@ -66,11 +66,11 @@ class EmbedderFailed(Exception):
         self.message = message
 
 
-class Embedder:
+class BatchEmbedder:
     """One embedding model behind the router."""
 
-    def __init__(self, router: RouterClient, model: str) -> None:
-        self.router = router
+    def __init__(self, client: Embedder, model: str) -> None:
+        self.client = client
         self.model = model
         self._cache: OrderedDict[str, Vector] = OrderedDict()
         self._retry_at = 0.0
@@ -85,7 +85,7 @@ class Embedder:
 
     async def _batch(self, texts: list[str]) -> list[Vector | None]:
         try:
-            raw = await self.router.embed(self.model, texts, timeout=BATCH_TIMEOUT)
+            raw = await self.client.embed(self.model, texts, timeout=BATCH_TIMEOUT)
         except RouterUnreachable as exc:
             raise EmbedderFailed(exc.message) from exc
         except RouterError as exc:
@@ -123,7 +123,7 @@ class Embedder:
             return None, f"the embedding server failed recently; keyword search only for {self._retry_at - now:.0f} s more"
         try:
             async with asyncio.timeout(timeout):
-                raw = await self.router.embed(self.model, [key], timeout=timeout)
+                raw = await self.client.embed(self.model, [key], timeout=timeout)
         except TimeoutError:
             return None, self._failed(f"the embedding server did not answer within {timeout:g} s")
         except AssistantError as exc:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from attachments import pdf
 from attachments.classify import Kind, classify
 from attachments.extract import read_text_file
-from attachments.files import check_path, open_regular, read_head, sha256_file
+from core.files import check_path, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
 from .chunking import MARKDOWN_SUFFIXES, Chunk, chunk_pages, chunk_text

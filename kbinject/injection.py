@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from recall import estimate_text
+from core import estimate_text
 
 from .search import Hit, SearchMode
 

@@ -26,17 +26,34 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
-from daemon.config import Config
-from daemon.errors import BadRequest, FileRefused, NotFound
-from daemon.router import RouterClient
-from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument, kb_chunk_range
+from core.errors import BadRequest, FileRefused, NotFound
+from core.seams import Embedder
+from history import (
+    AsyncHistory,
+    HistoryStore,
+    KbDocument,
+    KnowledgeBase,
+    NewKbDocument,
+    kb_chunk_range,
+)
 
-from .embedder import BATCH_SIZE, QUERY_TIMEOUT, Embedder, EmbedderFailed, Vector
-from .ingest import Collected, FileNote, Found, Staged, collect, file_hash, in_ingest_thread, read_document, stage
+from .embedder import BATCH_SIZE, QUERY_TIMEOUT, BatchEmbedder, EmbedderFailed, Vector
+from .ingest import (
+    Collected,
+    FileNote,
+    Found,
+    Staged,
+    collect,
+    file_hash,
+    in_ingest_thread,
+    read_document,
+    stage,
+)
 from .injection import (
     CONTEXT_LIMIT,
     INJECTING_MODES,
@@ -105,13 +122,22 @@ class _Throttle:
             logger.exception("kb: progress callback failed")
 
 
+@dataclass(frozen=True)
+class KbSettings:
+    """The two settings knowledge bases read: the embedding model ("" = keywords only) and
+    how many passages a turn gets."""
+
+    embedding_model: str = ""
+    top_k: int = 3
+
+
 class KnowledgeBases:
     """Knowledge bases: add, list, remove, link, search, inject, and the kb_search tool."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient) -> None:
-        self.config = config
+    def __init__(self, history: AsyncHistory, embedder: Embedder, settings: KbSettings) -> None:
+        self.settings = settings
         self.history = history
-        self.embedder = Embedder(router, config.embedding_model) if config.embedding_model else None
+        self.embedder = BatchEmbedder(embedder, settings.embedding_model) if settings.embedding_model else None
         self.query_timeout = QUERY_TIMEOUT  # the most a search waits for its query's vector
         self._dim_changes = 0  # times the model's dimension changed (every vector dropped)
         self._index: VectorIndex | None = None  # None until loaded, or while no vector exists
@@ -560,7 +586,7 @@ class KnowledgeBases:
         self, conversation: int, query: str, mode: InjectionMode, ctx_used: int, ctx_max: int,
         known_ids: Sequence[int] | None,
     ) -> Injection:
-        top_k = self.config.kb_top_k
+        top_k = self.settings.top_k
         if mode not in INJECTING_MODES or top_k <= 0 or not query.strip():
             return Injection(None)
         kb_ids = list(known_ids) if known_ids is not None else await self.history.run(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recall.toolbox import (
+from core.tools import (
     Tool,
     ToolContext,
     ToolError,

@@ -25,11 +25,9 @@ import os
 import re
 from typing import Any
 
-from attachments.files import open_regular
-from daemon.errors import FileRefused
-from history import Attachment
-
-from .toolbox import (
+from core.errors import FileRefused
+from core.files import open_regular
+from core.tools import (
     Tool,
     ToolContext,
     ToolError,
@@ -38,6 +36,7 @@ from .toolbox import (
     json_content,
     string_argument,
 )
+from history import Attachment
 
 __all__ = [
     "MAX_IMAGE_BASE64",

@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from daemon.errors import RouterError
-
-if TYPE_CHECKING:  # the router (and httpx) need not load for the rest of recall
-    from daemon.router import RouterClient
+from core.errors import RouterError
+from core.seams import Completer
 
 __all__ = [
     "SUMMARY_INSTRUCTIONS",
@@ -167,7 +165,7 @@ def _clean(raw: str) -> str:
 
 
 async def summarize(
-    router: RouterClient,
+    completer: Completer,
     model: str,
     previous_summary: str | None,
     messages: Sequence[dict[str, Any]],
@@ -178,7 +176,8 @@ async def summarize(
     """The model's summary of ``messages``, merged with the summary that came before.
 
     ``max_input_chars`` bounds the transcript sent (long messages are cut first).
-    Raises what ``RouterClient.complete`` raises, and ``RouterError`` for an empty answer.
+    Raises what ``completer.complete`` raises (the daemon's router client: our errors), and
+    ``RouterError`` for an empty answer.
     """
     parts = []
     if previous_summary:
@@ -192,7 +191,7 @@ async def summarize(
         {"role": "system", "content": SUMMARY_INSTRUCTIONS},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
-    summary = _clean(await router.complete(model, prompt, max_tokens=max_tokens))
+    summary = _clean(await completer.complete(model, prompt, max_tokens=max_tokens))
     if not summary:
         raise RouterError(f"{model} gave an empty summary of the conversation; try again, or start a new one")
     logger.info("compaction: %s summarised %d messages in %d characters", model, len(messages), len(summary))

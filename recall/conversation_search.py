@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from history import SearchHit
-
-from .toolbox import (
+from core.tools import (
     Tool,
     ToolContext,
     ToolError,
@@ -26,6 +24,7 @@ from .toolbox import (
     one_line,
     string_argument,
 )
+from history import SearchHit
 
 __all__ = ["DEFAULT_RESULTS", "MAX_RESULTS", "ConversationSearch"]
 

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from daemon import Config, Server, load_config
-from tests.fakerouter import FakeRouter
-from tests.wire import Wire
+from core import Config, load_config
+from core.wire import Wire
+from daemon.server import Server
+from selfcheck.fakerouter import FakeRouter
+
+EVENT_TIMEOUT = 30.0  # seconds for any one event: a hang fails the test instead of stalling the suite
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +75,7 @@ class RunningDaemon:
             self.server = None
 
     async def connect(self) -> Wire:
-        return await Wire.open(self.config.socket_path)
+        return await Wire.open(self.config.socket_path, timeout=EVENT_TIMEOUT)
 
 
 @pytest_asyncio.fixture

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from daemon import Config
+from core import Config
+from core.wire import Wire, of_type
+from selfcheck.fakerouter import FakeRouter
+from selfcheck.samples import Scan, make_pdf, make_png, make_sparse
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeRouter
-from tests.samples import Scan, make_pdf, make_png, make_sparse
-from tests.wire import Wire, of_type
 
 pytestmark = pytest.mark.asyncio
 
@@ -273,7 +273,7 @@ async def test_cjk_text_is_cut_before_it_can_overflow_the_context(
 async def test_damaged_and_bomb_images_are_refused(
     wire: Wire, router: FakeRouter, tmp_path: Path, make: str, words: str
 ) -> None:
-    from tests.samples import make_bomb_png, make_corrupt_png
+    from selfcheck.samples import make_bomb_png, make_corrupt_png
 
     path = make_corrupt_png(tmp_path / "bad.png") if make == "corrupt" else make_bomb_png(tmp_path / "bomb.png")
     events = await wire.ask("look", files=[str(path)], model="fake-vision")

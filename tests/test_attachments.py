@@ -1,6 +1,6 @@
 """The attachments library on real files: classification, extraction, budget, refusals, image refs.
 
-Everything runs on files built in ``tmp_path`` (``tests/samples.py``) and the
+Everything runs on files built in ``tmp_path`` (``selfcheck/samples.py``) and the
 machine's real poppler; nothing is mocked but ``PATH`` (to hide or replace
 poppler) and, in one test, ``os.open`` spied on to prove a FIFO is never opened.
 """
@@ -42,8 +42,8 @@ from attachments import (
 )
 from attachments import pdf as pdf_module
 from attachments.classify import classify
-from daemon.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
-from tests.samples import (
+from core.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
+from selfcheck.samples import (
     Scan,
     make_bomb_png,
     make_corrupt_png,
@@ -498,7 +498,7 @@ async def test_unreadable_file_is_refused(tmp_path: Path) -> None:
         import asyncio, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         from attachments import prepare_files
-        from daemon.errors import FileRefused
+        from core.errors import FileRefused
         try:
             asyncio.run(prepare_files([{str(locked)!r}], model="m", vision=True, ctx_max=0, ctx_used=0))
         except FileRefused as exc:
@@ -636,7 +636,7 @@ def _binary(path: Path) -> Path:
 def test_stat_only_check_on_sockets(tmp_path: Path) -> None:
     import socket
 
-    from attachments.files import check_path
+    from core.files import check_path
 
     sock_path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as server:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recall import Budget, cut_text, estimate_messages, fit_message
+from core import Budget, cut_text, estimate_messages, fit_message
 
 
 def test_a_reply_is_capped_at_a_quarter_and_leaves_room_for_the_next_question() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeRouter, Reply
 
 pytestmark = pytest.mark.asyncio
 
@@ -104,7 +104,7 @@ async def test_no_daemon_is_a_clear_message(tmp_path: Path) -> None:
 
 
 async def test_ask_with_files(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
-    from tests.samples import make_pdf, make_png
+    from selfcheck.samples import make_pdf, make_png
 
     pdf = make_pdf(tmp_path / "a.pdf", ["alpha beta gamma"])
     png = make_png(tmp_path / "b.png")

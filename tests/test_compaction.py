@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from daemon import Config
-from daemon.errors import RouterError
-from daemon.router import RouterClient
+from core import Config
+from core.errors import RouterError
+from core.router import RouterClient
 from history import SUMMARY_SLOT, HistoryStore, message_rowid
 from recall import plan_compaction, summarize, summary_message, transcript
 from recall.compaction import SUMMARY_INSTRUCTIONS
-from tests.fakerouter import FakeRouter, Reply
+from selfcheck.fakerouter import FakeRouter, Reply
 
 # -- plan_compaction ---------------------------------------------------------------------
 

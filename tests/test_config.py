@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon import ConfigError, load_config
+from core import ConfigError, load_config
 
 
 def test_defaults(tmp_path: Path) -> None:

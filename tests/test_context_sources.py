@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from daemon import Config
+from core import Config
+from core.wire import Wire
+from selfcheck.fakerouter import FakeModel, FakeRouter, RouterMode
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeModel, FakeRouter, RouterMode
-from tests.wire import Wire
 
 pytestmark = pytest.mark.asyncio
 

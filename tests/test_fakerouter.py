@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakeprompt import PromptSlot, render_prompt, text_tokens
-from tests.fakerouter import FakeModel, FakeRouter, Reply
+from selfcheck.fakeprompt import PromptSlot, render_prompt, text_tokens
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant running locally."}
 # Every ChatML prompt opens alike: two prompts share at least this much, as on llama-server

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from history import (
-    NewAttachment,
     SUMMARY_SLOT,
     AsyncHistory,
     Conversation,
     HistoryStore,
+    NewAttachment,
     SearchHit,
     Turn,
     conversation_rowid_range,

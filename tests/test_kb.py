@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from daemon import Config
-from daemon.errors import BadRequest, NotFound, RouterError, RouterUnreachable
-from daemon.router import RouterClient
+from core import Config
+from core.errors import BadRequest, NotFound, RouterError, RouterUnreachable
+from core.router import RouterClient
+from core.tools import Toolbox, ToolContext
 from history import AsyncHistory, HistoryStore, chunk_kb, kb_chunk_range
 from kbinject import (
     BLOCK_FOOTER,
@@ -31,6 +32,7 @@ from kbinject import (
     Hit,
     KbProgress,
     KbSearch,
+    KbSettings,
     KnowledgeBases,
     chunk_pages,
     chunk_text,
@@ -38,13 +40,17 @@ from kbinject import (
     injection_mode,
 )
 from kbinject import service as kb_service
-from kbinject.embedder import BATCH_SIZE, Embedder, EmbedderFailed
+from kbinject.embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from kbinject.injection import too_full
-from kbinject.search import fts_query, keyword_share, query_terms, reciprocal_rank_fusion
+from kbinject.search import (
+    fts_query,
+    keyword_share,
+    query_terms,
+    reciprocal_rank_fusion,
+)
 from kbinject.vectors import VectorIndex, normalised
-from recall import ToolContext, Toolbox
-from tests.fakerouter import FakeRouter
-from tests.samples import make_pdf, make_png
+from selfcheck.fakerouter import FakeRouter
+from selfcheck.samples import make_pdf, make_png
 
 EMBED_MODEL = "fake-embed"
 EMBED_DIM = 256  # the fake hashes words into this many buckets: few collisions
@@ -97,7 +103,7 @@ async def make_kbs(history: AsyncHistory, router: FakeRouter) -> AsyncIterator[M
     async def make(embedding_model: str = EMBED_MODEL, kb_top_k: int = 3, url: str | None = None) -> KnowledgeBases:
         config = Config(router_url=url or router.url, embedding_model=embedding_model, kb_top_k=kb_top_k)
         client = RouterClient(config)
-        kbs = KnowledgeBases(config, history, client)
+        kbs = KnowledgeBases(history, client, KbSettings(config.embedding_model, config.kb_top_k))
         made.append((kbs, client))
         return kbs
 
@@ -845,7 +851,7 @@ class RefusingRouter:
 @pytest.mark.asyncio
 async def test_the_embedder_splits_batches_and_halves_an_input_the_server_refuses() -> None:
     stub = RefusingRouter(max_chars=300)
-    embedder = Embedder(stub, EMBED_MODEL)  # type: ignore[arg-type]
+    embedder = BatchEmbedder(stub, EMBED_MODEL)
     texts = ["a" * 100] * 5 + ["b" * 1000] + ["c" * 100] * 2
     vectors = await embedder.documents(texts)
     assert all(v is not None for v in vectors)
@@ -853,11 +859,11 @@ async def test_the_embedder_splits_batches_and_halves_an_input_the_server_refuse
     assert sum(1 for call in stub.calls for text in call if text.startswith("b")) > 1
 
     tiny = RefusingRouter(max_chars=10)
-    assert await Embedder(tiny, EMBED_MODEL).documents(["x" * 150]) == [None]  # type: ignore[arg-type]
+    assert await BatchEmbedder(tiny, EMBED_MODEL).documents(["x" * 150]) == [None]
     with pytest.raises(EmbedderFailed):
-        await Embedder(RefusingRouter(0, down=True), EMBED_MODEL).documents(["x"])  # type: ignore[arg-type]
+        await BatchEmbedder(RefusingRouter(0, down=True), EMBED_MODEL).documents(["x"])
     with pytest.raises(EmbedderFailed):  # refusing everything: it gives up after a few requests
-        await Embedder(RefusingRouter(0), EMBED_MODEL).documents(["y" * 50] * 64)  # type: ignore[arg-type]
+        await BatchEmbedder(RefusingRouter(0), EMBED_MODEL).documents(["y" * 50] * 64)
 
 
 def test_store_migrates_and_exposes_the_kb_tables(tmp_path: Path) -> None:

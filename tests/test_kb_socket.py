@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from daemon import Config
+from core import Config
+from core.wire import Wire, of_type
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from selfcheck.samples import make_pdf
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from tests.samples import make_pdf
-from tests.wire import Wire, of_type
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from daemon import Config
-from tests.fakerouter import FakeRouter, Reply
-from tests.wire import Wire
+from core import Config
+from core.wire import Wire
+from selfcheck.fakerouter import FakeRouter, Reply
+from tests.conftest import EVENT_TIMEOUT
 
 pytestmark = pytest.mark.asyncio
 
@@ -121,7 +122,7 @@ async def test_stale_socket_is_replaced(spawned: list[DaemonProcess], config: Co
     stale.bind(str(config.socket_path))
     stale.close()  # the file stays, nobody listens: what a crash leaves
     await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     assert (await wire.request({"type": "status"}))["type"] == "status"
     await wire.close()
 
@@ -132,7 +133,7 @@ async def test_second_daemon_refuses_to_start(spawned: list[DaemonProcess], conf
     assert code == 1
     assert "already serving" in err
     # the first one is untouched
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     assert (await wire.request({"type": "status"}))["type"] == "status"
     await wire.close()
 
@@ -150,7 +151,7 @@ async def test_sigterm_lets_a_turn_finish_briefly_then_stores_it(
 ) -> None:
     router.script(Reply(chunks=["kept ", "on ", "shutdown"], hang=True))
     proc = await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     rid = await wire.send({"type": "ask", "text": "long story"})
     events = await wire.until_reply(rid, "kept on shutdown")
     cid = events[0]["conversation"]
@@ -163,7 +164,7 @@ async def test_sigterm_lets_a_turn_finish_briefly_then_stores_it(
     code, err = await proc.stop()
     assert code == 0, err
     proc2 = await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
     assert turn["status"] == "interrupted"
     assert turn["reply"] == "kept on shutdown"
@@ -176,7 +177,7 @@ async def test_a_crash_keeps_the_question_and_checkpointed_reply(
 ) -> None:
     router.script(Reply(chunks=["before ", "the crash"], hang=True))
     proc = await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     rid = await wire.send({"type": "ask", "text": "will you crash?"})
     cid = (await wire.until_reply(rid, "before the crash"))[0]["conversation"]
     # the streaming reply is checkpointed soon after its last delta; wait for that, then kill
@@ -189,7 +190,7 @@ async def test_a_crash_keeps_the_question_and_checkpointed_reply(
     await proc.stop(signal.SIGKILL)
     await wire.close()
     await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
     assert turn["text"] == "will you crash?"
     assert turn["status"] == "interrupted"
@@ -220,7 +221,7 @@ async def test_socket_activation_uses_the_passed_socket(spawned: list[DaemonProc
         proc = await start(spawned, tmp_path, argv=argv, pass_fds=(fd,))
         listener.close()  # only the daemon holds it now
         assert not config.socket_path.exists()  # it bound nothing of its own
-        wire = await Wire.open(path)
+        wire = await Wire.open(path, timeout=EVENT_TIMEOUT)
         assert (await wire.request({"type": "status"}))["type"] == "status"
         await wire.close()
         code, err = await proc.stop()
@@ -259,7 +260,7 @@ async def test_sigterm_lets_a_short_turn_finish(
     # five chunks 50 ms apart: done within the 0.5 s grace
     router.script(Reply(chunks=["all ", "of ", "it ", "gets ", "through"], delay=0.05))
     proc = await start(spawned, tmp_path)
-    wire = await Wire.open(config.socket_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     rid = await wire.send({"type": "ask", "text": "quick one"})
     await wire.until(rid, ("delta",))
     proc.proc.send_signal(signal.SIGTERM)

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from daemon import Config
+from core import Config
+from core.wire import Wire, of_type
+from selfcheck.fakeprompt import render_prompt, text_tokens
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon
-from tests.fakeprompt import render_prompt, text_tokens
-from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from tests.samples import make_png
-from tests.wire import Wire, of_type
 
 pytestmark = pytest.mark.asyncio
 

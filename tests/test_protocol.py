@@ -9,10 +9,10 @@ import sqlite3
 
 import pytest
 
-from daemon import Config
+from core import Config
+from core.wire import Wire, of_type, reply_text
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeModel, FakeRouter, Reply
-from tests.wire import Wire, of_type, reply_text
 
 pytestmark = pytest.mark.asyncio
 

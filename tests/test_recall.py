@@ -15,15 +15,11 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
-from history import Attachment, AsyncHistory, NewAttachment
+from core.tools import Tool, Toolbox, ToolContext, ToolError, ToolResult
+from history import AsyncHistory, Attachment, NewAttachment
 from recall import (
     AttachmentRecall,
     ConversationSearch,
-    Tool,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    Toolbox,
     attachment_manifest,
     default_toolbox,
     document_pages,
@@ -146,7 +142,7 @@ def test_tool_names_must_be_unique() -> None:
 async def test_offer_keeps_only_available_tools(history: AsyncHistory, caplog: pytest.LogCaptureFixture) -> None:
     yes, broken = Echo(), Broken()
     toolbox = Toolbox([broken, yes, AttachmentRecall()])
-    with caplog.at_level(logging.ERROR, logger="recall.toolbox"):
+    with caplog.at_level(logging.ERROR, logger="core.tools"):
         offered = await toolbox.offer(context(history, 1, turn=1))
     assert offered == [yes]  # broken failed its check; no attachments to recall
     assert "broken" in caplog.text and "cannot tell" in caplog.text
@@ -199,7 +195,7 @@ async def test_tool_errors_and_crashes_become_error_results(
     assert (result.ok, result.content) == (False, "Error: attachment_id is missing")
 
     crashing = Echo(failure=KeyError("boom"))
-    with caplog.at_level(logging.ERROR, logger="recall.toolbox"):
+    with caplog.at_level(logging.ERROR, logger="core.tools"):
         result = await Toolbox([crashing]).call([crashing], "echo", "{}", context(history, 1))
     assert not result.ok and result.content == "Error: the tool failed (KeyError: 'boom')"
     assert caplog.records[-1].exc_info is not None  # logged with its traceback
@@ -644,7 +640,7 @@ async def test_a_query_of_too_many_words_is_refused(history: AsyncHistory) -> No
 
 
 def test_estimates_count_other_scripts_heavier() -> None:
-    from recall import estimate_text
+    from core import estimate_text
 
     assert estimate_text("a" * 40) == 10
     assert estimate_text("漢" * 10) == 20

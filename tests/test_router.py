@@ -12,10 +12,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from daemon.config import Config
-from daemon.errors import NotFound, RouterContextOverflow, RouterError, RouterUnreachable
-from daemon.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, ToolCall, Usage
-from tests.fakerouter import FakeModel, FakeRouter, Reply, fake_embedding
+from core.config import Config
+from core.errors import NotFound, RouterContextOverflow, RouterError, RouterUnreachable
+from core.router import (
+    ContentDelta,
+    ModelInfo,
+    ReasoningDelta,
+    RouterClient,
+    StreamEnd,
+    StreamEvent,
+    ToolCall,
+    Usage,
+)
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, fake_embedding
 
 USER = [{"role": "user", "content": "hello there"}]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakerouter import FakeRouter, Reply
-from tests.wire import Wire
+from core.wire import Wire
+from selfcheck.fakerouter import FakeRouter, Reply
 
 pytestmark = pytest.mark.asyncio
 

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.config import Config
-from daemon.errors import RouterContextOverflow, RouterError
-from daemon.router import RouterClient
-from daemon.sse import (
+from core.config import Config
+from core.errors import RouterContextOverflow, RouterError
+from core.router import RouterClient
+from core.sse import (
     ChatAccumulator,
     ContentDelta,
     ReasoningDelta,

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from daemon import Config
+from core import Config
+from core.wire import Wire
 from daemon.titles import clean_title, provisional_title
+from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeRouter, Reply
-from tests.wire import Wire
 
 
 class Titled:

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from daemon import Config
+from core import Config
+from core.wire import Wire, of_type, reply_text
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon
-from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from tests.samples import make_pdf, make_png
-from tests.wire import Wire, of_type, reply_text
 
 pytestmark = pytest.mark.asyncio
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from daemon import Config, load_config
-from daemon.router import RouterClient
+from core import Config, load_config
+from core.router import RouterClient
 from tests.e2e.realserver import installed_or_skip_reason, llama, wait_idle
 
 # llama-server options besides those scripts/llama.py always passes: the counters the tests read,

@@ -22,15 +22,24 @@ from typing import Any
 
 import pytest
 
-from daemon import Config, load_config
-from daemon.errors import AssistantError, RouterError
-from daemon.router import RouterClient
+from core import Config, load_config
+from core.errors import AssistantError, RouterError
+from core.router import RouterClient
+from core.wire import Wire, of_type, reply_text
 from daemon.turns import display_name
+from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon
 from tests.e2e.conftest import Sent
-from tests.e2e.realserver import busy_slots, get, installed_or_skip_reason, llama, metrics, post, prompt_tokens, wait_idle
-from tests.samples import make_pdf, make_png
-from tests.wire import Wire, of_type, reply_text
+from tests.e2e.realserver import (
+    busy_slots,
+    get,
+    installed_or_skip_reason,
+    llama,
+    metrics,
+    post,
+    prompt_tokens,
+    wait_idle,
+)
 
 STATE, SKIP_REASON = installed_or_skip_reason()
 if STATE is None:

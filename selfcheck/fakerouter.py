@@ -18,7 +18,7 @@ usage chunk with ``"choices": []``, errors as ``{"error": {"code", "message",
 ``timings`` on the last chunk (and in a non-streamed answer).
 
 Its prompt cache works as llama-server's one slot per model (see
-``tests/fakeprompt.py``): ``fake.timings[i]`` is the timings of
+``selfcheck/fakeprompt.py``): ``fake.timings[i]`` is the timings of
 ``fake.requests[i]`` (None when it was refused), ``cache_n`` the prompt tokens
 reused from the previous request to that model and ``prompt_n`` the rest.
 
@@ -52,7 +52,7 @@ where the prompt (in rough tokens) and the reply would pass the model's
         assert fake.requests[-1]["stream"] is True
         assert fake.timings[-1]["cache_n"] == 0
 
-Run ``python -m tests.fakerouter [--port N] [--mode M]`` to serve in the foreground.
+Run ``python -m selfcheck.fakerouter [--port N] [--mode M]`` to serve in the foreground.
 """
 
 from __future__ import annotations
@@ -74,7 +74,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from tests.fakeprompt import CHARS_PER_TOKEN, PromptSlot, render_prompt, render_reply, text_tokens
+from selfcheck.fakeprompt import (
+    CHARS_PER_TOKEN,
+    PromptSlot,
+    render_prompt,
+    render_reply,
+    text_tokens,
+)
 
 __all__ = ["CHARS_PER_TOKEN", "FakeModel", "FakeRouter", "Reply", "RouterMode", "fake_embedding"]
 
@@ -956,7 +962,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve in the foreground until SIGINT or SIGTERM, printing the URL."""
-    parser = argparse.ArgumentParser(prog="python -m tests.fakerouter", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m selfcheck.fakerouter", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     parser.add_argument("--format", choices=["llama", "top", "bare"], default="llama", help="shape of /v1/models")
     parser.add_argument("--mode", choices=["llama-server", "llama-swap", "ollama", "silent"], default="llama-server",

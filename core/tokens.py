@@ -1,8 +1,14 @@
-"""Token estimates for when the router reports no usage (seed 000 §3).
+"""Token estimates, for when the model server counts none, and their constants.
 
-Text counts one token per ``CHARS_PER_TOKEN`` ASCII characters, the common rough
-rule for English and code, and two for any other character; an image counts a flat per-model cost (765 by
-default, OpenAI's base tile, reasonable across providers).
+Two uses, two rates, both named here:
+
+- **estimates** (``estimate_text``, ``estimate_messages``): what a prompt is likely to
+  cost, at ``CHARS_PER_TOKEN`` (4) ASCII characters a token, the common rule for English
+  and code, and ``NON_ASCII_TOKENS`` (2) for any other character (small tokenizers split
+  CJK text that finely); an image counts ``DEFAULT_IMAGE_TOKENS`` (765, OpenAI's base
+  tile, reasonable across servers) unless configured otherwise;
+- **budgets** (attachments' text budget, seed 003): deliberately pessimistic at
+  ``BUDGET_CHARS_PER_TOKEN`` (3), so extracted files err towards leaving room.
 """
 
 from __future__ import annotations
@@ -10,9 +16,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["CHARS_PER_TOKEN", "estimate_messages", "estimate_text"]
+__all__ = [
+    "BUDGET_CHARS_PER_TOKEN",
+    "CHARS_PER_TOKEN",
+    "DEFAULT_IMAGE_TOKENS",
+    "IMAGE_PART_TYPES",
+    "NON_ASCII_TOKENS",
+    "estimate_messages",
+    "estimate_text",
+]
 
-CHARS_PER_TOKEN = 4
+CHARS_PER_TOKEN = 4  # estimates
+BUDGET_CHARS_PER_TOKEN = 3  # budgets: cautious on purpose
+DEFAULT_IMAGE_TOKENS = 765  # an image's flat cost (the image_tokens setting)
 NON_ASCII_TOKENS = 2  # SmolLM2 on llama-server: two tokens a CJK character
 MESSAGE_OVERHEAD = 4  # role and separators a chat template adds per message
 IMAGE_PART_TYPES = ("image_url", "image_ref")

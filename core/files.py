@@ -21,7 +21,7 @@ import os
 import stat
 from typing import BinaryIO
 
-from daemon.errors import FileRefused
+from .errors import FileRefused
 
 __all__ = [
     "HASH_CHUNK",

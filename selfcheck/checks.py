@@ -19,10 +19,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon import Config, Server, load_config
-from tests.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from tests.samples import make_pdf, make_png
-from tests.wire import Wire, of_type, reply_text
+from core import Config, load_config
+from core.wire import Wire, of_type, reply_text
+from daemon.server import Server
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from selfcheck.samples import make_pdf, make_png
+
+EVENT_TIMEOUT = 30.0  # seconds for any one event: a hang fails the check instead of stalling it
 
 __all__ = ["run_selfcheck"]
 
@@ -45,7 +48,7 @@ class Context:
         self.server = Server(self.config)
         self.task = asyncio.create_task(self.server.serve())
         await self.server.ready.wait()
-        self.wire = await Wire.open(self.config.socket_path)
+        self.wire = await Wire.open(self.config.socket_path, timeout=EVENT_TIMEOUT)
 
 
 Check = Callable[[Context], Awaitable[None]]
@@ -406,7 +409,7 @@ async def _run(verbose: bool) -> int:
         server = Server(config)
         task = asyncio.create_task(server.serve())
         await server.ready.wait()
-        ctx = Context(router, config, await Wire.open(config.socket_path), scratch, server, task)
+        ctx = Context(router, config, await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT), scratch, server, task)
         print(f"self-check: daemon on {config.socket_path}, fake router on {router.url}")
         for description, fn in CHECKS:
             router.reset()

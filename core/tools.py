@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from history import AsyncHistory
+from .seams import HistoryRunner
 
 __all__ = [
     "Tool",
@@ -46,7 +46,7 @@ class ToolContext:
     """What a tool may touch: its own conversation, nothing else."""
 
     conversation: int
-    history: AsyncHistory
+    history: HistoryRunner
     max_chars: int  # how much text one result may carry (what is left of the context)
     vision: bool  # whether the model can be shown images
     turn: int  # the turn being answered; turns 1..turn-1 are the earlier ones

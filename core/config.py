@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import AssistantError
+from .tokens import DEFAULT_IMAGE_TOKENS
 
 __all__ = ["Config", "ConfigError", "load_config", "default_socket_path"]
 
@@ -47,7 +48,7 @@ class Config:
     compact_at: float = 0.75
     request_timeout: float = 300.0  # seconds between two chunks of a reply
     connect_timeout: float = 5.0
-    image_tokens: int = 765  # flat token cost of one image in estimates
+    image_tokens: int = DEFAULT_IMAGE_TOKENS  # flat token cost of one image in estimates
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
     socket_path: Path = Path()

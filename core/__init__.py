@@ -1,0 +1,52 @@
+"""The ground floor: what every layer of the daemon shares, importing nothing of ours.
+
+- ``errors``: the error tree, each error with a stable ``code``;
+- ``config``: the one frozen ``Config``, from file and environment;
+- ``tokens`` and ``budget``: token estimates, and how a context is shared between
+  prompt and reply;
+- ``files``: checking and safely opening a path a client names;
+- ``tools``: the framework of the model's tools (``Tool``, ``Toolbox``, ``ToolContext``);
+- ``seams``: the small protocols lower packages take instead of the daemon's classes
+  (a ``Completer`` for compaction, an ``Embedder`` for knowledge bases);
+- ``router`` and ``sse``: the client of the OpenAI-compatible model server and its
+  stream parser. They load httpx, so they are imported as ``core.router`` where used,
+  not from here: the command-line client must start without them.
+
+Above this floor: ``history`` (the SQLite store), then ``attachments``, ``recall`` and
+``kbinject``, then ``daemon``, then ``assistant.py``; no package imports one above it.
+"""
+
+from .budget import Budget, cut_text, fit_message
+from .config import Config, ConfigError, default_socket_path, load_config
+from .errors import AssistantError
+from .seams import Completer, Embedder, HistoryRunner
+from .tokens import (
+    BUDGET_CHARS_PER_TOKEN,
+    CHARS_PER_TOKEN,
+    DEFAULT_IMAGE_TOKENS,
+    IMAGE_PART_TYPES,
+    estimate_messages,
+    estimate_text,
+)
+from .version import __version__
+
+__all__ = [
+    "BUDGET_CHARS_PER_TOKEN",
+    "CHARS_PER_TOKEN",
+    "DEFAULT_IMAGE_TOKENS",
+    "IMAGE_PART_TYPES",
+    "AssistantError",
+    "Budget",
+    "Completer",
+    "Config",
+    "ConfigError",
+    "Embedder",
+    "HistoryRunner",
+    "__version__",
+    "cut_text",
+    "default_socket_path",
+    "estimate_messages",
+    "estimate_text",
+    "fit_message",
+    "load_config",
+]
