@@ -1,7 +1,9 @@
 """The client of the OpenAI-compatible model server ("the router").
 
 One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole
-life, so connections to llama-server are pooled and kept alive.  Every httpx
+life.  Side requests (models, props, embeddings) reuse its pooled connections; every
+streamed reply opens a fresh one, because llama-server closes a connection soon after
+a stream while announcing keep-alive (docs/DESIGN.md, "llama-server quirks").  Every httpx
 failure becomes one of our errors (``raise ... from exc``): no answer at all is
 ``RouterUnreachable`` with advice naming the URL, an HTTP error is
 ``RouterError`` carrying the server's own message, and a prompt too long for the
@@ -45,18 +47,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from dataclasses import replace
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
+from .models import (
+    CtxSource,
+    Facts,
+    Missing,
+    ModelInfo,
+    enough,
+    listed_context,
+    listed_modalities,
+    ollama_facts,
+    props_facts,
+)
 from .sse import (
     ContentDelta,
     ReasoningDelta,
@@ -99,143 +111,7 @@ USER_AGENT = "assistant (local desktop daemon)"
 UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
 LLAMA_SWAP_OWNER = "llama-swap"  # owned_by of llama-swap's /v1/models entries
 OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
-# Ollama's default num_ctx with under 24 GiB of VRAM (docs/context-length.mdx; 32k and
-# 256k with more, 2048 before 0.6): the smallest of today's defaults is the safe guess
-OLLAMA_DEFAULT_CTX = 4096
-NUM_CTX_PARAMETER = re.compile(r"^num_ctx\s+(\d+)\s*$", re.MULTILINE)
 
-# Where a model's ctx_max came from, most trusted first: the configuration's ctx_max,
-# the model list, llama-server's /props, the same through llama-swap's /upstream,
-# Ollama's /api/show, an overflow error that named the size, else assumed_ctx.
-CtxSource = Literal["config", "models", "props", "upstream", "ollama", "learned", "assumed"]
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """A model the router serves: what input it takes, its context size and where that came from."""
-
-    id: str
-    input_modalities: tuple[str, ...] = ("text",)
-    ctx_max: int = Config.assumed_ctx
-    # False when llama-server's /props says the chat template has no tool support: the
-    # server then drops `tools` silently, so offering them only costs prompt tokens
-    tools: bool = True
-    ctx_source: CtxSource = "assumed"
-
-    @property
-    def vision(self) -> bool:
-        return "image" in self.input_modalities
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "input_modalities": list(self.input_modalities),
-            "ctx_max": self.ctx_max,
-            "ctx_source": self.ctx_source,
-        }
-
-
-@dataclass(frozen=True)
-class _Missing:
-    """What a model entry did not say, to be asked where the router says it."""
-
-    modalities: bool
-    ctx: bool
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What one source said of a model; None where it said nothing."""
-
-    modalities: tuple[str, ...] | None = None
-    ctx: int | None = None
-    tools: bool | None = None
-    # ctx is the server's default rather than a size it states (Ollama without num_ctx):
-    # a size learned from an overflow error is better
-    guess: bool = False
-
-
-def _modalities(entry: dict[str, Any]) -> tuple[str, ...] | None:
-    found = entry.get("input_modalities")
-    architecture = entry.get("architecture")
-    if found is None and isinstance(architecture, dict):
-        found = architecture.get("input_modalities")
-        modality = architecture.get("modality")
-        if found is None and isinstance(modality, str) and "->" in modality:
-            # OpenRouter's older form: "text+image->text"
-            found = modality.split("->", 1)[0].split("+")
-    if isinstance(found, list) and found and all(isinstance(m, str) for m in found):
-        return tuple(found)
-    return None
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return int(value)
-
-
-def _context(entry: dict[str, Any]) -> int | None:
-    meta = entry.get("meta")
-    # meta.n_ctx_train is the training length, not what the server was started with: not used.
-    candidates = [meta.get("n_ctx") if isinstance(meta, dict) else None]
-    candidates += [entry.get("context_length"), entry.get("max_model_len")]
-    for value in candidates:
-        ctx = _positive_int(value)
-        if ctx is not None:
-            return ctx
-    return None
-
-
-def _props_facts(props: Any) -> _Facts:
-    """Modalities, context and tool support from a llama-server /props answer."""
-    if not isinstance(props, dict):
-        return _Facts()
-    modalities = None
-    flags = props.get("modalities")
-    if isinstance(flags, dict):
-        modalities = ("text",) + tuple(name for flag, name in (("vision", "image"), ("audio", "audio")) if flags.get(flag))
-    settings = props.get("default_generation_settings")
-    ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
-    caps = props.get("chat_template_caps")
-    tools = not (isinstance(caps, dict) and caps.get("supports_tools") is False)
-    return _Facts(modalities, ctx or _positive_int(props.get("n_ctx")), tools)
-
-
-def _training_ctx(model_info: Any) -> int | None:
-    """The training context length in an Ollama ``model_info``: ``<arch>.context_length``."""
-    if not isinstance(model_info, dict):
-        return None
-    arch = model_info.get("general.architecture")
-    ctx = _positive_int(model_info.get(f"{arch}.context_length")) if isinstance(arch, str) else None
-    if ctx is None:
-        ctx = next((_positive_int(v) for k, v in model_info.items() if k.endswith(".context_length")), None)
-    return ctx
-
-
-def _ollama_facts(show: Any) -> _Facts:
-    """Modalities, context and tool support from an Ollama /api/show answer."""
-    if not isinstance(show, dict):
-        return _Facts()
-    trained = _training_ctx(show.get("model_info"))
-    parameters = show.get("parameters")
-    found = NUM_CTX_PARAMETER.search(parameters) if isinstance(parameters, str) else None
-    # Ollama caps num_ctx at the training length, and so its default
-    ctx, guess = (int(found.group(1)), False) if found else (OLLAMA_DEFAULT_CTX, True)
-    if trained:
-        ctx = min(ctx, trained)
-    caps = show.get("capabilities")
-    if not isinstance(caps, list):
-        return _Facts(None, ctx or None, None, guess)
-    modalities = ("text", "image") if "vision" in caps else ("text",)
-    return _Facts(modalities, ctx or None, "tools" in caps, guess)
-
-
-def _enough(missing: _Missing, found: list[tuple[CtxSource, _Facts]]) -> bool:
-    """Whether the sources asked so far said everything the model entry lacked."""
-    ctx = any(f.ctx and not f.guess for _, f in found)
-    modalities = any(f.modalities for _, f in found)
-    return (ctx or not missing.ctx) and (modalities or not missing.modalities)
 
 
 def _server_body(response: httpx.Response) -> Any:
@@ -294,7 +170,7 @@ class RouterClient:
         self._models_timeout = httpx.Timeout(MODELS_TIMEOUT, connect=config.connect_timeout)
         self._lock = asyncio.Lock()
         self._models: list[ModelInfo] = []
-        self._missing: dict[str, _Missing] = {}
+        self._missing: dict[str, Missing] = {}
         self._fetched_at: float | None = None
         self._learned: dict[str, int] = {}  # model -> the size an overflow error named
         self._swap = False  # the model list is llama-swap's
@@ -377,15 +253,15 @@ class RouterClient:
         if not isinstance(entries, list):
             raise RouterError(f"the model server at {url} did not answer with a model list; check router_url")
         models: list[ModelInfo] = []
-        missing: dict[str, _Missing] = {}
+        missing: dict[str, Missing] = {}
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 continue
-            modalities, listed = _modalities(entry), _context(entry)
+            modalities, listed = listed_modalities(entry), listed_context(entry)
             ctx_max, source = self._size(entry["id"], listed, "models")
             models.append(ModelInfo(entry["id"], modalities or ("text",), ctx_max, ctx_source=source))
             if modalities is None or (listed is None and not self._config.ctx_max):
-                missing[entry["id"]] = _Missing(modalities is None, listed is None and not self._config.ctx_max)
+                missing[entry["id"]] = Missing(modalities is None, listed is None and not self._config.ctx_max)
         self._models, self._missing = models, missing
         self._swap = any(isinstance(e, dict) and e.get("owned_by") == LLAMA_SWAP_OWNER for e in entries)
         self._ollama = None
@@ -415,18 +291,18 @@ class RouterClient:
     async def _probe(self, info: ModelInfo, *, may_load: bool) -> ModelInfo:
         """Ask what the model entry lacked, where the router says it; a router that says
         nothing leaves the defaults.  Without ``may_load``, only what cannot load a model."""
-        missing = self._missing.get(info.id, _Missing(False, False))
+        missing = self._missing.get(info.id, Missing(False, False))
         lone = len(self._models) == 1
-        found: list[tuple[CtxSource, _Facts]] = []
+        found: list[tuple[CtxSource, Facts]] = []
         # recent llama-swap answers /props?model= too, by starting that model
         if may_load or (lone and not self._swap):
-            found.append(("props", _props_facts(await self._side_json(self._props_url, params={"model": info.id}))))
-        if may_load and self._swap and not _enough(missing, found):
+            found.append(("props", props_facts(await self._side_json(self._props_url, params={"model": info.id}))))
+        if may_load and self._swap and not enough(missing, found):
             url = f"{self._root}/upstream/{quote(info.id, safe='/')}/props"
-            found.append(("upstream", _props_facts(await self._side_json(url, timeout=UPSTREAM_TIMEOUT))))
-        if not _enough(missing, found) and await self._is_ollama():
+            found.append(("upstream", props_facts(await self._side_json(url, timeout=UPSTREAM_TIMEOUT))))
+        if not enough(missing, found) and await self._is_ollama():
             show = await self._side_json(f"{self._root}/api/show", payload={"model": info.id})
-            found.append(("ollama", _ollama_facts(show)))
+            found.append(("ollama", ollama_facts(show)))
         # Only now: a probe cancelled by an impatient caller is tried again by the next one;
         # one that could not ask everything leaves the rest to a caller that may load the model.
         if may_load or (not self._swap and (lone or bool(self._ollama))):
@@ -435,7 +311,7 @@ class RouterClient:
         self._models = [better if m.id == info.id else m for m in self._models]
         return better
 
-    def _improve(self, info: ModelInfo, missing: _Missing, found: list[tuple[CtxSource, _Facts]]) -> ModelInfo:
+    def _improve(self, info: ModelInfo, missing: Missing, found: list[tuple[CtxSource, Facts]]) -> ModelInfo:
         """``info`` with what the sources said filled in where the model entry was silent."""
         modalities = next((f.modalities for _, f in found if f.modalities), None)
         tools = next((f.tools for _, f in found if f.tools is not None), info.tools)

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
 DEFAULT_SEARCH_LIMIT = 20
-MAX_SEARCH_WORDS = 32  # each word costs a look-up of its frequency: a pasted page must not
+MAX_SEARCH_WORDS = 32  # each word costs a look-up of its frequency: a pasted page must not cost hundreds
 CTX_LOOKUP_SECONDS = 2.0  # ``open``/``status`` show 0/null rather than wait on a slow router
 
 
@@ -105,7 +105,7 @@ class Handlers:
         emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
 
     async def on_estimate(self, request: Request, emit: Emit) -> None:
-        """Tokens a staged question and its files would add, before it is sent (seed 000 §3)."""
+        """Tokens a staged question and its files would add, before it is sent (a meter for the canvas)."""
         cid: int | None = request.get("conversation")
         conv = await self._conversation(cid) if cid is not None else None
         ctx_used = conv.ctx_used if conv else 0

@@ -1,130 +1,35 @@
-"""The turn engine: one question in, a streamed and stored reply out.
+"""The turn engine: admission of turns, at most one per conversation.
 
-A turn goes through fixed steps (SPEC "A turn"), each a method so the later
-pieces plug in where they belong:
-
-1. ``_validate``    the conversation, its lock (one turn each), the request's fields
-2. ``_resolve``     the model and its capabilities from the router
-3. ``_prepare``     attached files (refused before anything is stored or sent)
-4. ``_store_start`` the question is in history before the router hears of it
-5. ``_converse``    the prompt (``context.ContextBuilder``: compaction, summary, image
-                    refs resolved), then stream rounds with the router, running the
-                    model's tool calls (``recall.Toolbox``) between them
-6. ``_finish``      the reply, however it ended, is stored; then ``done``/``error``
-
-Nothing is lost: the question is stored before the router is asked, the
-streaming reply is checkpointed every ``CHECKPOINT_SECONDS``, and a cancel, a
-router failure or a shutdown stores what arrived.  A crash leaves the turn
-``running``; the next start marks it ``interrupted``.
+``TurnEngine`` decides whether an ``ask`` may start (one turn per conversation, none
+while shutting down), keeps each running turn's ``Slot`` so that ``cancel``, ``delete``
+and shutdown can stop it, and turns every refusal into an ``error`` event.  What a
+turn does once admitted is ``runner.TurnRunner``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from core import estimate_messages
 from core.config import Config
-from core.errors import (
-    AssistantError,
-    BadRequest,
-    Busy,
-    InternalError,
-    NotFound,
-    RouterContextOverflow,
-    RouterError,
-    RouterUnreachable,
-    ShuttingDown,
-    TooManyFiles,
-)
-from core.router import (
-    ContentDelta,
-    ModelInfo,
-    ReasoningDelta,
-    RouterClient,
-    StreamEnd,
-    StreamEvent,
-    Timings,
-    ToolCall,
-    Usage,
-)
-from core.tools import Tool, Toolbox, ToolContext
-from history import (
-    AsyncHistory,
-    Conversation,
-    NewAttachment,
-    Turn,
-    TurnContext,
-    TurnStatus,
-    parse_arguments,
-)
-from kbinject import KnowledgeBases, injection_mode
+from core.errors import AssistantError, Busy, InternalError, NotFound, ShuttingDown
+from core.router import RouterClient
+from core.tools import Toolbox
+from history import AsyncHistory, Conversation
+from kbinject import KnowledgeBases
 from recall import default_toolbox
 
 from .connection import Emit
-from .context import ContextBuilder, Prompt, router_messages
+from .context import ContextBuilder
 from .protocol import Request, error_event
-from .titles import make_title, provisional_title, title_prompt
+from .runner import Slot, StopReason, TurnRunner
 
 __all__ = ["TurnEngine"]
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
 SHUTTING_DOWN = "the daemon is shutting down; ask again once it is back"
-MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
-LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
-ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
-
-StopReason = Literal["cancelled", "interrupted"]
-
-
-@dataclass
-class TurnState:
-    """What one running turn has so far: enough to store it however it ends."""
-
-    conversation: int
-    turn: int
-    model: ModelInfo
-    messages: list[dict[str, Any]]  # this turn's messages as stored, the question first
-    question: dict[str, Any]  # the question as the router gets it (images inline)
-    kb: tuple[str, str]  # the question as typed and the kb_injection mode: what the KB search uses
-    model_id: str = ""  # the model the turn was stored with (``model`` may still be the default)
-    parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
-    reasoning: str = ""
-    usage: Usage | None = None
-    timings: Timings | None = None  # the model server's figures of the last request (llama-server)
-    prompt_estimate: int = 0
-    ctx_used: int = 0
-    round_start: int = 0  # where the current round's text begins in the reply
-    prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
-    tools: list[dict[str, Any]] | None = None  # the tools offered with it
-    known: TurnContext | None = None  # what history held for the prompt before this turn (None: a new conversation)
-    last_checkpoint: float = field(default_factory=time.monotonic)
-    checkpoint_timer: asyncio.TimerHandle | None = None
-
-    @property
-    def reply(self) -> str:
-        """The reply so far (appending to a list keeps a long stream linear)."""
-        if len(self.parts) > 1:
-            self.parts[:] = ["".join(self.parts)]
-        return self.parts[0] if self.parts else ""
-
-
-@dataclass
-class Slot:
-    """A conversation's one turn, from the moment its ``ask`` is accepted."""
-
-    task: asyncio.Task[Any]
-    state: TurnState | None = None  # None until the question is stored
-    stop: StopReason | None = None  # set by cancel() or shutdown()
-    finishing: bool = False  # its outcome is being stored: too late to stop, and it must not be cut
 
 
 class TurnEngine:
@@ -134,13 +39,14 @@ class TurnEngine:
         self.config = config
         self.history = history
         self.router = router
-        self.context = ContextBuilder(config, history, router, kbs)
-        self.toolbox = Toolbox([*default_toolbox().tools, kbs.tool()])
-        self._no_tools: set[str] = set()  # models whose server refused the tools parameter
         self._slots: dict[int, Slot] = {}
         self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
         self._background: set[asyncio.Task[Any]] = set()
         self._accepting = True
+        self.runner = TurnRunner(
+            config, history, router, ContextBuilder(config, history, router, kbs),
+            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self._spawn, claim=self._claim,
+        )
 
     @property
     def running(self) -> int:
@@ -226,7 +132,7 @@ class TurnEngine:
         if self._background:
             await asyncio.wait(self._background)
 
-    # -- the steps -----------------------------------------------------------------------------
+    # -- admission ------------------------------------------------------------------------------
 
     async def _ask(self, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
         current = asyncio.current_task()
@@ -235,70 +141,10 @@ class TurnEngine:
         if cid is not None:
             self._slots[cid] = slot  # before the first await: a second ask is busy at once
         try:
-            await self._ask_in(slot, request, cid, emit, where)
+            await self.runner.run(slot, request, cid, emit, where)
         finally:
             for key in [k for k, v in self._slots.items() if v is slot]:
                 del self._slots[key]
-
-    async def _ask_in(
-        self, slot: Slot, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]
-    ) -> None:
-        text: str = request.get("text", "")
-        files: list[str] = request.get("files", [])
-        chosen: str | None = request.get("model") or None
-        # the files' budget needs the conversation before they are read; for a plain question
-        # the conversation is read in the same trip to the store that stores the question
-        known = await self._read(cid, where) if cid is not None and files else None
-        conv = known.conversation if known else None
-        try:
-            self._validate(text, files)
-            # the model as far as it is known before the question is stored: named on the ask,
-            # the conversation's own (read for files), else the default
-            model = await self.router.model_info(chosen or (conv.model if conv else None))
-        except (RouterUnreachable, RouterError) as exc:
-            # the question (and its files) are kept even when the router cannot be reached
-            offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
-            prepared = await self._prepare(files, offline, conv, where, emit)
-            await self._store_failed(cid, text, prepared, exc, emit, chosen)
-            return
-        except AssistantError:
-            if known is None and cid is not None:
-                await self._read(cid, where)  # the refusal names the turn it would have been
-            raise
-        prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
-        final = chosen is not None or cid is None or known is not None
-        state = await self._store_start(cid, text, prepared, model, chosen, final)
-        slot.state = state
-        self._slots[state.conversation] = slot
-        where["conversation"], where["turn"] = state.conversation, state.turn
-        emit(self._user_event(state.conversation, state.turn, text, prepared))
-        if state.model.id != state.model_id:  # the conversation has a model of its own
-            try:
-                state.model = await self.router.model_info(state.model_id)
-            except AssistantError as exc:
-                await self._fail(state, exc, emit)
-                return
-        await self._run(state, slot, emit)
-        if cid is None and state.reply and self.config.auto_title:
-            question = text or " ".join(p.name for p in prepared)
-            answer = state.messages[-1].get("content") if state.messages[-1].get("role") == "assistant" else ""
-            prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
-            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question,
-                                   state.tools if state.prompt else None))
-
-    async def _read(self, cid: int, where: dict[str, Any]) -> TurnContext:
-        """The conversation and what its prompt needs; sets the turn an error would name."""
-        known = await self.context.read(cid)
-        if known is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
-        where["turn"] = known.conversation.turns + 1
-        return known
-
-    def _validate(self, text: str, files: list[str]) -> None:
-        if len(files) > MAX_FILES:
-            raise TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {len(files)}")
-        if not text.strip() and not files:
-            raise BadRequest("ask needs a question in 'text', or files")
 
     async def conversation(self, cid: int | None) -> Conversation | None:
         """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""
@@ -309,326 +155,9 @@ class TurnEngine:
             raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
         return conv
 
-    async def _prepare(
-        self, files: list[str], model: ModelInfo, conv: Conversation | None, where: dict[str, Any], emit: Emit
-    ) -> list[Prepared]:
-        """Read the attached files within the text budget (seed 003); refusals raise."""
-        if not files:
-            return []
-        emit({"type": "progress", **where, "stage": "extracting", "detail": f"reading {len(files)} file(s)"})
-        return await prepare_files(
-            files, model=model.id, vision=model.vision, ctx_max=model.ctx_max, ctx_used=conv.ctx_used if conv else 0
-        )
-
-    @staticmethod
-    def _user_event(cid: int, turn: int, text: str, prepared: list[Prepared]) -> dict[str, Any]:
-        return {"type": "user", "conversation": cid, "turn": turn, "text": text,
-                "files": [p.chip.to_json() for p in prepared]}
-
-    async def _start_turn(
-        self, cid: int | None, text: str, question: dict[str, Any], model: str | None,
-        prepared: list[Prepared], chosen: str | None, default_model: str | None = None,
-    ) -> tuple[Turn, TurnContext]:
-        """Store the question (and its files' records) as a running turn, and read what its
-        prompt needs, in one trip to the store.
-
-        ``model`` None: the conversation's own model, else ``default_model``. ``chosen`` is
-        the model the ask named: a new conversation keeps it as its own.
-        """
-        chips = [p.chip.to_json() for p in prepared]
-        title = provisional_title(text or " ".join(p.name for p in prepared))
-        records = [
-            NewAttachment(name=p.name, path=p.path, kind=p.kind, content_type=p.mime, size_bytes=p.size_bytes,
-                          sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
-            for p in prepared
-        ]
-        known = self.context.replays.known(cid) if cid is not None else 0
-        try:
-            return await self.history.run(
-                lambda s: s.begin_turn(cid, text, [question], chips, model, title, attachments=records,
-                                       conversation_model=chosen, default_model=default_model, known=known)
-            )
-        except LookupError:  # missing, or deleted since it was read
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request") from None
-
-    @staticmethod
-    def _questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The user message for the router and for storage (images as image_ref parts)."""
-        if not prepared:
-            return {"role": "user", "content": text}, {"role": "user", "content": text}
-        for_router, for_storage = user_content(text, prepared)
-        return {"role": "user", "content": for_router}, {"role": "user", "content": for_storage}
-
-    async def _store_start(
-        self, cid: int | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None,
-        final: bool,
-    ) -> TurnState:
-        """Store the question; ``model`` is the one to use when ``final``, else the default, which
-        the conversation's own model (known once it is read) overrides."""
-        question, stored = self._questions(text, prepared)
-        turn, known = await self._start_turn(
-            cid, text, stored, model.id if final else None, prepared, chosen, default_model=model.id
-        )
-        conv = known.conversation
-        return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
-                         messages=[stored], question=question, kb=(text, injection_mode(conv.settings)),
-                         known=known)
-
-    async def _store_failed(
-        self, cid: int | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
-        chosen: str | None,
-    ) -> None:
-        _question, stored = self._questions(text, prepared)
-        turn, known = await self._start_turn(cid, text, stored, chosen, prepared, chosen)
-        await self._fail(
-            TurnState(conversation=known.conversation.id, turn=turn.turn, model=ModelInfo(chosen or ""),
-                      messages=[stored], question=stored, kb=(text, "off")),
-            exc, emit, prepared,
-        )
-
-    async def _fail(
-        self, state: TurnState, exc: AssistantError, emit: Emit, prepared: list[Prepared] | None = None
-    ) -> None:
-        """End a stored turn that never reached the model: the question stays, with the error."""
-        cid, turn, messages = state.conversation, state.turn, state.messages
-        await self.history.run(
-            lambda s: s.finish_turn(
-                cid, turn, messages=messages, reply="", status="error", error=exc.message, error_code=exc.code
-            )
-        )
-        if prepared is not None:
-            emit(self._user_event(cid, turn, state.kb[0], prepared))
-        emit(error_event(exc, conversation=cid, turn=turn))
-
-    async def _run(self, state: TurnState, slot: Slot, emit: Emit) -> None:
-        """Converse, then store the outcome and send its event, whatever happened."""
-        status: TurnStatus = "complete"
-        failure: AssistantError | None = None
-        foreign_cancel = False
-        try:
-            if slot.stop is not None:
-                raise asyncio.CancelledError  # cancelled while it was starting
-            finish_reason = await self._converse(state, emit)
-        except asyncio.CancelledError:
-            foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down
-            status = finish_reason = slot.stop or "interrupted"
-        except AssistantError as exc:
-            status, finish_reason, failure = "error", None, exc
-        except Exception:
-            logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
-            status, finish_reason, failure = "error", None, InternalError()
-        slot.finishing = True  # a cancel from here on would lose the outcome's event
-        await self._finish(state, status, finish_reason, failure)
-        if failure is not None:
-            emit(error_event(failure, conversation=state.conversation, turn=state.turn))
-        else:
-            emit(self._done_event(state, finish_reason))
-        if foreign_cancel:
-            raise asyncio.CancelledError
-
-    async def _converse(self, state: TurnState, emit: Emit) -> str | None:
-        """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times.
-
-        A router that says the prompt overflowed its context gets one harder
-        compaction and one retry, as long as nothing has streamed yet.
-        """
-        where = {"conversation": state.conversation, "turn": state.turn}
-
-        def progress(stage: str, detail: str) -> None:
-            emit({"type": "progress", **where, "stage": stage, "detail": detail})
-
-        known = state.known
-        prompt = await self.context.build(
-            state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known
-        )
-        state.prompt_estimate = prompt.tokens
-        ctx = ToolContext(
-            conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens), kb_injection=state.kb[1],
-            has_attachments=(known is not None and known.has_attachments) or has_files(state.messages[0]),
-            kb_ids=known.kb_ids if known else None,
-        )
-        tools_work = state.model.tools and state.model.id not in self._no_tools
-        offered = await self.toolbox.offer(ctx) if tools_work else []
-        progress("waiting", f"waiting for {display_name(state.model.id)}")
-        for round_no in range(MAX_TOOL_ROUNDS + 1):
-            tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
-            if offered and tools is None:
-                add_user_note(prompt.messages, LAST_ROUND_NOTE)
-            try:
-                end = await self._stream_round(state, prompt, tools, emit)
-            except RouterContextOverflow as exc:
-                if round_no or state.reply:
-                    raise
-                # the server said how big its context is: when that explains the refusal (we
-                # thought the prompt bigger than that), a prompt built for the size fits; else
-                # our estimate was low: fold all that may be folded, with no passages
-                explained = exc.n_ctx is not None and prompt.tokens >= exc.n_ctx
-                if exc.n_ctx is not None:
-                    state.model = self.router.learn_context(state.model.id, exc.n_ctx)
-                prompt = await self.context.build(
-                    state.conversation, state.turn, state.model, [state.question], progress, state.kb,
-                    force=not explained, known=known,
-                )
-                end = await self._stream_round(state, prompt, tools, emit)
-            state.prompt, state.tools = prompt.messages, tools
-            if not end.tool_calls or tools is None:
-                return end.finish_reason
-            prompt.messages.extend(router_messages(state.messages[-1:]))
-            # the calls of a round share half of what is left of the context
-            room = budget_chars(prompt.budget.ctx_max, self.context.estimate(prompt.messages))
-            ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
-            prompt.messages.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
-            prompt.tokens = self.context.estimate(prompt.messages)
-        raise AssertionError("the last round offers no tools")
-
-    async def _run_tools(
-        self, state: TurnState, offered: list[Tool], calls: list[ToolCall], ctx: ToolContext, emit: Emit
-    ) -> list[dict[str, Any]]:
-        """Run one round's tool calls concurrently; their messages for the prompt."""
-        where = {"conversation": state.conversation, "turn": state.turn}
-        for call in calls:
-            emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
-        results = await asyncio.gather(*(self.toolbox.call(offered, c.name, c.arguments, ctx) for c in calls))
-        for_prompt: list[dict[str, Any]] = []
-        images: list[dict[str, Any]] = []
-        for call, result in zip(calls, results):
-            message = {"role": "tool", "tool_call_id": call.id, "content": result.content,
-                       "ok": result.ok, "summary": result.summary}
-            state.messages.append(message)
-            for_prompt.extend(router_messages([message]))
-            images.extend(result.images)
-            emit({"type": "tool", **where, "name": call.name, "arguments": parse_arguments(call.arguments),
-                  "ok": result.ok, "summary": result.summary})
-        if images:
-            # tool messages carry text only: a recalled image is shown in a message of its own,
-            # for this turn's prompt (history keeps the tool's text, the file keeps the image)
-            for_prompt.append({"role": "user", "content": [
-                {"type": "text", "text": "The image(s) the attachment_recall tool returned:"}, *images]})
-        return for_prompt
-
-    async def _stream_round(
-        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit
-    ) -> StreamEnd:
-        where = {"conversation": state.conversation, "turn": state.turn}
-        round_start = state.round_start = len(state.reply)
-        separate = bool(state.reply)  # a later round's text starts a new paragraph
-        async for event in self._stream(state, prompt.messages, tools, prompt.max_tokens):
-            if isinstance(event, ContentDelta):
-                text = ROUND_SEPARATOR + event.text if separate else event.text
-                separate = False
-                state.parts.append(text)
-                emit({"type": "delta", **where, "text": text})
-                self._checkpoint(state)
-            elif isinstance(event, ReasoningDelta):
-                state.reasoning += event.text
-                emit({"type": "reasoning", **where, "text": event.text})
-            elif isinstance(event, StreamEnd):
-                state.usage = event.usage or state.usage
-                calls = event.tool_calls if tools else []  # calls nobody offered are not run
-                self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
-                state.round_start = len(state.reply)  # this round's text is stored with its message
-                state.timings = event.timings or state.timings
-                return StreamEnd(event.finish_reason, calls, event.usage, event.text, event.timings)
-        raise AssertionError("stream_chat ended without a StreamEnd")
-
-    def _stream(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int
-    ) -> AsyncIterator[StreamEvent]:
-        """The router's stream; a server that refuses ``tools`` is asked again without them."""
-        if not tools:
-            return self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens)
-        return self._stream_with_tools(state, prompt, tools, max_tokens)
-
-    async def _stream_with_tools(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int
-    ) -> AsyncIterator[StreamEvent]:
-        started = False
-        try:
-            async for event in self.router.stream_chat(state.model.id, prompt, tools, max_tokens=max_tokens):
-                started = True
-                yield event
-        except RouterError as exc:
-            if started or not rejects_tools(exc):
-                raise
-            logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
-            self._no_tools.add(state.model.id)
-            async for event in self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens):
-                yield event
-
-    def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            message["tool_calls"] = [call.to_openai() for call in calls]
-        if state.reasoning:
-            message["reasoning_content"] = state.reasoning
-            state.reasoning = ""
-        state.messages.append(message)
-
-    def _checkpoint(self, state: TurnState) -> None:
-        """Save the streaming reply at most every CHECKPOINT_SECONDS, and soon after the last delta."""
-        if state.checkpoint_timer is not None:
-            return  # a save is already due
-        wait = state.last_checkpoint + CHECKPOINT_SECONDS - time.monotonic()
-        loop = asyncio.get_running_loop()
-        state.checkpoint_timer = loop.call_later(max(wait, 0.0), self._save_partial, state)
-
-    def _save_partial(self, state: TurnState) -> None:
-        state.checkpoint_timer = None
-        state.last_checkpoint = time.monotonic()
-        reply, cid, turn = state.reply, state.conversation, state.turn
-        # not awaited: the store thread runs calls in order, so finish_turn lands after it
-        self._spawn(self.history.run(lambda s: s.save_partial(cid, turn, reply)))
-
-    async def _finish(
-        self, state: TurnState, status: TurnStatus, finish_reason: str | None, exc: AssistantError | None = None
-    ) -> None:
-        if state.checkpoint_timer is not None:
-            state.checkpoint_timer.cancel()
-            state.checkpoint_timer = None
-        messages = list(state.messages)
-        if messages[-1].get("role") in ("user", "tool"):
-            # the reply was cut before its round ended: keep what this round streamed
-            text = state.reply[state.round_start :].removeprefix(ROUND_SEPARATOR)
-            partial: dict[str, Any] = {"role": "assistant", "content": text}
-            if state.reasoning:
-                partial["reasoning_content"] = state.reasoning
-            if text or state.reasoning:
-                messages.append(partial)
-        usage = state.usage
-        ctx_used = (
-            usage.prompt_tokens + usage.completion_tokens
-            if usage is not None
-            else state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
-        )
-        state.ctx_used = ctx_used
-        cid, turn = state.conversation, state.turn
-        store = self.history.run(
-            lambda s: s.finish_turn(
-                cid, turn, messages=messages, reply=state.reply, status=status,
-                finish_reason=finish_reason,
-                error=exc.message if exc else None, error_code=exc.code if exc else None,
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                completion_tokens=usage.completion_tokens if usage else None,
-                ctx_used=ctx_used,
-            )
-        )
-        # a second cancel (shutdown after a user's cancel) must not lose the write
-        await asyncio.shield(store)
-
-    def _done_event(self, state: TurnState, finish_reason: str | None) -> dict[str, Any]:
-        usage = state.usage
-        return {
-            "type": "done",
-            "conversation": state.conversation,
-            "turn": state.turn,
-            "text": state.reply,
-            "finish_reason": finish_reason,
-            "usage": usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None},
-            "ctx_used": state.ctx_used,
-            "ctx_max": state.model.ctx_max,
-            "timings": state.timings.to_json() if state.timings else None,
-        }
+    def _claim(self, cid: int, slot: Slot) -> None:
+        """A new conversation's turn is stored: from now on ``cid`` is busy with ``slot``."""
+        self._slots[cid] = slot
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -639,32 +168,3 @@ class TurnEngine:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task failed", exc_info=task.exception())
-
-
-def has_files(question: dict[str, Any]) -> bool:
-    """Whether a stored question carries files (its content is a list of parts then)."""
-    return isinstance(question.get("content"), list)
-
-
-def add_user_note(prompt: list[dict[str, Any]], note: str) -> None:
-    """Tell the model ``note`` as the user, joining a user message already last (never two in a row)."""
-    last = prompt[-1]
-    if last.get("role") != "user":
-        prompt.append({"role": "user", "content": note})
-    elif isinstance(last["content"], list):
-        last["content"] = [*last["content"], {"type": "text", "text": note}]
-    else:
-        last["content"] = f"{last['content']}\n\n{note}"
-
-
-def display_name(model: str) -> str:
-    """A model id for people: llama-server without --alias names a model by its GGUF path."""
-    return model.rsplit("/", 1)[-1].removesuffix(".gguf")
-
-
-def rejects_tools(exc: RouterError) -> bool:
-    """Whether the router refused the request because of ``tools`` (no tool support, or
-    llama-server without --jinja): ask again without them."""
-    return (exc.status in (400, 422, 500, 501)) and "tool" in exc.message.lower() and not isinstance(
-        exc, RouterContextOverflow
-    )

@@ -147,7 +147,7 @@ async def _restart(ctx: Context) -> None:
     expect(turn["text"] == "remember this" and turn["reply"] == "You said: remember this", f"after restart: {turn}")
 
 
-# -- attachments (seed 003 "Testing") ----------------------------------------------------------
+# -- attachments -------------------------------------------------------------------------------
 
 
 def _user(events: list[dict]) -> dict:
@@ -258,7 +258,7 @@ async def _refusals(ctx: Context) -> None:
     expect(ctx.router.requests == [], "a refused question reached the model")
 
 
-# -- model tools and compaction (seed 000 §1-§3) ----------------------------------------------
+# -- model tools and compaction -----------------------------------------------------------------
 
 
 def _call(name: str, arguments: dict, call_id: str = "call_1") -> Reply:
@@ -334,7 +334,7 @@ async def _compaction(ctx: Context) -> None:
     expect(found["total"] >= 1, f"search after compaction: {found}")
 
 
-# -- knowledge bases (seed 000 §4) -------------------------------------------------------------
+# -- knowledge bases ----------------------------------------------------------------------------
 
 
 async def _kb_add(ctx: Context, kb: str, folder: Path) -> dict:
