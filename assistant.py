@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.test:
-        from selfcheck import run_selfcheck
+        from selfcheck.checks import run_selfcheck
 
         return run_selfcheck(verbose=args.verbose)
     if args.command not in (None, "serve"):

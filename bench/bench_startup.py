@@ -94,7 +94,7 @@ async def exercise(daemon: Daemon, asks: int) -> None:
                 request: dict[str, Any] = {"type": "ask", "text": f"{DEFAULT_QUESTION} ({i})"}
                 if i % 2 and cid is not None:
                     request["conversation"] = cid
-                done = await client.request(request, "done")
+                done = await answer(client, await client.send(request), ("done",))
                 cid = cid or int(done["conversation"])
             await answer(client, await client.send({"type": "conversations"}), ("conversations",))
             await answer(client, await client.send({"type": "open", "conversation": cid}), ("conversation",))
