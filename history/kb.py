@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .migrations import immediate_transaction
+from .records import FromRow, column
 
 __all__ = [
     "KB_CHUNK_SHIFT",
@@ -180,34 +181,21 @@ def chunk_kb(chunk_id: int) -> int:
 
 
 @dataclass
-class KnowledgeBase:
+class KnowledgeBase(FromRow):
     """One knowledge base, with what it holds and where it is linked."""
 
     id: int
     name: str
-    linked_all: bool  # linked to every conversation
+    linked_all: bool = field(metadata=column(convert=bool))  # linked to every conversation
     created_at: str
     documents: int
     chunks: int
     pages: int  # PDF pages over all its documents
     conversations: list[int]  # the live conversations it is linked to one by one
 
-    @classmethod
-    def from_row(cls, row: sqlite3.Row, conversations: list[int]) -> KnowledgeBase:
-        return cls(
-            id=row["id"],
-            name=row["name"],
-            linked_all=bool(row["linked_all"]),
-            created_at=row["created_at"],
-            documents=row["documents"],
-            chunks=row["chunks"],
-            pages=row["pages"],
-            conversations=conversations,
-        )
-
 
 @dataclass
-class KbDocument:
+class KbDocument(FromRow):
     """One file of a KB as it was when last added."""
 
     id: int
@@ -220,25 +208,8 @@ class KbDocument:
     mtime_ns: int
     pages: int | None
     chunks: int
-    truncated: bool
+    truncated: bool = field(metadata=column(convert=bool))
     added_at: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> KbDocument:
-        return cls(
-            id=row["id"],
-            kb_id=row["kb_id"],
-            path=row["path"],
-            name=row["name"],
-            kind=row["kind"],
-            sha256=row["sha256"],
-            size_bytes=row["size_bytes"],
-            mtime_ns=row["mtime_ns"],
-            pages=row["pages"],
-            chunks=row["chunks"],
-            truncated=bool(row["truncated"]),
-            added_at=row["added_at"],
-        )
 
 
 @dataclass
@@ -257,7 +228,7 @@ class NewKbDocument:
 
 
 @dataclass
-class KbChunk:
+class KbChunk(FromRow):
     """One stored chunk with the document and KB it comes from."""
 
     id: int
@@ -271,22 +242,6 @@ class KbChunk:
     chunks: int  # how many chunks the document has
     page: int | None
     text: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> KbChunk:
-        return cls(
-            id=row["id"],
-            kb_id=row["kb_id"],
-            kb=row["kb"],
-            document_id=row["document_id"],
-            path=row["path"],
-            name=row["name"],
-            kind=row["kind"],
-            ordinal=row["ordinal"],
-            chunks=row["chunks"],
-            page=row["page"],
-            text=row["text"],
-        )
 
 
 class KnowledgeStore:
@@ -304,7 +259,7 @@ class KnowledgeStore:
 
     def _with_links(self, row: sqlite3.Row) -> KnowledgeBase:
         linked = [r[0] for r in self._conn.execute(SELECT_LINKED_CONVERSATIONS, (row["id"],))]
-        return KnowledgeBase.from_row(row, linked)
+        return KnowledgeBase.from_row(row, conversations=linked)
 
     def get(self, name: str) -> KnowledgeBase | None:
         """The KB of that name, None if there is none."""
