@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .migrations import immediate_transaction
 from .records import FromRow, column
+from .sql import IS_LIVE_CONVERSATION
 
 __all__ = [
     "KB_CHUNK_SHIFT",
@@ -56,7 +57,6 @@ SELECT l.conversation_id FROM kb_links AS l JOIN conversations AS c ON c.id = l.
 WHERE l.kb_id = ? AND c.deleted_at IS NULL
 ORDER BY l.conversation_id
 """
-IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
 SELECT_LINKED_KBS = f"""
 SELECT {KB_COLUMNS} FROM kbs AS k
 WHERE k.linked_all = 1
@@ -257,6 +257,9 @@ class KnowledgeStore:
         row = self._conn.execute(SELECT_KB, (name,)).fetchone()
         return self._with_links(row) if row else None
 
+    def _is_live(self, cid: int) -> bool:
+        return self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
+
     def _with_links(self, row: sqlite3.Row) -> KnowledgeBase:
         linked = [r[0] for r in self._conn.execute(SELECT_LINKED_CONVERSATIONS, (row["id"],))]
         return KnowledgeBase.from_row(row, conversations=linked)
@@ -328,7 +331,7 @@ class KnowledgeStore:
                 return None
             if cid is None:
                 self._conn.execute(SET_LINKED_ALL, (int(linked), kb.id))
-            elif self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+            elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
             elif linked:
                 self._conn.execute(INSERT_LINK, (kb.id, cid, self._now()))
@@ -338,14 +341,14 @@ class KnowledgeStore:
 
     def linked(self, cid: int) -> list[KnowledgeBase]:
         """The KBs a live conversation sees (its own links and the linked-to-all); [] if deleted."""
-        if self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+        if not self._is_live(cid):
             return []
         rows = self._conn.execute(SELECT_LINKED_KBS, (cid,)).fetchall()
         return [self._with_links(row) for row in rows]
 
     def linked_ids(self, cid: int) -> list[int]:
         """The ids of the KBs a live conversation sees: the per-turn check, without counts."""
-        if self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+        if not self._is_live(cid):
             return []
         return [row[0] for row in self._conn.execute(SELECT_LINKED_KB_IDS, (cid,))]
 
