@@ -13,6 +13,9 @@ step by triggers (history/migrations.py m006).
 
 Soft-deleted conversations see no KB: ``linked`` returns nothing for them, and linking
 one is refused.
+
+One module, statements and records included: every method leans on the chunk-id layout
+above, and splitting the tables apart would spread that one invariant over several files.
 """
 
 from __future__ import annotations
