@@ -17,11 +17,12 @@ in the same transaction as the turn, so the index cannot drift from `turns`.
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from .records import json_column
 
 logger = logging.getLogger(__name__)
 
@@ -211,12 +212,9 @@ def unindex_conversation(conn: sqlite3.Connection, conversation_id: int) -> None
     conn.execute(DELETE_FTS_RANGE, conversation_rowid_range(conversation_id))
 
 
+_json_list = json_column(list)
+
+
 def load_messages(raw: str | None) -> list[dict[str, Any]]:
     """`turns.messages` decoded; [] for a NULL or damaged value rather than an error."""
-    if not raw:
-        return []
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return []
-    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
+    return [m for m in _json_list(raw) if isinstance(m, dict)]

@@ -13,15 +13,20 @@ step by triggers (history/migrations.py m006).
 
 Soft-deleted conversations see no KB: ``linked`` returns nothing for them, and linking
 one is refused.
+
+One module, statements and records included: every method leans on the chunk-id layout
+above, and splitting the tables apart would spread that one invariant over several files.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .migrations import immediate_transaction
+from .records import FromRow, column
+from .sql import IS_LIVE_CONVERSATION
 
 __all__ = [
     "KB_CHUNK_SHIFT",
@@ -55,7 +60,6 @@ SELECT l.conversation_id FROM kb_links AS l JOIN conversations AS c ON c.id = l.
 WHERE l.kb_id = ? AND c.deleted_at IS NULL
 ORDER BY l.conversation_id
 """
-IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
 SELECT_LINKED_KBS = f"""
 SELECT {KB_COLUMNS} FROM kbs AS k
 WHERE k.linked_all = 1
@@ -180,34 +184,21 @@ def chunk_kb(chunk_id: int) -> int:
 
 
 @dataclass
-class KnowledgeBase:
+class KnowledgeBase(FromRow):
     """One knowledge base, with what it holds and where it is linked."""
 
     id: int
     name: str
-    linked_all: bool  # linked to every conversation
+    linked_all: bool = field(metadata=column(convert=bool))  # linked to every conversation
     created_at: str
     documents: int
     chunks: int
     pages: int  # PDF pages over all its documents
     conversations: list[int]  # the live conversations it is linked to one by one
 
-    @classmethod
-    def from_row(cls, row: sqlite3.Row, conversations: list[int]) -> KnowledgeBase:
-        return cls(
-            id=row["id"],
-            name=row["name"],
-            linked_all=bool(row["linked_all"]),
-            created_at=row["created_at"],
-            documents=row["documents"],
-            chunks=row["chunks"],
-            pages=row["pages"],
-            conversations=conversations,
-        )
-
 
 @dataclass
-class KbDocument:
+class KbDocument(FromRow):
     """One file of a KB as it was when last added."""
 
     id: int
@@ -220,25 +211,8 @@ class KbDocument:
     mtime_ns: int
     pages: int | None
     chunks: int
-    truncated: bool
+    truncated: bool = field(metadata=column(convert=bool))
     added_at: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> KbDocument:
-        return cls(
-            id=row["id"],
-            kb_id=row["kb_id"],
-            path=row["path"],
-            name=row["name"],
-            kind=row["kind"],
-            sha256=row["sha256"],
-            size_bytes=row["size_bytes"],
-            mtime_ns=row["mtime_ns"],
-            pages=row["pages"],
-            chunks=row["chunks"],
-            truncated=bool(row["truncated"]),
-            added_at=row["added_at"],
-        )
 
 
 @dataclass
@@ -257,7 +231,7 @@ class NewKbDocument:
 
 
 @dataclass
-class KbChunk:
+class KbChunk(FromRow):
     """One stored chunk with the document and KB it comes from."""
 
     id: int
@@ -271,22 +245,6 @@ class KbChunk:
     chunks: int  # how many chunks the document has
     page: int | None
     text: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> KbChunk:
-        return cls(
-            id=row["id"],
-            kb_id=row["kb_id"],
-            kb=row["kb"],
-            document_id=row["document_id"],
-            path=row["path"],
-            name=row["name"],
-            kind=row["kind"],
-            ordinal=row["ordinal"],
-            chunks=row["chunks"],
-            page=row["page"],
-            text=row["text"],
-        )
 
 
 class KnowledgeStore:
@@ -302,9 +260,12 @@ class KnowledgeStore:
         row = self._conn.execute(SELECT_KB, (name,)).fetchone()
         return self._with_links(row) if row else None
 
+    def _is_live(self, cid: int) -> bool:
+        return self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
+
     def _with_links(self, row: sqlite3.Row) -> KnowledgeBase:
         linked = [r[0] for r in self._conn.execute(SELECT_LINKED_CONVERSATIONS, (row["id"],))]
-        return KnowledgeBase.from_row(row, linked)
+        return KnowledgeBase.from_row(row, conversations=linked)
 
     def get(self, name: str) -> KnowledgeBase | None:
         """The KB of that name, None if there is none."""
@@ -373,7 +334,7 @@ class KnowledgeStore:
                 return None
             if cid is None:
                 self._conn.execute(SET_LINKED_ALL, (int(linked), kb.id))
-            elif self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+            elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
             elif linked:
                 self._conn.execute(INSERT_LINK, (kb.id, cid, self._now()))
@@ -383,14 +344,14 @@ class KnowledgeStore:
 
     def linked(self, cid: int) -> list[KnowledgeBase]:
         """The KBs a live conversation sees (its own links and the linked-to-all); [] if deleted."""
-        if self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+        if not self._is_live(cid):
             return []
         rows = self._conn.execute(SELECT_LINKED_KBS, (cid,)).fetchall()
         return [self._with_links(row) for row in rows]
 
     def linked_ids(self, cid: int) -> list[int]:
         """The ids of the KBs a live conversation sees: the per-turn check, without counts."""
-        if self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is None:
+        if not self._is_live(cid):
             return []
         return [row[0] for row in self._conn.execute(SELECT_LINKED_KB_IDS, (cid,))]
 

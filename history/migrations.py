@@ -9,6 +9,10 @@ history.db files written before migrations were tracked have `conversations` and
 `turns` but no `_migrations` table (and may or may not have `turns.files`). m001
 therefore creates only what is missing, adds any column an old table lacks, and fills
 the search index from the rows it finds, so such a file upgrades in place.
+
+One module however long it grows: the schema's history reads top to bottom as the list
+is applied, each migration beside the statements it runs, and it only ever grows at the
+end (docs/DESIGN.md, "History store").
 """
 
 from __future__ import annotations
@@ -199,7 +203,7 @@ def m001_initial(conn: sqlite3.Connection) -> None:
 
 
 def m002_turn_files(conn: sqlite3.Connection) -> None:
-    """`turns.files`: the chip list of the files asked with (seed 003 "History")."""
+    """`turns.files`: the chips of the files asked with, shown again by `open`."""
     # Some pre-migration files already gained the column by hand-run ALTER.
     if "files" not in table_columns(conn, "turns"):
         conn.execute("ALTER TABLE turns ADD COLUMN files TEXT NOT NULL DEFAULT '[]'")
@@ -278,7 +282,8 @@ def m005_message_fts_automerge(conn: sqlite3.Connection) -> None:
     conn.execute(SET_FTS_AUTOMERGE, (FTS_AUTOMERGE,))
 
 
-# Knowledge bases (SPEC "Context", seed 000 §4). A chunk's id is `kb_id << 32 | n`
+# Knowledge bases: documents added once, whose passages the turns of every linked
+# conversation are given (kbinject). A chunk's id is `kb_id << 32 | n`
 # (history/kb.py), so each KB owns one rowid range: a search scoped to the KBs linked to a
 # conversation adds `rowid BETWEEN lo AND hi` to its MATCH, and FTS5 seeks inside its
 # doclists instead of joining every match back to its document.

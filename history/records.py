@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 TurnStatus = Literal["running", "complete", "cancelled", "error", "interrupted"]
 TURN_STATUSES: tuple[TurnStatus, ...] = (
@@ -36,42 +37,85 @@ def parse_timestamp(text: str) -> datetime:
     return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)
 
 
-def _json_value(raw: str | None, default: Any) -> Any:
-    # A hand-edited or half-migrated row must not make a whole conversation unreadable.
-    if not raw:
-        return default
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return default
-    return value if isinstance(value, type(default)) else default
+def json_column(kind: type[list[Any]] | type[dict[str, Any]]) -> Callable[[str | None], Any]:
+    """A converter from a JSON text column to a ``kind`` (a fresh empty one when it is not)."""
+
+    def convert(raw: str | None) -> Any:
+        # A hand-edited or half-migrated row must not make a whole conversation unreadable.
+        if not raw:
+            return kind()
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return kind()
+        return value if isinstance(value, kind) else kind()
+
+    return convert
+
+
+def column(name: str | None = None, convert: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """``field()`` metadata: read from column ``name`` (default: the field's), through ``convert``."""
+    return {"column": name, "convert": convert}
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    name: str
+    column: str
+    convert: Callable[[Any], Any] | None
+    optional: bool  # has a default, used when the SELECT leaves the column out
+
+
+# Worked out once per class: from_row runs for every turn of every listing.
+_PLANS: dict[type, tuple[_FieldPlan, ...]] = {}
+
+
+def _plan(record: type) -> tuple[_FieldPlan, ...]:
+    return tuple(
+        _FieldPlan(
+            name=f.name,
+            column=f.metadata.get("column") or f.name,
+            convert=f.metadata.get("convert"),
+            optional=f.default is not MISSING or f.default_factory is not MISSING,
+        )
+        for f in fields(record)
+    )
+
+
+class FromRow:
+    """Builds a dataclass record from an ``sqlite3.Row``, field by field.
+
+    Each field is read from the column of its own name unless its
+    ``field(metadata=column(...))`` names another or a converter; a field with a
+    default may be missing from the SELECT.
+    """
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row, **given: Any) -> Self:
+        """The record of ``row``; ``given`` supplies fields that are not columns."""
+        keys = row.keys()
+        values = dict(given)
+        plans = _PLANS.get(cls) or _PLANS.setdefault(cls, _plan(cls))
+        for plan in plans:
+            if plan.name in values or (plan.optional and plan.column not in keys):
+                continue
+            raw = row[plan.column]
+            values[plan.name] = plan.convert(raw) if plan.convert else raw
+        return cls(**values)
 
 
 @dataclass
-class Conversation:
+class Conversation(FromRow):
     """One conversation row, with the number of turns it holds."""
 
     id: int
     title: str
     model: str | None
-    settings: dict[str, Any]
+    settings: dict[str, Any] = field(metadata=column(convert=json_column(dict)))
     ctx_used: int
     created_at: str
     updated_at: str
-    turns: int
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Conversation:
-        return cls(
-            id=row["id"],
-            title=row["title"],
-            model=row["model"],
-            settings=_json_value(row["settings"], {}),
-            ctx_used=row["ctx_used"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            turns=row["turn_count"],
-        )
+    turns: int = field(metadata=column("turn_count"))
 
     def to_json(self) -> dict[str, Any]:
         """The item of a `conversations` listing."""
@@ -84,14 +128,14 @@ class Conversation:
 
 
 @dataclass
-class Turn:
+class Turn(FromRow):
     """One question and everything the model did to answer it."""
 
     conversation_id: int
     turn: int
     text: str
-    files: list[dict[str, Any]]
-    messages: list[dict[str, Any]]
+    files: list[dict[str, Any]] = field(metadata=column(convert=json_column(list)))
+    messages: list[dict[str, Any]] = field(metadata=column(convert=json_column(list)))
     reply: str
     status: TurnStatus
     error: str | None
@@ -102,26 +146,6 @@ class Turn:
     completion_tokens: int | None
     created_at: str
     updated_at: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Turn:
-        return cls(
-            conversation_id=row["conversation_id"],
-            turn=row["turn"],
-            text=row["text"],
-            files=_json_value(row["files"], []),
-            messages=_json_value(row["messages"], []),
-            reply=row["reply"],
-            status=row["status"],
-            error=row["error"],
-            error_code=row["error_code"],
-            finish_reason=row["finish_reason"],
-            model=row["model"],
-            prompt_tokens=row["prompt_tokens"],
-            completion_tokens=row["completion_tokens"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
 
     @property
     def usage(self) -> dict[str, int | None] | None:
@@ -155,7 +179,7 @@ class Turn:
 
 
 @dataclass
-class Attachment:
+class Attachment(FromRow):
     """A file attached in a conversation: its metadata, and its full text when loaded."""
 
     id: int
@@ -169,27 +193,8 @@ class Attachment:
     sha256: str
     pages: int | None
     created_at: str
-    has_text: bool
+    has_text: bool = field(metadata=column(convert=bool))
     full_text: str | None = None  # only from HistoryStore.attachment()
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Attachment:
-        keys = row.keys()
-        return cls(
-            id=row["id"],
-            conversation_id=row["conversation_id"],
-            turn=row["turn"],
-            name=row["name"],
-            path=row["path"],
-            kind=row["kind"],
-            content_type=row["content_type"],
-            size_bytes=row["size_bytes"],
-            sha256=row["sha256"],
-            pages=row["pages"],
-            created_at=row["created_at"],
-            has_text=bool(row["has_text"]),
-            full_text=row["full_text"] if "full_text" in keys else None,
-        )
 
     def to_json(self) -> dict[str, Any]:
         """An item of attachment_recall's ``list``."""
@@ -219,34 +224,27 @@ class NewAttachment:
     full_text: str | None = None
 
 
+def _flipped_bm25(score: float) -> float:
+    # bm25() is negative with lower meaning better; flipped so callers (and the model
+    # reading conversation_search results) see "bigger is better". (0.0 - x, not -x: an
+    # unranked hit's 0.0 must not read as -0.0.)
+    return 0.0 - float(score)
+
+
 @dataclass
-class SearchHit:
+class SearchHit(FromRow):
     """One message found by full-text search; rank is -bm25, higher is better."""
 
     conversation_id: int
     turn: int
     role: str
     excerpt: str
-    rank: float
+    rank: float = field(metadata=column(convert=_flipped_bm25))
     created_at: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> SearchHit:
-        return cls(
-            conversation_id=row["conversation_id"],
-            turn=row["turn"],
-            role=row["role"],
-            excerpt=row["excerpt"],
-            # bm25() is negative with lower meaning better; flipped so callers (and
-            # the model reading conversation_search results) see "bigger is better".
-            # (0.0 - x, not -x: an unranked hit's 0.0 must not read as -0.0.)
-            rank=0.0 - float(row["rank"]),
-            created_at=row["created_at"],
-        )
 
 
 @dataclass
-class Compaction:
+class Compaction(FromRow):
     """A stored summary standing for turns 1..through_turn of a conversation."""
 
     id: int
@@ -254,16 +252,6 @@ class Compaction:
     through_turn: int
     summary: str
     created_at: str
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Compaction:
-        return cls(
-            id=row["id"],
-            conversation_id=row["conversation_id"],
-            through_turn=row["through_turn"],
-            summary=row["summary"],
-            created_at=row["created_at"],
-        )
 
 
 def parse_arguments(raw: Any) -> Any:

@@ -1,6 +1,7 @@
 """HistoryStore: conversations, turns, attachments, compactions and the search index.
 
-Knowledge-base tables are reached through ``store.kb`` (history/kb.py).
+Knowledge-base tables are reached through ``store.kb`` (history/kb.py). The statements
+run here are named in sql.py, and connection.py opens the file.
 
 Synchronous on purpose: one connection, used from one thread (`AsyncHistory` in aio.py
 supplies that thread for the daemon). It migrates in its constructor, and every write
@@ -16,7 +17,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -25,7 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import search
+from . import search, sql
+from .connection import MEMORY, connect
 from .fts import (
     MAX_TURN,
     TURN_SHIFT,
@@ -52,147 +53,9 @@ from .records import (
 
 logger = logging.getLogger(__name__)
 
-MEMORY = ":memory:"
-
-# WAL lets readers (the CLI, a backup) work while the daemon writes; NORMAL sync is
-# durable across application crashes in WAL mode and much cheaper than FULL; the busy
-# timeout rides out another process's short write instead of failing at once. With NORMAL
-# the only fsyncs are a checkpoint's, and they were most of what storing a turn cost
-# (bench/bench_search.py): checkpointing every 4,000 pages (a WAL of up to 16 MB)
-# instead of SQLite's 1,000 pays them a quarter as often.
-CONNECTION_PRAGMAS = (
-    "PRAGMA journal_mode = WAL",
-    "PRAGMA synchronous = NORMAL",
-    "PRAGMA wal_autocheckpoint = 4000",
-    "PRAGMA busy_timeout = 5000",
-    "PRAGMA foreign_keys = ON",
-)
-
 DEFAULT_LIST_LIMIT = 50
 DEFAULT_CONVERSATION_HITS = 5
 DEFAULT_ALL_HITS = 20
-
-CONVERSATION_SELECT = """
-SELECT c.id, c.title, c.model, c.settings, c.ctx_used, c.created_at, c.updated_at,
-       (SELECT count(*) FROM turns AS t WHERE t.conversation_id = c.id) AS turn_count
-FROM conversations AS c
-"""
-SELECT_CONVERSATION = CONVERSATION_SELECT + "WHERE c.id = ? AND c.deleted_at IS NULL"
-# id breaks ties between equal timestamps; the updated_at index already ends in rowid.
-LIST_ORDER = "ORDER BY c.updated_at DESC, c.id DESC LIMIT ?"
-LIST_CONVERSATIONS = CONVERSATION_SELECT + "WHERE c.deleted_at IS NULL " + LIST_ORDER
-LIST_CONVERSATIONS_BEFORE = (
-    CONVERSATION_SELECT
-    + "WHERE c.deleted_at IS NULL AND c.updated_at < ? "
-    + LIST_ORDER
-)
-IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
-INSERT_CONVERSATION = """
-INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)
-"""
-TOUCH_CONVERSATION = "UPDATE conversations SET updated_at = ? WHERE id = ?"
-FINISH_CONVERSATION = """
-UPDATE conversations SET ctx_used = coalesce(?, ctx_used), updated_at = ? WHERE id = ?
-"""
-UPDATE_CONVERSATION = "UPDATE conversations SET title = ?, model = ?, settings = ? WHERE id = ?"
-SOFT_DELETE_CONVERSATION = """
-UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
-"""
-
-TURN_COLUMNS = """
-t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
-t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
-t.created_at, t.updated_at
-"""
-SELECT_TURNS = f"""
-SELECT {TURN_COLUMNS}
-FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
-WHERE t.conversation_id = ? AND c.deleted_at IS NULL
-ORDER BY t.turn
-"""
-SELECT_TURN = f"""
-SELECT {TURN_COLUMNS}
-FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
-WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
-"""
-# The row itself whatever became of its conversation: a turn still finishes (and is
-# returned to the daemon) when its conversation was deleted while it ran.
-SELECT_TURN_ROW = f"""
-SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
-"""
-NEXT_TURN = "SELECT coalesce(max(turn), 0) + 1 FROM turns WHERE conversation_id = ?"
-ATTACHMENT_COLUMNS = """
-a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
-a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text
-"""
-# Joined to the conversation so a deleted conversation's files are gone too.
-LIST_ATTACHMENTS = f"""
-SELECT {ATTACHMENT_COLUMNS}
-FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
-WHERE a.conversation_id = ? AND c.deleted_at IS NULL
-ORDER BY a.id
-"""
-HAS_ATTACHMENTS = """
-SELECT EXISTS (
-    SELECT 1 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
-    WHERE a.conversation_id = ? AND c.deleted_at IS NULL
-)
-"""
-SELECT_ATTACHMENT = f"""
-SELECT {ATTACHMENT_COLUMNS}, a.full_text
-FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
-WHERE a.conversation_id = ? AND a.id = ? AND c.deleted_at IS NULL
-"""
-INSERT_ATTACHMENT = """
-INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes,
-                         sha256, pages, full_text, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-"""
-
-# What a prompt replays: the turns after a compaction's last one that got a reply. A turn
-# without any (an error before the first word) is left out: a question without an answer
-# would break the alternation of roles many chat templates require.
-SELECT_ANSWERED_TURNS = """
-SELECT t.turn, t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
-WHERE t.conversation_id = ? AND t.turn > ? AND t.turn < ? AND t.reply != ''
-  AND c.deleted_at IS NULL
-ORDER BY t.turn
-"""
-
-INSERT_TURN = """
-INSERT INTO turns (conversation_id, turn, text, files, messages, status, model,
-                   created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)
-"""
-# Only a running turn takes checkpoints: a late one must not overwrite a final reply.
-SAVE_PARTIAL = """
-UPDATE turns SET reply = ? WHERE conversation_id = ? AND turn = ? AND status = 'running'
-"""
-FINISH_TURN = """
-UPDATE turns
-SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_code = ?,
-    prompt_tokens = ?, completion_tokens = ?, updated_at = ?
-WHERE conversation_id = ? AND turn = ?
-"""
-SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"
-INTERRUPT_TURN = """
-UPDATE turns SET status = 'interrupted', messages = ?, updated_at = ?
-WHERE conversation_id = ? AND turn = ?
-"""
-
-INSERT_COMPACTION = """
-INSERT INTO compactions (conversation_id, through_turn, summary, created_at)
-VALUES (?, ?, ?, ?)
-"""
-SELECT_COMPACTION_TURNS = "SELECT through_turn FROM compactions WHERE conversation_id = ?"
-SELECT_LATEST_COMPACTION = """
-SELECT k.id, k.conversation_id, k.through_turn, k.summary, k.created_at
-FROM compactions AS k JOIN conversations AS c ON c.id = k.conversation_id
-WHERE k.conversation_id = ? AND c.deleted_at IS NULL
-ORDER BY k.through_turn DESC, k.id DESC
-LIMIT 1
-"""
-SELECT_TURN_EXISTS = "SELECT 1 FROM turns WHERE conversation_id = ? AND turn = ?"
 
 
 class _Unset(enum.Enum):
@@ -204,13 +67,6 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET
 
 
-def _create_private(path: Path) -> None:
-    # Conversations are private: the file is made 0600 before SQLite opens it, and the
-    # -wal/-shm files SQLite creates copy the database file's permissions.
-    if not path.exists():
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -220,20 +76,11 @@ class HistoryStore:
 
     def __init__(self, path: Path | str) -> None:
         self.path = path if str(path) == MEMORY else Path(path)
-        if isinstance(self.path, Path):
-            directory = self.path.parent
-            if not directory.exists():
-                directory.mkdir(parents=True, mode=0o700)
-                directory.chmod(0o700)  # mkdir's mode is filtered by the umask
-            _create_private(self.path)
         self._last_time: datetime | None = None
         # How common each searched phrase is, learnt by searches (history/search.py).
         self._phrases = search.PhraseStats()
-        self._conn = sqlite3.connect(self.path)
+        self._conn = connect(self.path)
         try:
-            self._conn.row_factory = sqlite3.Row
-            for pragma in CONNECTION_PRAGMAS:
-                self._conn.execute(pragma)
             migrate(self._conn)
         except BaseException:
             self._conn.close()
@@ -274,15 +121,15 @@ class HistoryStore:
     # -- conversations -------------------------------------------------------------
 
     def _conversation(self, cid: int) -> Conversation | None:
-        row = self._conn.execute(SELECT_CONVERSATION, (cid,)).fetchone()
+        row = self._conn.execute(sql.SELECT_CONVERSATION, (cid,)).fetchone()
         return Conversation.from_row(row) if row else None
 
     def _is_live(self, cid: int) -> bool:
-        return self._conn.execute(IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
+        return self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
 
     def _insert_conversation(self, title: str, model: str | None) -> int:
         now = self._now()
-        cursor = self._conn.execute(INSERT_CONVERSATION, (title, model, now, now))
+        cursor = self._conn.execute(sql.INSERT_CONVERSATION, (title, model, now, now))
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
@@ -324,9 +171,9 @@ class HistoryStore:
     ) -> list[Conversation]:
         """Live conversations, most recently active first; `before` pages by updated_at."""
         if before is None:
-            rows = self._conn.execute(LIST_CONVERSATIONS, (limit,))
+            rows = self._conn.execute(sql.LIST_CONVERSATIONS, (limit,))
         else:
-            rows = self._conn.execute(LIST_CONVERSATIONS_BEFORE, (before, limit))
+            rows = self._conn.execute(sql.LIST_CONVERSATIONS_BEFORE, (before, limit))
         return [Conversation.from_row(row) for row in rows]
 
     def update_conversation(
@@ -347,7 +194,7 @@ class HistoryStore:
             if current is None:
                 return None
             self._conn.execute(
-                UPDATE_CONVERSATION,
+                sql.UPDATE_CONVERSATION,
                 (
                     current.title if title is None else title,
                     current.model if model is UNSET else model,
@@ -360,7 +207,7 @@ class HistoryStore:
     def delete_conversation(self, cid: int) -> bool:
         """Soft-delete it and drop its search rows; False if missing or already gone."""
         with self._transaction():
-            deleted = self._conn.execute(SOFT_DELETE_CONVERSATION, (self._now(), cid))
+            deleted = self._conn.execute(sql.SOFT_DELETE_CONVERSATION, (self._now(), cid))
             if deleted.rowcount == 0:
                 return False
             unindex_conversation(self._conn, cid)
@@ -370,7 +217,7 @@ class HistoryStore:
     # -- turns ---------------------------------------------------------------------
 
     def _turn_row(self, cid: int, turn: int) -> Turn | None:
-        row = self._conn.execute(SELECT_TURN_ROW, (cid, turn)).fetchone()
+        row = self._conn.execute(sql.SELECT_TURN_ROW, (cid, turn)).fetchone()
         return Turn.from_row(row) if row else None
 
     def start_turn(
@@ -397,19 +244,19 @@ class HistoryStore:
                 cid = self._insert_conversation(title, conversation_model)
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
-            number = self._conn.execute(NEXT_TURN, (cid,)).fetchone()[0]
+            number = self._conn.execute(sql.NEXT_TURN, (cid,)).fetchone()[0]
             now = self._now()
             self._conn.execute(
-                INSERT_TURN,
+                sql.INSERT_TURN,
                 (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
             )
             self._phrases.indexed(index_turn(self._conn, cid, number, messages))
-            self._conn.executemany(INSERT_ATTACHMENT, [
+            self._conn.executemany(sql.INSERT_ATTACHMENT, [
                 (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
                  a.pages, a.full_text, now)
                 for a in attachments
             ])
-            self._conn.execute(TOUCH_CONVERSATION, (now, cid))
+            self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
             conversation = self._conversation(cid)
             turn = self._turn_row(cid, number)
         assert conversation is not None and turn is not None
@@ -445,21 +292,21 @@ class HistoryStore:
 
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""
-        return [Attachment.from_row(r) for r in self._conn.execute(LIST_ATTACHMENTS, (cid,))]
+        return [Attachment.from_row(r) for r in self._conn.execute(sql.LIST_ATTACHMENTS, (cid,))]
 
     def has_attachments(self, cid: int) -> bool:
         """Whether the (live) conversation has any attachment: attachment_recall's offer."""
-        return bool(self._conn.execute(HAS_ATTACHMENTS, (cid,)).fetchone()[0])
+        return bool(self._conn.execute(sql.HAS_ATTACHMENTS, (cid,)).fetchone()[0])
 
     def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
         """One attachment with its full text; None unless it belongs to ``cid``."""
-        row = self._conn.execute(SELECT_ATTACHMENT, (cid, attachment_id)).fetchone()
+        row = self._conn.execute(sql.SELECT_ATTACHMENT, (cid, attachment_id)).fetchone()
         return Attachment.from_row(row) if row else None
 
     def save_partial(self, cid: int, turn: int, reply: str) -> None:
         """Checkpoint a streaming reply; a crash then keeps what was already shown."""
         with self._transaction():
-            self._conn.execute(SAVE_PARTIAL, (reply, cid, turn))
+            self._conn.execute(sql.SAVE_PARTIAL, (reply, cid, turn))
 
     def finish_turn(
         self,
@@ -487,7 +334,7 @@ class HistoryStore:
         with self._transaction():
             now = self._now()
             updated = self._conn.execute(
-                FINISH_TURN,
+                sql.FINISH_TURN,
                 (
                     _dumps(messages), reply, status, finish_reason, error, error_code,
                     prompt_tokens, completion_tokens, now, cid, turn,
@@ -497,14 +344,14 @@ class HistoryStore:
                 raise LookupError(f"turn {turn} of conversation {cid} not found")
             if self._is_live(cid):
                 self._phrases.indexed(index_turn(self._conn, cid, turn, messages))
-                self._conn.execute(FINISH_CONVERSATION, (ctx_used, now, cid))
+                self._conn.execute(sql.FINISH_CONVERSATION, (ctx_used, now, cid))
             result = self._turn_row(cid, turn)
         assert result is not None
         return result
 
     def turns(self, cid: int) -> list[Turn]:
         """Every turn of a live conversation, in order ([] if missing or deleted)."""
-        return [Turn.from_row(row) for row in self._conn.execute(SELECT_TURNS, (cid,))]
+        return [Turn.from_row(row) for row in self._conn.execute(sql.SELECT_TURNS, (cid,))]
 
     def answered_turns(
         self, cid: int, before: int, after: int = 0
@@ -513,12 +360,12 @@ class HistoryStore:
 
         ``after`` is the last turn a compaction summary stands for: those are not replayed.
         """
-        rows = self._conn.execute(SELECT_ANSWERED_TURNS, (cid, after, before))
+        rows = self._conn.execute(sql.SELECT_ANSWERED_TURNS, (cid, after, before))
         return [(turn, load_messages(raw)) for turn, raw in rows]
 
     def turn(self, cid: int, n: int) -> Turn | None:
         """Turn n (1-based) of a live conversation, or None."""
-        row = self._conn.execute(SELECT_TURN, (cid, n)).fetchone()
+        row = self._conn.execute(sql.SELECT_TURN, (cid, n)).fetchone()
         return Turn.from_row(row) if row else None
 
     def interrupt_running(self) -> int:
@@ -528,7 +375,7 @@ class HistoryStore:
         assistant message when the crash came before it was written as one.
         """
         with self._transaction():
-            running = self._conn.execute(SELECT_RUNNING).fetchall()
+            running = self._conn.execute(sql.SELECT_RUNNING).fetchall()
             now = self._now()
             for cid, turn, raw, reply in running:
                 messages = load_messages(raw)
@@ -537,7 +384,7 @@ class HistoryStore:
                     # this turn keeps the roles alternating and the words the user saw
                     messages.append({"role": "assistant", "content": reply})
                     index_turn(self._conn, cid, turn, messages)
-                self._conn.execute(INTERRUPT_TURN, (_dumps(messages), now, cid, turn))
+                self._conn.execute(sql.INTERRUPT_TURN, (_dumps(messages), now, cid, turn))
             count = len(running)
         if count:
             logger.info("history: %d turn(s) left running were marked interrupted", count)
@@ -554,10 +401,10 @@ class HistoryStore:
         with self._transaction():
             if not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
-            if self._conn.execute(SELECT_TURN_EXISTS, (cid, through_turn)).fetchone() is None:
+            if self._conn.execute(sql.SELECT_TURN_EXISTS, (cid, through_turn)).fetchone() is None:
                 raise LookupError(f"conversation {cid} has no turn {through_turn}")
-            earlier = [row[0] for row in self._conn.execute(SELECT_COMPACTION_TURNS, (cid,))]
-            self._conn.execute(INSERT_COMPACTION, (cid, through_turn, summary, self._now()))
+            earlier = [row[0] for row in self._conn.execute(sql.SELECT_COMPACTION_TURNS, (cid,))]
+            self._conn.execute(sql.INSERT_COMPACTION, (cid, through_turn, summary, self._now()))
             index_summary(self._conn, cid, through_turn, summary, earlier)
             compaction = self.latest_compaction(cid)
         self._phrases.indexed(1)
@@ -568,7 +415,7 @@ class HistoryStore:
 
     def latest_compaction(self, cid: int) -> Compaction | None:
         """The compaction reaching furthest into the conversation, None if none (or deleted)."""
-        row = self._conn.execute(SELECT_LATEST_COMPACTION, (cid,)).fetchone()
+        row = self._conn.execute(sql.SELECT_LATEST_COMPACTION, (cid,)).fetchone()
         return Compaction.from_row(row) if row else None
 
     # -- search --------------------------------------------------------------------

@@ -411,6 +411,22 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
     }
 
 
+def test_damaged_json_columns_read_as_empty(store: HistoryStore, db_path: Path) -> None:
+    a, _ = store.start_turn(None, "q", [user("q")], [{"name": "f"}], None)
+    b, _ = store.start_turn(None, "q", [user("q")], [], None)
+    with closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE conversations SET settings = '{broken'")
+        conn.execute("UPDATE turns SET files = '{}', messages = '\"text\"'")
+
+    first, second = store.turn(a.id, 1), store.turn(b.id, 1)
+    assert first is not None and second is not None
+    assert (first.files, first.messages) == ([], [])
+    conversation = store.get_conversation(a.id)
+    assert conversation is not None and conversation.settings == {}
+    first.files.append({"name": "x"})  # each row gets its own empty list
+    assert second.files == []
+
+
 def test_interrupt_running(store: HistoryStore) -> None:
     done = ask(store, None, "done", "fine")
     a, _ = store.start_turn(None, "crashed question", [user("crashed question")], [], None)

@@ -1,0 +1,128 @@
+"""The HistoryStore's SQL: conversations, turns, attachments and compactions.
+
+Named statements apart from the methods that run them, so store.py reads as its
+transactions. The knowledge-base statements live in kb.py and the search ones in
+search.py, each beside the only code that uses them.
+"""
+
+CONVERSATION_SELECT = """
+SELECT c.id, c.title, c.model, c.settings, c.ctx_used, c.created_at, c.updated_at,
+       (SELECT count(*) FROM turns AS t WHERE t.conversation_id = c.id) AS turn_count
+FROM conversations AS c
+"""
+SELECT_CONVERSATION = CONVERSATION_SELECT + "WHERE c.id = ? AND c.deleted_at IS NULL"
+# id breaks ties between equal timestamps; the updated_at index already ends in rowid.
+LIST_ORDER = "ORDER BY c.updated_at DESC, c.id DESC LIMIT ?"
+LIST_CONVERSATIONS = CONVERSATION_SELECT + "WHERE c.deleted_at IS NULL " + LIST_ORDER
+LIST_CONVERSATIONS_BEFORE = (
+    CONVERSATION_SELECT
+    + "WHERE c.deleted_at IS NULL AND c.updated_at < ? "
+    + LIST_ORDER
+)
+IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
+INSERT_CONVERSATION = """
+INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)
+"""
+TOUCH_CONVERSATION = "UPDATE conversations SET updated_at = ? WHERE id = ?"
+FINISH_CONVERSATION = """
+UPDATE conversations SET ctx_used = coalesce(?, ctx_used), updated_at = ? WHERE id = ?
+"""
+UPDATE_CONVERSATION = "UPDATE conversations SET title = ?, model = ?, settings = ? WHERE id = ?"
+SOFT_DELETE_CONVERSATION = """
+UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
+"""
+
+TURN_COLUMNS = """
+t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
+t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
+t.created_at, t.updated_at
+"""
+SELECT_TURNS = f"""
+SELECT {TURN_COLUMNS}
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY t.turn
+"""
+SELECT_TURN = f"""
+SELECT {TURN_COLUMNS}
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
+"""
+# The row itself whatever became of its conversation: a turn still finishes (and is
+# returned to the daemon) when its conversation was deleted while it ran.
+SELECT_TURN_ROW = f"""
+SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
+"""
+NEXT_TURN = "SELECT coalesce(max(turn), 0) + 1 FROM turns WHERE conversation_id = ?"
+ATTACHMENT_COLUMNS = """
+a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
+a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text
+"""
+# Joined to the conversation so a deleted conversation's files are gone too.
+LIST_ATTACHMENTS = f"""
+SELECT {ATTACHMENT_COLUMNS}
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY a.id
+"""
+HAS_ATTACHMENTS = """
+SELECT EXISTS (
+    SELECT 1 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+    WHERE a.conversation_id = ? AND c.deleted_at IS NULL
+)
+"""
+SELECT_ATTACHMENT = f"""
+SELECT {ATTACHMENT_COLUMNS}, a.full_text
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND a.id = ? AND c.deleted_at IS NULL
+"""
+INSERT_ATTACHMENT = """
+INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes,
+                         sha256, pages, full_text, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+# What a prompt replays: the turns after a compaction's last one that got a reply. A turn
+# without any (an error before the first word) is left out: a question without an answer
+# would break the alternation of roles many chat templates require.
+SELECT_ANSWERED_TURNS = """
+SELECT t.turn, t.messages FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn > ? AND t.turn < ? AND t.reply != ''
+  AND c.deleted_at IS NULL
+ORDER BY t.turn
+"""
+
+INSERT_TURN = """
+INSERT INTO turns (conversation_id, turn, text, files, messages, status, model,
+                   created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)
+"""
+# Only a running turn takes checkpoints: a late one must not overwrite a final reply.
+SAVE_PARTIAL = """
+UPDATE turns SET reply = ? WHERE conversation_id = ? AND turn = ? AND status = 'running'
+"""
+FINISH_TURN = """
+UPDATE turns
+SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_code = ?,
+    prompt_tokens = ?, completion_tokens = ?, updated_at = ?
+WHERE conversation_id = ? AND turn = ?
+"""
+SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"
+INTERRUPT_TURN = """
+UPDATE turns SET status = 'interrupted', messages = ?, updated_at = ?
+WHERE conversation_id = ? AND turn = ?
+"""
+
+INSERT_COMPACTION = """
+INSERT INTO compactions (conversation_id, through_turn, summary, created_at)
+VALUES (?, ?, ?, ?)
+"""
+SELECT_COMPACTION_TURNS = "SELECT through_turn FROM compactions WHERE conversation_id = ?"
+SELECT_LATEST_COMPACTION = """
+SELECT k.id, k.conversation_id, k.through_turn, k.summary, k.created_at
+FROM compactions AS k JOIN conversations AS c ON c.id = k.conversation_id
+WHERE k.conversation_id = ? AND c.deleted_at IS NULL
+ORDER BY k.through_turn DESC, k.id DESC
+LIMIT 1
+"""
+SELECT_TURN_EXISTS = "SELECT 1 FROM turns WHERE conversation_id = ? AND turn = ?"
