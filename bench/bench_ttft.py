@@ -67,15 +67,20 @@ class Samples:
     name: str
     direct: list[float] = field(default_factory=list)
     daemon: list[float] = field(default_factory=list)
+    # from the send to the moment the fake had read the request's body: the daemon's own part
+    direct_to_router: list[float] = field(default_factory=list)
+    daemon_to_router: list[float] = field(default_factory=list)
 
     @property
     def overhead(self) -> float:
         return median(self.daemon) - median(self.direct)
 
 
-async def direct_ttft(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> float:
-    """Seconds from the POST to the first content chunk; the body is read to its end."""
+async def direct_ttft(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """Seconds from the POST to the first content chunk (the body is read to its end), and
+    the wall-clock time of the POST."""
     first: float | None = None
+    wall = time.time()
     started = time.perf_counter()
     # as the daemon does: a fresh connection per stream (llama-server and the fake close it after)
     async with http.stream("POST", f"{url}/chat/completions", json=body, headers={"Connection": "close"}) as response:
@@ -87,17 +92,16 @@ async def direct_ttft(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -
                     first = time.perf_counter() - started
     if first is None:
         raise RuntimeError("the router's reply had no content chunk")
-    return first
+    return first, wall
 
 
-async def last_request(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
-    """The body of the daemon's last chat request, as the fake received it."""
+async def last_request(http: httpx.AsyncClient, url: str) -> tuple[dict[str, Any], float]:
+    """The body of the last chat request, as the fake received it, and when it had it."""
     response = await http.get(f"{url}/debug/last-chat")
     response.raise_for_status()
     body: dict[str, Any] = response.json()
     body.pop("path", None)
-    body.pop("_arrived", None)
-    return body
+    return body, float(body.pop("_arrived"))
 
 
 def next_body(last: dict[str, Any], reply: str, question: str) -> dict[str, Any]:
@@ -106,12 +110,14 @@ def next_body(last: dict[str, Any], reply: str, question: str) -> dict[str, Any]
     return {**last, "messages": messages}
 
 
-async def daemon_ttft(client: Wire, question: str, conversation: int | None) -> tuple[float, str]:
-    """Seconds from the ask line to the first ``delta``; then reads through ``done``. Also the reply."""
+async def daemon_ttft(client: Wire, question: str, conversation: int | None) -> tuple[float, str, float]:
+    """Seconds from the ask line to the first ``delta`` (then it reads through ``done``), the
+    reply, and the wall-clock time of the ask."""
     request: dict[str, Any] = {"type": "ask", "text": question}
     if conversation is not None:
         request["conversation"] = conversation
     first: float | None = None
+    wall = time.time()
     started = time.perf_counter()
     rid = await client.send(request)
     while True:
@@ -127,7 +133,7 @@ async def daemon_ttft(client: Wire, question: str, conversation: int | None) -> 
             raise RuntimeError(f"the daemon answered with an error: {event}")
     if first is None:
         raise RuntimeError("the daemon's reply had no delta")
-    return first, event["text"]
+    return first, event["text"], wall
 
 
 @dataclass
@@ -149,14 +155,15 @@ async def measure(
     for i in range(runs):
         cid = convs.ids[i % len(convs.ids)]
         body = convs.bodies.get(cid)
-        if body is None or i % 2:  # alternate which path goes first, so neither always meets a warmer cache
-            through, reply = await daemon_ttft(client, DEFAULT_QUESTION, cid)
-            actual = await last_request(http, url)
-            direct = await direct_ttft(http, url, actual) if body is not None else None
-        else:
+        direct: tuple[float, float] | None = None
+        if body is not None and i % 2 == 0:  # alternate which path goes first: neither always meets a warmer cache
             direct = await direct_ttft(http, url, body)
-            through, reply = await daemon_ttft(client, DEFAULT_QUESTION, cid)
-            actual = await last_request(http, url)
+            direct_arrived = (await last_request(http, url))[1]
+        through, reply, asked = await daemon_ttft(client, DEFAULT_QUESTION, cid)
+        actual, daemon_arrived = await last_request(http, url)
+        if body is not None and direct is None:
+            direct = await direct_ttft(http, url, actual)
+            direct_arrived = (await last_request(http, url))[1]
         if body is not None and actual != body:
             convs.mismatches += 1
             if VERBOSE:
@@ -165,8 +172,10 @@ async def measure(
                       {k for k in actual if actual[k] != body.get(k)}, file=sys.stderr)
         convs.bodies[cid] = actual if convs.new() else next_body(actual, reply, DEFAULT_QUESTION)
         if samples is not None and direct is not None:
-            samples.direct.append(direct)
+            samples.direct.append(direct[0])
             samples.daemon.append(through)
+            samples.direct_to_router.append(direct_arrived - direct[1])
+            samples.daemon_to_router.append(daemon_arrived - asked)
 
 
 async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: list[int]) -> list[tuple[Samples, Conversations]]:
@@ -199,6 +208,10 @@ def report(args: argparse.Namespace, cases: list[tuple[Samples, Conversations]])
             f"{ms(p90(s.daemon)):>12} {ms(s.overhead):>13} {ms(over_p90):>13}"
         )
         ok = ok and s.overhead < target and convs.mismatches == 0
+    print("to the router (until the fake had read the request's body; the rest is the reply's way back):")
+    for s, _convs in cases:
+        print(f"  {s.name:32} direct {ms(median(s.direct_to_router))}, daemon {ms(median(s.daemon_to_router))} "
+              f"(the daemon's own part: {ms(median(s.daemon_to_router) - median(s.direct_to_router))})")
     for (s, convs), target in zip(cases, (TARGET_OVERHEAD, target_b)):
         print(f"target: {s.name} overhead median < {ms(target)}: {ms(s.overhead)} {verdict(s.overhead < target)}")
         print(f"target: {s.name} prompts that extend the last one: {args.runs - convs.mismatches}/{args.runs} "
