@@ -19,8 +19,10 @@ from core.tools import (
     ToolContext,
     ToolError,
     ToolResult,
-    integer_argument,
+    fit_results,
     json_content,
+    max_results_argument,
+    max_results_parameter,
     one_line,
     string_argument,
 )
@@ -61,10 +63,7 @@ class ConversationSearch(Tool):
         "type": "object",
         "properties": {
             "query": {"type": "string", "description": "Search keywords"},
-            "max_results": {
-                "type": "integer",
-                "description": f"Maximum results (1-{MAX_RESULTS}, default {DEFAULT_RESULTS})",
-            },
+            "max_results": max_results_parameter(DEFAULT_RESULTS, MAX_RESULTS),
             "role_filter": {
                 "type": "string",
                 "enum": list(ROLE_FILTERS),
@@ -86,8 +85,7 @@ class ConversationSearch(Tool):
             raise ToolError("query must be some keywords to search for")
         if len(query.split()) > MAX_QUERY_WORDS:
             raise ToolError(f"search with a few keywords (at most {MAX_QUERY_WORDS}): every word must match")
-        wanted = integer_argument(arguments, "max_results")
-        limit = DEFAULT_RESULTS if wanted is None else max(1, min(MAX_RESULTS, wanted))
+        limit = max_results_argument(arguments, DEFAULT_RESULTS, MAX_RESULTS)
         role = string_argument(arguments, "role_filter") or "all"
         if role not in ROLE_FILTERS:
             raise ToolError(f"role_filter must be one of {', '.join(ROLE_FILTERS)}")
@@ -102,10 +100,7 @@ class ConversationSearch(Tool):
             "total": len(results),
             "conversation": cid,
         }
-        # the weakest results give way when they do not all fit the context
-        while len(json_content(body)) > ctx.max_chars and body["results"]:
-            body["results"] = body["results"][:-1]
-            body["total"] = len(body["results"])
+        body = fit_results(body, ctx.max_chars)
         found = body["total"]
         return ToolResult(
             content=json_content(body),

@@ -15,7 +15,16 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
-from core.tools import Tool, Toolbox, ToolContext, ToolError, ToolResult
+from core.tools import (
+    Tool,
+    Toolbox,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    fit_results,
+    json_content,
+    max_results_argument,
+)
 from history import AsyncHistory, Attachment, NewAttachment
 from recall import (
     AttachmentRecall,
@@ -206,6 +215,23 @@ async def test_cancellation_is_not_swallowed(history: AsyncHistory) -> None:
     cancelled = Echo(failure=asyncio.CancelledError())
     with pytest.raises(asyncio.CancelledError):
         await Toolbox([cancelled]).call([cancelled], "echo", "{}", context(history, 1))
+
+
+def test_max_results_is_clamped_not_refused() -> None:
+    assert max_results_argument({}, 5, 20) == 5
+    assert [max_results_argument({"max_results": n}, 5, 20) for n in (0, -3, 7, "7", 7.0, 50)] == [1, 1, 7, 7, 7, 20]
+    with pytest.raises(ToolError, match="max_results must be an integer"):
+        max_results_argument({"max_results": "many"}, 5, 20)
+
+
+def test_the_weakest_results_give_way_to_fit() -> None:
+    body = {"results": [{"n": n, "text": "x" * 50} for n in range(5)], "query": "q", "total": 5}
+    fitted = fit_results(body, 200)
+    assert [r["n"] for r in fitted["results"]] == [0, 1] and fitted["total"] == 2
+    assert len(json_content(fitted)) <= 200 and list(fitted) == list(body)
+    assert body["total"] == 5 and len(body["results"]) == 5  # the caller's body is left as it was
+    assert fit_results(body, 10) == {**body, "results": [], "total": 0}  # the frame alone may not fit
+    assert fit_results(body, 10_000) == body
 
 
 # -- attachment_recall: list and scoping -------------------------------------------------
