@@ -25,7 +25,7 @@ from .extract import (
     prepare_files,
 )
 from .images import MAX_IMAGE_BYTES
-from .pdf import MAX_PAGE_IMAGES
+from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .refs import image_ref, resolve_image_refs, user_content
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "MAX_FILES",
     "MAX_IMAGE_BYTES",
     "MAX_PAGE_IMAGES",
+    "PAGE_BREAK",
+    "PAGE_MARKER",
     "Chip",
     "ImageAttachment",
     "Kind",

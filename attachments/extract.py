@@ -113,9 +113,8 @@ class Prepared:
     ``text_block`` is the ``--- file: NAME ---`` block the model gets (text and
     PDF; None for an image).  ``full_text`` is the whole extracted text for the
     recall tools, at most ``FULL_TEXT_CAP`` characters (a note ends it when
-    cut); for a PDF its pages are joined by form feeds, so
-    ``full_text.split("\\f")[n - 1]`` is page n.  ``sha256`` is None only for a
-    text file too large to have been read whole.
+    cut); for a PDF ``full_text.split(pdf.PAGE_BREAK)[n - 1]`` is page n.
+    ``sha256`` is None only for a text file too large to have been read whole.
     """
 
     path: str

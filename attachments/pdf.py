@@ -54,6 +54,8 @@ __all__ = [
     "MAX_PAGE_IMAGES",
     "MAX_PAGE_SIDE",
     "MAX_TEXT_PAGES",
+    "PAGE_BREAK",
+    "PAGE_MARKER",
     "RENDER_CONCURRENCY",
     "RENDER_DPI",
     "PdfText",
@@ -65,6 +67,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 POPPLER_TOOLS = ("pdftotext", "pdftoppm", "pdfinfo")
+# between two pages: pdftotext ends every page with a form feed, and the full text
+# stored for recall keeps one between pages, so split(PAGE_BREAK)[n - 1] is page n
+PAGE_BREAK = "\f"
+# the line before each page's text in a PDF's block (and in a whole PDF read again)
+PAGE_MARKER = "[page {n}]"
 # text is extracted from at most this many pages; the block says when more exist
 MAX_TEXT_PAGES = 2000
 # page images sent per PDF (seed 003)
@@ -221,7 +228,7 @@ def _split_pages(output: bytes, cut: bool) -> tuple[list[str], bool]:
     text = output.decode("utf-8", "replace")
     if len(text) > FULL_TEXT_CAP:
         text, cut = text[:FULL_TEXT_CAP], True
-    pages = text.split("\f")
+    pages = text.split(PAGE_BREAK)
     # every page ends with a form feed, so a complete output ends with an empty piece
     if pages and pages[-1] == "" and not cut:
         pages.pop()
@@ -352,11 +359,11 @@ def pages_to_show(text: PdfText) -> tuple[list[int], list[int]]:
 
 
 def pdf_body(text: PdfText, shown: list[int]) -> str:
-    """The page-marked text of a PDF's block: ``[page N]`` before each page's text."""
+    """The page-marked text of a PDF's block: ``PAGE_MARKER`` before each page's text."""
     parts: list[str] = []
     for number, page in enumerate(text.page_texts, start=1):
         if page.strip():
-            parts.append(f"[page {number}]\n{page.rstrip()}\n")
+            parts.append(f"{PAGE_MARKER.format(n=number)}\n{page.rstrip()}\n")
         elif number in shown:
             parts.append(f"[page {number}: no text layer, sent as an image]\n")
         elif text.renderable:
@@ -377,12 +384,12 @@ def pdf_body(text: PdfText, shown: list[int]) -> str:
 
 
 def pdf_full_text(text: PdfText) -> str:
-    """The text kept for recall: the pages joined by form feeds, as pdftotext separates them.
+    """The text kept for recall: the pages joined by ``PAGE_BREAK``, as pdftotext separates them.
 
-    ``full_text.split("\\f")[n - 1]`` is page n.  A note closes it when pages or
+    ``full_text.split(PAGE_BREAK)[n - 1]`` is page n.  A note closes it when pages or
     text were left out.
     """
-    full = "\f".join(text.page_texts)
+    full = PAGE_BREAK.join(text.page_texts)
     if text.cut:
         full += f"\n[… the text stops here: only the first {FULL_TEXT_CAP} characters are kept]"
     elif len(text.page_texts) < text.total_pages:

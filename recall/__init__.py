@@ -12,21 +12,13 @@ It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 
 from core.tools import Toolbox
 
-from .attachment_recall import (
-    MAX_IMAGE_BASE64,
-    PAGE_BREAK,
-    PAGE_MARKER,
-    AttachmentRecall,
-    document_pages,
-)
+from .attachment_recall import MAX_IMAGE_BASE64, AttachmentRecall, document_pages
 from .compaction import plan_compaction, summarize, summary_message, transcript
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
 
 __all__ = [
     "MAX_IMAGE_BASE64",
-    "PAGE_BREAK",
-    "PAGE_MARKER",
     "AttachmentRecall",
     "ConversationSearch",
     "attachment_manifest",

@@ -9,11 +9,12 @@ Scoped by construction: the store is only ever asked with ``ctx.conversation``, 
 ``HistoryStore.attachment`` matches the id together with it, so an id from another
 conversation reads as not found. No argument names a path.
 
-A PDF's stored text is its pages joined by ``PAGE_BREAK`` (a form feed, as
-attachments/pdf.py ``pdf_full_text`` joins them: ``split("\\f")[n - 1]`` is page n). Text
-without a form feed but with lines ``[page N]`` is split at those lines instead. A read
-without ``page`` shows the pages with a ``[page N]`` line before each, so offsets run
-over that text; a page without text (scanned) says so instead of being empty.
+A PDF's stored text is its pages joined by ``attachments.PAGE_BREAK`` (a form feed, as
+attachments/pdf.py ``pdf_full_text`` joins them: ``split(PAGE_BREAK)[n - 1]`` is page n).
+Text without a form feed but with ``PAGE_MARKER`` lines (``[page N]``, as a PDF's block
+has them) is split at those lines instead. A read without ``page`` shows the pages with
+a ``PAGE_MARKER`` line before each, so offsets run over that text; a page without text
+(scanned) says so instead of being empty.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import re
 from typing import Any
 
+from attachments import PAGE_BREAK, PAGE_MARKER
 from core.errors import FileRefused
 from core.files import open_regular
 from core.tools import (
@@ -40,15 +42,11 @@ from history import Attachment
 
 __all__ = [
     "MAX_IMAGE_BASE64",
-    "PAGE_BREAK",
-    "PAGE_MARKER",
     "AttachmentRecall",
     "document_pages",
 ]
 
-PAGE_BREAK = "\f"  # between the pages of a stored PDF text
-PAGE_MARKER = "[page {n}]"  # the line before each page of a PDF read whole
-PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)  # the fallback split
+PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)  # a PAGE_MARKER line: the fallback split
 SCANNED_PAGE = (
     "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
     "text; ask the user what it shows, or to attach it as an image]"
