@@ -172,8 +172,21 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
         raise TooManyFiles(f"{len(paths)} files attached; a question takes at most {MAX_FILES}, send fewer")
     staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
-        raise NoVision(f"{model} cannot see images")
+        raise _no_vision(model)
     return staged
+
+
+def _no_vision(model: str) -> NoVision:
+    """The refusal of images (files or PDF pages) for a model that cannot see them."""
+    return NoVision(f"{model} cannot see images")
+
+
+def _pages_to_show(text: pdf.PdfText, *, model: str, vision: bool) -> tuple[list[int], list[int]]:
+    """A PDF's pages to send as images and those only listed; NoVision when a blind model needs some."""
+    shown, hidden = pdf.pages_to_show(text)
+    if shown and not vision:
+        raise _no_vision(model)
+    return shown, hidden
 
 
 def read_text_file(path: str) -> tuple[str, bool, str | None]:
@@ -228,9 +241,7 @@ async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asynci
     hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
     try:
         text = await pdf.read_text(item.path, item.name)
-        shown, hidden = pdf.pages_to_show(text)
-        if shown and not vision:
-            raise NoVision(f"{model} cannot see images")
+        shown, hidden = _pages_to_show(text, model=model, vision=vision)
         rendered = await gather_all(
             pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in shown
         )
@@ -327,9 +338,7 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
     if item.kind == "image":
         return 0, 1
     text = await pdf.read_text(item.path, item.name)
-    shown, _ = pdf.pages_to_show(text)
-    if shown and not vision:
-        raise NoVision(f"{model} cannot see images")
+    shown, _ = _pages_to_show(text, model=model, vision=vision)
     return len(pdf.pdf_body(text, shown)), len(shown)
 
 
