@@ -1,7 +1,7 @@
 """What kind of attachment a file is: text, image or PDF, or refused.
 
-Chat takes three kinds (seed 003, "Extraction"); anything else is refused with
-the seed's words, "<name>: chat supports text, images and PDF".  The decision
+Chat takes three kinds (docs/DESIGN.md, "Attachments"); anything else is refused
+with "<name>: chat supports text, images and PDF".  The decision
 looks at the file's name and its first ``HEAD_BYTES`` bytes, in this order:
 
 1. A ``.pdf`` suffix is a PDF; so is any file whose first KiB holds ``%PDF-``
@@ -114,7 +114,7 @@ class Classified:
 
 
 def unsupported(name: str) -> UnsupportedKind:
-    """The refusal of a kind chat does not take, in the seed's words."""
+    """The refusal of a kind chat does not take, naming the kinds it does."""
     return UnsupportedKind(f"{name}: chat supports text, images and PDF")
 
 

@@ -1,7 +1,7 @@
 """Preparing a question's files for the model: check, classify, extract, budget.
 
 ``prepare_files`` runs in three steps, and any refusal in any step refuses the
-whole question before anything is sent (seed 003):
+whole question before anything is sent (docs/DESIGN.md, "Attachments"):
 
 1. Stage: each path is checked (``files.check_path``), its first 8 KiB read
    and classified, and an image's size checked against the 20 MB limit.  More
@@ -60,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# seed 003: at most 8 files per question
+# at most 8 files per question (docs/DESIGN.md, "Attachments")
 MAX_FILES = 8
 # bytes read per step from a text file: keeps memory flat however big the file
 TEXT_READ_CHUNK = 1024 * 1024
@@ -353,7 +353,8 @@ async def estimate_files(
 ) -> list[dict[str, Any]]:
     """``[{name, kind, tokens}]`` for the ``estimate`` request: what sending these files would cost.
 
-    Text is counted at 4 characters a token (seed 000), cut to the same shares
+    Text is counted at the estimate rate, ``CHARS_PER_TOKEN`` (4) characters a token
+    (not the budget's cautious 3: this is a forecast, not a limit), cut to the same shares
     of the budget ``prepare_files`` would give; each image or PDF page image
     costs ``image_tokens``.  Raises the same refusals as ``prepare_files`` for
     paths, kinds, sizes and vision; damaged images are only found by

@@ -1,9 +1,9 @@
 """PDFs: the text layer through ``pdftotext``, pages without text rendered as images.
 
-Seed 003, "Extraction": ``pdftotext -layout`` per page in one block; a page
-with no text (whitespace only) is rendered at 150 dpi, lowered so its longest
-side stays within 1600 px (never raised), and sent as an image; at most four
-such pages, further ones listed as not shown.
+The rules (docs/DESIGN.md, "Attachments"): ``pdftotext -layout`` per page in one
+block; a page with no text (whitespace only) is rendered at 150 dpi, lowered so
+its longest side stays within 1600 px (never raised), and sent as an image; at
+most four such pages, further ones listed as not shown.
 
 How, and why:
 
@@ -74,9 +74,10 @@ PAGE_BREAK = "\f"
 PAGE_MARKER = "[page {n}]"
 # text is extracted from at most this many pages; the block says when more exist
 MAX_TEXT_PAGES = 2000
-# page images sent per PDF (seed 003)
+# page images sent per PDF: about 3,000 tokens at the flat image cost
 MAX_PAGE_IMAGES = 4
-# seed 003: render at 150 dpi, lowered to keep the longest side within 1600 px
+# render at 150 dpi, lowered to keep the longest side within 1600 px (vision encoders
+# resize to about 1000 px anyway; images.py)
 RENDER_DPI = 150
 MAX_PAGE_SIDE = 1600
 POINTS_PER_INCH = 72

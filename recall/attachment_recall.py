@@ -1,6 +1,6 @@
 """attachment_recall: the model re-reads a file attached earlier in its conversation.
 
-Seed 000 §1. ``list`` shows the conversation's files; ``read`` returns one of them:
+``list`` shows the conversation's files; ``read`` returns one of them:
 documents from the full text stored when they were attached (never cut to the turn's
 budget), paged so that a read fits what is left of the context; images re-read from
 where they were attached, checked against the hash taken then.
@@ -51,7 +51,9 @@ SCANNED_PAGE = (
     "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
     "text; ask the user what it shows, or to attach it as an image]"
 )
-MAX_IMAGE_BASE64 = 10 * 1024 * 1024  # seed 000 §1: larger images would blow up the context
+# An image re-read is refused over this much base64 (a 7.5 MB file): its data URL goes
+# whole into every later request of the turn's tool rounds.
+MAX_IMAGE_BASE64 = 10 * 1024 * 1024
 # Characters kept free in a text read for the JSON around the text.
 ENVELOPE_CHARS = 400
 MIN_READ_CHARS = 200  # a read smaller than this is not worth making

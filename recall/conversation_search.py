@@ -1,8 +1,9 @@
 """conversation_search: keyword search over the earlier turns of the model's conversation.
 
-Seed 000 §2, on the FTS5 index of history (history/search.py): the user's text with the
-files inlined in it, the assistant's replies, tool results and the compaction summary;
-bm25-ranked, with ``snippet()`` excerpts where ``[brackets]`` mark the words found.
+On the FTS5 index of history (history/search.py): the user's text with the files
+inlined in it, the assistant's replies, tool results and the compaction summary;
+bm25-ranked, with ``snippet()`` excerpts where ``[brackets]`` mark the words found. It is
+offered from the first turn (docs/DESIGN.md, "Prompt layout": a stable tool list).
 
 Scoped by construction: the search is bounded to ``ctx.conversation``'s rowid range, and
 to the turns before the one being answered, whose question would otherwise find itself.
