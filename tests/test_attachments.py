@@ -3,6 +3,11 @@
 Everything runs on files built in ``tmp_path`` (``selfcheck/samples.py``) and the
 machine's real poppler; nothing is mocked but ``PATH`` (to hide or replace
 poppler) and, in one test, ``os.open`` spied on to prove a FIFO is never opened.
+
+One file, past the usual length, because the package is one pipeline (classify,
+extract, budget, refuse, refer) tested through one entry point, ``prepare_files``,
+with shared helpers (``prepare``, ``needs_poppler``, ``decode``); its sections follow
+the pipeline.
 """
 
 from __future__ import annotations
