@@ -41,6 +41,7 @@ __all__ = [
     "Classified",
     "classify",
     "looks_like_text",
+    "suffix_of",
     "unsupported",
 ]
 
@@ -118,8 +119,8 @@ def unsupported(name: str) -> UnsupportedKind:
     return UnsupportedKind(f"{name}: chat supports text, images and PDF")
 
 
-def _suffix(name: str) -> str:
-    """The last suffix of ``name``, lower-cased, without the dot ('' when none)."""
+def suffix_of(name: str) -> str:
+    """The last suffix of ``name``, lower-cased, without the dot ('' when none; a dotfile has none)."""
     stem, ext = os.path.splitext(name)
     return ext[1:].lower() if stem else ""
 
@@ -164,7 +165,7 @@ def _text_mime(name: str) -> str:
 
 def classify(name: str, head: bytes) -> Classified:
     """Classify a file by its ``name`` (base name) and its first bytes; raise UnsupportedKind."""
-    suffix = _suffix(name)
+    suffix = suffix_of(name)
     if suffix == "pdf" or PDF_MAGIC in head[:PDF_MAGIC_WINDOW] and suffix not in TEXT_SUFFIXES:
         return Classified("pdf", "application/pdf")
     if suffix in TEXT_SUFFIXES or name in TEXT_NAMES or name.lower() in TEXT_NAMES:
