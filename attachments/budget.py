@@ -2,10 +2,11 @@
 
 Text blocks share half the free context, ``(ctx_max - ctx_used) / 2`` tokens at
 3 characters a token, or 24000 characters when ``ctx_max`` is unknown (0); the
-other half stays for the conversation and the reply (docs/DESIGN.md, "Attachments").  Three characters a token is deliberately pessimistic (English runs near
-four), so the budget errs towards leaving room for the reply.  The budget
-counts the extracted text itself; block headers, page markers' notes and image
-labels are small and not counted.
+other half stays for the question's own words and the reply (docs/DESIGN.md,
+"Attachments").  Three characters a token is deliberately pessimistic (English
+runs near four), so the budget errs towards leaving room for the reply.  The
+budget counts the extracted text itself; block headers, page markers' notes and
+image labels are small and not counted.
 
 Several files share the budget by water-filling: every file is offered an equal
 share of what is left; files that need less take only what they need, and what

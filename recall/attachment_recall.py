@@ -46,7 +46,8 @@ __all__ = [
     "document_pages",
 ]
 
-PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)  # a PAGE_MARKER line: the fallback split
+# a PAGE_MARKER line alone: where text without form feeds is split into pages
+PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)
 SCANNED_PAGE = (
     "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
     "text; ask the user what it shows, or to attach it as an image]"
