@@ -1,6 +1,6 @@
 """Files attached to a question: classify, extract, budget, image references.
 
-Seed 003 is the design.  The daemon calls, per turn:
+The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, per turn:
 
 - ``prepare_files(paths, model=, vision=, ctx_max=, ctx_used=)`` → ``Prepared``
   per file (chip, text block, images, full text for recall), or raises
@@ -11,7 +11,7 @@ Seed 003 is the design.  The daemon calls, per turn:
 - ``resolve_image_refs(messages)`` on stored history before sending it again;
 - ``estimate_files(paths, ...)`` for the ``estimate`` request.
 
-This package imports nothing of the daemon but its errors.
+It stands on ``core`` alone (errors, safe file opening, token rates).
 """
 
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares, text_weight
@@ -25,7 +25,7 @@ from .extract import (
     prepare_files,
 )
 from .images import MAX_IMAGE_BYTES
-from .pdf import MAX_PAGE_IMAGES
+from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .refs import image_ref, resolve_image_refs, user_content
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "MAX_FILES",
     "MAX_IMAGE_BYTES",
     "MAX_PAGE_IMAGES",
+    "PAGE_BREAK",
+    "PAGE_MARKER",
     "Chip",
     "ImageAttachment",
     "Kind",

@@ -1,11 +1,12 @@
 """How much extracted text goes to the model, and how several files share it.
 
-Seed 003: text blocks share half the free context, ``(ctx_max - ctx_used) / 2``
-tokens at 3 characters a token, or 24000 characters when ``ctx_max`` is unknown
-(0).  Three characters a token is deliberately pessimistic (English runs near
-four), so the budget errs towards leaving room for the reply.  The budget
-counts the extracted text itself; block headers, page markers' notes and image
-labels are small and not counted.
+Text blocks share half the free context, ``(ctx_max - ctx_used) / 2`` tokens at
+3 characters a token, or 24000 characters when ``ctx_max`` is unknown (0); the
+other half stays for the question's own words and the reply (docs/DESIGN.md,
+"Attachments").  Three characters a token is deliberately pessimistic (English
+runs near four), so the budget errs towards leaving room for the reply.  The
+budget counts the extracted text itself; block headers, page markers' notes and
+image labels are small and not counted.
 
 Several files share the budget by water-filling: every file is offered an equal
 share of what is left; files that need less take only what they need, and what
@@ -33,7 +34,8 @@ __all__ = [
     "text_weight",
 ]
 
-# seed 003: the budget when the model's context size is unknown
+# the budget when the model's context size is unknown: about what an empty 16k
+# context gives (8,192 tokens at 3 characters a token)
 DEFAULT_BUDGET_CHARS = 24_000
 # the full text kept per document for attachment_recall: 2 Mi characters (about half a
 # million tokens, beyond any local context; more only costs memory and disk)

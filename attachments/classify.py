@@ -1,7 +1,7 @@
 """What kind of attachment a file is: text, image or PDF, or refused.
 
-Chat takes three kinds (seed 003, "Extraction"); anything else is refused with
-the seed's words, "<name>: chat supports text, images and PDF".  The decision
+Chat takes three kinds (docs/DESIGN.md, "Attachments"); anything else is refused
+with "<name>: chat supports text, images and PDF".  The decision
 looks at the file's name and its first ``HEAD_BYTES`` bytes, in this order:
 
 1. A ``.pdf`` suffix is a PDF; so is any file whose first KiB holds ``%PDF-``
@@ -41,6 +41,7 @@ __all__ = [
     "Classified",
     "classify",
     "looks_like_text",
+    "suffix_of",
     "unsupported",
 ]
 
@@ -114,12 +115,12 @@ class Classified:
 
 
 def unsupported(name: str) -> UnsupportedKind:
-    """The refusal of a kind chat does not take, in the seed's words."""
+    """The refusal of a kind chat does not take, naming the kinds it does."""
     return UnsupportedKind(f"{name}: chat supports text, images and PDF")
 
 
-def _suffix(name: str) -> str:
-    """The last suffix of ``name``, lower-cased, without the dot ('' when none)."""
+def suffix_of(name: str) -> str:
+    """The last suffix of ``name``, lower-cased, without the dot ('' when none; a dotfile has none)."""
     stem, ext = os.path.splitext(name)
     return ext[1:].lower() if stem else ""
 
@@ -164,7 +165,7 @@ def _text_mime(name: str) -> str:
 
 def classify(name: str, head: bytes) -> Classified:
     """Classify a file by its ``name`` (base name) and its first bytes; raise UnsupportedKind."""
-    suffix = _suffix(name)
+    suffix = suffix_of(name)
     if suffix == "pdf" or PDF_MAGIC in head[:PDF_MAGIC_WINDOW] and suffix not in TEXT_SUFFIXES:
         return Classified("pdf", "application/pdf")
     if suffix in TEXT_SUFFIXES or name in TEXT_NAMES or name.lower() in TEXT_NAMES:

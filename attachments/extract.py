@@ -1,7 +1,7 @@
 """Preparing a question's files for the model: check, classify, extract, budget.
 
 ``prepare_files`` runs in three steps, and any refusal in any step refuses the
-whole question before anything is sent (seed 003):
+whole question before anything is sent (docs/DESIGN.md, "Attachments"):
 
 1. Stage: each path is checked (``files.check_path``), its first 8 KiB read
    and classified, and an image's size checked against the 20 MB limit.  More
@@ -60,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# seed 003: at most 8 files per question
+# at most 8 files per question (docs/DESIGN.md, "Attachments")
 MAX_FILES = 8
 # bytes read per step from a text file: keeps memory flat however big the file
 TEXT_READ_CHUNK = 1024 * 1024
@@ -113,9 +113,8 @@ class Prepared:
     ``text_block`` is the ``--- file: NAME ---`` block the model gets (text and
     PDF; None for an image).  ``full_text`` is the whole extracted text for the
     recall tools, at most ``FULL_TEXT_CAP`` characters (a note ends it when
-    cut); for a PDF its pages are joined by form feeds, so
-    ``full_text.split("\\f")[n - 1]`` is page n.  ``sha256`` is None only for a
-    text file too large to have been read whole.
+    cut); for a PDF ``full_text.split(pdf.PAGE_BREAK)[n - 1]`` is page n.
+    ``sha256`` is None only for a text file too large to have been read whole.
     """
 
     path: str
@@ -173,8 +172,21 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
         raise TooManyFiles(f"{len(paths)} files attached; a question takes at most {MAX_FILES}, send fewer")
     staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
-        raise NoVision(f"{model} cannot see images")
+        raise _no_vision(model)
     return staged
+
+
+def _no_vision(model: str) -> NoVision:
+    """The refusal of images (files or PDF pages) for a model that cannot see them."""
+    return NoVision(f"{model} cannot see images")
+
+
+def _pages_to_show(text: pdf.PdfText, *, model: str, vision: bool) -> tuple[list[int], list[int]]:
+    """A PDF's pages to send as images and those only listed; NoVision when a blind model needs some."""
+    shown, hidden = pdf.pages_to_show(text)
+    if shown and not vision:
+        raise _no_vision(model)
+    return shown, hidden
 
 
 def read_text_file(path: str) -> tuple[str, bool, str | None]:
@@ -229,9 +241,7 @@ async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asynci
     hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
     try:
         text = await pdf.read_text(item.path, item.name)
-        shown, hidden = pdf.pages_to_show(text)
-        if shown and not vision:
-            raise NoVision(f"{model} cannot see images")
+        shown, hidden = _pages_to_show(text, model=model, vision=vision)
         rendered = await gather_all(
             pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in shown
         )
@@ -328,9 +338,7 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
     if item.kind == "image":
         return 0, 1
     text = await pdf.read_text(item.path, item.name)
-    shown, _ = pdf.pages_to_show(text)
-    if shown and not vision:
-        raise NoVision(f"{model} cannot see images")
+    shown, _ = _pages_to_show(text, model=model, vision=vision)
     return len(pdf.pdf_body(text, shown)), len(shown)
 
 
@@ -345,7 +353,8 @@ async def estimate_files(
 ) -> list[dict[str, Any]]:
     """``[{name, kind, tokens}]`` for the ``estimate`` request: what sending these files would cost.
 
-    Text is counted at 4 characters a token (seed 000), cut to the same shares
+    Text is counted at the estimate rate, ``CHARS_PER_TOKEN`` (4) characters a token
+    (not the budget's cautious 3: this is a forecast, not a limit), cut to the same shares
     of the budget ``prepare_files`` would give; each image or PDF page image
     costs ``image_tokens``.  Raises the same refusals as ``prepare_files`` for
     paths, kinds, sizes and vision; damaged images are only found by

@@ -51,13 +51,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# the seed's limit: an image file over 20 MB is refused
+# an image file over 20 MB is refused (docs/DESIGN.md, "Attachments"): all of it is read
+# and decoded in memory before anything is sent
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 # about 8000 x 8000: far beyond any photo a model needs, far below a bomb's billions
 MAX_IMAGE_PIXELS = 64_000_000
 # longest side sent to the model; larger images are scaled down (see the docstring)
 MAX_SIDE = 2048
-# the formats chat takes (seed 003), as Pillow names them
+# the formats chat takes (docs/DESIGN.md, "Attachments"), as Pillow names them
 ACCEPTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
 # formats every OpenAI-compatible server decodes, so they may go as they are
 PASS_THROUGH_FORMATS = frozenset({"PNG", "JPEG"})

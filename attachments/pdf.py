@@ -1,9 +1,9 @@
 """PDFs: the text layer through ``pdftotext``, pages without text rendered as images.
 
-Seed 003, "Extraction": ``pdftotext -layout`` per page in one block; a page
-with no text (whitespace only) is rendered at 150 dpi, lowered so its longest
-side stays within 1600 px (never raised), and sent as an image; at most four
-such pages, further ones listed as not shown.
+The rules (docs/DESIGN.md, "Attachments"): ``pdftotext -layout`` per page in one
+block; a page with no text (whitespace only) is rendered at 150 dpi, lowered so
+its longest side stays within 1600 px (never raised), and sent as an image; at
+most four such pages, further ones listed as not shown.
 
 How, and why:
 
@@ -54,6 +54,8 @@ __all__ = [
     "MAX_PAGE_IMAGES",
     "MAX_PAGE_SIDE",
     "MAX_TEXT_PAGES",
+    "PAGE_BREAK",
+    "PAGE_MARKER",
     "RENDER_CONCURRENCY",
     "RENDER_DPI",
     "PdfText",
@@ -65,11 +67,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 POPPLER_TOOLS = ("pdftotext", "pdftoppm", "pdfinfo")
+# between two pages: pdftotext ends every page with a form feed, and the full text
+# stored for recall keeps one between pages, so split(PAGE_BREAK)[n - 1] is page n
+PAGE_BREAK = "\f"
+# the line before each page's text in a PDF's block (and in a whole PDF read again)
+PAGE_MARKER = "[page {n}]"
 # text is extracted from at most this many pages; the block says when more exist
 MAX_TEXT_PAGES = 2000
-# page images sent per PDF (seed 003)
+# page images sent per PDF: about 3,000 tokens at the flat image cost
 MAX_PAGE_IMAGES = 4
-# seed 003: render at 150 dpi, lowered to keep the longest side within 1600 px
+# render at 150 dpi, lowered to keep the longest side within 1600 px (vision encoders
+# resize to about 1000 px anyway; images.py)
 RENDER_DPI = 150
 MAX_PAGE_SIDE = 1600
 POINTS_PER_INCH = 72
@@ -221,7 +229,7 @@ def _split_pages(output: bytes, cut: bool) -> tuple[list[str], bool]:
     text = output.decode("utf-8", "replace")
     if len(text) > FULL_TEXT_CAP:
         text, cut = text[:FULL_TEXT_CAP], True
-    pages = text.split("\f")
+    pages = text.split(PAGE_BREAK)
     # every page ends with a form feed, so a complete output ends with an empty piece
     if pages and pages[-1] == "" and not cut:
         pages.pop()
@@ -352,11 +360,11 @@ def pages_to_show(text: PdfText) -> tuple[list[int], list[int]]:
 
 
 def pdf_body(text: PdfText, shown: list[int]) -> str:
-    """The page-marked text of a PDF's block: ``[page N]`` before each page's text."""
+    """The page-marked text of a PDF's block: ``PAGE_MARKER`` before each page's text."""
     parts: list[str] = []
     for number, page in enumerate(text.page_texts, start=1):
         if page.strip():
-            parts.append(f"[page {number}]\n{page.rstrip()}\n")
+            parts.append(f"{PAGE_MARKER.format(n=number)}\n{page.rstrip()}\n")
         elif number in shown:
             parts.append(f"[page {number}: no text layer, sent as an image]\n")
         elif text.renderable:
@@ -377,12 +385,12 @@ def pdf_body(text: PdfText, shown: list[int]) -> str:
 
 
 def pdf_full_text(text: PdfText) -> str:
-    """The text kept for recall: the pages joined by form feeds, as pdftotext separates them.
+    """The text kept for recall: the pages joined by ``PAGE_BREAK``, as pdftotext separates them.
 
-    ``full_text.split("\\f")[n - 1]`` is page n.  A note closes it when pages or
+    ``full_text.split(PAGE_BREAK)[n - 1]`` is page n.  A note closes it when pages or
     text were left out.
     """
-    full = "\f".join(text.page_texts)
+    full = PAGE_BREAK.join(text.page_texts)
     if text.cut:
         full += f"\n[… the text stops here: only the first {FULL_TEXT_CAP} characters are kept]"
     elif len(text.page_texts) < text.total_pages:

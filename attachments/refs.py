@@ -2,7 +2,7 @@
 
 ``user_content`` builds the new user message twice: for the router, with the
 images as ``image_url`` data URLs, and for storage, with each image as an
-``image_ref`` part (seed 003, "History"): ``{"type": "image_ref", "name",
+``image_ref`` part (docs/DESIGN.md, "Attachments"): ``{"type": "image_ref", "name",
 "path", "sha256"}``, plus ``"page"`` for a rendered PDF page, where path and
 hash are the PDF's.  Extracted text is inline in both, so a reopened
 conversation still has it.

@@ -7,8 +7,9 @@ Two uses, two rates, both named here:
   and code, and ``NON_ASCII_TOKENS`` (2) for any other character (small tokenizers split
   CJK text that finely); an image counts ``DEFAULT_IMAGE_TOKENS`` (765, OpenAI's base
   tile, reasonable across servers) unless configured otherwise;
-- **budgets** (attachments' text budget, seed 003): deliberately pessimistic at
-  ``BUDGET_CHARS_PER_TOKEN`` (3), so extracted files err towards leaving room.
+- **budgets** (the attachments' text budget; docs/DESIGN.md, "Attachments"): deliberately
+  pessimistic at ``BUDGET_CHARS_PER_TOKEN`` (3), so extracted files err towards leaving
+  room.
 """
 
 from __future__ import annotations

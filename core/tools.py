@@ -30,8 +30,11 @@ __all__ = [
     "ToolResult",
     "Toolbox",
     "error_result",
+    "fit_results",
     "integer_argument",
     "json_content",
+    "max_results_argument",
+    "max_results_parameter",
     "string_argument",
 ]
 
@@ -157,6 +160,35 @@ def string_argument(arguments: dict[str, Any], key: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise ToolError(f"{key} must be a string, not {json_content(value)}")
+
+
+def max_results_parameter(default: int, maximum: int) -> dict[str, Any]:
+    """The JSON Schema of a search tool's ``max_results`` argument."""
+    return {"type": "integer", "description": f"Maximum results (1-{maximum}, default {default})"}
+
+
+def max_results_argument(arguments: dict[str, Any], default: int, maximum: int) -> int:
+    """The ``max_results`` argument clamped to 1..``maximum``; ``default`` when absent.
+
+    Clamped rather than refused: a model asking for 50 results wants many, and gets
+    the most the tool gives instead of a round trip to learn the limit.
+    """
+    wanted = integer_argument(arguments, "max_results")
+    return default if wanted is None else max(1, min(maximum, wanted))
+
+
+def fit_results(body: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """``body`` with as many of its ``results`` as fit ``max_chars`` of JSON, ``total`` counting them.
+
+    The results are best first, so the weakest give way when they do not all fit what
+    is left of the context. The rest of the body is kept whole.
+    """
+    results = list(body["results"])
+    fitted = {**body, "results": results, "total": len(results)}
+    while len(json_content(fitted)) > max_chars and results:
+        results.pop()
+        fitted["total"] = len(results)
+    return fitted
 
 
 class Toolbox:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from attachments import pdf
-from attachments.classify import Kind, classify
+from attachments.classify import Kind, classify, suffix_of
 from attachments.extract import read_text_file
 from core.files import check_path, open_regular, read_head, sha256_file
 from history import NewKbDocument
@@ -237,11 +237,6 @@ async def in_ingest_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_INGEST_POOL, fn, *args)
 
 
-def _suffix(name: str) -> str:
-    stem, ext = os.path.splitext(name)
-    return ext[1:].lower() if stem else ""
-
-
 def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
     """A text file's chunks and whether it was read whole (blocking: chunking a 2 Mi-
     character file takes a good part of a second, which the event loop must not wait)."""
@@ -257,7 +252,7 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:
-        markdown = _suffix(staged.name) in MARKDOWN_SUFFIXES
+        markdown = suffix_of(staged.name) in MARKDOWN_SUFFIXES
         chunks, complete = await in_ingest_thread(_read_and_chunk, staged.path, markdown)
         pages, truncated = None, not complete
     return NewKbDocument(

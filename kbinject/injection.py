@@ -1,16 +1,18 @@
-"""Auto-injection (seed 000 §4): the knowledge-base block of the system prompt.
+"""Auto-injection: the knowledge-base block put before this turn's question.
 
 A conversation's ``kb_injection`` setting says what KBs do in it: ``auto`` (the default)
-injects the best chunks for the user's latest message into the system prompt, ``both``
-does that and offers the ``kb_search`` tool, ``tool_only`` only offers the tool, and
-``off`` keeps KBs out of the conversation altogether.
+injects the best chunks for the user's latest message into this turn's user message,
+before the question (docs/DESIGN.md, "Prompt layout", says why there and not in the
+system message), ``both`` does that and offers the ``kb_search`` tool, ``tool_only``
+only offers the tool, and ``off`` keeps KBs out of the conversation altogether.
 
-The block is the seed's format, exactly. It is added only if the context can take it:
-the estimate of what the prompt already holds plus the block's tokens must stay within
-``CONTEXT_LIMIT`` (85%) of the model's context. Where all top-K chunks do not fit, the
-weakest are dropped until the rest do (a fuller context still gets its best chunk); a
-block of even one chunk that does not fit is skipped, with the reason for the log and
-the ``progress`` event.
+The block has the format docs/PROTOCOL.md shows ("Knowledge bases"): a header and a
+footer around the passages, each naming its knowledge base, file, chunk and similarity.
+It is added only if the context can take it: the estimate of what the prompt already
+holds plus the block's tokens must stay within ``CONTEXT_LIMIT`` (85%) of the model's
+context. Where all top-K chunks do not fit, the weakest are dropped until the rest do
+(a fuller context still gets its best chunk); a block of even one chunk that does not
+fit is skipped, with the reason for the log and the ``progress`` event.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ INJECTING_MODES: tuple[InjectionMode, ...] = ("auto", "both")
 TOOL_MODES: tuple[InjectionMode, ...] = ("tool_only", "both")
 SETTING = "kb_injection"  # the key in conversations.settings
 
-CONTEXT_LIMIT = 0.85  # seed §4: the context may not pass this share of ctx_max with the block
+# the prompt with the block may take at most this share of ctx_max, so passages never
+# crowd out the reply (docs/DESIGN.md, "Knowledge-base ranking")
+CONTEXT_LIMIT = 0.85
 
 BLOCK_HEADER = (
     "[Knowledge Base Context]\n"
@@ -63,7 +67,7 @@ def injection_mode(settings: Mapping[str, Any] | str | None) -> InjectionMode:
 
 
 def format_block(hits: Sequence[Hit]) -> str:
-    """The ``[Knowledge Base Context]`` block of these hits (seed 000 §4)."""
+    """The ``[Knowledge Base Context]`` block of these hits (docs/PROTOCOL.md shows it)."""
     entries = [
         ENTRY.format(kb=hit.kb, chunk=hit.chunk, file=hit.document, similarity=hit.similarity,
                      content=hit.text.strip())
@@ -74,9 +78,9 @@ def format_block(hits: Sequence[Hit]) -> str:
 
 @dataclass
 class Injection:
-    """What auto-injection adds to this turn's system prompt, or why nothing."""
+    """What auto-injection adds before this turn's question, or why nothing."""
 
-    block: str | None  # the block for the system prompt; None: add nothing
+    block: str | None  # the block to put before the question; None: add nothing
     hits: list[Hit] = field(default_factory=list)  # the chunks in the block
     skipped_reason: str | None = None  # set when chunks were found but the context was too full
     tokens: int = 0  # the block's estimated tokens

@@ -18,8 +18,10 @@ from core.tools import (
     ToolContext,
     ToolError,
     ToolResult,
-    integer_argument,
+    fit_results,
     json_content,
+    max_results_argument,
+    max_results_parameter,
     one_line,
     string_argument,
 )
@@ -52,10 +54,7 @@ class KbSearch(Tool):
         "type": "object",
         "properties": {
             "query": {"type": "string", "description": "What to look for"},
-            "max_results": {
-                "type": "integer",
-                "description": f"Maximum results (1-{MAX_RESULTS}, default {DEFAULT_RESULTS})",
-            },
+            "max_results": max_results_parameter(DEFAULT_RESULTS, MAX_RESULTS),
         },
         "required": ["query"],
     }
@@ -75,8 +74,7 @@ class KbSearch(Tool):
         if query is None or not query.strip():
             raise ToolError("query must say what to look for")
         query = query.strip()[:MAX_QUERY_CHARS]
-        wanted = integer_argument(arguments, "max_results")
-        limit = DEFAULT_RESULTS if wanted is None else max(1, min(MAX_RESULTS, wanted))
+        limit = max_results_argument(arguments, DEFAULT_RESULTS, MAX_RESULTS)
         found = await self.kbs.search(query, conversation=ctx.conversation, limit=limit)
         body: dict[str, Any] = {
             "results": [hit.to_json() for hit in found.hits],
@@ -86,10 +84,7 @@ class KbSearch(Tool):
         }
         if found.note:
             body["note"] = found.note
-        # the weakest results give way when they do not all fit the context
-        while len(json_content(body)) > ctx.max_chars and body["results"]:
-            body["results"] = body["results"][:-1]
-            body["total"] = len(body["results"])
+        body = fit_results(body, ctx.max_chars)
         count = body["total"]
         return ToolResult(
             content=json_content(body),

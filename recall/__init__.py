@@ -1,10 +1,10 @@
-"""Model tools over a conversation's own past, token estimates and compaction.
+"""Model tools over a conversation's own past, and compaction.
 
 - ``AttachmentRecall`` and ``ConversationSearch`` for a ``core.tools.Toolbox``: the
   daemon offers ``await toolbox.offer(ctx)``, and runs each call the model makes with
   ``await toolbox.call(offered, name, arguments, ctx)``, which never raises;
 - compaction (docs/DESIGN.md, "Compaction"): ``plan_compaction``, ``summarize``, ``summary_message``;
-- ``attachment_manifest``: the system-prompt block naming files no longer in the prompt;
+- ``attachment_manifest``: the system-prompt block naming files no longer in the prompt.
 
 It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 ``core.Completer`` (the daemon's router client, or a test's fake model).
@@ -12,21 +12,13 @@ It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 
 from core.tools import Toolbox
 
-from .attachment_recall import (
-    MAX_IMAGE_BASE64,
-    PAGE_BREAK,
-    PAGE_MARKER,
-    AttachmentRecall,
-    document_pages,
-)
+from .attachment_recall import MAX_IMAGE_BASE64, AttachmentRecall, document_pages
 from .compaction import plan_compaction, summarize, summary_message, transcript
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
 
 __all__ = [
     "MAX_IMAGE_BASE64",
-    "PAGE_BREAK",
-    "PAGE_MARKER",
     "AttachmentRecall",
     "ConversationSearch",
     "attachment_manifest",

@@ -1,6 +1,6 @@
 """attachment_recall: the model re-reads a file attached earlier in its conversation.
 
-Seed 000 §1. ``list`` shows the conversation's files; ``read`` returns one of them:
+``list`` shows the conversation's files; ``read`` returns one of them:
 documents from the full text stored when they were attached (never cut to the turn's
 budget), paged so that a read fits what is left of the context; images re-read from
 where they were attached, checked against the hash taken then.
@@ -9,11 +9,12 @@ Scoped by construction: the store is only ever asked with ``ctx.conversation``, 
 ``HistoryStore.attachment`` matches the id together with it, so an id from another
 conversation reads as not found. No argument names a path.
 
-A PDF's stored text is its pages joined by ``PAGE_BREAK`` (a form feed, as
-attachments/pdf.py ``pdf_full_text`` joins them: ``split("\\f")[n - 1]`` is page n). Text
-without a form feed but with lines ``[page N]`` is split at those lines instead. A read
-without ``page`` shows the pages with a ``[page N]`` line before each, so offsets run
-over that text; a page without text (scanned) says so instead of being empty.
+A PDF's stored text is its pages joined by ``attachments.PAGE_BREAK`` (a form feed, as
+attachments/pdf.py ``pdf_full_text`` joins them: ``split(PAGE_BREAK)[n - 1]`` is page n).
+Text without a form feed but with ``PAGE_MARKER`` lines (``[page N]``, as a PDF's block
+has them) is split at those lines instead. A read without ``page`` shows the pages with
+a ``PAGE_MARKER`` line before each, so offsets run over that text; a page without text
+(scanned) says so instead of being empty.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import re
 from typing import Any
 
+from attachments import PAGE_BREAK, PAGE_MARKER
 from core.errors import FileRefused
 from core.files import open_regular
 from core.tools import (
@@ -40,20 +42,19 @@ from history import Attachment
 
 __all__ = [
     "MAX_IMAGE_BASE64",
-    "PAGE_BREAK",
-    "PAGE_MARKER",
     "AttachmentRecall",
     "document_pages",
 ]
 
-PAGE_BREAK = "\f"  # between the pages of a stored PDF text
-PAGE_MARKER = "[page {n}]"  # the line before each page of a PDF read whole
-PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)  # the fallback split
+# a PAGE_MARKER line alone: where text without form feeds is split into pages
+PAGE_MARKER_LINE = re.compile(r"^\[page (\d+)\][ \t]*$", re.MULTILINE)
 SCANNED_PAGE = (
     "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
     "text; ask the user what it shows, or to attach it as an image]"
 )
-MAX_IMAGE_BASE64 = 10 * 1024 * 1024  # seed 000 §1: larger images would blow up the context
+# An image re-read is refused over this much base64 (a 7.5 MB file): its data URL goes
+# whole into every later request of the turn's tool rounds.
+MAX_IMAGE_BASE64 = 10 * 1024 * 1024
 # Characters kept free in a text read for the JSON around the text.
 ENVELOPE_CHARS = 400
 MIN_READ_CHARS = 200  # a read smaller than this is not worth making

@@ -1,12 +1,13 @@
 """Compaction: the oldest turns of a long conversation folded into a stored summary.
 
-Seed 000 §3, SPEC "Context". When a prompt would pass ``compact_at`` of the model's
-context, ``plan_compaction`` picks the oldest turns to fold (never the last
-``keep_last``), ``summarize`` has the model write a summary of them (and of the summary
-before, which it replaces), the daemon stores it (``HistoryStore.add_compaction``), and
-prompts from then on carry ``summary_message`` in place of those turns. The turns stay
+When a prompt would pass ``compact_at`` of the model's context, ``plan_compaction``
+picks the oldest turns to fold (never the last ``keep_last``), ``summarize`` has the
+model write a summary of them (and of the summary before, which it replaces), the daemon
+stores it (``HistoryStore.add_compaction``), and prompts from then on carry
+``summary_message`` in place of those turns. The turns stay
 whole in history and in the search index, where conversation_search and
-attachment_recall still reach them.
+attachment_recall still reach them. docs/DESIGN.md, "Compaction", says how far it folds
+and why, and what happens to a summary the model cannot write.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """conversation_search: keyword search over the earlier turns of the model's conversation.
 
-Seed 000 §2, on the FTS5 index of history (history/search.py): the user's text with the
-files inlined in it, the assistant's replies, tool results and the compaction summary;
-bm25-ranked, with ``snippet()`` excerpts where ``[brackets]`` mark the words found.
+On the FTS5 index of history (history/search.py): the user's text with the files
+inlined in it, the assistant's replies, tool results and the compaction summary;
+bm25-ranked, with ``snippet()`` excerpts where ``[brackets]`` mark the words found. It is
+offered from the first turn (docs/DESIGN.md, "Prompt layout": a stable tool list).
 
 Scoped by construction: the search is bounded to ``ctx.conversation``'s rowid range, and
 to the turns before the one being answered, whose question would otherwise find itself.
@@ -19,8 +20,10 @@ from core.tools import (
     ToolContext,
     ToolError,
     ToolResult,
-    integer_argument,
+    fit_results,
     json_content,
+    max_results_argument,
+    max_results_parameter,
     one_line,
     string_argument,
 )
@@ -61,10 +64,7 @@ class ConversationSearch(Tool):
         "type": "object",
         "properties": {
             "query": {"type": "string", "description": "Search keywords"},
-            "max_results": {
-                "type": "integer",
-                "description": f"Maximum results (1-{MAX_RESULTS}, default {DEFAULT_RESULTS})",
-            },
+            "max_results": max_results_parameter(DEFAULT_RESULTS, MAX_RESULTS),
             "role_filter": {
                 "type": "string",
                 "enum": list(ROLE_FILTERS),
@@ -86,8 +86,7 @@ class ConversationSearch(Tool):
             raise ToolError("query must be some keywords to search for")
         if len(query.split()) > MAX_QUERY_WORDS:
             raise ToolError(f"search with a few keywords (at most {MAX_QUERY_WORDS}): every word must match")
-        wanted = integer_argument(arguments, "max_results")
-        limit = DEFAULT_RESULTS if wanted is None else max(1, min(MAX_RESULTS, wanted))
+        limit = max_results_argument(arguments, DEFAULT_RESULTS, MAX_RESULTS)
         role = string_argument(arguments, "role_filter") or "all"
         if role not in ROLE_FILTERS:
             raise ToolError(f"role_filter must be one of {', '.join(ROLE_FILTERS)}")
@@ -102,10 +101,7 @@ class ConversationSearch(Tool):
             "total": len(results),
             "conversation": cid,
         }
-        # the weakest results give way when they do not all fit the context
-        while len(json_content(body)) > ctx.max_chars and body["results"]:
-            body["results"] = body["results"][:-1]
-            body["total"] = len(body["results"])
+        body = fit_results(body, ctx.max_chars)
         found = body["total"]
         return ToolResult(
             content=json_content(body),

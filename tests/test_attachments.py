@@ -3,6 +3,11 @@
 Everything runs on files built in ``tmp_path`` (``selfcheck/samples.py``) and the
 machine's real poppler; nothing is mocked but ``PATH`` (to hide or replace
 poppler) and, in one test, ``os.open`` spied on to prove a FIFO is never opened.
+
+One file, past the usual length, because the package is one pipeline (classify,
+extract, budget, refuse, refer) tested through one entry point, ``prepare_files``,
+with shared helpers (``prepare``, ``needs_poppler``, ``decode``); its sections follow
+the pipeline.
 """
 
 from __future__ import annotations
@@ -147,7 +152,7 @@ async def test_an_image_and_a_pdf_are_classified(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_unknown_binary_is_refused_in_the_seeds_words(tmp_path: Path) -> None:
+async def test_unknown_binary_is_refused_naming_the_kinds_chat_takes(tmp_path: Path) -> None:
     blob = tmp_path / "archive.bin"
     blob.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
     with pytest.raises(UnsupportedKind) as refused:
@@ -528,7 +533,7 @@ async def test_too_many_files_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_no_vision_in_the_seeds_words(tmp_path: Path) -> None:
+async def test_no_vision_names_the_model_that_cannot_see(tmp_path: Path) -> None:
     text = tmp_path / "ok.txt"
     text.write_text("fine")
     image = make_png(tmp_path / "pic.png")

@@ -1,4 +1,5 @@
-"""Compaction: the plan, the summary through a fake router on loopback, and its storage."""
+"""Compaction: the plan; the summary, from an in-process fake model (and once through the
+router client and the fake router on loopback); and its storage."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 import pytest_asyncio
 
 from core import Config
-from core.errors import RouterError
+from core.errors import RouterError, RouterUnreachable
 from core.router import RouterClient
 from history import SUMMARY_SLOT, HistoryStore, message_rowid
 from recall import plan_compaction, summarize, summary_message, transcript
 from recall.compaction import SUMMARY_INSTRUCTIONS
 from selfcheck.fakerouter import FakeRouter, Reply
+from tests.fakemodel import FakeModel
 
 # -- plan_compaction ---------------------------------------------------------------------
 
@@ -63,11 +65,9 @@ def test_bad_plan_parameters(compact_at: float, keep_last: int) -> None:
 # -- summarize -------------------------------------------------------------------------------
 
 
-@pytest_asyncio.fixture
-async def client(config: Config) -> AsyncIterator[RouterClient]:
-    router_client = RouterClient(config)
-    yield router_client
-    await router_client.aclose()
+@pytest.fixture
+def model() -> FakeModel:
+    return FakeModel()
 
 
 MESSAGES: list[dict[str, Any]] = [
@@ -84,20 +84,15 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 
 
-def summary_request(router: FakeRouter) -> dict[str, Any]:
-    (request,) = [r for r in router.requests if not r.get("stream")]
-    return request
-
-
 @pytest.mark.asyncio
-async def test_summarize_asks_the_model_and_returns_its_summary(client: RouterClient, router: FakeRouter) -> None:
-    router.script_complete(Reply(text="<think>let me see</think>\n- Trip to Lisbon, budget 900 euros.\n"))
-    summary = await summarize(client, "fake-text", None, MESSAGES, max_tokens=300)
+async def test_summarize_asks_the_model_and_returns_its_summary(model: FakeModel) -> None:
+    model.enqueue("- Trip to Lisbon, budget 900 euros.\n")
+    summary = await summarize(model, "fake-text", None, MESSAGES, max_tokens=300)
     assert summary == "- Trip to Lisbon, budget 900 euros."
 
-    request = summary_request(router)
-    assert (request["model"], request["max_tokens"], request["stream"]) == ("fake-text", 300, False)
-    system, user = request["messages"]
+    (asked,) = model.completions
+    assert (asked.model, asked.max_tokens, asked.params) == ("fake-text", 300, {})
+    system, user = asked.messages
     assert system == {"role": "system", "content": SUMMARY_INSTRUCTIONS}
     for kept in ("decisions", "names", "numbers", "open", "file attached"):
         assert kept in system["content"]
@@ -111,34 +106,66 @@ async def test_summarize_asks_the_model_and_returns_its_summary(client: RouterCl
 
 
 @pytest.mark.asyncio
-async def test_summarize_merges_the_previous_summary(client: RouterClient, router: FakeRouter) -> None:
-    router.script_complete(Reply(text="Merged."))
-    assert await summarize(client, "fake-text", "Earlier: the user is Ana.", MESSAGES[-1:], max_tokens=50) == "Merged."
-    text = summary_request(router)["messages"][1]["content"]
+async def test_summarize_leaves_out_the_models_thinking(model: FakeModel) -> None:
+    model.enqueue("<think>let me see</think>\n- Trip to Lisbon.\n")
+    assert await summarize(model, "fake-text", None, MESSAGES, max_tokens=50) == "- Trip to Lisbon."
+
+
+@pytest.mark.asyncio
+async def test_summarize_merges_the_previous_summary(model: FakeModel) -> None:
+    model.enqueue("Merged.")
+    assert await summarize(model, "fake-text", "Earlier: the user is Ana.", MESSAGES[-1:], max_tokens=50) == "Merged."
+    text = model.completions[0].messages[1]["content"]
     assert text.index("Earlier: the user is Ana.") < text.index("Assistant: Fly TAP")
     assert "merging the earlier summary in" in text
 
 
 @pytest.mark.asyncio
-async def test_summarize_cuts_long_messages(client: RouterClient, router: FakeRouter) -> None:
+async def test_summarize_cuts_long_messages(model: FakeModel) -> None:
     document = "HEAD " + "x" * 50_000 + " TAIL"
-    router.script_complete(Reply(text="ok"))
-    await summarize(client, "fake-text", None, [{"role": "user", "content": document}], max_tokens=50, max_input_chars=3000)
-    text = summary_request(router)["messages"][1]["content"]
+    model.enqueue("ok")
+    await summarize(model, "fake-text", None, [{"role": "user", "content": document}], max_tokens=50, max_input_chars=3000)
+    text = model.completions[0].messages[1]["content"]
     assert len(text) < 3500
     assert "HEAD" in text and "TAIL" in text and "characters left out" in text
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("answer", ["<think>hmm</think>   ", "<think>still thinking when max_tokens ran out"])
-async def test_an_empty_summary_is_an_error(client: RouterClient, router: FakeRouter, answer: str) -> None:
-    router.script_complete(Reply(text=answer))
+@pytest.mark.parametrize("answer", ["", "   \n", "<think>hmm</think>   ", "<think>still thinking when max_tokens ran out"])
+async def test_an_empty_summary_is_an_error(model: FakeModel, answer: str) -> None:
+    model.enqueue(answer)
     with pytest.raises(RouterError, match="empty summary"):
-        await summarize(client, "fake-text", None, MESSAGES, max_tokens=50)
+        await summarize(model, "fake-text", None, MESSAGES, max_tokens=50)
 
 
 @pytest.mark.asyncio
-async def test_a_router_error_reaches_the_caller(client: RouterClient, router: FakeRouter) -> None:
+@pytest.mark.parametrize("error", [RouterError("model crashed"), RouterUnreachable("cannot connect")])
+async def test_what_the_completer_raises_reaches_the_caller(model: FakeModel, error: Exception) -> None:
+    model.enqueue(error)
+    with pytest.raises(type(error), match=str(error)):
+        await summarize(model, "fake-text", None, MESSAGES, max_tokens=50)
+
+
+# the whole way once: the router client, HTTP on loopback, the fake router's answer
+
+
+@pytest_asyncio.fixture
+async def client(config: Config) -> AsyncIterator[RouterClient]:
+    router_client = RouterClient(config)
+    yield router_client
+    await router_client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_summarize_through_the_router_client(client: RouterClient, router: FakeRouter) -> None:
+    router.script_complete(Reply(text="<think>let me see</think>\n- Trip to Lisbon, budget 900 euros.\n"))
+    summary = await summarize(client, "fake-text", None, MESSAGES, max_tokens=300)
+    assert summary == "- Trip to Lisbon, budget 900 euros."
+    (request,) = [r for r in router.requests if not r.get("stream")]
+    assert (request["model"], request["max_tokens"], request["stream"]) == ("fake-text", 300, False)
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    assert "User: Plan my trip to Lisbon" in request["messages"][1]["content"]
+
     router.script_complete(Reply(status=500, error="model crashed"))
     with pytest.raises(RouterError, match="model crashed"):
         await summarize(client, "fake-text", None, MESSAGES, max_tokens=50)

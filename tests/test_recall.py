@@ -1,12 +1,15 @@
-"""The model's tools on a real history: Toolbox, attachment_recall, conversation_search, manifest."""
+"""The recall tools on a real history: attachment_recall, conversation_search, the manifest.
+
+One file for the three, past the usual length, because they share their fixtures (a
+history on disk, turns stored as the daemon stores them, files attached to them) and
+their scoping rule (nothing of another conversation is reachable). The framework they
+run in is tested in test_toolbox.py."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
-import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
-from core.tools import Tool, Toolbox, ToolContext, ToolError, ToolResult
+from core.tools import Tool, Toolbox, ToolContext, ToolResult
 from history import AsyncHistory, Attachment, NewAttachment
 from recall import (
     AttachmentRecall,
@@ -91,34 +94,7 @@ def body(result: ToolResult) -> Any:
     return json.loads(result.content)
 
 
-# -- Toolbox -----------------------------------------------------------------------------
-
-
-class Echo(Tool):
-    name = "echo"
-    description = "Echo the arguments."
-    parameters = {"type": "object", "properties": {"say": {"type": "string"}}}
-
-    def __init__(self, can: bool = True, failure: BaseException | None = None) -> None:
-        self.can = can
-        self.failure = failure
-        self.calls: list[dict[str, Any]] = []
-
-    async def available(self, ctx: ToolContext) -> bool:
-        return self.can
-
-    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        self.calls.append(arguments)
-        if self.failure is not None:
-            raise self.failure
-        return ToolResult(content=json.dumps(arguments), ok=True, summary="echoed")
-
-
-class Broken(Echo):
-    name = "broken"
-
-    async def available(self, ctx: ToolContext) -> bool:
-        raise RuntimeError("cannot tell")
+# -- the tools' definitions --------------------------------------------------------------
 
 
 def test_definition_is_the_openai_tools_format() -> None:
@@ -131,81 +107,6 @@ def test_definition_is_the_openai_tools_format() -> None:
     recall = AttachmentRecall().definition()["function"]
     assert recall["parameters"]["properties"]["action"]["enum"] == ["list", "read"]
     assert [t.name for t in default_toolbox().tools] == ["attachment_recall", "conversation_search"]
-
-
-def test_tool_names_must_be_unique() -> None:
-    with pytest.raises(ValueError, match="share a name"):
-        Toolbox([Echo(), Echo()])
-
-
-@pytest.mark.asyncio
-async def test_offer_keeps_only_available_tools(history: AsyncHistory, caplog: pytest.LogCaptureFixture) -> None:
-    yes, broken = Echo(), Broken()
-    toolbox = Toolbox([broken, yes, AttachmentRecall()])
-    with caplog.at_level(logging.ERROR, logger="core.tools"):
-        offered = await toolbox.offer(context(history, 1, turn=1))
-    assert offered == [yes]  # broken failed its check; no attachments to recall
-    assert "broken" in caplog.text and "cannot tell" in caplog.text
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [('{"say": "hi"}', {"say": "hi"}), ("", {}), (None, {}), ({"say": "as dict"}, {"say": "as dict"})],
-)
-async def test_call_passes_the_arguments(history: AsyncHistory, raw: Any, expected: dict[str, Any]) -> None:
-    echo = Echo()
-    result = await Toolbox([echo]).call([echo], "echo", raw, context(history, 1))
-    assert result.ok and echo.calls == [expected]
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize(
-    ("name", "raw", "message"),
-    [
-        ("nope", "{}", "Error: there is no tool named 'nope'; the tools here are: echo"),
-        ("echo", "{not json", "Error: the arguments are not valid JSON"),
-        ("echo", "[1, 2]", "Error: the arguments must be a JSON object, not list"),
-        ("echo", '"text"', "Error: the arguments must be a JSON object, not str"),
-    ],
-)
-async def test_bad_calls_become_error_results(history: AsyncHistory, name: str, raw: str, message: str) -> None:
-    echo = Echo()
-    result = await Toolbox([echo]).call([echo], name, raw, context(history, 1))
-    assert not result.ok
-    assert result.content.startswith(message)
-    assert "\n" not in result.summary and name in result.summary
-    assert echo.calls == []
-
-
-@pytest.mark.asyncio
-async def test_a_tool_not_offered_is_refused(history: AsyncHistory) -> None:
-    echo = Echo()
-    result = await Toolbox([echo]).call([], "echo", "{}", context(history, 1))
-    assert (result.ok, result.content) == (False, "Error: the tool echo is not available in this conversation")
-    assert echo.calls == []
-
-
-@pytest.mark.asyncio
-async def test_tool_errors_and_crashes_become_error_results(
-    history: AsyncHistory, caplog: pytest.LogCaptureFixture
-) -> None:
-    refusing = Echo(failure=ToolError("attachment_id is missing"))
-    result = await Toolbox([refusing]).call([refusing], "echo", "{}", context(history, 1))
-    assert (result.ok, result.content) == (False, "Error: attachment_id is missing")
-
-    crashing = Echo(failure=KeyError("boom"))
-    with caplog.at_level(logging.ERROR, logger="core.tools"):
-        result = await Toolbox([crashing]).call([crashing], "echo", "{}", context(history, 1))
-    assert not result.ok and result.content == "Error: the tool failed (KeyError: 'boom')"
-    assert caplog.records[-1].exc_info is not None  # logged with its traceback
-
-
-@pytest.mark.asyncio
-async def test_cancellation_is_not_swallowed(history: AsyncHistory) -> None:
-    cancelled = Echo(failure=asyncio.CancelledError())
-    with pytest.raises(asyncio.CancelledError):
-        await Toolbox([cancelled]).call([cancelled], "echo", "{}", context(history, 1))
 
 
 # -- attachment_recall: list and scoping -------------------------------------------------
