@@ -15,7 +15,7 @@ It stands on ``core`` alone (errors, safe file opening, token rates).
 """
 
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares, text_weight
-from .classify import Kind
+from .classify import Kind, classify, suffix_of
 from .extract import (
     MAX_FILES,
     Chip,
@@ -23,9 +23,11 @@ from .extract import (
     Prepared,
     estimate_files,
     prepare_files,
+    read_text_file,
 )
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
+from .pdf import read_text as read_pdf_text
 from .refs import image_ref, resolve_image_refs, user_content
 
 __all__ = [
@@ -40,11 +42,15 @@ __all__ = [
     "Kind",
     "Prepared",
     "budget_chars",
+    "classify",
     "estimate_files",
     "fair_shares",
     "image_ref",
     "prepare_files",
+    "read_pdf_text",
+    "read_text_file",
     "resolve_image_refs",
+    "suffix_of",
     "text_weight",
     "user_content",
 ]

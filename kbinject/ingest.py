@@ -26,9 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from attachments import pdf
-from attachments.classify import Kind, classify, suffix_of
-from attachments.extract import read_text_file
+from attachments import Kind, classify, read_pdf_text, read_text_file, suffix_of
 from core.files import check_path, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
@@ -247,7 +245,7 @@ def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
 async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
     """Extract a text or PDF file into a document of chunks; raises FileRefused."""
     if staged.kind == "pdf":
-        text = await pdf.read_text(staged.path, staged.name)
+        text = await read_pdf_text(staged.path, staged.name)
         chunks = chunk_pages(text.page_texts)
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages

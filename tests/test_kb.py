@@ -476,7 +476,7 @@ def hit(kb: str, document: str, chunk: int, similarity: float, text: str) -> Hit
                similarity=similarity, similarity_kind="cosine", text=text, chunk_id=chunk)
 
 
-def test_the_block_is_the_seeds_format_exactly() -> None:
+def test_the_block_has_its_documented_format() -> None:
     block = format_block([
         hit("Technical Docs", "report.pdf", 3, 0.8712, "Uptime was 99.9%.\n"),
         hit("FAQ", "faq.md", 1, 0.82, "Ask the admin."),
