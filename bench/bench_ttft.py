@@ -96,6 +96,7 @@ async def last_request(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
     response.raise_for_status()
     body: dict[str, Any] = response.json()
     body.pop("path", None)
+    body.pop("_arrived", None)
     return body
 
 
