@@ -131,6 +131,12 @@ ORDER BY chunk_id
 LIMIT ?
 """
 DELETE_OTHER_DIMS = "DELETE FROM kb_vectors WHERE model = ? AND dim != ?"
+# The ids come as one JSON array: one statement (one plan, cached) whatever their number,
+# each id a primary-key lookup.
+SELECT_VECTORS_OF = """
+SELECT chunk_id, vector FROM kb_vectors
+WHERE model = ? AND chunk_id IN (SELECT value FROM json_each(?))
+"""
 
 # bm25() is negative, best first; `rowid BETWEEN` scopes to one KB.
 SEARCH_CHUNKS = """
@@ -520,6 +526,13 @@ class KnowledgeStore:
     def vectors(self, model: str, dim: int, after: int, limit: int) -> list[tuple[int, bytes]]:
         """(chunk id, blob) of ``model``'s vectors of ``dim``, by id, past ``after``: a page to load."""
         return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS, (model, dim, after, limit))]
+
+    def vectors_of(self, model: str, ids: Sequence[int]) -> list[tuple[int, bytes]]:
+        """(chunk id, blob) of ``model``'s vectors of these chunks, those that have one, in no order."""
+        if not ids:
+            return []
+        listed = "[" + ",".join(str(int(chunk_id)) for chunk_id in ids) + "]"
+        return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS_OF, (model, listed))]
 
     def drop_other_dims(self, model: str, dim: int) -> int:
         """Delete ``model``'s vectors whose dimension is not ``dim`` (the model behind the name changed)."""
