@@ -17,17 +17,21 @@ The codes only pick candidates: the cosine's error is ~5e-4 (half a code step pe
 component), about the gap between neighbouring scores near the top of 100k random
 vectors. So the best ``SHORTLIST_FACTOR`` times as many as wanted are shortlisted and
 re-scored exactly (``exact_cosines``) from their float32 blobs, read back from SQLite:
-a few hundred primary-key lookups (~1 ms), where a float32 copy in memory would cost
+80 primary-key lookups for the 40 candidates a search wants (~0.5 ms), where a float32 copy in memory would cost
 the 155 MB this design saves, and SQLite is the one source of truth anyway. Every
 similarity a caller sees is therefore the exact float32 cosine, and the top of the
 list is exact unless a vector's approximate score fell below the shortlist's edge.
 
-Searches run in a worker thread (numpy releases the GIL in the cast and the product)
+Even so, casting 38 MB of codes takes ~8 ms on one core (numpy's int8 to float32 cast
+is not vectorised past SSE4), so a big scan is split over ``SCAN_THREADS`` threads,
+each scoring its own rows into its own slice of one array: ~4 ms on two cores.
+
+Searches run in worker threads (numpy releases the GIL in the cast and the product)
 while the event loop mutates the index, so the index never changes an array a search
 may be reading: the codes, scales, ids and the row count are published together as one
 ``_Snapshot``; appending writes only rows past the published count (or into new,
-larger arrays), and removing builds new arrays. A search takes the snapshot once and
-sees a consistent index from then on.
+larger arrays), and removing builds new arrays. A search takes the snapshot once, and
+every thread of its scan reads that one, so it sees a consistent index throughout.
 
 A chunk's KB is its id shifted (history/kb.py); the index keeps that shifted column
 too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
@@ -35,7 +39,9 @@ too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,12 +74,19 @@ BLOB_DTYPE = np.dtype("<f4")
 CODE_MAX = 127  # a vector's largest component (in absolute value) is coded as ±127
 # Bytes of float32 one scan step casts the codes into: small enough to stay in the
 # core's cache between the cast and the product, big enough that the Python loop
-# (a few µs a step) is a small share of the scan.
+# (a few µs a step) is a small share of the scan. Also below the size at which
+# OpenBLAS splits a product over its own threads (measured: 2 MB blocks did), which
+# on a busy machine made a scan ten times slower.
 SCAN_BYTES = 1 << 20
+# Threads one scan is split over (the calling one included): the cast is CPU-bound, so
+# each core helps; past four, memory bandwidth is the limit anyway.
+SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
+MIN_STEPS_PER_THREAD = 8  # a smaller scan is not worth handing over to another thread
 # Candidates re-scored exactly per candidate wanted, and at least MIN_SHORTLIST: the
-# true top k sits within a few code errors of the approximate k-th score, and that band
-# holds few vectors unless many are near-duplicates of each other.
-SHORTLIST_FACTOR = 4
+# true top k sits within a few code errors (~5e-4 each) of the approximate k-th score,
+# and that band holds a handful of vectors unless many are near-duplicates of each
+# other. Each one re-scored is a primary-key read of its blob (~6 µs).
+SHORTLIST_FACTOR = 2
 MIN_SHORTLIST = 64
 
 
@@ -172,23 +185,53 @@ class _Snapshot:
         )
 
 
-def _approximate_scores(snapshot: _Snapshot, query: Matrix, rows: Rows | None) -> Matrix:
-    """The approximate cosine of ``query`` with every row in use, or with ``rows`` of them."""
+def _best_of_part(
+    snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int, start: int, stop: int
+) -> tuple[Rows, Matrix]:
+    """The ``n`` positions in [start, stop) of highest approximate cosine, and their cosines.
+
+    A position is a row in use, or an entry of ``rows`` when the search is scoped.
+    Scaling and the partial sort happen here too, so they are split over the threads.
+    """
     codes, dim = snapshot.codes, snapshot.codes.shape[1]
-    total = snapshot.count if rows is None else len(rows)
-    scores = np.empty(total, dtype=np.float32)
     step = max(1, SCAN_BYTES // (dim * 4))
-    block = np.empty((min(step, total), dim), dtype=np.float32)  # per call: searches run concurrently
-    for start in range(0, total, step):
-        stop = min(total, start + step)
-        part = block[: stop - start]
-        if rows is None:
-            np.copyto(part, codes[start:stop], casting="unsafe")
-        else:
-            np.copyto(part, codes[rows[start:stop]], casting="unsafe")
-        np.matmul(part, query, out=scores[start:stop])
-    scores *= snapshot.scales[: snapshot.count] if rows is None else snapshot.scales[rows]
-    return scores
+    scores = np.empty(stop - start, dtype=np.float32)
+    block = np.empty((min(step, stop - start), dim), dtype=np.float32)  # its own: threads run at once
+    for first in range(start, stop, step):
+        last = min(stop, first + step)
+        part = block[: last - first]
+        np.copyto(part, codes[first:last] if rows is None else codes[rows[first:last]], casting="unsafe")
+        np.matmul(part, query, out=scores[first - start : last - start])
+    scores *= snapshot.scales[start:stop] if rows is None else snapshot.scales[rows[start:stop]]
+    if len(scores) > n:
+        best = np.argpartition(scores, len(scores) - n)[len(scores) - n :]
+    else:
+        best = np.arange(len(scores))
+    return best + start, scores[best]
+
+
+def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int) -> tuple[Rows, Matrix]:
+    """The ``n`` positions of highest approximate cosine, best first, and their cosines."""
+    total = snapshot.count if rows is None else len(rows)
+    step = max(1, SCAN_BYTES // (snapshot.codes.shape[1] * 4))
+    threads = max(1, min(SCAN_THREADS, total // (step * MIN_STEPS_PER_THREAD)))
+    bounds = [total * part // threads for part in range(threads + 1)]
+    helpers = [
+        _SCAN_POOL.submit(_best_of_part, snapshot, query, rows, n, bounds[part], bounds[part + 1])
+        for part in range(1, threads)
+    ]
+    try:
+        found = [_best_of_part(snapshot, query, rows, n, bounds[0], bounds[1])]
+    finally:
+        found += [helper.result() for helper in helpers]
+    positions = np.concatenate([p for p, _ in found])
+    scores = np.concatenate([c for _, c in found])
+    order = np.argsort(-scores, kind="stable")[:n]
+    return positions[order], scores[order]
+
+
+# The threads that share a scan with the one searching (created on first use).
+_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
 
 
 class VectorIndex:
@@ -274,11 +317,6 @@ class VectorIndex:
                 return []
             if not mask.all():
                 rows = np.flatnonzero(mask)
-        scores = _approximate_scores(state, query.astype(np.float32, copy=False), rows)
+        positions, scores = _best_positions(state, query.astype(np.float32, copy=False), rows, n)
         candidates = state.ids[: state.count] if rows is None else state.ids[rows]
-        if len(scores) > n:
-            best = np.argpartition(scores, len(scores) - n)[len(scores) - n :]
-        else:
-            best = np.arange(len(scores))
-        best = best[np.argsort(-scores[best], kind="stable")]
-        return [(int(candidates[i]), float(scores[i])) for i in best]
+        return [(int(candidates[p]), float(score)) for p, score in zip(positions, scores)]
