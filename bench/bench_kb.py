@@ -55,7 +55,7 @@ from daemon import Config
 from daemon.router import RouterClient
 from history import AsyncHistory, HistoryStore, kb_chunk_range
 from kbinject import KnowledgeBases
-from kbinject.search import CANDIDATES, fts_query, query_terms
+from kbinject.search import CANDIDATES, fts_phrases, query_terms
 from kbinject.vectors import vector_blob, vectors_from_blobs
 
 CORPUS_VERSION = 2  # bump when the generator changes: the cache name carries it
@@ -268,8 +268,8 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
                 return await kbs._nearest_vectors(index, vectors[query], kb_ids)
 
             async def bm25_only(query: str) -> object:
-                match = fts_query(query_terms(query))
-                return await history.run(lambda s: s.kb.search(match, kb_ids, CANDIDATES))
+                phrases = fts_phrases(query_terms(query))
+                return await history.run(lambda s: s.kb.search(phrases, kb_ids, CANDIDATES))
 
             vector_ms = await timed(queries, vector_only)
             bm25_ms = await timed(queries, bm25_only)

@@ -9,7 +9,9 @@ Consistency of the vector index: it is loaded once per daemon, on first need, by
 task under ``_index_lock``; every write that adds or removes vectors (storing a
 document, storing vectors, removing a KB) holds the same lock around its store call and
 the matching index change, so a load never misses or doubles a write. Searches take no
-lock (the index publishes consistent snapshots).
+lock (the index publishes consistent snapshots); the float32 vectors a search re-scores
+are read from the store after the shortlist, so a chunk removed in between just drops
+out of the list.
 
 Adds to one KB are serialised (a per-name lock): two adds of the same files would
 otherwise both find them new. Adds to different KBs run concurrently.
@@ -60,7 +62,7 @@ from .search import (
     MIN_VECTOR_SIMILARITY,
     Hit,
     SearchResult,
-    fts_query,
+    fts_phrases,
     keyword_share,
     query_terms,
     reciprocal_rank_fusion,
@@ -491,9 +493,9 @@ class KnowledgeBases:
 
     async def _search(self, query: str, kb_ids: builtins.list[int] | None, limit: int) -> SearchResult:
         terms = query_terms(query)
-        match = fts_query(terms)
+        phrases = fts_phrases(terms)
         keywords, (nearest, vector, note) = await asyncio.gather(
-            self.history.run(lambda s: s.kb.search(match, kb_ids, CANDIDATES)),
+            self.history.run(lambda s: s.kb.search(phrases, kb_ids, CANDIDATES)),
             self._nearest(query, kb_ids),
         )
         found = {chunk_id for chunk_id, _ in keywords}

@@ -22,7 +22,8 @@ import pytest_asyncio
 from daemon import Config
 from daemon.errors import BadRequest, NotFound, RouterError, RouterUnreachable
 from daemon.router import RouterClient
-from history import AsyncHistory, HistoryStore, chunk_kb, kb_chunk_range
+from history import AsyncHistory, HistoryStore, NewKbDocument, chunk_kb, kb_chunk_range
+from history import kb as history_kb
 from kbinject import (
     BLOCK_FOOTER,
     BLOCK_HEADER,
@@ -972,8 +973,36 @@ def test_store_migrates_and_exposes_the_kb_tables(tmp_path: Path) -> None:
         kb, created = store.kb.ensure("Notes")
         assert created and (kb.name, kb.documents, kb.chunks) == ("Notes", 0, 0)
         assert store.kb.ensure("Notes") == (kb, False)
-        assert store.kb.search('"anything"', None, 5) == []
+        assert store.kb.search(['"anything"'], None, 5) == []
         assert store.kb.linked(12345) == []
+
+
+def store_chunks(store: HistoryStore, kb: str, texts: list[str]) -> list[int]:
+    record, _ = store.kb.ensure(kb)
+    document = NewKbDocument(path=f"/{kb}.txt", name=f"{kb}.txt", kind="text", sha256="0" * 64, size_bytes=1,
+                             mtime_ns=1, pages=None, truncated=False, chunks=[(None, text) for text in texts])
+    return store.kb.put_document(record.id, document)[1]
+
+
+def test_keyword_search_ranks_a_bounded_number_of_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = [f"common words here, chunk {n}" for n in range(8)]
+    texts[2] += " rare"
+    texts[5] += " rare rare, common common"
+    texts.append("other filler")
+    with HistoryStore(tmp_path / "h.db") as store:
+        ids = store_chunks(store, "Notes", texts)
+        kb_id = chunk_kb(ids[0])
+        exact = store.kb.search(['"rare"', '"common"'], [kb_id], 20)
+        assert len(exact) == 8 and {exact[0][0], exact[1][0]} == {ids[2], ids[5]}
+
+        monkeypatch.setattr(history_kb, "RANKED_CHUNKS", 5)  # "common" (8 chunks) is now frequent
+        rare_only = store.kb.search(['"rare"', '"common"'], [kb_id], 20)
+        assert [chunk_id for chunk_id, _ in rare_only] == [ids[5], ids[2]]  # ranked by "rare" alone
+        assert rare_only == store.kb.search(['"rare"'], [kb_id], 20)
+        # nothing cheap to rank by: newest first, score 0
+        assert store.kb.search(['"common"', '"words"'], [kb_id], 3) == [(ids[7], 0.0), (ids[6], 0.0), (ids[5], 0.0)]
+        assert store.kb.search(['"absent"', '"rare"'], None, 5) == rare_only
+        assert store.kb.search(['"absent"'], [kb_id], 5) == []
 
 
 def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
