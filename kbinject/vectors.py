@@ -5,33 +5,32 @@ of them takes about half a second, far too long per query. They are therefore lo
 once into memory and kept in step as chunks are added and removed.
 
 Not as float32, though: 100k vectors of 384 dimensions are 155 MB, and a search that
-reads them all is bound by memory bandwidth (~9 ms a query on one core). The index
-keeps each vector as int8 codes with one float32 scale per vector (``quantised``:
-the vector's largest component maps to 127), a quarter of the bytes; a search (``shortlist``)
-casts the codes to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's
-product, so main memory is read at a quarter of the cost. Per-vector scales, not one
-global scale, so a vector added later never has to fit a range chosen before it, and
-each vector uses all 8 bits.
+reads them all is bound by memory bandwidth (9-12 ms on one core). The index keeps each
+vector as int8 codes and one float32 scale (``quantised``: the vector's largest
+component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-vector
+scales, not one global scale: a vector added later never has to fit a range chosen
+before it, and every vector uses all 8 bits. A search (``shortlist``) casts the codes
+to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
+int8-to-float32 cast is not vectorised past SSE4, so that costs ~8 ms of CPU at 100k;
+a scan is split over ``SCAN_THREADS`` threads (~4.5 ms on two cores).
 
-The codes only pick candidates: the cosine's error is ~5e-4 (half a code step per
-component), about the gap between neighbouring scores near the top of 100k random
-vectors. So the best ``SHORTLIST_FACTOR`` times as many as wanted are shortlisted and
-re-scored exactly (``exact_cosines``) from their float32 blobs, read back from SQLite:
-80 primary-key lookups for the 40 candidates a search wants (~0.5 ms), where a float32 copy in memory would cost
-the 155 MB this design saves, and SQLite is the one source of truth anyway. Every
-similarity a caller sees is therefore the exact float32 cosine, and the top of the
-list is exact unless a vector's approximate score fell below the shortlist's edge.
-
-Even so, casting 38 MB of codes takes ~8 ms on one core (numpy's int8 to float32 cast
-is not vectorised past SSE4), so a big scan is split over ``SCAN_THREADS`` threads,
-each scoring its own rows into its own slice of one array: ~4 ms on two cores.
+The codes only pick candidates: the approximate cosine is off by ~5e-4 (half a code
+step a component), about the gap between neighbouring scores near the top of 100k
+random vectors. So ``shortlist_size(k)`` candidates are taken and re-scored exactly
+(``exact_cosines``) from their float32 blobs, read back from SQLite: 80 primary-key
+reads for the 40 candidates a search wants (~0.5 ms). A float32 copy in memory would
+cost the 155 MB this design saves, and SQLite is the one source of truth anyway.
+Every similarity a caller sees is therefore the exact float32 cosine, and the top of
+the list is exact unless a vector's approximate score fell below the shortlist's edge
+(bench/bench_kb.py measures recall@10 against exact search: 1.0 at 100k).
 
 Searches run in worker threads (numpy releases the GIL in the cast and the product)
 while the event loop mutates the index, so the index never changes an array a search
 may be reading: the codes, scales, ids and the row count are published together as one
 ``_Snapshot``; appending writes only rows past the published count (or into new,
 larger arrays), and removing builds new arrays. A search takes the snapshot once, and
-every thread of its scan reads that one, so it sees a consistent index throughout.
+every thread of its scan reads that one, so it sees a consistent index throughout;
+each thread writes only its own arrays.
 
 A chunk's KB is its id shifted (history/kb.py); the index keeps that shifted column
 too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
@@ -39,6 +38,7 @@ too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +82,9 @@ SCAN_BYTES = 1 << 20
 # each core helps; past four, memory bandwidth is the limit anyway.
 SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
 MIN_STEPS_PER_THREAD = 8  # a smaller scan is not worth handing over to another thread
+# The threads that share scans with the ones searching; they start on first use, and
+# parts of concurrent searches queue for them (they would only share the cores anyway).
+_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
 # Candidates re-scored exactly per candidate wanted, and at least MIN_SHORTLIST: the
 # true top k sits within a few code errors (~5e-4 each) of the approximate k-th score,
 # and that band holds a handful of vectors unless many are near-duplicates of each
@@ -165,13 +168,13 @@ class _Snapshot:
 
     def grown(self, capacity: int) -> _Snapshot:
         """A copy with room for ``capacity`` rows (the published ones copied)."""
-        bigger = _Snapshot.empty(self.codes.shape[1], capacity)
         count = self.count
+        bigger = dataclasses.replace(_Snapshot.empty(self.codes.shape[1], capacity), count=count)
         bigger.codes[:count] = self.codes[:count]
         bigger.scales[:count] = self.scales[:count]
         bigger.ids[:count] = self.ids[:count]
         bigger.kbs[:count] = self.kbs[:count]
-        return _Snapshot(bigger.codes, bigger.scales, bigger.ids, bigger.kbs, count)
+        return bigger
 
     def kept(self, keep: npt.NDArray[np.bool_]) -> _Snapshot:
         """New arrays holding only the rows in use that ``keep`` marks."""
@@ -230,9 +233,6 @@ def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: in
     return positions[order], scores[order]
 
 
-# The threads that share a scan with the one searching (created on first use).
-_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
-
 
 class VectorIndex:
     """Unit vectors of chunks as int8 codes, shortlisted by approximate cosine, scoped by KB."""
@@ -274,7 +274,7 @@ class VectorIndex:
         state.scales[count:needed] = scales
         state.ids[count:needed] = new_ids
         state.kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT
-        self._state = _Snapshot(state.codes, state.scales, state.ids, state.kbs, needed)
+        self._state = dataclasses.replace(state, count=needed)
 
     def _keep(self, keep: npt.NDArray[np.bool_]) -> None:
         if not bool(keep.all()):
