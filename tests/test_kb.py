@@ -39,6 +39,7 @@ from kbinject import (
     injection_mode,
 )
 from kbinject import service as kb_service
+from kbinject import vectors
 from kbinject.embedder import BATCH_SIZE, Embedder, EmbedderFailed
 from kbinject.injection import too_full
 from kbinject.search import (
@@ -922,6 +923,24 @@ def test_the_quantised_index_stays_consistent_through_adds_and_removes() -> None
     assert best_id == ids[3] and abs(best_cosine - 1.0) < 1e-6
     everything = index.shortlist(matrix[0], 10_000)
     assert sorted(chunk_id for chunk_id, _ in everything) == sorted(live_ids)
+
+
+def test_a_scan_split_over_threads_finds_what_one_thread_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(13)
+    dim = 32
+    ids = [kb_chunk_range(1 + n % 3)[0] | (n + 1) for n in range(3_000)]
+    index = VectorIndex(dim)
+    index.add(ids, unit_rows(rng, len(ids), dim))
+    queries = unit_rows(rng, 5, dim)
+    whole = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
+
+    monkeypatch.setattr(vectors, "SCAN_BYTES", dim * 4 * 16)  # 16 rows a step: 3,000 rows make many parts
+    monkeypatch.setattr(vectors, "SCAN_THREADS", 3)
+    split = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
+    for ours, theirs in zip(split, whole):
+        for found, expected in zip(ours, theirs):
+            assert [chunk_id for chunk_id, _ in found] == [chunk_id for chunk_id, _ in expected]
+            assert np.allclose([score for _, score in found], [score for _, score in expected], atol=1e-6)
 
 
 def test_exact_cosines_leave_out_vectors_of_another_dimension() -> None:
