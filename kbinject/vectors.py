@@ -12,7 +12,8 @@ scales, not one global scale: a vector added later never has to fit a range chos
 before it, and every vector uses all 8 bits. A search (``shortlist``) casts the codes
 to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
 int8-to-float32 cast is not vectorised past SSE4, so that costs ~8 ms of CPU at 100k;
-a scan is split over ``SCAN_THREADS`` threads (~4.5 ms on two cores).
+a scan is split over ``SCAN_THREADS`` threads (~4.5 ms on two cores), which take its
+parts in turn.
 
 The codes only pick candidates: the approximate cosine is off by ~5e-4 (half a code
 step a component), about the gap between neighbouring scores near the top of 100k
@@ -39,6 +40,7 @@ too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -81,7 +83,7 @@ SCAN_BYTES = 1 << 20
 # Threads one scan is split over (the calling one included): the cast is CPU-bound, so
 # each core helps; past four, memory bandwidth is the limit anyway.
 SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
-MIN_STEPS_PER_THREAD = 8  # a smaller scan is not worth handing over to another thread
+PART_STEPS = 8  # steps in one part of a scan: a thread takes a part at a time
 # The threads that share scans with the ones searching; they start on first use, and
 # parts of concurrent searches queue for them (they would only share the cores anyway).
 _SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
@@ -214,24 +216,31 @@ def _best_of_part(
 
 
 def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int) -> tuple[Rows, Matrix]:
-    """The ``n`` positions of highest approximate cosine, best first, and their cosines."""
+    """The ``n`` positions of highest approximate cosine, best first, and their cosines.
+
+    The positions are cut into parts of PART_STEPS steps that the threads take in turn,
+    so a thread slowed by other work on its core takes fewer of them.
+    """
     total = snapshot.count if rows is None else len(rows)
-    step = max(1, SCAN_BYTES // (snapshot.codes.shape[1] * 4))
-    threads = max(1, min(SCAN_THREADS, total // (step * MIN_STEPS_PER_THREAD)))
-    bounds = [total * part // threads for part in range(threads + 1)]
-    helpers = [
-        _SCAN_POOL.submit(_best_of_part, snapshot, query, rows, n, bounds[part], bounds[part + 1])
-        for part in range(1, threads)
-    ]
+    part_size = max(1, SCAN_BYTES // (snapshot.codes.shape[1] * 4)) * PART_STEPS
+    parts = max(1, -(-total // part_size))
+    taken = itertools.count()  # next() on it is atomic: each part is scanned once
+
+    def scan() -> list[tuple[Rows, Matrix]]:
+        found = []
+        while (part := next(taken)) < parts:
+            found.append(_best_of_part(snapshot, query, rows, n, part * part_size, min(total, (part + 1) * part_size)))
+        return found
+
+    helpers = [_SCAN_POOL.submit(scan) for _ in range(min(SCAN_THREADS, parts) - 1)]
     try:
-        found = [_best_of_part(snapshot, query, rows, n, bounds[0], bounds[1])]
+        found = scan()
     finally:
-        found += [helper.result() for helper in helpers]
+        found += [best for helper in helpers for best in helper.result()]
     positions = np.concatenate([p for p, _ in found])
     scores = np.concatenate([c for _, c in found])
     order = np.argsort(-scores, kind="stable")[:n]
     return positions[order], scores[order]
-
 
 
 class VectorIndex:
