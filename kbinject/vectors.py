@@ -191,17 +191,17 @@ class _Snapshot:
 
 
 def _best_of_part(
-    snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int, start: int, stop: int
+    snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int, start: int, stop: int, block: Matrix
 ) -> tuple[Rows, Matrix]:
     """The ``n`` positions in [start, stop) of highest approximate cosine, and their cosines.
 
     A position is a row in use, or an entry of ``rows`` when the search is scoped.
-    Scaling and the partial sort happen here too, so they are split over the threads.
+    ``block`` is the calling thread's own float32 buffer of one step. Scaling and the
+    partial sort happen here too, so they are split over the threads.
     """
-    codes, dim = snapshot.codes, snapshot.codes.shape[1]
-    step = max(1, SCAN_BYTES // (dim * 4))
+    codes = snapshot.codes
+    step = len(block)
     scores = np.empty(stop - start, dtype=np.float32)
-    block = np.empty((min(step, stop - start), dim), dtype=np.float32)  # its own: threads run at once
     for first in range(start, stop, step):
         last = min(stop, first + step)
         part = block[: last - first]
@@ -222,14 +222,20 @@ def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: in
     so a thread slowed by other work on its core takes fewer of them.
     """
     total = snapshot.count if rows is None else len(rows)
-    part_size = max(1, SCAN_BYTES // (snapshot.codes.shape[1] * 4)) * PART_STEPS
+    dim = snapshot.codes.shape[1]
+    step = max(1, min(total, SCAN_BYTES // (dim * 4)))
+    part_size = step * PART_STEPS
     parts = max(1, -(-total // part_size))
     taken = itertools.count()  # next() on it is atomic: each part is scanned once
 
     def scan() -> list[tuple[Rows, Matrix]]:
         found = []
+        block: Matrix | None = None  # made on the first part: a helper may come when all are taken
         while (part := next(taken)) < parts:
-            found.append(_best_of_part(snapshot, query, rows, n, part * part_size, min(total, (part + 1) * part_size)))
+            if block is None:
+                block = np.empty((step, dim), dtype=np.float32)
+            start, stop = part * part_size, min(total, (part + 1) * part_size)
+            found.append(_best_of_part(snapshot, query, rows, n, start, stop, block))
         return found
 
     helpers = [_SCAN_POOL.submit(scan) for _ in range(min(SCAN_THREADS, parts) - 1)]
