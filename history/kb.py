@@ -22,9 +22,9 @@ the turn's search. So a search ranks about ``RANKED_CHUNKS`` chunks at most:
   bm25 ranks the chunks holding any of them. When every phrase fits (any KB of up to
   ``RANKED_CHUNKS`` chunks, and most questions) that is the whole question and the
   ranking is exactly bm25;
-- **the approximation**: the other, more frequent phrases then neither find chunks nor
-  add to their scores. Their IDF is the lowest of the question's words (below 3.9 at
-  ``RANKED_CHUNKS`` of 100,000 chunks, against ~9 for a word a few chunks hold);
+- **the approximation**: the other phrases, the question's commonest words, then
+  neither find chunks nor add to their scores. Their IDF is the lowest of the
+  question's (a word 2,000 of 100,000 chunks hold: 3.9; one a few chunks hold: ~9);
 - a question made only of frequent phrases has nothing cheap to rank by: its matches
   come newest first, with score 0 (as conversation search does, history/search.py).
 
