@@ -11,6 +11,26 @@ FTS5 answers by seeking inside its doclists, and the KB of a chunk is its id shi
 ``kb_chunk_fts`` is an external-content FTS5 table over ``kb_chunks.text`` kept in
 step by triggers (history/migrations.py m006).
 
+Keyword search ranks by FTS5's ``bm25()``, which costs ~1 µs for every chunk the
+MATCH finds (the chunk's size from the docsize table, its term positions): a question
+holding a word that 15,000 chunks of a big KB contain took 15 ms, more than the rest of
+the turn's search. So a search ranks about ``RANKED_CHUNKS`` chunks at most:
+
+- each quoted word (phrase) is counted in the searched KBs, each count stopping at
+  ``RANKED_CHUNKS + 1`` (~0.1 ms at worst);
+- the rarest phrases whose counts add up to at most ``RANKED_CHUNKS`` are *weighed*:
+  bm25 ranks the chunks holding any of them. When every phrase fits (any KB of up to
+  ``RANKED_CHUNKS`` chunks, and most questions) that is the whole question and the
+  ranking is exactly bm25;
+- **the approximation**: the other phrases, the question's commonest words, then
+  neither find chunks nor add to their scores. Their IDF is the lowest of the
+  question's (a word 2,000 of 100,000 chunks hold: 3.9; one a few chunks hold: ~9);
+- a question made only of frequent phrases has nothing cheap to rank by: its matches
+  come newest first, with score 0 (as conversation search does, history/search.py).
+
+bm25's IDF is computed over every KB's chunks (FTS5 walks each weighed phrase's whole
+doclist, ~0.04 µs a chunk); only the ranking is confined to the searched KBs.
+
 Soft-deleted conversations see no KB: ``linked`` returns nothing for them, and linking
 one is refused.
 
@@ -31,6 +51,7 @@ from .sql import IS_LIVE_CONVERSATION
 __all__ = [
     "KB_CHUNK_SHIFT",
     "MAX_KB_ID",
+    "RANKED_CHUNKS",
     "KbChunk",
     "KbDocument",
     "KnowledgeBase",
@@ -41,6 +62,8 @@ __all__ = [
 ]
 
 KB_CHUNK_SHIFT = 32
+# The most chunks one keyword search ranks, about (module docstring): ~1 µs each.
+RANKED_CHUNKS = 2_000
 # The id must stay below 2**31 so `kb_id << 32 | n` fits SQLite's signed 64-bit rowid.
 MAX_KB_ID = (1 << 31) - 1
 MAX_CHUNKS_PER_KB = (1 << KB_CHUNK_SHIFT) - 1
@@ -135,12 +158,24 @@ ORDER BY chunk_id
 LIMIT ?
 """
 DELETE_OTHER_DIMS = "DELETE FROM kb_vectors WHERE model = ? AND dim != ?"
+# The ids come as one JSON array: one statement (one plan, cached) whatever their number,
+# each id a primary-key lookup.
+SELECT_VECTORS_OF = """
+SELECT chunk_id, vector FROM kb_vectors
+WHERE model = ? AND chunk_id IN (SELECT value FROM json_each(?))
+"""
 
-# bm25() is negative, best first; `rowid BETWEEN` scopes to one KB.
-SEARCH_CHUNKS = """
-SELECT rowid, bm25(kb_chunk_fts) AS score FROM kb_chunk_fts
-WHERE kb_chunk_fts MATCH ?
-ORDER BY score
+# bm25() is negative, best first; `rowid BETWEEN` scopes to one KB (or to every one).
+ALL_CHUNKS = (0, (1 << 63) - 1)
+COUNT_IN_RANGE = """
+SELECT count(*) FROM (
+    SELECT 1 FROM kb_chunk_fts WHERE kb_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?
+)
+"""
+NEWEST_IN_RANGE = """
+SELECT rowid, 0.0 AS score FROM kb_chunk_fts
+WHERE kb_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
+ORDER BY rowid DESC
 LIMIT ?
 """
 SEARCH_CHUNKS_IN_RANGE = """
@@ -429,23 +464,41 @@ class KnowledgeStore:
                 found.append(KbChunk.from_row(row))
         return found
 
-    def search(self, match: str, kb_ids: Sequence[int] | None, limit: int) -> list[tuple[int, float]]:
-        """(chunk id, bm25) of the best FTS5 matches, best first; ``match`` is already quoted.
+    def search(self, phrases: Sequence[str], kb_ids: Sequence[int] | None, limit: int) -> list[tuple[int, float]]:
+        """(chunk id, bm25) of the best matches of any of ``phrases`` (each already quoted), best first.
 
-        ``kb_ids`` None searches every KB; otherwise each KB's range is searched for
-        ``limit`` hits and the best ``limit`` of them all kept (bm25 shares one corpus
-        statistic across the table, so scores from different KBs compare).
+        ``kb_ids`` None searches every KB. At most about ``RANKED_CHUNKS`` chunks are
+        ranked (module docstring); bm25 shares one corpus statistic across the table,
+        so scores from different KBs compare. Matches of only frequent phrases come
+        newest first, with score 0.
         """
-        if not match:
+        if not phrases or limit <= 0:
             return []
-        if kb_ids is None:
-            return [(r[0], r[1]) for r in self._conn.execute(SEARCH_CHUNKS, (match, limit))]
+        ranges = [ALL_CHUNKS] if kb_ids is None else [kb_chunk_range(kb_id) for kb_id in kb_ids]
+        held = self._held(phrases, ranges)
+        found = [phrase for phrase in phrases if held[phrase]]  # the others add nothing but their IDF walk
+        if not found:
+            return []
+        weighed = _weighed(found, held)
+        sql = SEARCH_CHUNKS_IN_RANGE if weighed else NEWEST_IN_RANGE
+        match = " OR ".join(weighed or found)
         hits: list[tuple[int, float]] = []
-        for kb_id in kb_ids:
-            lo, hi = kb_chunk_range(kb_id)
-            hits += [(r[0], r[1]) for r in self._conn.execute(SEARCH_CHUNKS_IN_RANGE, (match, lo, hi, limit))]
-        hits.sort(key=lambda hit: hit[1])
+        for lo, hi in ranges:
+            hits += [(r[0], r[1]) for r in self._conn.execute(sql, (match, lo, hi, limit))]
+        hits.sort(key=(lambda hit: hit[1]) if weighed else (lambda hit: -hit[0]))
         return hits[:limit]
+
+    def _held(self, phrases: Sequence[str], ranges: Sequence[tuple[int, int]]) -> dict[str, int]:
+        """How many chunks of ``ranges`` hold each phrase, counted up to RANKED_CHUNKS + 1."""
+        held: dict[str, int] = {}
+        for phrase in phrases:
+            count = 0
+            for lo, hi in ranges:
+                count += self._conn.execute(COUNT_IN_RANGE, (phrase, lo, hi, RANKED_CHUNKS + 1 - count)).fetchone()[0]
+                if count > RANKED_CHUNKS:
+                    break
+            held[phrase] = count
+        return held
 
     # -- vectors ---------------------------------------------------------------------
 
@@ -482,7 +535,26 @@ class KnowledgeStore:
         """(chunk id, blob) of ``model``'s vectors of ``dim``, by id, past ``after``: a page to load."""
         return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS, (model, dim, after, limit))]
 
+    def vectors_of(self, model: str, ids: Sequence[int]) -> list[tuple[int, bytes]]:
+        """(chunk id, blob) of ``model``'s vectors of these chunks, those that have one, in no order."""
+        if not ids:
+            return []
+        listed = "[" + ",".join(str(int(chunk_id)) for chunk_id in ids) + "]"
+        return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS_OF, (model, listed))]
+
     def drop_other_dims(self, model: str, dim: int) -> int:
         """Delete ``model``'s vectors whose dimension is not ``dim`` (the model behind the name changed)."""
         with immediate_transaction(self._conn):
             return int(self._conn.execute(DELETE_OTHER_DIMS, (model, dim)).rowcount)
+
+
+def _weighed(phrases: Sequence[str], held: dict[str, int]) -> list[str]:
+    """The rarest phrases that together hold at most RANKED_CHUNKS chunks, in the question's order."""
+    kept: set[str] = set()
+    total = 0
+    for phrase in sorted(phrases, key=held.__getitem__):
+        if total + held[phrase] > RANKED_CHUNKS:
+            break
+        kept.add(phrase)
+        total += held[phrase]
+    return [phrase for phrase in phrases if phrase in kept]

@@ -5,7 +5,9 @@ ANDed, as conversation_search does, would find nothing for most questions), word
 common to mean anything (``STOP_WORDS``) are dropped, and each remaining word is quoted
 (``history.quote_fts``'s rule) so no FTS5 syntax can come through. bm25 then ranks the
 chunks holding the rarer words of the question first; the index stems English words
-(porter), so "backups" finds "backup".
+(porter), so "backups" finds "backup". A word that many chunks hold is left out of the
+ranking when the question has rarer ones (history/kb.py ``RANKED_CHUNKS``): bm25's cost
+grows with every chunk it ranks.
 
 Fusion: the bm25 list and the cosine list are merged by reciprocal rank fusion, each
 chunk scoring ``sum(1 / (RRF_K + rank))`` over the lists it is in. Ranks, not scores,
@@ -40,6 +42,7 @@ __all__ = [
     "SearchMode",
     "SearchResult",
     "SimilarityKind",
+    "fts_phrases",
     "fts_query",
     "keyword_share",
     "query_terms",
@@ -82,9 +85,14 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
 
 
+def fts_phrases(terms: Sequence[str]) -> list[str]:
+    """The keywords as FTS5 phrases, each quoted (the store ORs them)."""
+    return ['"' + term.replace('"', '""') + '"' for term in terms]
+
+
 def fts_query(terms: Sequence[str]) -> str:
     """An FTS5 MATCH expression: the keywords quoted, ORed; '' when there are none."""
-    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+    return " OR ".join(fts_phrases(terms))
 
 
 def _stem(term: str) -> str:

@@ -9,7 +9,9 @@ Consistency of the vector index: it is loaded once per daemon, on first need, by
 task under ``_index_lock``; every write that adds or removes vectors (storing a
 document, storing vectors, removing a KB) holds the same lock around its store call and
 the matching index change, so a load never misses or doubles a write. Searches take no
-lock (the index publishes consistent snapshots).
+lock (the index publishes consistent snapshots); the float32 vectors a search re-scores
+are read from the store after the shortlist, so a chunk removed in between just drops
+out of the list.
 
 Adds to one KB are serialised (a per-name lock): two adds of the same files would
 otherwise both find them new. Adds to different KBs run concurrently.
@@ -36,6 +38,7 @@ from core.seams import Embedder
 from history import (
     AsyncHistory,
     HistoryStore,
+    KbChunk,
     KbDocument,
     KnowledgeBase,
     NewKbDocument,
@@ -69,13 +72,19 @@ from .search import (
     MIN_VECTOR_SIMILARITY,
     Hit,
     SearchResult,
-    fts_query,
+    fts_phrases,
     keyword_share,
     query_terms,
     reciprocal_rank_fusion,
 )
 from .tool import KbSearch
-from .vectors import VectorIndex, vector_blob, vectors_from_blobs
+from .vectors import (
+    VectorIndex,
+    exact_cosines,
+    shortlist_size,
+    vector_blob,
+    vectors_from_blobs,
+)
 
 __all__ = ["DEFAULT_SEARCH_LIMIT", "KB_NAME_MAX", "KnowledgeBases"]
 
@@ -85,7 +94,12 @@ KB_NAME_MAX = 100  # characters in a KB's name
 DEFAULT_SEARCH_LIMIT = 5  # hits of a search that names no limit
 MAX_SEARCH_LIMIT = 50
 INGEST_CONCURRENCY = 4  # files extracted at once (each PDF runs pdftotext and pdfinfo)
-LOAD_PAGE = 8_192  # vectors read per trip to the store while loading the index (~12 MB at 384)
+# Vectors read per trip to the store while loading the index (1.5 MB at 384). Small on
+# purpose: glibc raises its mmap threshold to the largest block freed, so pages of
+# 8,192 (12 MB of blobs, their join, the float32 copy) put every later temporary on the
+# heap and left ~40 MB of freed-but-held memory behind at 100k vectors; at 1,024 it is
+# ~4 MB, and the load is no slower (0.7 s).
+LOAD_PAGE = 1_024
 REMOVE_BATCH = 2_000  # chunks deleted per transaction when a KB is removed (~80 ms each)
 PROGRESS_INTERVAL = 0.2  # seconds between two progress callbacks of one phase
 
@@ -504,21 +518,26 @@ class KnowledgeBases:
 
     async def _search(self, query: str, kb_ids: builtins.list[int] | None, limit: int) -> SearchResult:
         terms = query_terms(query)
-        match = fts_query(terms)
+        phrases = fts_phrases(terms)
         keywords, (nearest, vector, note) = await asyncio.gather(
-            self.history.run(lambda s: s.kb.search(match, kb_ids, CANDIDATES)),
+            self.history.run(lambda s: s.kb.search(phrases, kb_ids, CANDIDATES)),
             self._nearest(query, kb_ids),
         )
         found = {chunk_id for chunk_id, _ in keywords}
         similar = [chunk_id for chunk_id, cosine in nearest if cosine >= MIN_VECTOR_SIMILARITY or chunk_id in found]
         ranked = reciprocal_rank_fusion([chunk_id for chunk_id, _ in keywords], similar)
         chosen = ranked[:limit]
-        chunks = await self.history.run(lambda s: s.kb.chunks(chosen)) if chosen else []
         cosines = dict(nearest)
-        index = self._index
-        unscored = [chunk.id for chunk in chunks if chunk.id not in cosines]
-        if vector is not None and index is not None and unscored and index.dim == vector.shape[0]:
-            cosines.update(index.similarities(vector, unscored))
+        # the chunks bm25 alone found get their cosine from their stored vector, read in
+        # the same trip to the history thread as the chunks themselves
+        unscored = [chunk_id for chunk_id in chosen if chunk_id not in cosines] if vector is not None else []
+        if chosen:
+            model = self.embedder.model if self.embedder is not None else ""
+            chunks, blobs = await self.history.run(partial(_chunks_and_vectors, model, chosen, unscored))
+        else:
+            chunks, blobs = [], []
+        if vector is not None and blobs:
+            cosines.update(exact_cosines(vector, blobs))
         hits = [
             Hit.from_chunk(chunk, cosines[chunk.id], "cosine") if chunk.id in cosines
             else Hit.from_chunk(chunk, keyword_share(terms, chunk.text), "keywords")
@@ -553,8 +572,26 @@ class KnowledgeBases:
                 f"the embedding model now gives {vector.shape[0]} dimensions, the index holds {index.dim}; "
                 "keyword search only until the knowledge bases are added again"
             )
-        nearest = await asyncio.to_thread(index.search, vector, CANDIDATES, kb_ids)
+        nearest = await self._nearest_vectors(index, vector, kb_ids)
         return nearest, vector, note
+
+    async def _nearest_vectors(
+        self, index: VectorIndex, vector: Vector, kb_ids: builtins.list[int] | None
+    ) -> builtins.list[tuple[int, float]]:
+        """The ``CANDIDATES`` chunks nearest ``vector``, (id, exact cosine) best first.
+
+        The index shortlists by approximate cosine (in a worker thread: numpy releases
+        the GIL); the shortlist's float32 vectors are read back from the store and
+        re-scored exactly (vectors.py).
+        """
+        assert self.embedder is not None
+        model = self.embedder.model
+        shortlist = await asyncio.to_thread(index.shortlist, vector, shortlist_size(CANDIDATES), kb_ids)
+        if not shortlist:
+            return []
+        ids = [chunk_id for chunk_id, _ in shortlist]
+        blobs = await self.history.run(lambda s: s.kb.vectors_of(model, ids))
+        return exact_cosines(vector, blobs)[:CANDIDATES]
 
     # -- auto-injection -----------------------------------------------------------------
 
@@ -619,6 +656,12 @@ class KnowledgeBases:
 # its own arguments rather than a closure over the loop's variables.
 def _vectors_page(model: str, dim: int, after: int, store: HistoryStore) -> list[tuple[int, bytes]]:
     return store.kb.vectors(model, dim, after, LOAD_PAGE)
+
+
+def _chunks_and_vectors(
+    model: str, ids: Sequence[int], vector_ids: Sequence[int], store: HistoryStore
+) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
+    return store.kb.chunks(ids), store.kb.vectors_of(model, vector_ids)
 
 
 def _pending_page(model: str, kb_id: int, after: int, store: HistoryStore) -> list[tuple[int, str]]:

@@ -1,17 +1,37 @@
-"""The in-memory vector index: every chunk vector of one embedding model in one matrix.
+"""The in-memory vector index: every chunk vector of one embedding model, as int8 codes.
 
 Vectors live in SQLite (``kb_vectors``, float32 blobs, L2-normalised), but reading 100k
 of them takes about half a second, far too long per query. They are therefore loaded
-once into one ``(n, dim)`` float32 matrix, kept in step as chunks are added and
-removed, and a query is one matrix-vector product (the cosine, since all are unit
-vectors) and a partial sort.
+once into memory and kept in step as chunks are added and removed.
 
-Searches run in a worker thread (numpy releases the GIL in the product) while the
-event loop mutates the index, so the index never changes an array a search may be
-reading: the matrix, the ids and the row count are published together as one tuple;
-appending writes only rows past the published count (or into a new, larger matrix),
-and removing builds new arrays. A search takes the tuple once and sees a consistent
-index from then on.
+Not as float32, though: 100k vectors of 384 dimensions are 155 MB, and a search that
+reads them all is bound by memory bandwidth (9-12 ms on one core). The index keeps each
+vector as int8 codes and one float32 scale (``quantised``: the vector's largest
+component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-vector
+scales, not one global scale: a vector added later never has to fit a range chosen
+before it, and every vector uses all 8 bits. A search (``shortlist``) casts the codes
+to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
+int8-to-float32 cast is not vectorised past SSE4, so that costs ~8 ms of CPU at 100k;
+a scan is split over ``SCAN_THREADS`` threads (~4.5 ms on two cores), which take its
+parts in turn.
+
+The codes only pick candidates: the approximate cosine is off by ~5e-4 (half a code
+step a component), about the gap between neighbouring scores near the top of 100k
+random vectors. So ``shortlist_size(k)`` candidates are taken and re-scored exactly
+(``exact_cosines``) from their float32 blobs, read back from SQLite: 80 primary-key
+reads for the 40 candidates a search wants (~0.5 ms). A float32 copy in memory would
+cost the 155 MB this design saves, and SQLite is the one source of truth anyway.
+Every similarity a caller sees is therefore the exact float32 cosine, and the top of
+the list is exact unless a vector's approximate score fell below the shortlist's edge
+(bench/bench_kb.py measures recall@10 against exact search: 1.0 at 100k).
+
+Searches run in worker threads (numpy releases the GIL in the cast and the product)
+while the event loop mutates the index, so the index never changes an array a search
+may be reading: the codes, scales, ids and the row count are published together as one
+``_Snapshot``; appending writes only rows past the published count (or into new,
+larger arrays), and removing builds new arrays. A search takes the snapshot once, and
+every thread of its scan reads that one, so it sees a consistent index throughout;
+each thread writes only its own arrays.
 
 A chunk's KB is its id shifted (history/kb.py); the index keeps that shifted column
 too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
@@ -19,23 +39,60 @@ too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from history import KB_CHUNK_SHIFT
 
-__all__ = ["GROWTH", "VectorIndex", "normalised", "vector_blob", "vectors_from_blobs"]
+__all__ = [
+    "GROWTH",
+    "SHORTLIST_FACTOR",
+    "VectorIndex",
+    "exact_cosines",
+    "normalised",
+    "quantised",
+    "shortlist_size",
+    "vector_blob",
+    "vectors_from_blobs",
+]
 
 Matrix = npt.NDArray[np.float32]
+Codes = npt.NDArray[np.int8]
+Scales = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 KbIds = npt.NDArray[np.int32]
-State = tuple[Matrix, Ids, KbIds, int]
+Rows = npt.NDArray[np.intp]
 
-GROWTH = 1.25  # the matrix grows by this factor when full: little slack held on a big index
+GROWTH = 1.25  # the arrays grow by this factor when full: little slack held on a big index
 MIN_GROWTH_ROWS = 1024
 BLOB_DTYPE = np.dtype("<f4")
+CODE_MAX = 127  # a vector's largest component (in absolute value) is coded as ±127
+# Bytes of float32 one scan step casts the codes into: small enough to stay in the
+# core's cache between the cast and the product, big enough that the Python loop
+# (a few µs a step) is a small share of the scan. Also below the size at which
+# OpenBLAS splits a product over its own threads (measured: 2 MB blocks did), which
+# on a busy machine made a scan ten times slower.
+SCAN_BYTES = 1 << 20
+# Threads one scan is split over (the calling one included): the cast is CPU-bound, so
+# each core helps; past four, memory bandwidth is the limit anyway.
+SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
+PART_STEPS = 8  # steps in one part of a scan: a thread takes a part at a time
+# The threads that share scans with the ones searching; they start on first use, and
+# parts of concurrent searches queue for them (they would only share the cores anyway).
+_SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
+# Candidates re-scored exactly per candidate wanted, and at least MIN_SHORTLIST: the
+# true top k sits within a few code errors (~5e-4 each) of the approximate k-th score,
+# and that band holds a handful of vectors unless many are near-duplicates of each
+# other. Each one re-scored is a primary-key read of its blob (~6 µs).
+SHORTLIST_FACTOR = 2
+MIN_SHORTLIST = 64
 
 
 def normalised(vector: Sequence[float] | npt.NDArray[np.floating]) -> npt.NDArray[np.float32] | None:
@@ -60,24 +117,153 @@ def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> Matrix:
     return np.frombuffer(joined, dtype=BLOB_DTYPE).reshape(len(blobs), dim).astype(np.float32, copy=False)
 
 
+def quantised(vectors: Matrix) -> tuple[Codes, Scales]:
+    """Rows as int8 codes and a float32 scale each: ``row ≈ codes * scale``."""
+    peaks = np.abs(vectors).max(axis=1)
+    scales = np.where(peaks > 0, peaks / CODE_MAX, 1.0).astype(np.float32)
+    codes = np.rint(vectors / scales[:, None]).astype(np.int8)
+    return codes, scales
+
+
+def shortlist_size(k: int) -> int:
+    """How many approximate candidates to re-score for an exact top ``k``."""
+    return max(MIN_SHORTLIST, SHORTLIST_FACTOR * k)
+
+
+def exact_cosines(query: npt.NDArray[np.float32], rows: Sequence[tuple[int, bytes]]) -> list[tuple[int, float]]:
+    """(id, float32 cosine) of the chunks whose blobs are given, best first.
+
+    Blobs of another dimension than the query's (a model that changed size) are left out.
+    """
+    size = query.shape[0] * BLOB_DTYPE.itemsize
+    kept = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == size]
+    if not kept:
+        return []
+    scores = vectors_from_blobs([blob for _, blob in kept], query.shape[0]) @ query
+    order = np.argsort(-scores, kind="stable")
+    return [(kept[i][0], float(scores[i])) for i in order]
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The index as one search sees it: arrays of ``capacity`` rows, the first ``count`` in use."""
+
+    codes: Codes
+    scales: Scales
+    ids: Ids
+    kbs: KbIds
+    count: int
+
+    @classmethod
+    def empty(cls, dim: int, capacity: int) -> _Snapshot:
+        return cls(
+            codes=np.empty((capacity, dim), dtype=np.int8),
+            scales=np.empty(capacity, dtype=np.float32),
+            ids=np.empty(capacity, dtype=np.int64),
+            kbs=np.empty(capacity, dtype=np.int32),
+            count=0,
+        )
+
+    @property
+    def capacity(self) -> int:
+        return len(self.ids)
+
+    def grown(self, capacity: int) -> _Snapshot:
+        """A copy with room for ``capacity`` rows (the published ones copied)."""
+        count = self.count
+        bigger = dataclasses.replace(_Snapshot.empty(self.codes.shape[1], capacity), count=count)
+        bigger.codes[:count] = self.codes[:count]
+        bigger.scales[:count] = self.scales[:count]
+        bigger.ids[:count] = self.ids[:count]
+        bigger.kbs[:count] = self.kbs[:count]
+        return bigger
+
+    def kept(self, keep: npt.NDArray[np.bool_]) -> _Snapshot:
+        """New arrays holding only the rows in use that ``keep`` marks."""
+        count = self.count
+        return _Snapshot(
+            np.ascontiguousarray(self.codes[:count][keep]),
+            self.scales[:count][keep].copy(),
+            self.ids[:count][keep].copy(),
+            self.kbs[:count][keep].copy(),
+            int(keep.sum()),
+        )
+
+
+def _best_of_part(
+    snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int, start: int, stop: int, block: Matrix
+) -> tuple[Rows, Matrix]:
+    """The ``n`` positions in [start, stop) of highest approximate cosine, and their cosines.
+
+    A position is a row in use, or an entry of ``rows`` when the search is scoped.
+    ``block`` is the calling thread's own float32 buffer of one step. Scaling and the
+    partial sort happen here too, so they are split over the threads.
+    """
+    codes = snapshot.codes
+    step = len(block)
+    scores = np.empty(stop - start, dtype=np.float32)
+    for first in range(start, stop, step):
+        last = min(stop, first + step)
+        part = block[: last - first]
+        np.copyto(part, codes[first:last] if rows is None else codes[rows[first:last]], casting="unsafe")
+        np.matmul(part, query, out=scores[first - start : last - start])
+    scores *= snapshot.scales[start:stop] if rows is None else snapshot.scales[rows[start:stop]]
+    if len(scores) > n:
+        best = np.argpartition(scores, len(scores) - n)[len(scores) - n :]
+    else:
+        best = np.arange(len(scores))
+    return best + start, scores[best]
+
+
+def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int) -> tuple[Rows, Matrix]:
+    """The ``n`` positions of highest approximate cosine, best first, and their cosines.
+
+    The positions are cut into parts of PART_STEPS steps that the threads take in turn,
+    so a thread slowed by other work on its core takes fewer of them.
+    """
+    total = snapshot.count if rows is None else len(rows)
+    dim = snapshot.codes.shape[1]
+    step = max(1, min(total, SCAN_BYTES // (dim * 4)))
+    part_size = step * PART_STEPS
+    parts = max(1, -(-total // part_size))
+    taken = itertools.count()  # next() on it is atomic: each part is scanned once
+
+    def scan() -> list[tuple[Rows, Matrix]]:
+        found = []
+        block: Matrix | None = None  # made on the first part: a helper may come when all are taken
+        while (part := next(taken)) < parts:
+            if block is None:
+                block = np.empty((step, dim), dtype=np.float32)
+            start, stop = part * part_size, min(total, (part + 1) * part_size)
+            found.append(_best_of_part(snapshot, query, rows, n, start, stop, block))
+        return found
+
+    helpers = [_SCAN_POOL.submit(scan) for _ in range(min(SCAN_THREADS, parts) - 1)]
+    try:
+        found = scan()
+    finally:
+        found += [best for helper in helpers for best in helper.result()]
+    positions = np.concatenate([p for p, _ in found])
+    scores = np.concatenate([c for _, c in found])
+    order = np.argsort(-scores, kind="stable")[:n]
+    return positions[order], scores[order]
+
+
 class VectorIndex:
-    """Unit vectors of chunks, searchable by cosine, scoped by KB."""
+    """Unit vectors of chunks as int8 codes, shortlisted by approximate cosine, scoped by KB."""
 
     def __init__(self, dim: int, capacity: int = 0) -> None:
         self.dim = dim
-        matrix = np.empty((capacity, dim), dtype=np.float32)
-        ids = np.empty(capacity, dtype=np.int64)
-        kbs = np.empty(capacity, dtype=np.int32)
-        self._state: State = (matrix, ids, kbs, 0)
+        self._state = _Snapshot.empty(dim, capacity)
 
     def __len__(self) -> int:
-        return self._state[3]
+        return self._state.count
 
     @property
     def nbytes(self) -> int:
         """Memory held by the arrays (capacity, not just the rows in use)."""
-        matrix, ids, kbs, _ = self._state
-        return int(matrix.nbytes + ids.nbytes + kbs.nbytes)
+        state = self._state
+        return int(state.codes.nbytes + state.scales.nbytes + state.ids.nbytes + state.kbs.nbytes)
 
     def add(self, ids: Sequence[int], vectors: Matrix, *, replace: bool = True) -> None:
         """Add the vectors of these chunk ids; vectors must be unit length.
@@ -92,88 +278,60 @@ class VectorIndex:
         new_ids = np.asarray(ids, dtype=np.int64)
         if replace:
             self.remove(new_ids)
-        matrix, current, kbs, count = self._state
+        state = self._state
+        count = state.count
         needed = count + len(new_ids)
-        if needed > len(current):
-            capacity = max(needed, int(len(current) * GROWTH), len(current) + MIN_GROWTH_ROWS)
-            grown = np.empty((capacity, self.dim), dtype=np.float32)
-            grown[:count] = matrix[:count]
-            grown_ids = np.empty(capacity, dtype=np.int64)
-            grown_ids[:count] = current[:count]
-            grown_kbs = np.empty(capacity, dtype=np.int32)
-            grown_kbs[:count] = kbs[:count]
-            matrix, current, kbs = grown, grown_ids, grown_kbs
+        if needed > state.capacity:
+            state = state.grown(max(needed, int(state.capacity * GROWTH), state.capacity + MIN_GROWTH_ROWS))
+        codes, scales = quantised(vectors)
         # rows past the published count: no search is reading them
-        matrix[count:needed] = vectors
-        current[count:needed] = new_ids
-        kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT
-        self._state = (matrix, current, kbs, needed)
+        state.codes[count:needed] = codes
+        state.scales[count:needed] = scales
+        state.ids[count:needed] = new_ids
+        state.kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT
+        self._state = dataclasses.replace(state, count=needed)
 
     def _keep(self, keep: npt.NDArray[np.bool_]) -> None:
-        matrix, ids, kbs, count = self._state
-        if bool(keep.all()):
-            return
-        self._state = (
-            np.ascontiguousarray(matrix[:count][keep]),
-            ids[:count][keep].copy(),
-            kbs[:count][keep].copy(),
-            int(keep.sum()),
-        )
+        if not bool(keep.all()):
+            self._state = self._state.kept(keep)
 
     def remove(self, ids: Sequence[int] | Ids) -> None:
         """Forget the vectors of these chunk ids (absent ones are ignored)."""
         if len(ids) == 0:
             return
-        _, current, _, count = self._state
-        if count:
-            self._keep(~np.isin(current[:count], np.asarray(ids, dtype=np.int64)))
+        state = self._state
+        if state.count:
+            self._keep(~np.isin(state.ids[: state.count], np.asarray(ids, dtype=np.int64)))
 
     def remove_range(self, lo: int, hi: int) -> None:
         """Forget every vector whose chunk id is in [lo, hi] (a whole KB)."""
-        _, current, _, count = self._state
-        if count:
-            used = current[:count]
+        state = self._state
+        if state.count:
+            used = state.ids[: state.count]
             self._keep((used < lo) | (used > hi))
 
-    def search(
-        self, query: npt.NDArray[np.float32], k: int, kb_ids: Sequence[int] | None = None
+    def shortlist(
+        self, query: npt.NDArray[np.float32], n: int, kb_ids: Sequence[int] | None = None
     ) -> list[tuple[int, float]]:
-        """The ``k`` chunks most similar to a unit ``query``: (id, cosine), best first.
+        """The ``n`` chunks of highest approximate cosine with a unit ``query``, best first.
 
-        ``kb_ids`` limits the search to those KBs' chunks (None: all).
+        The scores are approximate (within ~1e-3 of the cosine): re-score the ids with
+        ``exact_cosines`` before showing or thresholding them. ``kb_ids`` limits the
+        search to those KBs' chunks (None: all).
         """
-        matrix, ids, kbs, count = self._state
-        if count == 0 or k <= 0:
+        state = self._state
+        if state.count == 0 or n <= 0:
             return []
-        used_ids = ids[:count]
-        rows: npt.NDArray[np.intp] | None = None
+        rows: Rows | None = None
         if kb_ids is not None:
-            used_kbs = kbs[:count]
-            mask = np.zeros(count, dtype=bool)
+            used_kbs = state.kbs[: state.count]
+            mask = np.zeros(state.count, dtype=bool)
             for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
                 mask |= used_kbs == kb_id
             if not mask.any():
                 return []
             if not mask.all():
                 rows = np.flatnonzero(mask)
-        if rows is None:
-            scores = matrix[:count] @ query
-            candidates = used_ids
-        else:
-            scores = matrix[rows] @ query
-            candidates = used_ids[rows]
-        if len(scores) > k:
-            best = np.argpartition(-scores, k - 1)[:k]
-        else:
-            best = np.arange(len(scores))
-        best = best[np.argsort(-scores[best], kind="stable")]
-        return [(int(candidates[i]), float(scores[i])) for i in best]
-
-    def similarities(self, query: npt.NDArray[np.float32], ids: Sequence[int]) -> dict[int, float]:
-        """The cosine of ``query`` with each of these chunks that has a vector."""
-        matrix, current, _, count = self._state
-        if not ids or count == 0:
-            return {}
-        rows = np.flatnonzero(np.isin(current[:count], np.asarray(ids, dtype=np.int64)))
-        scores = matrix[rows] @ query
-        return {int(current[row]): float(score) for row, score in zip(rows, scores)}
+        positions, scores = _best_positions(state, query.astype(np.float32, copy=False), rows, n)
+        candidates = state.ids[: state.count] if rows is None else state.ids[rows]
+        return [(int(candidates[p]), float(score)) for p, score in zip(positions, scores)]

@@ -23,7 +23,8 @@ from core import Config
 from core.errors import BadRequest, NotFound, RouterError, RouterUnreachable
 from core.router import RouterClient
 from core.tools import Toolbox, ToolContext
-from history import AsyncHistory, HistoryStore, chunk_kb, kb_chunk_range
+from history import AsyncHistory, HistoryStore, NewKbDocument, chunk_kb, kb_chunk_range
+from history import kb as history_kb
 from kbinject import (
     BLOCK_FOOTER,
     BLOCK_HEADER,
@@ -38,18 +39,26 @@ from kbinject import (
     chunk_text,
     format_block,
     injection_mode,
+    vectors,
 )
 from kbinject import service as kb_service
 from kbinject.embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from kbinject.injection import too_full
 from kbinject.search import (
+    MIN_VECTOR_SIMILARITY,
     fts_query,
     keyword_share,
     query_terms,
     reciprocal_rank_fusion,
 )
-from kbinject.vectors import VectorIndex, normalised
-from selfcheck.fakerouter import FakeRouter
+from kbinject.vectors import (
+    VectorIndex,
+    exact_cosines,
+    normalised,
+    shortlist_size,
+    vector_blob,
+)
+from selfcheck.fakerouter import FakeRouter, fake_embedding
 from selfcheck.samples import make_pdf, make_png
 
 EMBED_MODEL = "fake-embed"
@@ -323,6 +332,25 @@ async def test_hybrid_search_finds_the_right_chunk(kbs: KnowledgeBases, docs: Pa
 
     code = (await kbs.search("frobnicate the widget")).hits[0]
     assert code.document == "tool.py"
+
+
+@pytest.mark.asyncio
+async def test_similarities_shown_are_the_stored_vectors_exact_cosines(
+    kbs: KnowledgeBases, docs: Path, history: AsyncHistory
+) -> None:
+    await kbs.add("House", [str(docs)])
+    # the garden notes share one word with it: bm25 finds them, their cosine is under the floor
+    query = "nightly backups restic repository password manager restore drill quarter tomatoes"
+    found = await kbs.search(query, limit=10)
+    assert found.mode == "hybrid" and len(found.hits) >= 2
+    vector = normalised(fake_embedding(query, EMBED_DIM))
+    assert vector is not None
+    ids = [hit.chunk_id for hit in found.hits]
+    stored = dict(await history.run(lambda s: s.kb.vectors_of(EMBED_MODEL, ids)))
+    for hit in found.hits:  # bm25-only hits (cosine under the floor) included
+        exact = float(np.frombuffer(stored[hit.chunk_id], dtype="<f4") @ vector)
+        assert (hit.similarity_kind, hit.similarity) == ("cosine", round(exact, 4))
+    assert any(hit.similarity < MIN_VECTOR_SIMILARITY for hit in found.hits)
 
 
 @pytest.mark.asyncio
@@ -804,31 +832,131 @@ def test_query_terms_and_fusion() -> None:
     assert keyword_share([], "anything") == 0.0
 
 
+def unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
+    vectors = rng.normal(size=(count, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
 def test_vector_index_search_scope_and_removal() -> None:
     rng = np.random.default_rng(7)
     index = VectorIndex(16)
     a_ids = [kb_chunk_range(1)[0] | n for n in range(1, 101)]
     b_ids = [kb_chunk_range(2)[0] | n for n in range(1, 51)]
-    vectors = rng.normal(size=(150, 16)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = unit_rows(rng, 150, 16)
     index.add(a_ids, vectors[:100])
     index.add(b_ids, vectors[100:])
     assert len(index) == 150
 
     query = vectors[120]
-    assert index.search(query, 1)[0][0] == b_ids[20]
-    assert index.search(query, 3, kb_ids=[1])[0][0] in a_ids
-    assert all(chunk_kb(i) == 1 for i, _ in index.search(query, 10, kb_ids=[1]))
-    assert index.search(query, 3, kb_ids=[3]) == []
-    assert abs(index.similarities(query, [b_ids[20]])[b_ids[20]] - 1.0) < 1e-5
+    assert index.shortlist(query, 1)[0][0] == b_ids[20]
+    assert index.shortlist(query, 3, kb_ids=[1])[0][0] in a_ids
+    assert all(chunk_kb(i) == 1 for i, _ in index.shortlist(query, 10, kb_ids=[1]))
+    assert index.shortlist(query, 3, kb_ids=[3]) == []
+    assert abs(index.shortlist(query, 1)[0][1] - 1.0) < 1e-2  # approximate, close
 
     index.remove(b_ids[:10])
-    assert len(index) == 140 and b_ids[5] not in dict(index.search(vectors[105], 5))
+    assert len(index) == 140 and b_ids[5] not in dict(index.shortlist(vectors[105], 5))
     index.remove_range(*kb_chunk_range(1))
-    assert len(index) == 40 and all(chunk_kb(i) == 2 for i, _ in index.search(query, 50))
+    assert len(index) == 40 and all(chunk_kb(i) == 2 for i, _ in index.shortlist(query, 50))
     index.add([b_ids[20]], vectors[:1])  # replacing a vector keeps one row per chunk
     assert len(index) == 40
     assert normalised([0.0, 0.0]) is None and normalised([float("nan")]) is None
+
+
+def exact_top(matrix: np.ndarray, ids: list[int], query: np.ndarray, k: int) -> list[int]:
+    return [ids[i] for i in np.argsort(-(matrix @ query), kind="stable")[:k]]
+
+
+def rescored(index: VectorIndex, blobs: dict[int, bytes], query: np.ndarray, k: int,
+             kb_ids: list[int] | None = None) -> list[tuple[int, float]]:
+    """What the service does: shortlist by the codes, re-score the float32 vectors."""
+    shortlist = index.shortlist(query, shortlist_size(k), kb_ids)
+    return exact_cosines(query, [(chunk_id, blobs[chunk_id]) for chunk_id, _ in shortlist])[:k]
+
+
+def test_the_quantised_index_finds_what_exact_search_finds() -> None:
+    rng = np.random.default_rng(11)
+    dim, count = 64, 5_000
+    ids = [kb_chunk_range(1 + n % 2)[0] | (n + 1) for n in range(count)]  # two KBs, interleaved
+    matrix = unit_rows(rng, count, dim)
+    index = VectorIndex(dim)
+    for start in range(0, count, 1_500):  # in batches, growing the arrays
+        index.add(ids[start : start + 1_500], matrix[start : start + 1_500])
+    blobs = {chunk_id: vector_blob(row) for chunk_id, row in zip(ids, matrix)}
+    queries = unit_rows(rng, 50, dim)
+
+    found = 0
+    for query in queries:
+        top = rescored(index, blobs, query, 10)
+        found += len({chunk_id for chunk_id, _ in top} & set(exact_top(matrix, ids, query, 10)))
+        # every similarity is the float32 cosine (to its rounding: the sum's order
+        # differs between products), not its int8 estimate, which is ~1e-3 off
+        for chunk_id, cosine in top:
+            assert abs(cosine - float(matrix[ids.index(chunk_id)] @ query)) < 1e-6
+    assert found / (10 * len(queries)) >= 0.98
+
+    in_kb2 = [n for n, chunk_id in enumerate(ids) if chunk_kb(chunk_id) == 2]
+    kb2_ids = [ids[n] for n in in_kb2]
+    for query in queries[:10]:
+        top = rescored(index, blobs, query, 10, kb_ids=[2])
+        assert all(chunk_kb(chunk_id) == 2 for chunk_id, _ in top)
+        assert len({chunk_id for chunk_id, _ in top} & set(exact_top(matrix[in_kb2], kb2_ids, query, 10))) >= 9
+
+
+def test_the_quantised_index_stays_consistent_through_adds_and_removes() -> None:
+    rng = np.random.default_rng(12)
+    dim = 32
+    ids = [kb_chunk_range(1)[0] | n for n in range(1, 601)]
+    matrix = unit_rows(rng, 600, dim)
+    index = VectorIndex(dim)
+    index.add(ids[:400], matrix[:400])
+    index.remove(ids[100:200])
+    index.add(ids[400:], matrix[400:])
+    replaced = unit_rows(rng, 50, dim)
+    index.add(ids[:50], replaced)  # new vectors for the same chunks
+
+    live = dict(zip(ids, matrix))
+    for chunk_id in ids[100:200]:
+        del live[chunk_id]
+    live.update(zip(ids[:50], replaced))
+    assert len(index) == len(live)
+    blobs = {chunk_id: vector_blob(row) for chunk_id, row in live.items()}
+    live_ids = list(live)
+    live_matrix = np.stack(list(live.values()))
+    for query in [replaced[3], matrix[450], *unit_rows(rng, 5, dim)]:
+        top = rescored(index, blobs, query, 5)
+        assert [chunk_id for chunk_id, _ in top] == exact_top(live_matrix, live_ids, query, 5)
+    best_id, best_cosine = rescored(index, blobs, replaced[3], 1)[0]
+    assert best_id == ids[3] and abs(best_cosine - 1.0) < 1e-6
+    everything = index.shortlist(matrix[0], 10_000)
+    assert sorted(chunk_id for chunk_id, _ in everything) == sorted(live_ids)
+
+
+def test_a_scan_split_over_threads_finds_what_one_thread_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(13)
+    dim = 32
+    ids = [kb_chunk_range(1 + n % 3)[0] | (n + 1) for n in range(3_000)]
+    index = VectorIndex(dim)
+    index.add(ids, unit_rows(rng, len(ids), dim))
+    queries = unit_rows(rng, 5, dim)
+    whole = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
+
+    monkeypatch.setattr(vectors, "SCAN_BYTES", dim * 4 * 16)  # 16 rows a step: 3,000 rows make many parts
+    monkeypatch.setattr(vectors, "SCAN_THREADS", 3)
+    split = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
+    for ours, theirs in zip(split, whole):
+        for found, expected in zip(ours, theirs):
+            assert [chunk_id for chunk_id, _ in found] == [chunk_id for chunk_id, _ in expected]
+            assert np.allclose([score for _, score in found], [score for _, score in expected], atol=1e-6)
+
+
+def test_exact_cosines_leave_out_vectors_of_another_dimension() -> None:
+    query = normalised([1.0, 0.0, 0.0])
+    assert query is not None
+    rows = [(1, vector_blob(np.array([0.6, 0.8, 0.0], dtype=np.float32))),
+            (2, vector_blob(np.array([1.0, 0.0], dtype=np.float32))),
+            (3, vector_blob(np.array([1.0, 0.0, 0.0], dtype=np.float32)))]
+    assert exact_cosines(query, rows) == [(3, 1.0), (1, float(np.float32(0.6)))]
 
 
 class RefusingRouter:
@@ -871,8 +999,36 @@ def test_store_migrates_and_exposes_the_kb_tables(tmp_path: Path) -> None:
         kb, created = store.kb.ensure("Notes")
         assert created and (kb.name, kb.documents, kb.chunks) == ("Notes", 0, 0)
         assert store.kb.ensure("Notes") == (kb, False)
-        assert store.kb.search('"anything"', None, 5) == []
+        assert store.kb.search(['"anything"'], None, 5) == []
         assert store.kb.linked(12345) == []
+
+
+def store_chunks(store: HistoryStore, kb: str, texts: list[str]) -> list[int]:
+    record, _ = store.kb.ensure(kb)
+    document = NewKbDocument(path=f"/{kb}.txt", name=f"{kb}.txt", kind="text", sha256="0" * 64, size_bytes=1,
+                             mtime_ns=1, pages=None, truncated=False, chunks=[(None, text) for text in texts])
+    return store.kb.put_document(record.id, document)[1]
+
+
+def test_keyword_search_ranks_a_bounded_number_of_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = [f"common words here, chunk {n}" for n in range(8)]
+    texts[2] += " rare"
+    texts[5] += " rare rare, common common"
+    texts.append("other filler")
+    with HistoryStore(tmp_path / "h.db") as store:
+        ids = store_chunks(store, "Notes", texts)
+        kb_id = chunk_kb(ids[0])
+        exact = store.kb.search(['"rare"', '"common"'], [kb_id], 20)
+        assert len(exact) == 8 and {exact[0][0], exact[1][0]} == {ids[2], ids[5]}
+
+        monkeypatch.setattr(history_kb, "RANKED_CHUNKS", 5)  # "common" (8 chunks) is now frequent
+        rare_only = store.kb.search(['"rare"', '"common"'], [kb_id], 20)
+        assert [chunk_id for chunk_id, _ in rare_only] == [ids[5], ids[2]]  # ranked by "rare" alone
+        assert rare_only == store.kb.search(['"rare"'], [kb_id], 20)
+        # nothing cheap to rank by: newest first, score 0
+        assert store.kb.search(['"common"', '"words"'], [kb_id], 3) == [(ids[7], 0.0), (ids[6], 0.0), (ids[5], 0.0)]
+        assert store.kb.search(['"absent"', '"rare"'], None, 5) == rare_only
+        assert store.kb.search(['"absent"'], [kb_id], 5) == []
 
 
 def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
