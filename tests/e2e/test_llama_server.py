@@ -416,7 +416,8 @@ async def test_a_knowledge_base_with_real_embeddings(
     llama_server: Any, sent: Sent, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Ingest through the real /v1/embeddings (the same server, --embeddings --pooling mean),
-    then a linked KB's passage reaches the real model's system prompt."""
+    then a linked KB's passage reaches the real model, before the question (the system
+    prompt stays the same, so the server's cache keeps the conversation)."""
     assert STATE is not None
     folder = tmp_path / "kb"
     folder.mkdir()
@@ -444,8 +445,11 @@ async def test_a_knowledge_base_with_real_embeddings(
             events = await wire.ask("When are the tomatoes watered?")
             assert_turn(events)
             assert any(e["stage"] == "kb" for e in of_type(events, "progress"))
-            system = sent.chats[-1]["messages"][0]["content"]
-            assert "[Knowledge Base Context]" in system and "watered every Tuesday" in system
+            messages = sent.chats[-1]["messages"]
+            question = content_text(messages[-1])
+            assert "[Knowledge Base Context]" in question and "watered every Tuesday" in question
+            assert question.endswith("When are the tomatoes watered?")
+            assert "[Knowledge Base Context]" not in content_text(messages[0])
             await wire.close()
         finally:
             await running.stop()
