@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -871,7 +873,7 @@ def exact_top(matrix: np.ndarray, ids: list[int], query: np.ndarray, k: int) -> 
 
 def rescored(index: VectorIndex, blobs: dict[int, bytes], query: np.ndarray, k: int,
              kb_ids: list[int] | None = None) -> list[tuple[int, float]]:
-    """What the service does: shortlist by the codes, re-score the float32 vectors."""
+    """What KbIndex.nearest does: shortlist by the codes, re-score the float32 vectors."""
     shortlist = index.shortlist(query, shortlist_size(k), kb_ids)
     return exact_cosines(query, [(chunk_id, blobs[chunk_id]) for chunk_id, _ in shortlist])[:k]
 
@@ -1047,3 +1049,11 @@ def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
         fh.seek(size - 10)
         fh.write(b"new tail\n!")
     assert file_hash(str(big), size) != first  # a changed tail is a changed file
+
+
+def test_the_daemon_imports_without_numpy() -> None:
+    # numpy costs ~100 ms of start-up and the daemon must be READY in under 200 ms; the
+    # vectors load after readiness, so kbinject imports numpy only where it needs it
+    code = "import sys, daemon.server; sys.exit('numpy' in sys.modules)"
+    root = Path(__file__).resolve().parent.parent
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
