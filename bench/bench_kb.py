@@ -253,7 +253,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
             started = time.perf_counter()
             await kbs.start()
             load = time.perf_counter() - started
-            index = kbs._index
+            index = kbs.index.current
             assert index is not None
             kb = await kbs.get(KB_NAME)
             kb_ids = [1]
@@ -264,7 +264,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
             vectors = {q: (await kbs.embedder.query(q))[0] for q in queries}  # type: ignore[union-attr]
 
             async def vector_only(query: str) -> object:
-                return await kbs._nearest_vectors(index, vectors[query], kb_ids)
+                return await kbs.index.nearest(index, vectors[query], kb_ids)
 
             async def bm25_only(query: str) -> object:
                 phrases = fts_phrases(query_terms(query))
@@ -296,7 +296,7 @@ async def vector_recall(
     kbs: KnowledgeBases, history: AsyncHistory, dim: int, queries: list[np.ndarray], kb_ids: list[int]
 ) -> float:
     """The share of the exact top RECALL_AT (every float32 vector, one product) the daemon's search finds."""
-    index = kbs._index
+    index = kbs.index.current
     assert index is not None and kbs.embedder is not None
     model = kbs.embedder.model
     rows: list[tuple[int, bytes]] = []
@@ -311,7 +311,7 @@ async def vector_recall(
     found = 0
     for query in queries:
         exact = set(ids[np.argsort(-(matrix @ query))[:RECALL_AT]].tolist())
-        nearest = await kbs._nearest_vectors(index, query, kb_ids)
+        nearest = await kbs.index.nearest(index, query, kb_ids)
         found += len(exact & {chunk_id for chunk_id, _ in nearest[:RECALL_AT]})
     return found / (RECALL_AT * len(queries))
 

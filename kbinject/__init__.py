@@ -13,7 +13,10 @@ embedder is any ``core.Embedder``: the daemon's router client, or a test's fake)
 - ``await kbs.start()`` (optional: load the vectors at start) and ``await kbs.close()``.
 
 It stands on ``history``, ``attachments`` (the extractors) and ``core`` (errors, token
-estimates, the tool framework, the ``Embedder`` protocol).
+estimates, the tool framework, the ``Embedder`` protocol). Inside, ``service.py`` is the
+facade (search and injection too) over ``index.py`` (the vector index, kept in step) and
+``pipeline.py`` (the add pipeline). Importing the package does not import numpy (index.py
+says why); ``vectors`` is imported by the first code that needs it.
 """
 
 from .chunking import CHUNK_CHARS, CHUNK_OVERLAP, Chunk, chunk_pages, chunk_text

@@ -14,6 +14,10 @@ A query (``query``) is embedded on every turn, so it is bounded: at most
 queries, and after a failure no new attempt is made for ``RETRY_AFTER`` seconds, so a
 dead or hung embedder costs one bounded wait, not one per turn. It never raises: the
 caller gets no vector and a note, and searches by keywords alone.
+
+numpy (``normalised``, vectors.py) is imported where a vector is first made, not at
+module level: the daemon builds a ``BatchEmbedder`` at start-up, before it is ready,
+and numpy would add ~100 ms to that (the daemon must be READY in under 200 ms).
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from core.errors import AssistantError, RouterError, RouterUnreachable
 from core.seams import Embedder
 
-from .vectors import normalised
+if TYPE_CHECKING:  # annotations only: numpy stays off the start-up path (docstring)
+    import numpy as np
+    import numpy.typing as npt
+
+    Vector = npt.NDArray[np.float32]
 
 __all__ = [
     "BATCH_SIZE",
@@ -42,8 +48,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-Vector = npt.NDArray[np.float32]
 
 QUERY_TIMEOUT = 1.5  # seconds a turn waits for its query's embedding before using bm25 alone
 QUERY_CACHE_SIZE = 256  # recent query embeddings kept (a retried or repeated question is free)
@@ -103,7 +107,7 @@ class BatchEmbedder:
             return [None]
         self._failures = 0
         self._retry_at = 0.0  # it works again: queries may use it at once
-        return [normalised(vector) for vector in raw]
+        return [_normalised(vector) for vector in raw]
 
     # -- queries ------------------------------------------------------------------------
 
@@ -131,7 +135,7 @@ class BatchEmbedder:
         except Exception as exc:  # whatever happens, the turn goes on without vectors
             logger.exception("kb: query embedding failed")
             return None, self._failed(f"{type(exc).__name__}: {exc}")
-        vector = normalised(raw[0]) if raw else None
+        vector = _normalised(raw[0]) if raw else None
         if vector is None:
             return None, "the embedding server returned an empty or invalid vector"
         self._cache[key] = vector
@@ -143,3 +147,9 @@ class BatchEmbedder:
         self._retry_at = time.monotonic() + RETRY_AFTER
         logger.warning("kb: query embedding failed (%s); keyword search only for %g s", reason, RETRY_AFTER)
         return f"{reason}; keyword search only"
+
+
+def _normalised(raw: Sequence[float]) -> Vector | None:
+    from .vectors import normalised  # numpy: first needed here (module docstring)
+
+    return normalised(raw)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -41,7 +43,7 @@ from kbinject import (
     injection_mode,
     vectors,
 )
-from kbinject import service as kb_service
+from kbinject import index as kb_index
 from kbinject.embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from kbinject.injection import too_full
 from kbinject.search import (
@@ -257,7 +259,7 @@ async def test_a_changed_file_replaces_its_chunks(
     assert "notes.txt" not in doc_names((await kbs.search("tomatoes basil")).hits)
     assert doc_names((await kbs.search("courgettes")).hits)[:1] == ["notes.txt"]
     # the old chunk's row, index entry and vector are gone
-    kbs_index = kbs._index
+    kbs_index = kbs.index.current
     assert kbs_index is not None and len(kbs_index) == result.chunks
     vectors = await history.run(lambda s: s.kb.vector_dims(EMBED_MODEL))
     assert vectors == {EMBED_DIM: result.chunks}
@@ -459,14 +461,16 @@ async def test_vectors_are_loaded_once_and_kept_in_step(
     first = await make_kbs()
     await first.add("House", [str(docs)])
 
-    loads: list[int] = []
-    real = kb_service.vectors_from_blobs
+    loads: list[int] = []  # pages of vectors read by an index load
+    real = kb_index._vectors_page
 
-    def counting(blobs: Any, dim: int) -> Any:
-        loads.append(len(blobs))
-        return real(blobs, dim)
+    def counting(*args: Any) -> Any:
+        rows = real(*args)
+        if rows:
+            loads.append(len(rows))
+        return rows
 
-    monkeypatch.setattr(kb_service, "vectors_from_blobs", counting)
+    monkeypatch.setattr(kb_index, "_vectors_page", counting)
     fresh = await make_kbs()  # a restarted daemon: the vectors are in the database only
     for query in ("volcano", "restic", "espresso", "volcano"):
         assert (await fresh.search(query)).mode == "hybrid"
@@ -477,7 +481,7 @@ async def test_vectors_are_loaded_once_and_kept_in_step(
     await fresh.add("House", [str(extra)])
     assert (await fresh.search("beehive swarmed queen")).hits[0].document == "extra.md"
     assert len(loads) == 1
-    index = fresh._index
+    index = fresh.index.current
     assert index is not None and len(index) == (await fresh.get("House")).chunks
 
 
@@ -764,11 +768,11 @@ async def test_list_and_remove(
     assert [i.name for i in await kbs.list()] == ["Bees"]
     assert (await kbs.search("volcano")).hits == []
     assert doc_names((await kbs.search("beehive")).hits) == ["bees.md"]
-    index = kbs._index
+    index = kbs.index.current
     assert index is not None and len(index) == 1
     with pytest.raises(NotFound):
         await kbs.remove("House")
-    monkeypatch.setattr(kb_service, "REMOVE_BATCH", 1)  # batch by batch
+    monkeypatch.setattr(kb_index, "REMOVE_BATCH", 1)  # batch by batch
     await kbs.remove("Bees")
     db = tmp_path / "data" / "history.db"
     for table in ("kbs", "kb_documents", "kb_chunks", "kb_vectors", "kb_links"):
@@ -869,7 +873,7 @@ def exact_top(matrix: np.ndarray, ids: list[int], query: np.ndarray, k: int) -> 
 
 def rescored(index: VectorIndex, blobs: dict[int, bytes], query: np.ndarray, k: int,
              kb_ids: list[int] | None = None) -> list[tuple[int, float]]:
-    """What the service does: shortlist by the codes, re-score the float32 vectors."""
+    """What KbIndex.nearest does: shortlist by the codes, re-score the float32 vectors."""
     shortlist = index.shortlist(query, shortlist_size(k), kb_ids)
     return exact_cosines(query, [(chunk_id, blobs[chunk_id]) for chunk_id, _ in shortlist])[:k]
 
@@ -1045,3 +1049,11 @@ def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
         fh.seek(size - 10)
         fh.write(b"new tail\n!")
     assert file_hash(str(big), size) != first  # a changed tail is a changed file
+
+
+def test_the_daemon_imports_without_numpy() -> None:
+    # numpy costs ~100 ms of start-up and the daemon must be READY in under 200 ms; the
+    # vectors load after readiness, so kbinject imports numpy only where it needs it
+    code = "import sys, daemon.server; sys.exit('numpy' in sys.modules)"
+    root = Path(__file__).resolve().parent.parent
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0

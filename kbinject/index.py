@@ -1,0 +1,213 @@
+"""``KbIndex``: the in-memory vector index of the daemon's embedding model, kept in step
+with the store, and the nearest-vector search over it.
+
+It owns the index's life: loaded once per daemon, on first need (the daemon asks right
+after it is ready), by one task under ``lock``; every write that adds or removes
+vectors (storing a document, removing documents or a KB, storing vectors) goes through
+here and holds that lock around its store call and the matching index change, so a
+load never misses or doubles a write. Searches take no lock (``VectorIndex`` publishes
+consistent snapshots); the float32 vectors a search re-scores are read from the store
+after the shortlist, so a chunk removed in between just drops out of the list.
+
+numpy is imported only on the paths that need vectors (loading, storing vectors,
+searching), never at module level: ``import kbinject`` is on the daemon's start-up path,
+numpy costs ~100 ms of it, and the daemon must be READY in under 200 ms. Those paths
+run after start-up, and only once a knowledge base with embeddings exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from history import AsyncHistory, HistoryStore, KnowledgeBase, NewKbDocument, kb_chunk_range
+
+from .search import CANDIDATES
+
+if TYPE_CHECKING:  # numpy-side types only: see the module docstring
+    from .embedder import Vector
+    from .vectors import VectorIndex
+
+__all__ = ["LOAD_PAGE", "REMOVE_BATCH", "KbIndex"]
+
+logger = logging.getLogger(__name__)
+
+# Vectors read per trip to the store while loading the index (1.5 MB at 384). Small on
+# purpose: glibc raises its mmap threshold to the largest block freed, so pages of
+# 8,192 (12 MB of blobs, their join, the float32 copy) put every later temporary on the
+# heap and left ~40 MB of freed-but-held memory behind at 100k vectors; at 1,024 it is
+# ~4 MB, and the load is no slower (0.7 s).
+LOAD_PAGE = 1_024
+REMOVE_BATCH = 2_000  # chunks deleted per transaction when a KB is removed (~80 ms each)
+
+
+class KbIndex:
+    """The chunk vectors of one embedding model ("" = none): loaded once, kept in step, searched."""
+
+    def __init__(self, history: AsyncHistory, model: str) -> None:
+        self.history = history
+        self.model = model
+        self.dim_changes = 0  # times the model's dimension changed (every vector dropped)
+        self.lock = asyncio.Lock()  # held by the load and by every write of chunks or vectors
+        self._index: VectorIndex | None = None  # None until loaded, or while no vector exists
+        self._loaded = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def current(self) -> VectorIndex | None:
+        """The index as it stands (None before the load, or while there is no vector)."""
+        return self._index
+
+    # -- loading --------------------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Make sure the index is loaded (one load, shared by every caller)."""
+        if self._loaded:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._load(), name="kb-index-load")
+            self._task.add_done_callback(_log_load_failure)
+        await asyncio.shield(self._task)
+
+    async def close(self) -> None:
+        """Stop a load still running."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _load(self) -> None:
+        from . import vectors  # numpy: first needed here (module docstring)
+
+        model = self.model
+        started = time.monotonic()
+        async with self.lock:
+            if self._loaded:
+                return
+            dims = await self.history.run(lambda s: s.kb.vector_dims(model))
+            if not dims:
+                self._index, self._loaded = None, True
+                return
+            dim = max(dims, key=lambda d: dims[d])  # others are stale: dropped at the next add
+            index = vectors.VectorIndex(dim, capacity=dims[dim])
+            after = 0
+            while True:
+                rows = await self.history.run(partial(_vectors_page, model, dim, after))
+                if not rows:
+                    break
+                after = rows[-1][0]
+                good = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == dim * 4]
+                if good:
+                    matrix = vectors.vectors_from_blobs([blob for _, blob in good], dim)
+                    index.add([chunk_id for chunk_id, _ in good], matrix, replace=False)
+            self._index, self._loaded = index, True
+        logger.info("kb: %d vectors of %s (%d dimensions) loaded in %.2f s",
+                    len(index), model, dim, time.monotonic() - started)
+
+    # -- writes that add or remove vectors ----------------------------------------------
+
+    async def put_document(self, kb_id: int, document: NewKbDocument) -> builtins.list[int]:
+        """Store a document (replacing one at its path); its new chunk ids."""
+        async with self.lock:
+            _, ids, replaced = await self.history.run(lambda s: s.kb.put_document(kb_id, document))
+            if self._index is not None and replaced:
+                self._index.remove(replaced)
+        return ids
+
+    async def remove_documents(self, kb_id: int, paths: Sequence[str]) -> None:
+        """Remove these documents of a KB, their chunks and vectors."""
+        async with self.lock:
+            removed = await self.history.run(lambda s: s.kb.remove_documents(kb_id, paths))
+            if self._index is not None and removed:
+                self._index.remove(removed)
+
+    async def remove_kb(self, kb: KnowledgeBase) -> KnowledgeBase | None:
+        """Delete a KB and everything in it; the record as it was removed (None if gone already).
+
+        The chunks go ``REMOVE_BATCH`` at a time (history/kb.py ``delete_chunks``), so
+        turns keep using the history thread while a big KB is removed.
+        """
+        async with self.lock:
+            if self._index is not None:
+                self._index.remove_range(*kb_chunk_range(kb.id))
+            while await self.history.run(lambda s: s.kb.delete_chunks(kb.id, REMOVE_BATCH)):
+                pass
+            return await self.history.run(lambda s: s.kb.remove(kb.name))
+
+    async def store(self, ids: Sequence[int], computed: Sequence[Vector | None]) -> int:
+        """Store and index the vectors computed for these chunks; how many were stored.
+
+        A vector of another dimension than the index's means the model changed: every
+        stored vector of the old dimension is dropped and the index starts afresh.
+        """
+        import numpy as np  # first needed here (module docstring)
+
+        from .vectors import VectorIndex, vector_blob
+
+        model = self.model
+        pairs = [(chunk_id, v) for chunk_id, v in zip(ids, computed) if v is not None]
+        if not pairs:
+            return 0
+        dim = int(pairs[-1][1].shape[0])
+        pairs = [(chunk_id, v) for chunk_id, v in pairs if v.shape[0] == dim]
+        await self.ready()
+        async with self.lock:
+            if self._index is None or self._index.dim != dim:
+                if self._index is not None:
+                    logger.warning("kb: %s now returns %d dimensions instead of %d; every chunk is embedded again",
+                                   model, dim, self._index.dim)
+                    await self.history.run(lambda s: s.kb.drop_other_dims(model, dim))
+                    self.dim_changes += 1
+                self._index = VectorIndex(dim)
+            blobs = [(chunk_id, vector_blob(v)) for chunk_id, v in pairs]
+            stored = set(await self.history.run(lambda s: s.kb.put_vectors(model, dim, blobs)))
+            kept = [(chunk_id, v) for chunk_id, v in pairs if chunk_id in stored]
+            if kept:
+                self._index.add([chunk_id for chunk_id, _ in kept], np.stack([v for _, v in kept]))
+        return len(kept)
+
+    # -- search ---------------------------------------------------------------------------
+
+    async def nearest(
+        self, index: VectorIndex, vector: Vector, kb_ids: Sequence[int] | None
+    ) -> builtins.list[tuple[int, float]]:
+        """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, exact cosine) best first.
+
+        ``index`` is the snapshot of ``current`` the caller checked ``vector``'s dimension
+        against. It shortlists by approximate cosine (in a worker thread: numpy releases
+        the GIL); the shortlist's float32 vectors are read back from the store and
+        re-scored exactly (vectors.py).
+        """
+        from .vectors import exact_cosines, shortlist_size  # numpy (module docstring)
+
+        model = self.model
+        shortlist = await asyncio.to_thread(index.shortlist, vector, shortlist_size(CANDIDATES), kb_ids)
+        if not shortlist:
+            return []
+        ids = [chunk_id for chunk_id, _ in shortlist]
+        blobs = await self.history.run(lambda s: s.kb.vectors_of(model, ids))
+        return exact_cosines(vector, blobs)[:CANDIDATES]
+
+    @staticmethod
+    def rescored(vector: Vector, blobs: Sequence[tuple[int, bytes]]) -> builtins.list[tuple[int, float]]:
+        """The exact cosines of ``vector`` with these stored (id, blob) vectors, best first."""
+        from .vectors import exact_cosines  # numpy (module docstring)
+
+        return exact_cosines(vector, blobs)
+
+
+# Store calls made in loops: module functions bound with partial, so each call carries
+# its own arguments rather than a closure over the loop's variables.
+def _vectors_page(model: str, dim: int, after: int, store: HistoryStore) -> list[tuple[int, bytes]]:
+    return store.kb.vectors(model, dim, after, LOAD_PAGE)
+
+
+def _log_load_failure(task: asyncio.Task[None]) -> None:
+    # Retrieved here so a load nobody awaits any more (the turn timed out) is still logged.
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("kb: loading the vector index failed", exc_info=task.exception())

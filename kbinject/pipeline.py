@@ -1,0 +1,245 @@
+"""``Ingest``: the add pipeline of a knowledge base, from paths to stored, embedded chunks.
+
+An add collects the files under the paths given (ingest.py), reads a few at a time
+(``INGEST_CONCURRENCY``: each PDF runs pdftotext and pdfinfo), skips the ones whose
+size and mtime, or else content hash, are unchanged, stores the rest through the
+vector index (index.py, which keeps the index in step), removes the documents of a
+folder added again whose files are gone, and embeds every chunk still without a
+vector, ``BATCH_SIZE`` at a time. Progress goes to the caller's callback, throttled to
+one step per ``PROGRESS_INTERVAL`` per phase.
+
+Adds to one KB are serialised (a per-name lock, ``lock``): two adds of the same files
+would otherwise both find them new. Adds to different KBs run concurrently. A file the
+user can fix, and an embedder that fails, are noted in the ``AddResult``, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from functools import partial
+
+from core.errors import FileRefused, NotFound
+from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument
+
+from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
+from .index import KbIndex
+from .ingest import Collected, FileNote, Found, Staged, collect, file_hash, in_ingest_thread, read_document, stage
+from .records import AddResult, KbProgress, ProgressCallback
+
+__all__ = ["INGEST_CONCURRENCY", "PROGRESS_INTERVAL", "Ingest"]
+
+logger = logging.getLogger(__name__)
+
+INGEST_CONCURRENCY = 4  # files extracted at once (each PDF runs pdftotext and pdfinfo)
+PROGRESS_INTERVAL = 0.2  # seconds between two progress callbacks of one phase
+
+
+class _Throttle:
+    """Passes progress on at most every PROGRESS_INTERVAL seconds, and always the last step."""
+
+    def __init__(self, callback: ProgressCallback | None) -> None:
+        self.callback = callback
+        self.last = 0.0
+
+    def __call__(self, step: KbProgress) -> None:
+        if self.callback is None:
+            return
+        now = time.monotonic()
+        if step.done < step.total and now - self.last < PROGRESS_INTERVAL and step.done:
+            return
+        self.last = now
+        try:
+            self.callback(step)
+        except Exception:  # a broken listener must not stop the ingest
+            logger.exception("kb: progress callback failed")
+
+
+class Ingest:
+    """Adds files to knowledge bases and embeds their chunks; one add per KB at a time."""
+
+    def __init__(self, history: AsyncHistory, index: KbIndex, embedder: BatchEmbedder | None) -> None:
+        self.history = history
+        self.index = index
+        self.embedder = embedder
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, name: str) -> asyncio.Lock:
+        """The lock of the KB of this (valid) name: held by its adds and its removal."""
+        # the lock stays once made (a few bytes): an add waiting on it must not run beside
+        # a new one made after the KB was removed
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None) -> AddResult:
+        """Add files and folders to the KB ``name`` (created if new): extract, chunk, store, embed."""
+        async with self.lock(name):
+            record, _ = await self.history.run(lambda s: s.kb.ensure(name))
+            result = AddResult(kb=name)
+            found = await in_ingest_thread(collect, list(paths))
+            result.errors += found.errors
+            result.skipped += found.skipped
+            report = _Throttle(progress)
+            await self._read_all(record.id, found, result, report)
+            if self.embedder is not None:
+                await self._embed_kb(record.id, result, report)
+            final = await self.history.run(lambda s: s.kb.get(name))
+            assert final is not None
+            result.documents, result.chunks = final.documents, final.chunks
+            if self.embedder is not None:
+                model = self.embedder.model
+                result.pending = await self.history.run(lambda s: s.kb.count_pending(model, record.id))
+        logger.info("kb %s: %d added, %d updated, %d unchanged, %d removed, %d errors; %d chunks embedded",
+                    name, result.added, result.updated, result.unchanged, result.removed, len(result.errors),
+                    result.embedded)
+        return result
+
+    async def embed_pending(self, name: str, total: AddResult, progress: ProgressCallback | None) -> None:
+        """Embed the chunks of the KB ``name`` still without a vector, counting into ``total``."""
+        if self.embedder is None:
+            return
+        async with self.lock(name):
+            record = await self.history.run(partial(_kb_named, name))
+            if record is None:
+                raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
+            await self._embed_kb(record.id, total, _Throttle(progress))
+            total.pending += await self.history.run(partial(_count_pending, self.embedder.model, record.id))
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def _read_all(self, kb_id: int, found: Collected, result: AddResult, report: _Throttle) -> None:
+        known = {doc.path: doc for doc in await self.history.run(lambda s: s.kb.documents(kb_id))}
+        total = len(found.files)
+        done = 0
+        report(KbProgress(0, total, "reading", "reading files"))
+        queue = iter(found.files)
+
+        async def worker() -> None:
+            # a few workers take the files in turn: not one task per file of a big folder
+            nonlocal done
+            for file in queue:
+                try:
+                    await self._read_one(kb_id, file, known.get(file.path), result)
+                except Exception as exc:  # a store failure for one file must not stop the rest
+                    logger.exception("kb: indexing %s failed", file.path)
+                    reason = f"could not be indexed ({type(exc).__name__}); see the daemon's log"
+                    result.errors.append(FileNote(file.path, reason))
+                done += 1
+                report(KbProgress(done, total, "reading", os.path.basename(file.path)))
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(INGEST_CONCURRENCY, total)):
+                group.create_task(worker())
+        await self._remove_vanished(kb_id, found, known, result)
+
+    async def _read_one(self, kb_id: int, file: Found, known: KbDocument | None, result: AddResult) -> None:
+        """Index one file, or note why not; a file the user can fix is noted, not raised."""
+        try:
+            staged = await in_ingest_thread(stage, file)
+            if staged.kind == "image":
+                result.skipped.append(FileNote(file.path, "an image: knowledge bases index text and PDF only"))
+                return
+            if known is not None and (known.size_bytes, known.mtime_ns) == (staged.size, staged.mtime_ns):
+                result.unchanged += 1
+                return
+            sha256 = await in_ingest_thread(file_hash, file.path, staged.size)
+            if known is not None and known.sha256 == sha256:
+                result.unchanged += 1
+                await self.history.run(lambda s: s.kb.set_mtime(known.id, staged.mtime_ns))
+                return
+            document = await read_document(staged, sha256)
+        except FileRefused as exc:  # UnsupportedKind too
+            note = FileNote(file.path, exc.message)
+            (result.skipped if exc.code == "unsupported_kind" else result.errors).append(note)
+            return
+        except OSError as exc:
+            result.errors.append(FileNote(file.path, f"cannot be read ({exc.strerror or exc})"))
+            return
+        await self._store_document(kb_id, staged, document, known, result)
+
+    async def _store_document(
+        self, kb_id: int, staged: Staged, document: NewKbDocument, known: KbDocument | None, result: AddResult
+    ) -> None:
+        if not document.chunks:
+            reason = "no text to index" + (" (a scanned PDF has no text layer)" if staged.kind == "pdf" else "")
+            result.skipped.append(FileNote(staged.path, reason))
+            if known is not None:  # it had text before: the old chunks no longer stand for it
+                await self.index.remove_documents(kb_id, [staged.path])
+                result.removed += 1
+            return
+        ids = await self.index.put_document(kb_id, document)
+        if known is None:
+            result.added += 1
+        else:
+            result.updated += 1
+        result.new_chunks += len(ids)
+        if document.truncated:
+            result.truncated.append(staged.path)
+
+    async def _remove_vanished(
+        self, kb_id: int, found: Collected, known: dict[str, KbDocument], result: AddResult
+    ) -> None:
+        """Documents under a folder added again whose files are gone are removed."""
+        seen = {file.path for file in found.files}
+        prefixes = tuple(folder.rstrip("/") + "/" for folder in found.folders)
+        candidates = [path for path in known if path not in seen and path.startswith(prefixes)] if prefixes else []
+        gone = await in_ingest_thread(_missing, candidates)
+        if gone:
+            await self.index.remove_documents(kb_id, gone)
+            result.removed += len(gone)
+
+    # -- embedding ------------------------------------------------------------------------
+
+    async def _embed_kb(self, kb_id: int, result: AddResult, report: _Throttle) -> None:
+        """Embed every chunk of the KB without a vector, in batches; a failure is noted, not raised."""
+        assert self.embedder is not None
+        embedder = self.embedder
+        model = embedder.model
+        total = await self.history.run(lambda s: s.kb.count_pending(model, kb_id))
+        if not total:
+            return
+        report(KbProgress(0, total, "embedding", f"embedding {total} chunks"))
+        after = 0
+        done = 0
+        changes = self.index.dim_changes
+        while True:
+            batch = await self.history.run(partial(_pending_page, model, kb_id, after))
+            if not batch and changes != self.index.dim_changes:
+                # the model's dimension changed under way: the chunks before the cursor lost
+                # their vectors too, so go round once more from the start
+                changes, after = self.index.dim_changes, 0
+                continue
+            if not batch:
+                break
+            after = batch[-1][0]
+            try:
+                vectors = await embedder.documents([text for _, text in batch])
+            except EmbedderFailed as exc:
+                result.embedding_error = (
+                    f"{exc.message}; the chunks are searchable by keywords and will be embedded on the next add"
+                )
+                logger.warning("kb: embedding stopped: %s", exc.message)
+                return
+            result.embedded += await self.index.store([chunk_id for chunk_id, _ in batch], vectors)
+            done += len(batch)
+            report(KbProgress(min(done, total), total, "embedding", f"embedded {done} of {total} chunks"))
+
+
+# Store calls made in loops: module functions bound with partial, so each call carries
+# its own arguments rather than a closure over the loop's variables.
+def _pending_page(model: str, kb_id: int, after: int, store: HistoryStore) -> list[tuple[int, str]]:
+    return store.kb.pending_chunks(model, kb_id, after, BATCH_SIZE)
+
+
+def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
+    return store.kb.get(name)
+
+
+def _count_pending(model: str, kb_id: int, store: HistoryStore) -> int:
+    return store.kb.count_pending(model, kb_id)
+
+
+def _missing(paths: Sequence[str]) -> list[str]:
+    return [path for path in paths if not os.path.lexists(path)]
