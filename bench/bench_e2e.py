@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             state, extra=("--alias", llama.ALIAS, "--temp", "0", "-n", str(args.max_tokens)), log=llama.CACHE / "bench-llama-server.log"
         ))
         work = stack.enter_context(temp_dir("e2e"))
-        daemon = stack.enter_context(Daemon(work, server.v1))
+        # the daemon caps replies as the direct requests do, so both paths get the same reply
+        daemon = stack.enter_context(Daemon(work, server.v1, settings={"ASSISTANT_MAX_REPLY_TOKENS": str(args.max_tokens)}))
         samples = asyncio.run(measure(args, server.v1, daemon))
     report(args, samples)
     return 0

@@ -170,17 +170,6 @@ class Row:
         return prompt <= self.limit if prompt is not None and self.limit is not None else None
 
 
-class PromptCacheDaemon(Daemon):
-    """The benchmarks' daemon with titles on (the title request is part of what is measured)."""
-
-    def __init__(self, workdir: Path, router_url: str, extra_env: dict[str, str]) -> None:
-        super().__init__(workdir, router_url)
-        self.extra_env = extra_env
-
-    def env(self) -> dict[str, str]:
-        return {**super().env(), "ASSISTANT_AUTO_TITLE": "true", **self.extra_env}
-
-
 # -- talking to the daemon -------------------------------------------------------------------
 
 
@@ -441,7 +430,8 @@ def run_scenario(scenario: Scenario, base: str, args: argparse.Namespace) -> str
         # the proxy's port is bound first, so the daemon can start from this (the main) thread:
         # its PR_SET_PDEATHSIG follows the thread that started it, not the process
         proxy_url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-        daemon = PromptCacheDaemon(work, proxy_url, extra_env)
+        # titles on: the title request is part of what is measured
+        daemon = Daemon(work, proxy_url, settings={"ASSISTANT_AUTO_TITLE": "true", **extra_env})
         try:
             daemon.start()
             exchanges, turns = asyncio.run(run_conversation(scenario, base, listener, daemon, args.turns))

@@ -230,8 +230,12 @@ def router_process(target: Callable[..., None], *args: Any) -> Iterator[str]:
 class Daemon:
     """``python assistant.py`` in a child process, ready when it sends READY=1 on our NOTIFY_SOCKET."""
 
-    def __init__(self, workdir: Path, router_url: str, data_dir: Path | None = None, prefix: Sequence[str] = ()) -> None:
+    def __init__(
+        self, workdir: Path, router_url: str, data_dir: Path | None = None, prefix: Sequence[str] = (),
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.settings = settings or {}  # ASSISTANT_* for this daemon, over the benchmarks' defaults
         self.router_url = router_url
         self.socket_path = workdir / "d.sock"
         self.data_dir = data_dir or workdir / "data"
@@ -262,6 +266,7 @@ class Daemon:
             ASSISTANT_CONFIG=str(self.workdir / "no-config.toml"),  # never the user's own file
             NOTIFY_SOCKET=str(self.notify_path),
         )
+        env.update(self.settings)
         return env
 
     def start(self, timeout: float = START_TIMEOUT) -> Daemon:

@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from history import AsyncHistory, HistoryStore, KnowledgeBase, NewKbDocument, kb_chunk_range
+from history import (
+    AsyncHistory,
+    HistoryStore,
+    KnowledgeBase,
+    NewKbDocument,
+    kb_chunk_range,
+)
 
 from .search import CANDIDATES
 

@@ -27,7 +27,17 @@ from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKb
 
 from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from .index import KbIndex
-from .ingest import Collected, FileNote, Found, Staged, collect, file_hash, in_ingest_thread, read_document, stage
+from .ingest import (
+    Collected,
+    FileNote,
+    Found,
+    Staged,
+    collect,
+    file_hash,
+    in_ingest_thread,
+    read_document,
+    stage,
+)
 from .records import AddResult, KbProgress, ProgressCallback
 
 __all__ = ["INGEST_CONCURRENCY", "PROGRESS_INTERVAL", "Ingest"]
