@@ -40,6 +40,9 @@ the consuming task, or closing the generator, closes the HTTP response, so the
 server sees the disconnect and stops generating.  The final ``StreamEnd`` is
 yielded after the response is closed, so a consumer that stops there holds
 nothing open.
+
+One module (over 450 lines) because every request shares the one client, its error
+mapping and the model list's lock; what is pure parsing lives in ``models`` and ``sse``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ Dialects handled, because real servers differ:
 ``parse_chat_stream`` ties both layers to an async iterator of lines; its last
 item is always a ``StreamEnd``, and a stream that stops before ``[DONE]`` or a
 ``finish_reason`` raises ``RouterError`` (the connection dropped mid-reply).
+
+The two layers stay in one module (over 450 lines) because the dialects above cut
+across them: an error may arrive as an SSE field or as a JSON chunk.
 """
 
 from __future__ import annotations

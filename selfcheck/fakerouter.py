@@ -53,6 +53,10 @@ where the prompt (in rough tokens) and the reply would pass the model's
         assert fake.timings[-1]["cache_n"] == 0
 
 Run ``python -m selfcheck.fakerouter [--port N] [--mode M]`` to serve in the foreground.
+
+It is one module (near 1,000 lines) so that ``python -m selfcheck.fakerouter`` and the
+benchmarks' child processes load one file of the standard library alone; its prompt
+cache is in ``fakeprompt``.
 """
 
 from __future__ import annotations
