@@ -42,7 +42,7 @@ START_TIMEOUT = 15.0  # seconds a child gets to come up
 STOP_TIMEOUT = 10.0  # seconds a child gets to exit on SIGTERM before SIGKILL
 PR_SET_PDEATHSIG = 1
 DEFAULT_QUESTION = "What is the capital of France?"
-# What the daemon sends before the history (daemon/config.py Config.system_prompt).
+# What the daemon sends before the history (core/config.py Config.system_prompt).
 SYSTEM_PROMPT = "You are a helpful assistant running locally on the user's Linux desktop."
 FAKE_MODEL = "fake-text"  # the fake router's first model: the daemon's default
 
