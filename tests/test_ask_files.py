@@ -1,4 +1,4 @@
-"""Files on ``ask`` through the real socket (seed 003): chips, extraction into the
+"""Files on ``ask`` through the real socket: chips, extraction into the
 prompt, image references in history, every refusal, the budget, ``estimate``."""
 
 from __future__ import annotations
