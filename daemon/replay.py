@@ -129,6 +129,3 @@ class ReplayCache:
             sent = None if has_images(stored) else router_messages(stored)
             entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored), sent))
         entry.upto = max(entry.upto, upto)
-
-    def forget(self, cid: int) -> None:
-        self._entries.pop(cid, None)
