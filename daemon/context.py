@@ -29,17 +29,19 @@ cannot fit on its own is refused (``context_overflow``).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core import BUDGET_CHARS_PER_TOKEN, Budget, Config, estimate_messages
+from core import BUDGET_CHARS_PER_TOKEN, Budget, Config, estimate_messages, estimate_text
 from core.errors import AssistantError, ContextOverflow, RouterUnreachable
 from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
-from recall import attachment_manifest, plan_compaction, summarize, summary_message
+from recall import attachment_manifest, plan_compaction, summarize, summarize_in_place, summary_message
+from recall.compaction import IN_PLACE_REQUEST
 
 from .replay import ReplayCache, Replayed, ReplayedTurn, router_messages
 
@@ -133,6 +135,7 @@ class ContextBuilder:
         kb: tuple[str, str] = ("", "off"),
         force: bool = False,
         known: TurnContext | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
@@ -141,18 +144,22 @@ class ContextBuilder:
         mode): linked knowledge bases are searched with it and the best passages put
         before the question when the context allows. ``force`` folds every earlier turn and
         adds no passages: the router said the last prompt overflowed, so our estimate was low.
+        ``tools`` are the definitions the turn offers: a compaction's summary request sends them
+        too, so that it shares the prompt the server holds from the last turn.
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, known)
         own = self.estimate([{"role": "system", "content": self.config.system_prompt}, *current])
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
+        if entry.system is None:
+            entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
         through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
         if through is not None:
-            folded = [m for t in entry.turns if t.n <= through for m in t.stored]
-            made = await self._compact(cid, model, budget, entry.compaction, folded, through, progress)
+            # after an overflow the server cannot take the conversation as it is: a transcript
+            made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
+                                       in_place=not force)
             entry.fold(made)
-        if entry.system is None:
             entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
         earlier = await self._replay(entry.turns, entry.system, current, budget, model, cid)
         prompt = [*entry.system, *earlier, *current]
@@ -242,21 +249,17 @@ class ContextBuilder:
         cid: int,
         model: ModelInfo,
         budget: Budget,
-        previous: Compaction | None,
-        folded: list[dict[str, Any]],
+        entry: Replayed,
         through: int,
         progress: Progress,
+        tools: list[dict[str, Any]] | None,
+        in_place: bool = True,
     ) -> Compaction:
         """Summarise turns up to ``through`` and store it; a note in its place if the model cannot."""
         progress("compacting", f"summarising turns 1-{through} to make room")
-        # what the summariser may read: its own context less the summary it writes and
-        # its instructions, at the cautious characters-per-token of file budgets
-        room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * BUDGET_CHARS_PER_TOKEN
+        previous = entry.compaction
         try:
-            summary = await summarize(
-                self.router, model.id, previous.summary if previous else None, folded, budget.summary_tokens,
-                max_input_chars=room,
-            )
+            summary = await self._summary(model, budget, entry, through, tools, in_place)
         except RouterUnreachable:
             raise  # no summary and no answer either: the turn fails and says why
         except AssistantError as exc:
@@ -266,6 +269,29 @@ class ContextBuilder:
             logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
             summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
         return await self.history.run(lambda s: s.add_compaction(cid, through, summary))
+
+    async def _summary(
+        self, model: ModelInfo, budget: Budget, entry: Replayed, through: int, tools: list[dict[str, Any]] | None,
+        in_place: bool,
+    ) -> str:
+        """The summary, asked where the server's cache makes it cheapest (docs/DESIGN.md, "Compaction").
+
+        As the conversation's next message when the conversation still fits with the request
+        and the summary: the server then reads only the last exchange and the request. Else
+        from a transcript of the folded turns, cut to fit.
+        """
+        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
+        needed = self.estimate(conversation) + estimate_text(IN_PLACE_REQUEST) + budget.summary_tokens
+        if tools:
+            needed += estimate_text(json.dumps(tools))
+        if in_place and needed <= budget.ctx_max:
+            return await summarize_in_place(self.router, model.id, conversation, budget.summary_tokens, tools)
+        # what the summariser may read: its own context less the summary it writes and
+        # its instructions, at the cautious characters-per-token of file budgets
+        room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * BUDGET_CHARS_PER_TOKEN
+        folded = [m for t in entry.turns if t.n <= through for m in t.stored]
+        previous = entry.compaction.summary if entry.compaction else None
+        return await summarize(self.router, model.id, previous, folded, budget.summary_tokens, max_input_chars=room)
 
     async def _knowledge(
         self, cid: int, kb: tuple[str, str], ctx_used: int, ctx_max: int, progress: Progress,

@@ -333,18 +333,23 @@ class TurnRunner:
             emit({"type": "progress", **where, "stage": stage, "detail": detail})
 
         known = state.known
-        prompt = await self.context.build(
-            state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known
-        )
-        state.prompt_estimate = prompt.tokens
+        # what is offered depends on the conversation, not on the prompt: known first, so a
+        # compaction's summary request can offer the same tools (the top of the cached prompt)
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens), kb_injection=state.kb[1],
+            max_chars=0, kb_injection=state.kb[1],
             has_attachments=(known is not None and known.has_attachments) or has_files(state.messages[0]),
             kb_ids=known.kb_ids if known else None,
         )
         tools_work = state.model.tools and state.model.id not in self._no_tools
         offered = await self.toolbox.offer(ctx) if tools_work else []
+        definitions = [t.definition() for t in offered] or None
+        prompt = await self.context.build(
+            state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known,
+            tools=definitions,
+        )
+        state.prompt_estimate = prompt.tokens
+        ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
         progress("waiting", f"waiting for {display_name(state.model.id)}")
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None

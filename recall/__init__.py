@@ -13,7 +13,7 @@ It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 from core.tools import Toolbox
 
 from .attachment_recall import MAX_IMAGE_BASE64, AttachmentRecall, document_pages
-from .compaction import plan_compaction, summarize, summary_message, transcript
+from .compaction import plan_compaction, summarize, summarize_in_place, summary_message, transcript
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
 
@@ -26,6 +26,7 @@ __all__ = [
     "document_pages",
     "plan_compaction",
     "summarize",
+    "summarize_in_place",
     "summary_message",
     "transcript",
 ]

@@ -24,6 +24,7 @@ __all__ = [
     "SUMMARY_INSTRUCTIONS",
     "plan_compaction",
     "summarize",
+    "summarize_in_place",
     "summary_message",
     "transcript",
 ]
@@ -196,6 +197,42 @@ async def summarize(
     if not summary:
         raise RouterError(f"{model} gave an empty summary of the conversation; try again, or start a new one")
     logger.info("compaction: %s summarised %d messages in %d characters", model, len(messages), len(summary))
+    return summary
+
+
+IN_PLACE_REQUEST = (
+    "Pause the conversation here: write a summary of it so far, for yourself. It will stand "
+    "for the earlier part of this conversation once that leaves your context, so merge in any "
+    "earlier summary shown at the top. Write in the conversation's language, as plain text or "
+    "short bullet points. Keep every fact and figure stated, decisions made, names (people, "
+    "projects, places, products), numbers, dates, code identifiers, what the user wants and "
+    "prefers, questions still open and tasks still pending, and the name of every file "
+    "attached with a line on what it holds. Leave out greetings and filler. Answer with the "
+    "summary alone, with no preamble, and call no tool."
+)
+
+
+async def summarize_in_place(
+    completer: Completer,
+    model: str,
+    conversation: Sequence[dict[str, Any]],
+    max_tokens: int,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The model's summary of ``conversation``, asked as the conversation's next message.
+
+    ``conversation`` is the prompt as the turns replay it (its system message carries any
+    earlier summary), which a model server still holds in its prompt cache from the last
+    turn: only the request itself is new to it, where a transcript would be read whole.
+    ``tools`` are the ones the turns were offered, sent again (``tool_choice: none``) because
+    a chat template renders them at the top of the prompt. Raises as ``summarize`` does.
+    """
+    prompt = [*conversation, {"role": "user", "content": IN_PLACE_REQUEST}]
+    params: dict[str, Any] = {"tools": tools, "tool_choice": "none"} if tools else {}
+    summary = _clean(await completer.complete(model, prompt, max_tokens=max_tokens, **params))
+    if not summary:
+        raise RouterError(f"{model} gave an empty summary of the conversation; try again, or start a new one")
+    logger.info("compaction: %s summarised its conversation in place in %d characters", model, len(summary))
     return summary
 
 

@@ -302,6 +302,33 @@ async def test_after_a_compaction_the_next_turns_reuse_it(wire: Wire, router: Fa
     assert any(n - 1 in compacting for n in after), compacting  # a turn right after one is checked
     for n in after:
         assert turns.read(n) <= turns.limit(n), (n, compacting, router.timings)
+    # in a context this small the conversation and a summary request do not fit together:
+    # the summariser reads a transcript of the folded turns instead
+    summaries = [r for r in router.requests if not r.get("stream")]
+    assert len(summaries) == len(compacting)
+    assert all(len(r["messages"]) == 2 for r in summaries)
+
+
+async def test_a_summary_is_asked_as_the_conversations_next_message(wire: Wire, router: FakeRouter) -> None:
+    """With room for it, the summary request extends the conversation the server holds, so a
+    compaction costs the server the last exchange and the request, not a re-read of it all."""
+    turns = Turns(wire, router)
+    for n in range(16):
+        router.script_complete(Reply(text=f"Earlier: questions 0 to {n}."))
+        router.script(Reply(text=f"Answer {n}: " + "word " * 120))
+        events = await turns.ask(f"question {n} " + "filler " * 80)
+        if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+            break
+    else:
+        raise AssertionError("sixteen turns of ~300 tokens in a 4,096-token context never compacted")
+    [index] = [i for i, r in enumerate(router.requests) if not r.get("stream")]
+    summary, timings = router.requests[index], router.timings[index]
+    asked = turns.rounds[-2][0]  # the last turn before the compaction
+    assert summary["messages"][: len(router.requests[asked]["messages"]) - 1] == router.requests[asked]["messages"][:-1]
+    assert summary["tools"] == router.requests[asked]["tools"] and summary["tool_choice"] == "none"
+    assert "summary of it so far" in summary["messages"][-1]["content"]
+    assert timings is not None and timings["cache_n"] > 5 * timings["prompt_n"], timings
+    assert "Earlier: questions 0 to" in router.requests[-1]["messages"][0]["content"]
 
 
 async def test_the_title_request_does_not_cost_the_next_turn(config: Config, router: FakeRouter) -> None:
