@@ -230,20 +230,24 @@ class HistoryStore:
         title: str = "",
         attachments: Sequence[NewAttachment] = (),
         conversation_model: str | None = None,
+        default_model: str | None = None,
     ) -> tuple[Conversation, Turn]:
         """Record a new running turn (creating the conversation when cid is None).
 
         `title` and `conversation_model` (NULL: the daemon's default) describe a
         conversation created here and are ignored otherwise; the turn's
-        `attachments` are stored with it, in the same transaction. Raises
-        LookupError when cid names a missing or deleted conversation; the daemon checks
-        first, this only guards the row.
+        `attachments` are stored with it, in the same transaction. `model` None runs the
+        turn on the conversation's own model, else `default_model`. Raises LookupError
+        when cid names a missing or deleted conversation.
         """
         with self._transaction():
             if cid is None:
                 cid = self._insert_conversation(title, conversation_model)
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
+            if model is None:
+                conversation = self._conversation(cid)
+                model = (conversation.model if conversation else None) or default_model
             number = self._conn.execute(sql.NEXT_TURN, (cid,)).fetchone()[0]
             now = self._now()
             self._conn.execute(
@@ -262,30 +266,11 @@ class HistoryStore:
         assert conversation is not None and turn is not None
         return conversation, turn
 
-    def begin_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        known: int = 0,
-    ) -> tuple[Turn, TurnContext]:
-        """``start_turn``, then what the turn's prompt needs (``turn_context``): one call, so the
-        daemon stores a question and reads its conversation in one trip to this thread.
-
-        ``model`` None runs the turn on the conversation's own model, else ``default_model``.
-        """
-        if model is None and cid is not None:
-            conversation = self._conversation(cid)
-            model = conversation.model if conversation else None
-        conversation, turn = self.start_turn(
-            cid, text, messages, files, model or default_model, title, attachments, conversation_model
-        )
+    def begin_turn(self, cid: int | None, *args: Any, known: int = 0, **kwargs: Any) -> tuple[Turn, TurnContext]:
+        """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``):
+        one call, so the daemon stores a question and reads its conversation in one trip to
+        this thread."""
+        conversation, turn = self.start_turn(cid, *args, **kwargs)
         context = self.turn_context(conversation.id, known, before=turn.turn)
         assert context is not None
         return turn, context
