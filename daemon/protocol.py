@@ -118,8 +118,9 @@ def decode_line(line: bytes) -> dict[str, Any]:
     """Decode one request line into a JSON object, or raise ``BadRequest``."""
     try:
         obj = json.loads(line, parse_constant=_no_constant)
-        # a lone surrogate (\ud800) is valid JSON but no text: it could not be stored or sent back
-        json.dumps(obj, ensure_ascii=False).encode()
+        # a lone surrogate (\ud800) is valid JSON but no text, and a number too large for a
+        # float (1e400) reads as infinity, which JSON cannot carry back: neither could be echoed
+        json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
     except (UnicodeError, ValueError) as exc:
         raise BadRequest(f"the line is not valid JSON text ({exc}); send one JSON object per line") from None
     except RecursionError:

@@ -422,6 +422,8 @@ async def test_a_client_that_half_closes_still_gets_its_answers(wire: Wire) -> N
     [
         (b"[" * 200_000, "nests too deeply"),
         (b'{"type":"status","id":NaN}', "not valid JSON"),
+        (b'{"type":"status","id":1e400}', "not valid JSON"),  # infinity: no event could carry it back
+        (b'{"type":"search","query":"x","limit":-1e999}', "not valid JSON"),
         (b'{"type":"ask","text":"\\ud800"}', "not valid JSON"),
         (b'{"type":"open","conversation":99999999999999999999999}', "'conversation' must be an integer from 1"),
         (b'{"type":"open","conversation":0}', "'conversation' must be an integer from 1"),
