@@ -41,6 +41,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SUMMARY_MAX_CHARS = 120  # the one line the UI shows per call
+MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: no id or count beyond it
 ERROR_PREFIX = "Error: "
 
 
@@ -136,12 +137,31 @@ def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def integer_argument(arguments: dict[str, Any], key: str) -> int | None:
-    """An integer argument (a numeric string too, as models often send); None if absent."""
+    """An integer argument (a numeric string too, as models often send); None if absent.
+
+    Beyond SQLite's 64-bit integers no id, offset or count exists: such a number is
+    refused here rather than overflow in the store.
+    """
     value = arguments.get(key)
     if value is None:
         return None
+    number: int | None = None
     if isinstance(value, bool):
+        number = None
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    elif isinstance(value, int):
+        number = value
+    if number is None:
         raise ToolError(f"{key} must be an integer, not {json_content(value)}")
+    if not -MAX_INTEGER <= number <= MAX_INTEGER:
+        raise ToolError(f"{key} {number} is out of range; use a value from the tool's results")
+    return number
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str):

@@ -183,6 +183,8 @@ async def test_a_deleted_conversations_files_are_gone(history: AsyncHistory) -> 
         ({"action": "read", "attachment_id": "two"}, "attachment_id must be an integer"),
         ({"action": "read", "attachment_id": True}, "attachment_id must be an integer"),
         ({"action": "read", "attachment_id": 999}, "no attachment 999 in this conversation"),
+        ({"action": "read", "attachment_id": 2**63}, "attachment_id 9223372036854775808 is out of range"),
+        ({"action": "read", "attachment_id": 1, "offset": -(2**70)}, "offset"),
         ({"action": 7}, "action must be a string"),
     ],
 )
