@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import hashlib
+import json
 import logging
 import math
 import os
@@ -267,6 +268,9 @@ def _header(name: str, pages: int | None, note: str | None) -> str:
         facts.append(f"{pages} page" + ("" if pages == 1 else "s"))
     if note:
         facts.append(note)
+    # the name is the user's file's: a newline in it must not open a line of its own
+    # in the prompt (it could pass for the end of the block, or an instruction)
+    name = json.dumps(name, ensure_ascii=False)[1:-1] if not name.isprintable() else name
     return f"--- file: {name} ({'; '.join(facts)}) ---" if facts else f"--- file: {name} ---"
 
 

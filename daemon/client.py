@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -195,7 +196,7 @@ class ProgressBar:
 async def _kb_add(client: Wire, args: argparse.Namespace, out: TextIO) -> int:
     paths = [os.path.abspath(p) for p in args.paths]
     rid = await client.send({"type": "kb_add", "kb": args.name, "paths": paths})
-    bar = ProgressBar(sys.stderr)
+    bar = ProgressBar(getattr(sys.stderr, "raw", sys.stderr))  # it redraws its line with \r
     try:
         async for event in client.stream(rid):
             if args.json:
@@ -314,9 +315,28 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
 
 
+# C0 controls but newline and tab, DEL, and the C1 controls: shown as \xNN, never obeyed
+CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x0A, 0x09)}
+
+
+class Printable:
+    """A text stream that shows terminal control characters instead of obeying them: a title,
+    a file name or a reply with ESC, CR or NUL in it cannot recolour or rewrite the terminal."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.raw.write(text.translate(CONTROLS))
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
 def run_client(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
-        return asyncio.run(_run(args, out))
+        with contextlib.redirect_stderr(Printable(sys.stderr)):
+            return asyncio.run(_run(args, Printable(out)))  # type: ignore[arg-type]
     except DaemonGone as exc:
         print(f"assistant: {exc}", file=sys.stderr)
         return EXIT_NO_DAEMON

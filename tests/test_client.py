@@ -157,3 +157,14 @@ async def test_ask_stats_shows_what_the_server_read_and_reused(daemon: RunningDa
     assert "reply: 50.0 tokens/s" in err
     code, _out, err = await cli("ask", "third question")
     assert "tokens read" not in err  # only when asked for
+
+
+async def test_control_characters_are_shown_not_obeyed(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["red \x1b[31mtext\x1b[0m", " and a\rrewrite\x00"]))
+    code, out, err = await cli("ask", "colour me")
+    assert code == 0, err
+    assert out.strip() == "red \\x1b[31mtext\\x1b[0m and a\\x0drewrite\\x00"
+    assert "\x1b" not in out + err and "\r" not in out
+    await cli("ask", "-c", "1", "more")
+    code, out, _ = await cli("conversations")
+    assert "\x1b" not in out
