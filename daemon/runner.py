@@ -77,6 +77,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
 MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
+NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
 
 StopReason = Literal["cancelled", "interrupted"]
@@ -97,6 +98,7 @@ class TurnState:
     reasoning: str = ""
     usage: Usage | None = None
     timings: Timings | None = None  # the model server's figures of the last request (llama-server)
+    unoffered: bool = False  # the last round called tools that were not offered
     prompt_estimate: int = 0
     ctx_used: int = 0
     round_start: int = 0  # where the current round's text begins in the reply
@@ -373,6 +375,13 @@ class TurnRunner:
                 end = await self._stream_round(state, prompt, tools, emit)
             state.prompt, state.tools = prompt.messages, tools
             if not end.tool_calls or tools is None:
+                if state.unoffered and silent(state.messages[-1]):
+                    # it called a tool nobody offered (or one past the last round) and said
+                    # nothing: tell it so, once, and let it answer in words
+                    state.messages.pop()
+                    add_user_note(prompt.messages, NO_TOOLS_NOTE)
+                    end = await self._stream_round(state, prompt, None, emit)
+                    state.prompt, state.tools = prompt.messages, None
                 return end.finish_reason
             prompt.messages.extend(router_messages(state.messages[-1:]))
             # the calls of a round share half of what is left of the context
@@ -426,6 +435,7 @@ class TurnRunner:
             elif isinstance(event, StreamEnd):
                 state.usage = event.usage or state.usage
                 calls = event.tool_calls if tools else []  # calls nobody offered are not run
+                state.unoffered = bool(event.tool_calls) and not tools
                 self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
                 state.round_start = len(state.reply)  # this round's text is stored with its message
                 state.timings = event.timings or state.timings
@@ -529,6 +539,12 @@ class TurnRunner:
             "ctx_max": state.model.ctx_max,
             "timings": state.timings.to_json() if state.timings else None,
         }
+
+
+def silent(message: dict[str, Any]) -> bool:
+    """Whether a stored assistant message says nothing at all (no text, reasoning or calls)."""
+    return (message.get("role") == "assistant" and not message.get("content")
+            and not message.get("reasoning_content") and not message.get("tool_calls"))
 
 
 def has_files(question: dict[str, Any]) -> bool:

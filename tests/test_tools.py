@@ -370,3 +370,29 @@ async def test_replayed_turns_always_end_with_an_answer() -> None:
     assert complete_exchanges([question, calls, result]) == []
     said = {**calls, "content": "Let me see."}
     assert complete_exchanges([question, said, result]) == [question, {"role": "assistant", "content": "Let me see."}]
+
+
+async def test_a_call_to_a_tool_nobody_offered_gets_one_plain_retry(config: Config) -> None:
+    """A model whose template takes no tools may still emit a call: it is told, once, to
+    answer in words, and the turn ends with that answer rather than an empty reply."""
+    with FakeRouter(models=[FakeModel("plain", tools=False)], models_format="bare") as plain:
+        running = RunningDaemon(dataclasses.replace(config, router_url=plain.url))
+        await running.start()
+        wire = await running.connect()
+        try:
+            plain.script(call("conversation_search", {"query": "x"}), Reply(text="Paris, in words."))
+            events = await wire.ask("capital of France?")
+            assert events[-1]["type"] == "done", events[-1]
+            assert events[-1]["text"] == "Paris, in words." and events[-1]["finish_reason"] == "stop"
+            assert of_type(events, "tool") == []  # nothing was run
+            retry = plain.requests[-1]
+            assert "tools" not in retry and "No tools can be called here" in retry["messages"][-1]["content"]
+            opened = await wire.request({"type": "open", "conversation": events[0]["conversation"]})
+            assert opened["turns"][0]["reply"] == "Paris, in words."
+            # stored as one question and one answer: the next turn replays them alternating
+            await wire.ask("and of Spain?", conversation=events[0]["conversation"])
+            roles = [m["role"] for m in plain.requests[-1]["messages"]]
+            assert roles == ["system", "user", "assistant", "user"]
+        finally:
+            await wire.close()
+            await running.stop()
