@@ -1,5 +1,5 @@
 """Knowledge bases through the real socket: kb_add with progress, list, link, remove,
-auto-injection into the system prompt by mode, the 85% rule, the kb_search tool,
+auto-injection before the question by mode, the 85% rule, the kb_search tool,
 embeddings served by the fake router for real, and a dead embedder."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -260,3 +261,21 @@ async def test_one_long_paragraph_is_cut_to_what_an_embedder_takes(
     wall.write_text("word " * 20_000)  # one paragraph, no line breaks: 100,000 characters
     result = (await kb_add(kwire, "wall", wall))[-1]
     assert result["embedding_error"] is None and result["embedded"] == result["chunks"] > 50
+
+
+async def test_kb_add_reports_pipes_and_sockets_it_never_opens(kwire: Wire, tmp_path: Path) -> None:
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "real.md").write_text("# Real\n\nA regular file with words in it.\n")
+    os.mkfifo(folder / "pipe")  # opening it for reading would wait for a writer forever
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(folder / "sock"))
+    try:
+        result = (await kb_add(kwire, "odd", folder))[-1]
+        given = (await kb_add(kwire, "odd2", folder / "pipe"))[-1]
+    finally:
+        listening.close()
+    assert result["type"] == "kb" and result["documents"] == 1
+    reasons = {Path(n["path"]).name: n["reason"] for n in result["skipped"]}
+    assert reasons["pipe"].startswith("a named pipe (FIFO)") and reasons["sock"].startswith("a socket")
+    assert given["errors"][0]["reason"].startswith("a named pipe (FIFO)")
