@@ -338,7 +338,12 @@ async def prepare_files(
 async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int]:
     """A staged file's text need (characters) and image count, without rendering anything."""
     if item.kind == "text":
-        return item.size, 0
+        if item.size:
+            return item.size, 0
+        # a file that says it is empty may not be (/proc and /sys files report 0 bytes):
+        # count what ask would read
+        text, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
+        return text_weight(text), 0
     if item.kind == "image":
         return 0, 1
     text = await pdf.read_text(item.path, item.name)

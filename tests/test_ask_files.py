@@ -241,6 +241,16 @@ async def test_estimate_counts_staged_text_and_files(wire: Wire, tmp_path: Path)
     assert refused["code"] == "no_vision"
 
 
+async def test_estimate_counts_a_file_that_reports_no_size(wire: Wire) -> None:
+    """/proc files say they hold 0 bytes, and ask reads them all the same: so does estimate."""
+    cpuinfo = Path("/proc/cpuinfo")
+    chars = len(cpuinfo.read_text())
+    assert cpuinfo.stat().st_size == 0 and chars > 100
+    event = await wire.request({"type": "estimate", "files": [str(cpuinfo)]})
+    assert event["type"] == "estimate", event
+    assert event["files"][0]["tokens"] >= chars // 4 * 0.9  # it can change a little between reads
+
+
 async def test_restart_keeps_files_and_their_references(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
     cat = make_png(tmp_path / "cat.png")
     wire = await daemon.connect()
