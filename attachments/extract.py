@@ -342,8 +342,8 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
             return item.size, 0
         # a file that says it is empty may not be (/proc and /sys files report 0 bytes):
         # count what ask would read
-        text, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
-        return text_weight(text), 0
+        read, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
+        return text_weight(read), 0
     if item.kind == "image":
         return 0, 1
     text = await pdf.read_text(item.path, item.name)
