@@ -11,6 +11,7 @@ import pytest
 
 from core import Config
 from core.wire import Wire, of_type, reply_text
+from daemon.connection import read_lines
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon
 
@@ -494,3 +495,18 @@ async def test_a_conversations_own_model_is_used_and_its_loss_is_an_error_kept(
     assert events[-1]["turn"] == 3
     turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]
     assert turn["text"] == "still there?" and turn["status"] == "error"
+
+
+async def test_a_flood_of_blank_lines_costs_no_step_per_line() -> None:
+    """20 MB of blank lines once slowed every other client: each was a step of the loop."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"\n" * 3_000_000 + b"  \r\n\t\n" + b'{"type":"status"}\n' + b"\n" * 1000 + b'  {"type":"models"}')
+    reader.feed_eof()
+    lines = [line async for line in read_lines(reader)]
+    assert lines == [b'{"type":"status"}', b'{"type":"models"}']
+
+
+async def test_blank_lines_before_a_request_are_ignored_through_the_socket(wire: Wire) -> None:
+    await wire.send_raw(b"\n" * 2_000_000 + b'\r\n  {"type":"status","id":"after"}\n')
+    event = await wire.read()
+    assert event["type"] == "status" and event["id"] == "after"  # no error for the blank lines
