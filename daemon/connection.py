@@ -115,15 +115,29 @@ class Connection:
         self._tasks = tasks  # the server's set, so shutdown can wait for them
         self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self.closed = False
 
     def send(self, event: dict[str, Any]) -> None:
         """Queue one event; dropped silently once the client is gone."""
         if self.closed:
             return
-        self._pending.append(encode_event(event))
-        if len(self._pending) == 1:
+        data = encode_event(event)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._stalled():
+            self._drop()  # within one turn of the loop: a stalled client cannot hold more
+        elif len(self._pending) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def _stalled(self) -> bool:
+        """Whether more than the cap would wait for a client that has not read what it has.
+
+        A client that reads gets even one event larger than the cap (``open`` of a long
+        conversation): what counts is data waiting behind unread data.
+        """
+        waiting = self._writer.transport.get_write_buffer_size()
+        return waiting > 0 and waiting + self._pending_bytes > MAX_WRITE_BUFFER
 
     def _flush(self) -> None:
         if self.closed or not self._pending:
@@ -133,11 +147,21 @@ class Connection:
             self._pending.clear()
             self.closed = True
             return
+        # the cap holds before the write: what a client does not read is never held past it
+        if self._stalled():
+            self._drop()
+            return
         transport.write(b"".join(self._pending))
         self._pending.clear()
-        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
-            logger.warning("client is not reading its events; disconnecting it")
-            self.close()
+        self._pending_bytes = 0
+
+    def _drop(self) -> None:
+        """Disconnect a client that stopped reading, discarding what it did not read."""
+        logger.warning("client is not reading its events (over %d bytes wait); disconnecting it", MAX_WRITE_BUFFER)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self.closed = True
+        self._writer.transport.abort()
 
     def close(self) -> None:
         if not self.closed:

@@ -11,6 +11,7 @@ import pytest
 
 from core import Config
 from core.wire import Wire, of_type, reply_text
+from daemon import connection
 from daemon.connection import read_lines
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon
@@ -510,3 +511,33 @@ async def test_blank_lines_before_a_request_are_ignored_through_the_socket(wire:
     await wire.send_raw(b"\n" * 2_000_000 + b'\r\n  {"type":"status","id":"after"}\n')
     event = await wire.read()
     assert event["type"] == "status" and event["id"] == "after"  # no error for the blank lines
+
+
+async def test_a_client_that_stops_reading_is_dropped_at_the_cap(
+    daemon: RunningDaemon, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What waits for a stalled client is bounded by the cap, checked before each write, and
+    the connection is dropped (not closed gently, which would keep the buffer to send)."""
+    monkeypatch.setattr(connection, "MAX_WRITE_BUFFER", 1 << 20)
+    router.script(Reply(chunks=["x" * 6000] * 1000))  # 6 MB of deltas
+    reader, writer = await asyncio.open_unix_connection(str(daemon.config.socket_path))
+    writer.write(b'{"type":"ask","id":"flood","text":"flood me"}\n')
+    await writer.drain()
+    other = await daemon.connect()
+    try:
+        for _ in range(200):  # the turn goes on without its client, and is stored whole
+            if (await other.request({"type": "status"}))["turns_running"] == 0 and router.requests:
+                break
+            await asyncio.sleep(0.05)
+        opened = await other.request({"type": "open", "conversation": 1})
+        assert len(opened["turns"][0]["reply"]) == 6_000_000
+        received = 0
+        try:
+            while chunk := await asyncio.wait_for(reader.read(1 << 16), 10):
+                received += len(chunk)
+        except ConnectionError:
+            pass
+        assert received < 1 << 20  # the kernel's socket buffer at most: the rest was discarded
+    finally:
+        writer.close()
+        await other.close()
