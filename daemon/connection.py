@@ -32,6 +32,7 @@ from .protocol import (
     decode_line,
     encode_event,
     error_event,
+    request_id,
     validate,
 )
 
@@ -204,9 +205,14 @@ class Connection:
             self.send(error_event(exc))
             return
         try:
+            rid = request_id(obj)
+        except AssistantError as exc:
+            self.send(error_event(exc))  # not echoed: that is what is wrong with it
+            return
+        try:
             request = validate(obj)
         except AssistantError as exc:
-            self.send(error_event(exc, obj.get("id")))
+            self.send(error_event(exc, rid))
             return
         task = asyncio.create_task(self._run(request), name=f"request-{request.type}")
         for tasks in (self._tasks, self._mine):

@@ -24,10 +24,12 @@ __all__ = [
     "decode_line",
     "encode_event",
     "error_event",
+    "request_id",
     "validate",
 ]
 
 MAX_LINE_BYTES = 1 << 20  # a request line over 1 MiB is refused
+MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
@@ -130,6 +132,15 @@ def decode_line(line: bytes) -> dict[str, Any]:
     return obj
 
 
+def request_id(obj: dict[str, Any]) -> Any:
+    """The request's ``id``, echoed on every event that answers it; ``BadRequest`` if too large
+    (a large id would ride on every delta of a reply)."""
+    value = obj.get("id")
+    if value is not None and len(json.dumps(value, ensure_ascii=False)) > MAX_ID_CHARS:
+        raise BadRequest(f"the request's id is over {MAX_ID_CHARS} characters as JSON; use a short one, such as a number")
+    return value
+
+
 def validate(obj: dict[str, Any]) -> Request:
     """Check a decoded request against ``REQUESTS``; raise ``BadRequest`` naming the fault."""
     kind = obj.get("type")
@@ -156,7 +167,8 @@ def validate(obj: dict[str, Any]) -> Request:
 
 def encode_event(event: dict[str, Any]) -> bytes:
     """One event as a JSON line (UTF-8, no ASCII escaping: the canvas reads UTF-8)."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    # allow_nan=False: NaN and Infinity are not JSON, and a JavaScript canvas cannot parse them
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
 def error_event(exc: AssistantError, req_id: Any = None, **extra: Any) -> dict[str, Any]:

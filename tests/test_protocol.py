@@ -13,6 +13,7 @@ from core import Config
 from core.wire import Wire, of_type, reply_text
 from daemon import connection
 from daemon.connection import read_lines
+from daemon.protocol import encode_event
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon
 
@@ -425,6 +426,8 @@ async def test_a_client_that_half_closes_still_gets_its_answers(wire: Wire) -> N
         (b"[" * 200_000, "nests too deeply"),
         (b'{"type":"status","id":NaN}', "not valid JSON"),
         (b'{"type":"status","id":1e400}', "not valid JSON"),  # infinity: no event could carry it back
+        (b'{"type":"status","id":{"deep":[1e400]}}', "not valid JSON"),
+        (b'{"type":"status","id":"' + b"x" * 300 + b'"}', "id is over 256 characters"),
         (b'{"type":"search","query":"x","limit":-1e999}', "not valid JSON"),
         (b'{"type":"ask","text":"\\ud800"}', "not valid JSON"),
         (b'{"type":"open","conversation":99999999999999999999999}', "'conversation' must be an integer from 1"),
@@ -541,3 +544,15 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_cap(
     finally:
         writer.close()
         await other.close()
+
+
+async def test_an_oversize_id_is_not_echoed(wire: Wire) -> None:
+    await wire.send_raw(b'{"type":"status","id":"' + b"x" * 300 + b'"}\n')
+    event = await wire.read()
+    assert event["code"] == "bad_request" and "id" not in event
+    assert (await wire.request({"type": "status", "id": "y" * 250}))["type"] == "status"
+
+
+async def test_events_are_strict_json() -> None:
+    with pytest.raises(ValueError):
+        encode_event({"type": "status", "uptime": float("inf")})
