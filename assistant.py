@@ -17,6 +17,7 @@ import os
 import sys
 
 from core import AssistantError, load_config
+from core.errors import EXIT_STARTUP, StartupError
 from daemon.client import add_client_commands, run_client
 
 logger = logging.getLogger("assistant")
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config()
         asyncio.run(serve(config))
+    except StartupError as exc:
+        logger.error("cannot start: %s", exc.message)
+        return EXIT_STARTUP  # systemd does not restart it in a loop (RestartPreventExitStatus)
     except AssistantError as exc:
         logger.error("%s", exc.message)
         return 1

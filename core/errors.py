@@ -36,7 +36,9 @@ __all__ = [
     "RouterContextOverflow",
     "RouterError",
     "RouterUnreachable",
+    "EXIT_STARTUP",
     "ShuttingDown",
+    "StartupError",
     "TooManyFiles",
     "UnknownType",
     "UnsupportedKind",
@@ -145,6 +147,17 @@ class ShuttingDown(AssistantError):
     """The daemon is stopping and takes no new turns."""
 
     code = "shutting_down"
+
+
+class StartupError(AssistantError):
+    """The daemon cannot start: its data cannot be opened. The message names the file and
+    what to do; the process exits with ``EXIT_STARTUP``, which the systemd unit does not
+    restart in a loop."""
+
+    code = "startup"
+
+
+EXIT_STARTUP = 78  # sysexits' EX_CONFIG: systemd's RestartPreventExitStatus names it
 
 
 class InternalError(AssistantError):

@@ -15,6 +15,7 @@ import signal
 import time
 
 from core.config import Config
+from core.errors import StartupError
 from core.router import RouterClient
 from history import AsyncHistory
 from kbinject import KbSettings, KnowledgeBases
@@ -71,7 +72,7 @@ class Server:
             self.ready.set()
             assert self._kbs is not None
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
-            for work in (self._kbs.start(), self._check_router()):
+            for work in (self._kbs.start(), self._check_router(), self._check_store()):
                 task = asyncio.create_task(work)
                 task.add_done_callback(_log_failure)
                 self._background.add(task)
@@ -86,7 +87,13 @@ class Server:
             logger.info("using the socket passed by systemd")
         else:
             self._listener = bind_listener(self.config.socket_path)
-        self.config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create the data folder {self.config.data_dir} ({exc.strerror}); fix the permissions "
+                "of its parent, or set ASSISTANT_DATA_DIR to a folder you own"
+            ) from exc
         self._history = await AsyncHistory.open(self.config.db_path)
         interrupted = await self._history.run(lambda s: s.interrupt_running())
         if interrupted:
@@ -98,6 +105,18 @@ class Server:
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
+
+    async def _check_store(self) -> None:
+        """Say at once when the history is damaged, and how to recover (it is served as it is)."""
+        assert self._history is not None
+        damage = await self._history.check()
+        if damage:
+            db = self.config.db_path
+            logger.warning(
+                "%s is damaged (%s); the daemon goes on serving it, but recover soon: stop the daemon, "
+                "run `sqlite3 %s .recover > recovered.sql`, or move the file aside to start afresh",
+                db, damage, db,
+            )
 
     async def _check_router(self) -> None:
         """Say at once when the model server is not there: the first question would fail."""

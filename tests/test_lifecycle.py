@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import sqlite3
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -270,3 +271,54 @@ async def test_sigterm_lets_a_short_turn_finish(
     await wire.close()
     code, err = await proc.stop()
     assert code == 0, err
+
+
+async def test_a_damaged_database_stops_the_start_with_one_clear_line(
+    spawned: list[DaemonProcess], config: Config, tmp_path: Path
+) -> None:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.db_path.write_bytes(b"this is not a database at all " * 200)
+    code, err = await exit_of(await DaemonProcess.spawn(tmp_path))
+    assert code == 78  # systemd's RestartPreventExitStatus: no restart loop
+    assert "Traceback" not in err
+    [line] = [ln for ln in err.splitlines() if "cannot start" in ln]
+    assert str(config.db_path) in line and "move it aside" in line
+
+
+async def test_an_unwritable_data_folder_says_so(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        parent = tmp_path / "locked"
+        parent.mkdir()
+        parent.chmod(0o500)
+        # root writes anywhere: a file in the way of the folder makes the same failure
+        blocker = tmp_path / "blocker"
+        blocker.write_text("")
+        env = {"ASSISTANT_DATA_DIR": str(blocker / "data")}
+    else:
+        parent = tmp_path / "locked"
+        parent.mkdir(mode=0o500)
+        env = {"ASSISTANT_DATA_DIR": str(parent / "data")}
+    code, err = await exit_of(await DaemonProcess.spawn(tmp_path, extra_env=env))
+    assert code == 78 and "Traceback" not in err
+    assert "cannot create the data folder" in err and "ASSISTANT_DATA_DIR" in err
+
+
+async def test_a_database_damaged_inside_is_served_with_a_warning(
+    spawned: list[DaemonProcess], config: Config, tmp_path: Path
+) -> None:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(config.db_path)
+    conn.execute("CREATE TABLE filler (x TEXT)")
+    conn.executemany("INSERT INTO filler VALUES (?)", [("y" * 500,) for _ in range(400)])
+    conn.commit()
+    conn.close()
+    data = bytearray(config.db_path.read_bytes())
+    page = 4096
+    data[page * 3 + 8 : page * 3 + 64] = b"\xff" * 56  # a b-tree page's header, past the file header
+    config.db_path.write_bytes(bytes(data))
+    proc = await start(spawned, tmp_path)
+    wire = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
+    assert (await wire.request({"type": "status"}))["type"] == "status"
+    await wire.close()
+    _code, err = await proc.stop()
+    assert "is damaged" in err and ".recover" in err
