@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import StartupError
 from history import (
     SUMMARY_SLOT,
     AsyncHistory,
@@ -718,8 +719,10 @@ async def test_async_history_propagates_errors(db_path: Path) -> None:
 async def test_async_history_open_failure_leaves_no_thread(tmp_path: Path) -> None:
     directory = tmp_path / "a-directory"
     directory.mkdir()
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(StartupError) as refused:
         await AsyncHistory.open(directory)
+    assert isinstance(refused.value.__cause__, sqlite3.OperationalError)
+    assert str(directory) in refused.value.message and "move it aside" in refused.value.message
     await asyncio.sleep(0)
     for thread in history_threads():
         thread.join(timeout=2)
