@@ -95,7 +95,12 @@ class Server:
                 "of its parent, or set ASSISTANT_DATA_DIR to a folder you own"
             ) from exc
         self._history = await AsyncHistory.open(self.config.db_path)
-        interrupted = await self._history.run(lambda s: s.interrupt_running())
+        try:
+            interrupted = await self._history.run(lambda s: s.interrupt_running())
+        except Exception as exc:  # a full disk: serve what can be served, and say so
+            logger.warning("turns cut by a crash could not be marked interrupted (%s); free some space "
+                           "and restart to mark them", exc)
+            interrupted = 0
         if interrupted:
             logger.warning("%d turn(s) were cut by a crash; kept as interrupted", interrupted)
         self._router = RouterClient(self.config)
