@@ -26,6 +26,7 @@ from .errors import FileRefused
 __all__ = [
     "HASH_CHUNK",
     "HEAD_BYTES",
+    "describe_mode",
     "check_path",
     "open_regular",
     "read_head",
@@ -38,7 +39,7 @@ HEAD_BYTES = 8 * 1024
 HASH_CHUNK = 1024 * 1024
 
 
-def _describe(mode: int) -> str:
+def describe_mode(mode: int) -> str:
     """What kind of non-regular file ``mode`` is, in words a user knows."""
     if stat.S_ISFIFO(mode):
         return "a pipe (FIFO)"
@@ -76,7 +77,7 @@ def check_path(path: str) -> os.stat_result:
     if stat.S_ISDIR(info.st_mode):
         raise FileRefused(f"{path}: a folder, not a file; attach the files inside it instead")
     if not stat.S_ISREG(info.st_mode):
-        raise FileRefused(f"{path}: {_describe(info.st_mode)}, not a regular file; attach a regular file")
+        raise FileRefused(f"{path}: {describe_mode(info.st_mode)}, not a regular file; attach a regular file")
     if not os.access(path, os.R_OK):
         raise FileRefused(f"{path}: not readable by the assistant; check the file's permissions")
     return info
@@ -98,7 +99,7 @@ def open_regular(path: str) -> BinaryIO:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(f"{path}: {_describe(info.st_mode)}, not a regular file; attach a regular file")
+            raise FileRefused(f"{path}: {describe_mode(info.st_mode)}, not a regular file; attach a regular file")
         # O_NONBLOCK means nothing for a regular file, but clear it for good measure
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

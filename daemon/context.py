@@ -35,13 +35,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core import BUDGET_CHARS_PER_TOKEN, Budget, Config, estimate_messages, estimate_text
+from core import (
+    BUDGET_CHARS_PER_TOKEN,
+    Budget,
+    Config,
+    estimate_messages,
+    estimate_text,
+)
 from core.errors import AssistantError, ContextOverflow, RouterUnreachable
 from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
-from recall import attachment_manifest, plan_compaction, summarize, summarize_in_place, summary_message
-from recall.compaction import IN_PLACE_REQUEST
+from recall import (
+    IN_PLACE_REQUEST,
+    attachment_manifest,
+    plan_compaction,
+    summarize,
+    summarize_in_place,
+    summary_message,
+)
 
 from .replay import ReplayCache, Replayed, ReplayedTurn, router_messages
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from attachments import Kind, classify, read_pdf_text, read_text_file, suffix_of
-from core.files import check_path, open_regular, read_head, sha256_file
+from core.files import check_path, describe_mode, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
 from .chunking import MARKDOWN_SUFFIXES, Chunk, chunk_pages, chunk_text
@@ -145,19 +145,8 @@ class _Walk:
             elif stat.S_ISREG(info.st_mode):
                 self.file(entry.path, info)
             else:  # never opened: reading a FIFO would wait forever, a device may act
-                self.out.skipped.append(FileNote(entry.path, f"{special_kind(info.st_mode)}, not a regular file"))
+                self.out.skipped.append(FileNote(entry.path, f"{describe_mode(info.st_mode)}, not a regular file"))
         return subfolders
-
-
-def special_kind(mode: int) -> str:
-    """What a file that is neither a regular file nor a folder is, for a person."""
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a special file"
 
 
 def _is_text(path: str) -> bool:
@@ -202,7 +191,7 @@ def collect(paths: Sequence[str]) -> Collected:
         elif stat.S_ISREG(info.st_mode):
             walk.file(path, info)
         else:
-            out.errors.append(FileNote(path, f"{special_kind(info.st_mode)}, not a regular file or folder"))
+            out.errors.append(FileNote(path, f"{describe_mode(info.st_mode)}, not a regular file or folder"))
     return out
 
 

@@ -13,11 +13,19 @@ It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 from core.tools import Toolbox
 
 from .attachment_recall import MAX_IMAGE_BASE64, AttachmentRecall, document_pages
-from .compaction import plan_compaction, summarize, summarize_in_place, summary_message, transcript
+from .compaction import (
+    IN_PLACE_REQUEST,
+    plan_compaction,
+    summarize,
+    summarize_in_place,
+    summary_message,
+    transcript,
+)
 from .conversation_search import ConversationSearch
 from .manifest import attachment_manifest
 
 __all__ = [
+    "IN_PLACE_REQUEST",
     "MAX_IMAGE_BASE64",
     "AttachmentRecall",
     "ConversationSearch",

@@ -277,5 +277,5 @@ async def test_kb_add_reports_pipes_and_sockets_it_never_opens(kwire: Wire, tmp_
         listening.close()
     assert result["type"] == "kb" and result["documents"] == 1
     reasons = {Path(n["path"]).name: n["reason"] for n in result["skipped"]}
-    assert reasons["pipe"].startswith("a named pipe (FIFO)") and reasons["sock"].startswith("a socket")
-    assert given["errors"][0]["reason"].startswith("a named pipe (FIFO)")
+    assert reasons["pipe"].startswith("a pipe (FIFO)") and reasons["sock"].startswith("a socket")
+    assert given["errors"][0]["reason"].startswith("a pipe (FIFO)")
