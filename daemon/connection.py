@@ -48,6 +48,7 @@ Handler = Callable[[Request, Emit], Awaitable[None]]
 
 _TOO_LONG = object()  # marks a line that passed MAX_LINE_BYTES
 LEADING_SPACE = re.compile(rb"[ \t\r\n]*")
+LINES_PER_TURN = 32  # requests started from one client before the loop serves the others
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -64,6 +65,7 @@ async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) 
     """Yield each line (without its newline), or ``_TOO_LONG`` once for a line over ``limit``."""
     buf = bytearray()
     skipping = False  # inside an oversized line, waiting for its end
+    lines = 0
     while True:
         chunk = await reader.read(READ_CHUNK)
         # a client that sends faster than we parse must not starve the others: a chunk a turn
@@ -95,6 +97,9 @@ async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) 
                 break
             if not skipping:
                 yield bytes(buf)
+                lines += 1
+                if lines % LINES_PER_TURN == 0:
+                    await asyncio.sleep(0)  # many lines in one chunk: let the other clients in
             buf.clear()
             skipping = False
             start = newline + 1
