@@ -17,7 +17,17 @@ import contextlib
 import sys
 import time
 
-from benchlib import Daemon, fake_router_process, header, median, ms, p90, temp_dir, terminate_on_sigterm, verdict
+from benchlib import (
+    Daemon,
+    fake_router_process,
+    header,
+    median,
+    ms,
+    p90,
+    temp_dir,
+    terminate_on_sigterm,
+    verdict,
+)
 
 from core.wire import Wire
 
