@@ -173,17 +173,17 @@ class ContextBuilder:
                                        in_place=not force)
             entry.fold(made)
             entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
-        earlier = await self._replay(entry.turns, entry.system, current, budget, model, cid)
+        earlier, tokens = await self._replay(entry.turns, entry.system, current, budget, model, cid)
         prompt = [*entry.system, *earlier, *current]
-        tokens = self.estimate(prompt)
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
         kb_ids = known.kb_ids if known else None
         block = None if force else await self._knowledge(cid, kb, tokens, budget.ctx_max, progress, kb_ids)
         if block:
-            prompt[-1] = with_passages(prompt[-1], block)
-            tokens = self.estimate(prompt)
+            question = prompt[-1]
+            prompt[-1] = with_passages(question, block)
+            tokens += self.estimate(prompt[-1:]) - self.estimate([question])
         return Prompt(prompt, tokens, budget)
 
     async def _replayed(
@@ -230,13 +230,16 @@ class ContextBuilder:
         budget: Budget,
         model: ModelInfo,
         cid: int,
-    ) -> list[dict[str, Any]]:
-        """The earlier turns in router form; the oldest are left out while the prompt cannot fit.
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The earlier turns in router form, and the whole prompt's tokens (counted from what
+        each held turn already knows of itself); the oldest turns are left out while the
+        prompt cannot fit.
 
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
         """
-        room = budget.prompt_limit - self.estimate([*system, *current])
+        own = self.estimate([*system, *current])
+        room = budget.prompt_limit - own
         total = sum(t.tokens for t in turns)
         skip = 0
         while skip < len(turns) and total > room:
@@ -245,7 +248,7 @@ class ContextBuilder:
         if skip:
             logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
                            cid, skip, model.id)
-        return [m for t in turns[skip:] for m in await t.for_router(model.vision)]
+        return [m for t in turns[skip:] for m in await t.for_router(model.vision)], own + total
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)

@@ -383,13 +383,17 @@ class TurnRunner:
                     end = await self._stream_round(state, prompt, None, emit)
                     state.prompt, state.tools = prompt.messages, None
                 return end.finish_reason
-            prompt.messages.extend(router_messages(state.messages[-1:]))
+            self._append(prompt, router_messages(state.messages[-1:]))
             # the calls of a round share half of what is left of the context
-            room = budget_chars(prompt.budget.ctx_max, self.context.estimate(prompt.messages))
+            room = budget_chars(prompt.budget.ctx_max, prompt.tokens)
             ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
-            prompt.messages.extend(await self._run_tools(state, offered, end.tool_calls, ctx, emit))
-            prompt.tokens = self.context.estimate(prompt.messages)
+            self._append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit))
         raise AssertionError("the last round offers no tools")
+
+    def _append(self, prompt: Prompt, messages: list[dict[str, Any]]) -> None:
+        """Messages added to a round's prompt, counted as they come (estimates add up)."""
+        prompt.messages.extend(messages)
+        prompt.tokens += self.context.estimate(messages)
 
     async def _run_tools(
         self, state: TurnState, offered: list[Tool], calls: list[ToolCall], ctx: ToolContext, emit: Emit
