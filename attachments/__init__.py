@@ -24,6 +24,7 @@ from .extract import (
     estimate_files,
     prepare_files,
     read_text_file,
+    too_many_files,
 )
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
@@ -52,5 +53,6 @@ __all__ = [
     "resolve_image_refs",
     "suffix_of",
     "text_weight",
+    "too_many_files",
     "user_content",
 ]

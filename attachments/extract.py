@@ -57,6 +57,7 @@ __all__ = [
     "estimate_files",
     "prepare_files",
     "read_text_file",
+    "too_many_files",
 ]
 
 logger = logging.getLogger(__name__)
@@ -167,10 +168,15 @@ def _stage_file(path: str) -> _Staged:
     return _Staged(path, name, found.kind, found.mime, info.st_size)
 
 
+def too_many_files(count: int) -> TooManyFiles:
+    """The one refusal of too many files, for ``ask`` and ``estimate`` alike."""
+    return TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {count}, send fewer")
+
+
 async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[_Staged]:
     """Stage every path, refusing too many files and images for a blind model."""
     if len(paths) > MAX_FILES:
-        raise TooManyFiles(f"{len(paths)} files attached; a question takes at most {MAX_FILES}, send fewer")
+        raise too_many_files(len(paths))
     staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
         raise _no_vision(model)

@@ -243,6 +243,11 @@ class RouterClient:
         logger.info("model %s holds %d tokens (learned from the server's refusal)", model, n_ctx)
         return learned
 
+    def default_model(self) -> str | None:
+        """The default model without asking: the configured one, else the router's first as
+        last seen (None before the router has ever answered)."""
+        return self._config.model or (self._models[0].id if self._models else None)
+
     def _find(self, wanted: str) -> ModelInfo | None:
         if not wanted:
             return self._models[0] if self._models else None

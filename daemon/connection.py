@@ -4,7 +4,9 @@ Lines are split by hand rather than with ``StreamReader.readline`` so that a
 line over the limit can be answered at once and then skipped up to its newline
 without ever being held in memory.  Each request runs as its own task, so a
 long ``ask`` does not hold up a ``cancel`` on the same connection; a failure in
-one request becomes an ``error`` event and nothing else.
+one request becomes an ``error`` event and nothing else.  Requests take effect in
+the order sent: one that changes what later ones see (``protocol.BARRIERS``) is
+answered before any later line of the connection starts.
 
 Writes never wait for the client: a turn keeps streaming, and keeps being
 stored, even if the canvas stops reading.  A client that lets more than
@@ -27,12 +29,14 @@ from typing import Any
 from core.errors import AssistantError, InternalError, LineTooLong
 
 from .protocol import (
+    BARRIERS,
     MAX_LINE_BYTES,
     Request,
     decode_line,
     encode_event,
     error_event,
     request_id,
+    sequence_key,
     validate,
 )
 
@@ -120,6 +124,8 @@ class Connection:
         self._handler = handler
         self._tasks = tasks  # the server's set, so shutdown can wait for them
         self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
+        self._barriers: set[asyncio.Task[None]] = set()  # those every later request waits for
+        self._sequenced: dict[str, set[asyncio.Task[None]]] = {}  # those later ones of their key wait for
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.closed = False
@@ -186,7 +192,9 @@ class Connection:
         try:
             async for line in read_lines(self._reader):
                 if line is _TOO_LONG:
-                    exc = LineTooLong(f"a request line must be under {MAX_LINE_BYTES} bytes; send file paths, not contents")
+                    exc = LineTooLong(
+                        f"a request line may have at most {MAX_LINE_BYTES} bytes (1 MiB); send file paths, not contents"
+                    )
                     self.send(error_event(exc))
                 elif isinstance(line, bytes) and line.strip():
                     try:
@@ -214,28 +222,46 @@ class Connection:
         except AssistantError as exc:
             self.send(error_event(exc))  # not echoed: that is what is wrong with it
             return
+        echo = {"id": rid} if "id" in obj else {}
         try:
             request = validate(obj)
         except AssistantError as exc:
-            self.send(error_event(exc, rid))
+            self.send(error_event(exc, **echo))
             return
-        task = asyncio.create_task(self._run(request), name=f"request-{request.type}")
-        for tasks in (self._tasks, self._mine):
+        # in the order sent: after every earlier barrier, and every earlier request of its key
+        key = sequence_key(request)
+        earlier = self._barriers | self._sequenced.get(key, set()) if key else set(self._barriers)
+        task = asyncio.create_task(self._run(request, earlier), name=f"request-{request.type}")
+        groups = [self._tasks, self._mine]
+        if request.type in BARRIERS:
+            groups.append(self._barriers)
+        if key:
+            groups.append(self._sequenced.setdefault(key, set()))
+        for tasks in groups:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+        if key:
+            task.add_done_callback(lambda _: self._forget(key))
 
-    async def _run(self, request: Request) -> None:
+    def _forget(self, key: str) -> None:
+        if not self._sequenced.get(key):
+            self._sequenced.pop(key, None)
+
+    async def _run(self, request: Request, earlier: set[asyncio.Task[None]]) -> None:
         def emit(event: dict[str, Any]) -> None:
-            if request.id is not None:
+            if request.has_id:
                 event["id"] = request.id
             self.send(event)
 
+        echo = {"id": request.id} if request.has_id else {}
         try:
+            if earlier:
+                await asyncio.wait(earlier)
             await self._handler(request, emit)
         except AssistantError as exc:
-            self.send(error_event(exc, request.id))
+            self.send(error_event(exc, **echo))
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("request %s failed", request.type)
-            self.send(error_event(InternalError(), request.id))
+            self.send(error_event(InternalError(), **echo))

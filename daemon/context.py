@@ -320,6 +320,12 @@ class ContextBuilder:
         elif injection.block:
             sources = sorted({hit.kb for hit in injection.hits})
             progress("kb", f"{len(injection.hits)} passage(s) from {', '.join(sources)}")
+        elif injection.search is not None:
+            # a search ran and found nothing to add: the canvas is told why not
+            why = f" ({injection.note})" if injection.note else ""
+            progress("kb", f"no knowledge-base passage matched the question{why}")
+        elif injection.note:
+            progress("kb", injection.note)  # the search failed
         if injection.note:
             logger.debug("kb: %s", injection.note)
         return injection.block

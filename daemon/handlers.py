@@ -54,6 +54,8 @@ class Handlers:
         self.started = time.monotonic()
 
     async def __call__(self, request: Request, emit: Emit) -> None:
+        if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
+            raise request.fault
         await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
@@ -61,8 +63,8 @@ class Handlers:
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
-        turn = self.engine.running_turn(cid)
-        if not self.engine.cancel(cid):
+        stopped, turn = await self.engine.stop(cid)  # answered once the turn has ended and is stored
+        if not stopped:
             await self._conversation(cid)  # not_found for a conversation that does not exist
         emit({"type": "cancelled", "conversation": cid, "turn": turn})
 
@@ -134,8 +136,9 @@ class Handlers:
         changes: dict[str, Any] = {}
         if request.has("title"):
             title = request.get("title").strip()
-            if title:
-                changes["title"] = title[:200]
+            if not title:
+                raise BadRequest("settings: 'title' needs some text; leave the field out to keep the title")
+            changes["title"] = title[:200]
         if request.has("model"):
             model = request.get("model") or None
             if model is not None:
@@ -145,7 +148,7 @@ class Handlers:
             changes["settings"] = {"kb_injection": request.get("kb_injection")}
         conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
         if conv is None:
-            raise NotFound(f"conversation {cid} does not exist")
+            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
         emit({
             "type": "settings",
             "conversation": conv.id,
@@ -167,16 +170,22 @@ class Handlers:
             await self._conversation(cid)
 
         def search(store: HistoryStore) -> tuple[list[SearchHit], dict[int, Conversation]]:
-            hits = store.search_conversation(cid, query, limit) if cid is not None else store.search_all(query, limit)
+            # one hit past the limit says whether there are more
+            wanted = limit + 1
+            hits = store.search_conversation(cid, query, wanted) if cid is not None else store.search_all(query, wanted)
             convs = {c: store.get_conversation(c) for c in {h.conversation_id for h in hits}}
             return hits, {c: conv for c, conv in convs.items() if conv is not None}
 
         hits, convs = await self.history.run(search)
-        emit({"type": "results", "query": query, "total": len(hits), "conversations": group_hits(hits, convs)})
+        groups = group_hits(hits[:limit], convs)
+        emit({"type": "results", "query": query, "total": sum(len(g["hits"]) for g in groups),
+              "more": len(hits) > limit, "conversations": groups})
 
     async def on_kb_add(self, request: Request, emit: Emit) -> None:
         """Ingest files and folders into a knowledge base, reporting progress as it goes."""
         kb = kb_name(request.get("kb"))
+        if not request.get("paths"):
+            raise BadRequest("kb_add needs at least one file or folder in 'paths'")
 
         def progress(step: KbProgress) -> None:
             emit({"type": "progress", "kb": kb, **step.to_json()})
@@ -197,7 +206,7 @@ class Handlers:
 
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()
-        model: str | None = self.config.model or None
+        model = self.router.default_model()  # the configured one, else the router's first as last seen
         ctx_max: int | None = None
         ctx_source: str | None = None
         if reachable:

@@ -11,6 +11,7 @@ reference the canvas is written against; keep the two in step.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from core.errors import AssistantError, BadRequest, UnknownType
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
+    "BARRIERS",
     "KB_INJECTION_MODES",
     "MAX_LINE_BYTES",
     "Request",
@@ -25,6 +27,7 @@ __all__ = [
     "encode_event",
     "error_event",
     "request_id",
+    "sequence_key",
     "validate",
 ]
 
@@ -33,7 +36,16 @@ MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
-FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit"]
+FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp"]
+
+# Requests that change what later requests see: every later line on the connection waits
+# until they are answered (docs/PROTOCOL.md, "Order"). ``ask`` and ``kb_add`` run long and
+# hold nothing up; an ask claims its conversation before the next line is read.
+BARRIERS = frozenset({"settings", "cancel", "delete", "kb_link", "kb_remove"})
+# Requests about one knowledge base run one after the other on a connection, in the order sent.
+KB_SEQUENCED = frozenset({"kb_add", "kb_link", "kb_remove"})
+# an ``updated_at`` as the daemon writes it (history.records.TIMESTAMP_FORMAT)
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,7 @@ S = FieldSpec
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
     "cancel": {"conversation": S("int", required=True)},
-    "conversations": {"limit": S("limit"), "before": S("str")},
+    "conversations": {"limit": S("limit"), "before": S("timestamp")},
     "open": {"conversation": S("int", required=True)},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
@@ -76,16 +88,25 @@ _KIND_NAMES = {
     "str_or_null": "a string or null",
     "kb_mode": "one of " + ", ".join(KB_INJECTION_MODES),
     "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
+    "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
 }
 
 
 @dataclass
 class Request:
-    """A validated request: its type, its ``id`` (if any) and its known fields."""
+    """A validated request: its type, its ``id`` (if any) and its known fields.
+
+    ``fault`` is the first field that is missing or of the wrong type (``invalid`` names
+    it): the request is refused with it, by its handler, so that a refused ``ask`` still
+    says which conversation and turn it concerned.
+    """
 
     type: str
     id: Any = None
     args: dict[str, Any] = field(default_factory=dict)
+    has_id: bool = False  # an ``"id": null`` is echoed too
+    fault: BadRequest | None = None
+    invalid: str | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)
@@ -109,6 +130,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value in KB_INJECTION_MODES
     if kind == "limit":
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
+    if kind == "timestamp":
+        return isinstance(value, str) and TIMESTAMP.fullmatch(value) is not None
     raise AssertionError(kind)
 
 
@@ -142,27 +165,37 @@ def request_id(obj: dict[str, Any]) -> Any:
 
 
 def validate(obj: dict[str, Any]) -> Request:
-    """Check a decoded request against ``REQUESTS``; raise ``BadRequest`` naming the fault."""
+    """Check a decoded request against ``REQUESTS``: raise ``BadRequest`` for a request of no
+    known type; a field at fault is the request's ``fault``, its valid fields are kept."""
     kind = obj.get("type")
     if not isinstance(kind, str):
         raise BadRequest('the request has no "type"; see docs/PROTOCOL.md for the request types')
     spec = REQUESTS.get(kind)
     if spec is None:
         raise UnknownType(f"unknown request type {kind!r}; known types: {', '.join(REQUESTS)}")
-    args: dict[str, Any] = {}
+    request = Request(type=kind, id=obj.get("id"), has_id="id" in obj)
     for name, fspec in spec.items():
         value = obj.get(name)
+        fault = None
         if value is None and fspec.kind != "str_or_null":
             # absent, or an explicit null, which reads as absent
             if fspec.required:
-                raise BadRequest(f"{kind}: the field {name!r} is required")
-            continue
-        if name not in obj:
-            continue
-        if not _valid(fspec.kind, value):
-            raise BadRequest(f"{kind}: {name!r} must be {_KIND_NAMES[fspec.kind]}, not {json.dumps(value)[:60]}")
-        args[name] = value
-    return Request(type=kind, id=obj.get("id"), args=args)
+                fault = f"{kind}: the field {name!r} is required"
+        elif name in obj and not _valid(fspec.kind, value):
+            fault = f"{kind}: {name!r} must be {_KIND_NAMES[fspec.kind]}, not {json.dumps(value)[:60]}"
+        elif name in obj:
+            request.args[name] = value
+        if fault is not None and request.fault is None:
+            request.fault, request.invalid = BadRequest(fault), name
+    return request
+
+
+def sequence_key(request: Request) -> str | None:
+    """What a request must wait for besides the ``BARRIERS``: earlier requests of the same key."""
+    name = request.args.get("kb")
+    if request.type in KB_SEQUENCED and isinstance(name, str):
+        return "kb:" + name.strip()
+    return None
 
 
 def encode_event(event: dict[str, Any]) -> bytes:
@@ -171,10 +204,8 @@ def encode_event(event: dict[str, Any]) -> bytes:
     return json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
-def error_event(exc: AssistantError, req_id: Any = None, **extra: Any) -> dict[str, Any]:
-    """The ``error`` event for a refusal; ``extra`` adds ``conversation``/``turn``."""
+def error_event(exc: AssistantError, **extra: Any) -> dict[str, Any]:
+    """The ``error`` event for a refusal; ``extra`` adds ``conversation``/``turn`` (or ``id``)."""
     event: dict[str, Any] = {"type": "error", "code": exc.code, "message": exc.message}
-    if req_id is not None:
-        event["id"] = req_id
     event.update(extra)
     return event

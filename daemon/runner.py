@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
+from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
 from core import estimate_messages
 from core.config import Config
 from core.errors import (
@@ -40,7 +40,6 @@ from core.errors import (
     RouterContextOverflow,
     RouterError,
     RouterUnreachable,
-    TooManyFiles,
 )
 from core.router import (
     ContentDelta,
@@ -202,7 +201,7 @@ class TurnRunner:
 
     def _validate(self, text: str, files: list[str]) -> None:
         if len(files) > MAX_FILES:
-            raise TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {len(files)}")
+            raise too_many_files(len(files))
         if not text.strip() and not files:
             raise BadRequest("ask needs a question in 'text', or files")
 
@@ -510,12 +509,17 @@ class TurnRunner:
             if text or state.reasoning:
                 messages.append(partial)
         usage = state.usage
-        ctx_used = (
-            usage.prompt_tokens + usage.completion_tokens
-            if usage is not None
-            else state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
-        )
-        state.ctx_used = ctx_used
+        ctx_used: int | None
+        if usage is not None:
+            ctx_used = usage.prompt_tokens + usage.completion_tokens
+        elif len(messages) == 1:
+            # no answer at all (stopped before the model said anything): later prompts leave
+            # the turn out, so the conversation fills what it did before it
+            ctx_used = None
+        else:
+            ctx_used = state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
+        known = state.known.conversation.ctx_used if state.known is not None else 0
+        state.ctx_used = known if ctx_used is None else ctx_used
         cid, turn = state.conversation, state.turn
         store = self.history.run(
             lambda s: s.finish_turn(

@@ -58,18 +58,25 @@ class TurnEngine:
         """Serve one ``ask``: events go to ``emit``, the turn goes to history.
 
         Every refusal is an ``error`` carrying ``conversation`` and ``turn`` (the
-        turn it would have been; null when the conversation does not exist).
+        turn it would have been; null when the conversation does not exist, and for
+        ``busy``: the refused question is no turn, the running one goes on).
         """
         cid: int | None = request.get("conversation")
         where: dict[str, Any] = {"conversation": cid, "turn": None if cid is not None else 1}
+        if request.invalid == "conversation":
+            where["turn"] = None  # which conversation it meant is not known
         current = asyncio.current_task()
         assert current is not None
         self._asks.add(current)
         try:
+            if request.fault is not None:
+                await self._would_be(cid, where)
+                raise request.fault
             if not self._accepting:
+                await self._would_be(cid, where)
                 raise ShuttingDown(SHUTTING_DOWN)
             if cid is not None and cid in self._slots:
-                where["turn"] = self.running_turn(cid)
+                # the refused question is no turn, and the running one is not failed by it
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
             await self._ask(request, cid, emit, where)
         except AssistantError as exc:
@@ -77,12 +84,25 @@ class TurnEngine:
         except asyncio.CancelledError:
             if self._accepting:
                 raise
+            await self._would_be(cid, where)
             emit(error_event(ShuttingDown(SHUTTING_DOWN), **where))  # stopped before it was stored
         except Exception:
             logger.exception("ask failed")
             emit(error_event(InternalError(), **where))
         finally:
             self._asks.discard(current)
+
+    async def _would_be(self, cid: int | None, where: dict[str, Any]) -> None:
+        """Set the turn a refused ask would have been in ``cid`` (left null when it does not exist)."""
+        if cid is None or where["turn"] is not None:
+            return
+        try:
+            conv = await self.history.run(lambda s: s.get_conversation(cid))
+        except Exception:  # the store is closing: the refusal goes out without its turn
+            logger.debug("no turn for a refused ask", exc_info=True)
+            return
+        if conv is not None:
+            where["turn"] = conv.turns + 1
 
     def running_turn(self, cid: int) -> int | None:
         """The turn now running in ``cid``, if any."""
@@ -102,6 +122,15 @@ class TurnEngine:
             if slot.state is not None:
                 slot.task.cancel()
         return True
+
+    async def stop(self, cid: int) -> tuple[bool, int | None]:
+        """Cancel the turn of ``cid`` and wait until it has ended and is stored: whether one
+        was running, and its number (None when it ended before its question was stored)."""
+        slot = self._slots.get(cid)
+        if slot is None or not self.cancel(cid):
+            return False, None
+        await asyncio.wait([slot.task])
+        return True, slot.state.turn if slot.state is not None else None
 
     async def wait_turn(self, cid: int) -> None:
         """Wait until ``cid`` has no turn starting or running."""

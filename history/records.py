@@ -173,7 +173,8 @@ class Turn(FromRow):
             "error": self.error,
             "finish_reason": self.finish_reason,
             "model": self.model,
-            "usage": self.usage,
+            # the shape of a ``done`` event's: an object whose counts may be null
+            "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
             "created_at": self.created_at,
         }
 

@@ -100,7 +100,9 @@ class AddResult:
             "embedded": self.embedded,
             "pending": self.pending,
             "embedding_error": self.embedding_error,
-            "truncated": self.truncated,
+            # a boolean like a file chip's (an empty list would be truthy in JavaScript/QML)
+            "truncated": bool(self.truncated),
+            "truncated_documents": self.truncated,
             "skipped": [note.to_json() for note in self.skipped],
             "errors": [note.to_json() for note in self.errors],
         }

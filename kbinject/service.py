@@ -164,7 +164,9 @@ class KnowledgeBases:
         try:
             updated = await self.history.run(lambda s: s.kb.set_link(name, conversation, linked))
         except LookupError:
-            raise NotFound(f"conversation {conversation} does not exist") from None
+            raise NotFound(
+                f"conversation {conversation} does not exist; list them with the conversations request"
+            ) from None
         if updated is None:
             raise NotFound(f"there is no knowledge base {name!r}; kb_add creates one")
         return await self._info(updated)
