@@ -14,6 +14,7 @@ from core import Config, load_config
 from core.wire import Wire
 from daemon.server import Server
 from selfcheck.fakerouter import FakeRouter
+from tests.contract import watch
 
 EVENT_TIMEOUT = 30.0  # seconds for any one event: a hang fails the test instead of stalling the suite
 
@@ -35,6 +36,12 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for child in runtime.iterdir():
         child.unlink()
     runtime.rmdir()
+
+
+@pytest.fixture(autouse=True)
+def protocol_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request a test sends and every event it reads keeps to docs/protocol.schema.json."""
+    watch(monkeypatch)
 
 
 @pytest.fixture

@@ -527,7 +527,7 @@ async def test_too_many_files_are_refused(tmp_path: Path) -> None:
         path = tmp_path / f"f{n}.txt"
         path.write_text("x")
         paths.append(path)
-    with pytest.raises(TooManyFiles, match="9 files attached; a question takes at most 8"):
+    with pytest.raises(TooManyFiles, match="at most 8 files can go with one question; you sent 9"):
         await prepare(*paths)
     assert len(await prepare(*paths[:MAX_FILES])) == MAX_FILES
 

@@ -1,0 +1,137 @@
+"""The protocol's contract, checked on every line the tests' clients send and read.
+
+``docs/protocol.schema.json`` is what a client author codes against. ``watch`` wraps
+``core.wire.Wire`` for one test (conftest's autouse ``protocol_contract``), so every
+event any test reads through a ``Wire`` — the fixtures', a test's own, the command-line
+client's run in-process — is checked against it:
+
+- an event answering a request the test sent is checked against the events that may
+  answer that request type (``answers.TYPE``), any other against ``event``;
+- a request the schema rejects must be refused: its every answer is an ``error``;
+- a request the schema accepts must not be refused as malformed (``bad_request``,
+  ``unknown_type``), so the schema and the daemon agree on what a valid request is.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from core.wire import Wire
+
+__all__ = ["SCHEMA_PATH", "check_event", "check_request", "watch"]
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
+MALFORMED = ("bad_request", "unknown_type")  # refusals of a request the schema should reject too
+
+
+@cache
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(loaded)
+    return loaded
+
+
+@cache
+def validator(definition: str) -> Draft202012Validator:
+    """A validator of one of the schema's ``$defs`` (with the others for its references)."""
+    whole = schema()
+    if definition not in whole["$defs"]:
+        raise AssertionError(f"docs/protocol.schema.json has no $defs/{definition}")
+    return Draft202012Validator({"$schema": whole["$schema"], "$defs": whole["$defs"], "$ref": f"#/$defs/{definition}"})
+
+
+def problem(definition: str, value: Any) -> str | None:
+    """Why ``value`` breaks ``$defs/definition``, or None when it keeps to it."""
+    error = best_match(validator(definition).iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "the top"
+    return f"{error.message} (at {where})"
+
+
+def check_event(event: dict[str, Any], request_type: str | None = None) -> None:
+    """Fail unless ``event`` keeps to the schema (as an answer to ``request_type`` when known)."""
+    definition = "event"
+    if request_type is not None and f"answers.{request_type}" in schema()["$defs"]:
+        definition = f"answers.{request_type}"
+    why = problem(definition, event)
+    if why is not None:
+        raise AssertionError(f"event breaks docs/protocol.schema.json $defs/{definition}: {why}\n{json.dumps(event)[:2000]}")
+
+
+def request_problem(request: dict[str, Any]) -> str | None:
+    """Why ``request`` breaks the schema (checked as its own type when it names a known one)."""
+    kind = request.get("type")
+    definition = f"request.{kind}" if isinstance(kind, str) and f"request.{kind}" in schema()["$defs"] else "request"
+    return problem(definition, request)
+
+
+def check_request(request: dict[str, Any]) -> bool:
+    """Whether ``request`` keeps to the schema's ``request``."""
+    return request_problem(request) is None
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+class Sent:
+    """The requests one connection sent through ``Wire.send``: type and schema validity by id."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[str | None, bool, dict[str, Any]]] = {}
+
+    def add(self, request: dict[str, Any]) -> None:
+        kind = request.get("type")
+        self.requests[_key(request["id"])] = (kind if isinstance(kind, str) else None, check_request(request), request)
+
+    def answered(self, event: dict[str, Any]) -> None:
+        found = self.requests.get(_key(event["id"])) if "id" in event else None
+        if found is None:
+            check_event(event)
+            return
+        kind, valid, request = found
+        if not valid:
+            # refused: files are read (``progress: extracting``) before a file is refused
+            refusal = event["type"] == "error" or (event["type"] == "progress" and event.get("stage") == "extracting")
+            assert refusal, (
+                f"the daemon accepted a request docs/protocol.schema.json rejects "
+                f"({request_problem(request)}): {json.dumps(request)[:500]} -> {json.dumps(event)[:500]}"
+            )
+            check_event(event)
+            return
+        assert not (event["type"] == "error" and event.get("code") in MALFORMED), (
+            f"the daemon refused a request docs/protocol.schema.json accepts: {json.dumps(request)[:500]} -> {event}"
+        )
+        check_event(event, kind)
+
+
+def watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Check every request sent and event read through any ``Wire`` until the test ends."""
+    send, read = Wire.send, Wire.read
+
+    def sent(wire: Wire) -> Sent:
+        record: Sent | None = wire.__dict__.get("_contract")
+        if record is None:
+            record = wire.__dict__["_contract"] = Sent()
+        return record
+
+    async def checked_send(wire: Wire, request: dict[str, Any]) -> Any:
+        rid = await send(wire, request)
+        sent(wire).add({**request, "id": rid})
+        return rid
+
+    async def checked_read(wire: Wire) -> dict[str, Any]:
+        event = await read(wire)
+        sent(wire).answered(event)
+        return event
+
+    monkeypatch.setattr(Wire, "send", checked_send)
+    monkeypatch.setattr(Wire, "read", checked_read)
