@@ -49,6 +49,11 @@ class TurnEngine:
         )
 
     @property
+    def accepting(self) -> bool:
+        """False once shutdown has begun: no new turns."""
+        return self._accepting
+
+    @property
     def running(self) -> int:
         return sum(1 for slot in self._slots.values() if slot.state is not None)
 
