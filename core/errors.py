@@ -18,6 +18,7 @@ traceback goes to the log.  Every message says what the user can do.
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
     │   └── RouterContextOverflow     router_context_overflow
+    ├── DiskFull                      disk_full       the disk holding the history is full
     ├── ShuttingDown                  shutting_down   the daemon is stopping
     └── InternalError                 internal        a bug; the log has the traceback
 """
@@ -29,6 +30,7 @@ __all__ = [
     "BadRequest",
     "Busy",
     "ContextOverflow",
+    "DiskFull",
     "FileRefused",
     "LineTooLong",
     "NoVision",
@@ -141,6 +143,13 @@ class RouterContextOverflow(RouterError):
     def __init__(self, message: str, status: int | None = None, n_ctx: int | None = None) -> None:
         super().__init__(message, status)
         self.n_ctx = n_ctx
+
+
+class DiskFull(AssistantError):
+    """The disk holding the history is full: nothing new is stored until there is room
+    (a reply that could not be written is kept in memory and written then)."""
+
+    code = "disk_full"
 
 
 class ShuttingDown(AssistantError):

@@ -166,7 +166,7 @@ class Server:
             await self._history.close()
         if self._listener is not None:
             self._listener.cleanup()
-            if not self._listener.owned:
+            if not self._listener.owned or self._server is None:  # else the server closed it
                 self._listener.sock.close()
         logger.info("stopped")
 
