@@ -13,7 +13,8 @@ traceback goes to the log.  Every message says what the user can do.
     ├── FileRefused                   file_refused    an attached file cannot be used
     │   ├── TooManyFiles              too_many_files
     │   ├── UnsupportedKind           unsupported_kind
-    │   └── NoVision                  no_vision
+    │   ├── NoVision                  no_vision
+    │   └── TooManyPixels             too_many_pixels  images waiting to be decoded pass the budget
     ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
@@ -42,6 +43,7 @@ __all__ = [
     "ShuttingDown",
     "StartupError",
     "TooManyFiles",
+    "TooManyPixels",
     "UnknownType",
     "UnsupportedKind",
     "InternalError",
@@ -110,6 +112,12 @@ class NoVision(FileRefused):
     """Images for a model that cannot see them."""
 
     code = "no_vision"
+
+
+class TooManyPixels(FileRefused):
+    """The images of a question, with those other questions are decoding, pass the pixel budget."""
+
+    code = "too_many_pixels"
 
 
 class ContextOverflow(AssistantError):
