@@ -11,13 +11,16 @@ An image file of 250 KB may hold 8000 x 8000 pixels, 256 MB decoded. So:
   keeps only a note that it decoded cleanly: the cache holds no copy of it. The
   cache keeps at most ``CACHE_BYTES``, the least recently used entries going first;
   one that cannot be written (a full disk) is only a miss next time.
-- **A daemon-wide pixel budget**: at most ``DECODE_PIXELS`` are held decoded at once
-  across every question (one image at the 64-megapixel limit, or many small ones),
-  so eight such images cost one image's memory, not eight; the others wait, on the
-  event loop, not in a worker thread. The pixels one question's images need are
-  reserved together before any is decoded, and a question that would take the
-  pixels waiting across all questions past ``MAX_WAITING_PIXELS`` is refused
-  (``too_many_pixels``) instead of queueing without end.
+- **One image decoded at a time, daemon-wide**, on a thread of its own
+  (``DECODE_THREAD``): eight such images cost one image's memory, not eight. One
+  thread also keeps the memory in one malloc arena: decodes spread over the worker
+  threads each left their own 256 MB arena behind (2.2 GB for eight images). The
+  others wait on the event loop, not in a worker thread.
+- **A pixel budget per question and across questions**: the pixels one question's
+  images will decode are reserved together before any is decoded, and a question
+  that would take the pixels waiting across all questions past
+  ``MAX_WAITING_PIXELS`` is refused (``too_many_pixels``) instead of queueing
+  without end.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -35,12 +39,12 @@ from core.errors import TooManyPixels
 
 from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, probe_image
 
-__all__ = ["CACHE_BYTES", "DECODE_PIXELS", "MAX_WAITING_PIXELS", "cached_image", "configure_image_cache",
+__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "cached_image", "configure_image_cache",
            "decodes", "load_image", "reserve_pixels"]
 
 logger = logging.getLogger(__name__)
 
-DECODE_PIXELS = MAX_IMAGE_PIXELS  # held decoded at once, daemon-wide: ~256 MB of RGBA
+DECODE_THREAD = "image"
 MAX_WAITING_PIXELS = 16 * MAX_IMAGE_PIXELS  # two questions of eight images at the limit
 CACHE_BYTES = 256 * 1024 * 1024
 CACHE_VERSION = 1  # part of each entry's name: a change in how images are encoded starts afresh
@@ -51,9 +55,8 @@ class _State:
 
     def __init__(self) -> None:
         self.cache_dir: Path | None = None
-        self.decoding = 0  # pixels held decoded now
         self.waiting = 0  # pixels reserved by questions, not yet decoded
-        self.changed: asyncio.Condition | None = None
+        self.decoder: ThreadPoolExecutor | None = None  # made on the first decode
         self.decodes = 0  # images decoded since start: a resend from the cache adds none
 
 
@@ -76,12 +79,6 @@ def decodes() -> int:
     return _state.decodes
 
 
-def _condition() -> asyncio.Condition:
-    if _state.changed is None:
-        _state.changed = asyncio.Condition()
-    return _state.changed
-
-
 @asynccontextmanager
 async def reserve_pixels(probes: Sequence[Probe], what: str) -> AsyncIterator[None]:
     """Reserve the pixels ``probes`` will decode, together, for as long as the block runs;
@@ -99,20 +96,26 @@ async def reserve_pixels(probes: Sequence[Probe], what: str) -> AsyncIterator[No
         _state.waiting -= pixels
 
 
-@asynccontextmanager
-async def _decoding(pixels: int) -> AsyncIterator[None]:
-    """Hold ``pixels`` of the decode budget (all of it for an image as large as the budget)."""
-    pixels = min(pixels, DECODE_PIXELS)
-    changed = _condition()
-    async with changed:
-        await changed.wait_for(lambda: _state.decoding + pixels <= DECODE_PIXELS)
-        _state.decoding += pixels
+RELEASE_PIXELS = 16_000_000  # after decoding an image this large, freed memory goes back to the system
+
+
+def _encode(probe: Probe, name: str) -> EncodedImage:
     try:
-        yield
+        return encode_image(probe.data, name)
     finally:
-        async with changed:
-            _state.decoding -= pixels
-            changed.notify_all()
+        if decode_pixels(probe) >= RELEASE_PIXELS:
+            _release_memory()
+
+
+def _release_memory() -> None:
+    """Give freed heap memory back to the system (glibc keeps it in its arenas otherwise: a
+    decoded 8000 x 8000 image would stay in the daemon's RSS for its whole life)."""
+    import ctypes  # only once a large image was decoded: it is not needed at start-up
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _entry(sha256: str) -> Path | None:
@@ -178,8 +181,9 @@ async def encode(probe: Probe, name: str) -> EncodedImage:
     cached = await asyncio.to_thread(cached_image, probe)
     if cached is not None:
         return cached
-    async with _decoding(decode_pixels(probe)):
-        encoded = await asyncio.to_thread(encode_image, probe.data, name)
+    if _state.decoder is None:
+        _state.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
+    encoded = await asyncio.get_running_loop().run_in_executor(_state.decoder, _encode, probe, name)
     _state.decodes += 1
     await asyncio.to_thread(_store, probe, encoded)
     return encoded

@@ -186,6 +186,26 @@ def _needs_reencode(image: Image.Image) -> bool:
 SCALABLE_MODES = frozenset({"RGB", "RGBA", "L", "LA"})
 
 
+REDUCE_STRIP = 256  # rows of the source reduced at a time (a multiple of the factor is used)
+
+
+def _reduce(image: Image.Image) -> Image.Image:
+    """``image`` shrunk by the whole factor that keeps its longest side at least ``MAX_SIDE``
+    (box averaging, as ``thumbnail``'s reducing step), a strip at a time: Pillow reduces and
+    resizes RGBA through a premultiplied copy of the whole image (256 MB more at 8000 x
+    8000), a strip's copy is a few MB."""
+    factor = max(image.size) // MAX_SIDE
+    if factor < 2:
+        return image
+    width, height = image.size
+    out = Image.new(image.mode, (-(-width // factor), -(-height // factor)))
+    rows = max(REDUCE_STRIP // factor, 1) * factor
+    for top in range(0, height, rows):
+        strip = image.crop((0, top, width, min(top + rows, height)))
+        out.paste(strip.reduce(factor), (0, top // factor))
+    return out
+
+
 def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
     """``image`` (loaded) within ``MAX_SIDE``, upright, as PNG (transparency) or JPEG (photos).
 
@@ -196,6 +216,7 @@ def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
     exif = image.getexif()  # read before scaling: the orientation is the file's
     if image.mode not in SCALABLE_MODES:
         image = image.convert("RGBA" if transparent else "RGB")
+    image = _reduce(image)
     image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
     if exif.get(EXIF_ORIENTATION, 1) != 1:
         image = ImageOps.exif_transpose(image.copy()) or image
