@@ -13,11 +13,10 @@ import errno
 import os
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from core import Config, load_config
 from core.errors import StartupError
@@ -49,20 +48,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def disk_config(small_disk: Path, router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config:
+def config(small_disk: Path, config: Config, monkeypatch: pytest.MonkeyPatch) -> Config:
+    """conftest's config (and so its ``daemon``), with the data dir on the small disk."""
     monkeypatch.setenv("ASSISTANT_DATA_DIR", str(small_disk / "assistant"))
-    monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
-    monkeypatch.setenv("ASSISTANT_AUTO_TITLE", "false")
-    monkeypatch.setenv("ASSISTANT_SHUTDOWN_GRACE", "0.5")
     return load_config()
-
-
-@pytest_asyncio.fixture
-async def disk_daemon(disk_config: Config) -> AsyncIterator[RunningDaemon]:
-    running = RunningDaemon(disk_config)
-    await running.start()
-    yield running
-    await running.stop()
 
 
 def fill(folder: Path) -> Path:
@@ -107,10 +96,10 @@ async def fill_mid_reply(wire: Wire, router: FakeRouter, config: Config) -> tupl
 
 
 async def test_a_full_disk_refuses_a_turn_before_the_model_is_asked(
-    disk_daemon: RunningDaemon, router: FakeRouter
+    daemon: RunningDaemon, router: FakeRouter
 ) -> None:
-    wire = await disk_daemon.connect()
-    filler = fill(disk_daemon.config.data_dir.parent)
+    wire = await daemon.connect()
+    filler = fill(daemon.config.data_dir.parent)
     events = await wire.ask("Hello?")
     assert [e["type"] for e in events] == ["error"]
     assert events[0]["code"] == "disk_full"
@@ -123,10 +112,10 @@ async def test_a_full_disk_refuses_a_turn_before_the_model_is_asked(
 
 
 async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_returns(
-    disk_daemon: RunningDaemon, router: FakeRouter
+    daemon: RunningDaemon, router: FakeRouter
 ) -> None:
-    config = disk_daemon.config
-    wire = await disk_daemon.connect()
+    config = daemon.config
+    wire = await daemon.connect()
     events, filler = await fill_mid_reply(wire, router, config)
     assert reply_text(events) == WORDS  # the client saw the whole reply
     end = events[-1]
@@ -152,13 +141,13 @@ async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_r
 
 
 async def test_a_kept_reply_is_written_before_the_next_turn_starts(
-    disk_daemon: RunningDaemon, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+    daemon: RunningDaemon, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from history import aio
 
     monkeypatch.setattr(aio, "RETRY_FIRST", 3600.0)  # no retry comes before the next ask
-    config = disk_daemon.config
-    wire = await disk_daemon.connect()
+    config = daemon.config
+    wire = await daemon.connect()
     events, filler = await fill_mid_reply(wire, router, config)
     cid = events[-1]["conversation"]
     refused = await wire.ask("Still full?", conversation=cid)
@@ -176,27 +165,27 @@ async def test_a_kept_reply_is_written_before_the_next_turn_starts(
 
 
 async def test_a_kept_reply_is_written_at_shutdown(
-    disk_config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+    config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from history import aio
 
     monkeypatch.setattr(aio, "RETRY_FIRST", 3600.0)  # only the shutdown writes it
-    daemon = RunningDaemon(disk_config)
+    daemon = RunningDaemon(config)
     await daemon.start()
     wire = await daemon.connect()
-    events, filler = await fill_mid_reply(wire, router, disk_config)
+    events, filler = await fill_mid_reply(wire, router, config)
     cid, turn = events[-1]["conversation"], events[-1]["turn"]
-    assert stored_turn(disk_config.db_path, cid, turn)[0] == "running"
+    assert stored_turn(config.db_path, cid, turn)[0] == "running"
     filler.unlink()
     await wire.close()
     await daemon.stop()
-    assert stored_turn(disk_config.db_path, cid, turn) == ("complete", WORDS)
+    assert stored_turn(config.db_path, cid, turn) == ("complete", WORDS)
 
 
 async def test_start_up_on_a_full_disk_after_a_crash_serves_what_it_can(
-    disk_config: Config, router: FakeRouter
+    config: Config, router: FakeRouter
 ) -> None:
-    daemon = RunningDaemon(disk_config)
+    daemon = RunningDaemon(config)
     await daemon.start()
     wire = await daemon.connect()
     events = await wire.ask("Remember this")
@@ -204,9 +193,9 @@ async def test_start_up_on_a_full_disk_after_a_crash_serves_what_it_can(
     await wire.close()
     await daemon.stop()
     # a crash leaves a turn running, and the WAL files open: this connection keeps them
-    with HistoryStore(disk_config.db_path) as store:
+    with HistoryStore(config.db_path) as store:
         store.start_turn(cid, "cut by a crash", [{"role": "user", "content": "cut by a crash"}], [], "fake-text")
-        fill(disk_config.data_dir.parent)
+        fill(config.data_dir.parent)
         await daemon.start()  # marking the cut turn interrupted fails: it is served all the same
         wire = await daemon.connect()
         opened = await wire.request({"type": "open", "conversation": cid})
@@ -220,12 +209,12 @@ async def test_start_up_on_a_full_disk_after_a_crash_serves_what_it_can(
 
 
 async def test_start_up_on_a_full_disk_that_cannot_open_the_history_is_one_clear_line(
-    disk_config: Config, router: FakeRouter
+    config: Config, router: FakeRouter
 ) -> None:
-    with HistoryStore(disk_config.db_path):
+    with HistoryStore(config.db_path):
         pass  # closed cleanly: the WAL files are gone, and opening must make them anew
-    fill(disk_config.data_dir.parent)
-    daemon = RunningDaemon(disk_config)
+    fill(config.data_dir.parent)
+    daemon = RunningDaemon(config)
     with pytest.raises(StartupError) as refused:
         await daemon.start()
     message = refused.value.message
