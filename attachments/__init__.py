@@ -26,6 +26,7 @@ from .extract import (
     read_text_file,
     too_many_files,
 )
+from .imagecache import configure_image_cache, decodes
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
@@ -44,6 +45,8 @@ __all__ = [
     "Prepared",
     "budget_chars",
     "classify",
+    "configure_image_cache",
+    "decodes",
     "estimate_files",
     "fair_shares",
     "image_ref",

@@ -46,7 +46,9 @@ from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS
 from . import pdf
 from .budget import FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
 from .classify import Kind, classify
-from .images import MAX_IMAGE_BYTES, load_image, too_large
+from .imagecache import encode as encode_probed
+from .imagecache import reserve_pixels
+from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
 from .tasks import gather_all
 
 __all__ = [
@@ -235,12 +237,12 @@ async def _extract_text(item: _Staged) -> _Extracted:
     return _Extracted(text, max(text_weight(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
 
 
-async def _extract_image(item: _Staged) -> _Extracted:
-    """An image file's extraction: the data URL the model sees."""
-    encoded, sha256 = await asyncio.to_thread(load_image, item.path, item.name)
-    image = ImageAttachment(item.name, item.path, sha256, None, encoded.data_url, encoded.mime,
+async def _extract_image(item: _Staged, probe: Probe) -> _Extracted:
+    """An image file's extraction: the data URL the model sees (decoded once, see imagecache.py)."""
+    encoded = await encode_probed(probe, item.name)
+    image = ImageAttachment(item.name, item.path, probe.sha256, None, encoded.data_url, encoded.mime,
                             encoded.width, encoded.height)
-    return _Extracted(None, 0, None, sha256, 0, "characters", images=[image])
+    return _Extracted(None, 0, None, probe.sha256, 0, "characters", images=[image])
 
 
 async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
@@ -313,12 +315,14 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
     )
 
 
-async def _extract(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
-    """Extract one staged file by its kind."""
+async def _extract(
+    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, probe: Probe | None
+) -> _Extracted:
+    """Extract one staged file by its kind (an image probed already)."""
     if item.kind == "text":
         return await _extract_text(item)
-    if item.kind == "image":
-        return await _extract_image(item)
+    if probe is not None:
+        return await _extract_image(item, probe)
     return await _extract_pdf(item, model=model, vision=vision, limit=limit)
 
 
@@ -333,12 +337,25 @@ async def prepare_files(
     started = time.monotonic()
     staged = await _stage_all(paths, model=model, vision=vision)
     limit = asyncio.Semaphore(pdf.RENDER_CONCURRENCY)
-    extracted = await gather_all(_extract(item, model=model, vision=vision, limit=limit) for item in staged)
+    # images are read, hashed and sized first: their pixels are reserved together
+    probes = await gather_all(_probe(item) for item in staged)
+    async with reserve_pixels([p for p in probes if p is not None], "the images of this question"):
+        extracted = await gather_all(
+            _extract(item, model=model, vision=vision, limit=limit, probe=probe) for item, probe in zip(staged, probes)
+        )
     shares = fair_shares([done.need for done in extracted], budget_chars(ctx_max, ctx_used))
     prepared = [_finish(item, done, share) for item, done, share in zip(staged, extracted, shares)]
     logger.debug("prepared %d files (%d images) in %.3f s", len(prepared),
                  sum(len(item.images) for item in prepared), time.monotonic() - started)
     return prepared
+
+
+async def _probe(item: _Staged) -> Probe | None:
+    if item.kind != "image":
+        return None
+    probe = await asyncio.to_thread(probe_image, item.path, item.name)
+    assert probe is not None  # no hash was expected
+    return probe
 
 
 async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int]:

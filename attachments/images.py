@@ -20,6 +20,12 @@ What is sent:
   unusual modes become RGB.  Pictures with transparency become PNG, photos
   (JPEG and WebP sources) JPEG.
 
+Decoding costs what is sent, not what the file holds: a large image is decoded at
+reduced size where the format allows it (a JPEG's ``draft``: 1/2, 1/4 or 1/8 of its
+pixels), scaled down before anything else is done to it (``thumbnail`` reduces by
+whole factors first), and only then turned upright and converted; ``decode_pixels``
+says what a decode will hold, for the daemon-wide budget in ``imagecache.py``.
+
 Everything here is blocking CPU work: call it from a worker thread.
 """
 
@@ -44,8 +50,10 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MAX_SIDE",
     "encode_image",
+    "Probe",
+    "decode_pixels",
     "encode_png",
-    "load_image",
+    "probe_image",
     "too_large",
 ]
 
@@ -141,6 +149,28 @@ def _open_checked(data: bytes, name: str) -> Image.Image:
     return image
 
 
+@dataclass
+class Probe:
+    """An image file read and hashed, its header checked, nothing decoded yet."""
+
+    data: bytes
+    sha256: str
+    width: int
+    height: int
+    format: str
+    pass_through: bool  # sent as its own bytes once it decodes cleanly
+
+
+def decode_pixels(probe: Probe) -> int:
+    """The pixels ``encode_image`` holds decoded at once for this image (a JPEG decodes reduced)."""
+    pixels = probe.width * probe.height
+    if probe.pass_through or probe.format != "JPEG":
+        return pixels
+    fits = min(probe.width // MAX_SIDE, probe.height // MAX_SIDE)  # as Pillow's JPEG draft picks its scale
+    scale = next(s for s in (8, 4, 2, 1) if fits >= s or s == 1)
+    return pixels // (scale * scale)
+
+
 def _needs_reencode(image: Image.Image) -> bool:
     """Whether ``image`` must be re-encoded before a server can take it as it is."""
     if image.format not in PASS_THROUGH_FORMATS or image.mode not in PASS_THROUGH_MODES:
@@ -152,18 +182,50 @@ def _needs_reencode(image: Image.Image) -> bool:
     return False
 
 
+# modes that scale well as they are; others (palettes, 1-bit, 16-bit) are converted first
+SCALABLE_MODES = frozenset({"RGB", "RGBA", "L", "LA"})
+
+
+REDUCE_STRIP = 256  # rows of the source reduced at a time (a multiple of the factor is used)
+
+
+def _reduce(image: Image.Image) -> Image.Image:
+    """``image`` shrunk by the whole factor that keeps its longest side at least ``MAX_SIDE``
+    (box averaging, as ``thumbnail``'s reducing step), a strip at a time: Pillow reduces and
+    resizes RGBA through a premultiplied copy of the whole image (256 MB more at 8000 x
+    8000), a strip's copy is a few MB."""
+    factor = max(image.size) // MAX_SIDE
+    if factor < 2:
+        return image
+    width, height = image.size
+    out = Image.new(image.mode, (-(-width // factor), -(-height // factor)))
+    rows = max(REDUCE_STRIP // factor, 1) * factor
+    for top in range(0, height, rows):
+        strip = image.crop((0, top, width, min(top + rows, height)))
+        out.paste(strip.reduce(factor), (0, top // factor))
+    return out
+
+
 def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
-    """``image`` upright, within ``MAX_SIDE``, as PNG (transparency) or JPEG (photos)."""
+    """``image`` (loaded) within ``MAX_SIDE``, upright, as PNG (transparency) or JPEG (photos).
+
+    Scaled first, in place, so the conversions work on the small copy.
+    """
     source_format = image.format
-    upright = ImageOps.exif_transpose(image) or image
-    transparent = upright.mode in ("RGBA", "LA", "PA") or "transparency" in upright.info
+    transparent = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
+    exif = image.getexif()  # read before scaling: the orientation is the file's
+    if image.mode not in SCALABLE_MODES:
+        image = image.convert("RGBA" if transparent else "RGB")
+    image = _reduce(image)
+    image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
+    if exif.get(EXIF_ORIENTATION, 1) != 1:
+        image = ImageOps.exif_transpose(image.copy()) or image
     if transparent:
-        converted = upright.convert("RGBA")
-    elif upright.mode in ("L", "1"):
-        converted = upright.convert("L")
+        converted = image if image.mode == "RGBA" else image.convert("RGBA")
+    elif image.mode in ("L", "1"):
+        converted = image if image.mode == "L" else image.convert("L")
     else:
-        converted = upright.convert("RGB")
-    converted.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
+        converted = image if image.mode == "RGB" else image.convert("RGB")
     buffer = io.BytesIO()
     if not transparent and source_format in ("JPEG", "WEBP"):
         converted.save(buffer, "JPEG", quality=JPEG_QUALITY)
@@ -178,31 +240,36 @@ def encode_image(data: bytes, name: str) -> EncodedImage:
     Raises FileRefused for an unsupported format, a bomb or a damaged file.
     """
     with _open_checked(data, name) as probe:
-        try:
-            probe.verify()
-        except _DAMAGED:
-            raise _damaged(name) from None
+        pass_through = not _needs_reencode(probe)
+        if pass_through:  # sent as it is: check the whole file, not just what decoding reads
+            try:
+                probe.verify()
+            except _DAMAGED:
+                raise _damaged(name) from None
     with _open_checked(data, name) as image:
+        width, height = image.size
         try:
+            if image.format == "JPEG" and not pass_through:
+                image.draft(None, (MAX_SIDE, MAX_SIDE))  # decode at 1/2, 1/4 or 1/8 where that suffices
             image.load()
         except _BOMB:
             raise _bomb(name, *image.size) from None
         except _DAMAGED:
             raise _damaged(name) from None
-        if not _needs_reencode(image):
+        if pass_through:
             mime = Image.MIME.get(image.format or "", "image/png")
             return EncodedImage(_data_url(mime, data), mime, image.width, image.height, reencoded=False)
         try:
             encoded, mime, result = _reencode(image)
         except _DAMAGED:
             raise _damaged(name) from None
-        logger.debug("re-encoded %s: %s %dx%d -> %s %dx%d", name, image.format, image.width,
-                     image.height, mime, result.width, result.height)
+        logger.debug("re-encoded %s: %s %dx%d -> %s %dx%d", name, image.format, width,
+                     height, mime, result.width, result.height)
         return EncodedImage(_data_url(mime, encoded), mime, result.width, result.height, reencoded=True)
 
 
-def load_image(path: str, name: str) -> tuple[EncodedImage, str]:
-    """Read the image at ``path`` (at most ``MAX_IMAGE_BYTES``), encode it, and hash what was read."""
+def read_image(path: str, name: str) -> bytes:
+    """The bytes of the image file at ``path``: at most ``MAX_IMAGE_BYTES``, a regular file."""
     with open_regular(path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > MAX_IMAGE_BYTES:
@@ -214,7 +281,18 @@ def load_image(path: str, name: str) -> tuple[EncodedImage, str]:
             raise FileRefused(f"{path}: cannot be read ({exc.strerror}); check the file") from None
     if len(data) > MAX_IMAGE_BYTES:
         raise too_large(name, len(data))
-    return encode_image(data, name), hashlib.sha256(data).hexdigest()
+    return data
+
+
+def probe_image(path: str, name: str, expected: str | None = None) -> Probe | None:
+    """Read and hash the image at ``path`` and check its header; None when its hash is not
+    ``expected`` (a replaced file is never decoded). Refusals raise FileRefused."""
+    data = read_image(path, name)
+    sha256 = hashlib.sha256(data).hexdigest()
+    if expected is not None and sha256 != expected:
+        return None
+    with _open_checked(data, name) as image:
+        return Probe(data, sha256, image.width, image.height, image.format or "", not _needs_reencode(image))
 
 
 def encode_png(image: Image.Image, max_side: int, compress_level: int = 1) -> EncodedImage:

@@ -32,7 +32,7 @@ from core.files import check_path, sha256_file
 
 from . import pdf
 from .extract import Prepared
-from .images import load_image
+from .imagecache import load_image
 
 __all__ = ["image_ref", "resolve_image_refs", "user_content"]
 
@@ -119,11 +119,13 @@ class _Resolver:
                     return _unavailable(ref)
                 encoded = await pdf.render_pdf_page(path, name, page, self.limit)
             else:
-                # an image is at most 20 MB: read it once, and hash what was read
+                # an image is at most 20 MB: read it once, and hash it before decoding anything
+                # (a replaced file is never decoded; the one that was sent comes from the cache)
                 await asyncio.to_thread(check_path, path)
-                encoded, current = await asyncio.to_thread(load_image, path, name)
-                if current != sha256:
+                loaded = await load_image(path, name, expected=sha256)
+                if loaded is None:
                     return _unavailable(ref)
+                encoded = loaded[0]
         except FileRefused as refused:
             logger.debug("image ref %s: %s", path, refused.message)
             return _unavailable(ref)

@@ -13,11 +13,13 @@ traceback goes to the log.  Every message says what the user can do.
     ├── FileRefused                   file_refused    an attached file cannot be used
     │   ├── TooManyFiles              too_many_files
     │   ├── UnsupportedKind           unsupported_kind
-    │   └── NoVision                  no_vision
+    │   ├── NoVision                  no_vision
+    │   └── TooManyPixels             too_many_pixels  images waiting to be decoded pass the budget
     ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
     │   └── RouterContextOverflow     router_context_overflow
+    ├── DiskFull                      disk_full       the disk holding the history is full
     ├── ShuttingDown                  shutting_down   the daemon is stopping
     └── InternalError                 internal        a bug; the log has the traceback
 """
@@ -29,6 +31,7 @@ __all__ = [
     "BadRequest",
     "Busy",
     "ContextOverflow",
+    "DiskFull",
     "FileRefused",
     "LineTooLong",
     "NoVision",
@@ -40,6 +43,7 @@ __all__ = [
     "ShuttingDown",
     "StartupError",
     "TooManyFiles",
+    "TooManyPixels",
     "UnknownType",
     "UnsupportedKind",
     "InternalError",
@@ -110,6 +114,12 @@ class NoVision(FileRefused):
     code = "no_vision"
 
 
+class TooManyPixels(FileRefused):
+    """The images of a question, with those other questions are decoding, pass the pixel budget."""
+
+    code = "too_many_pixels"
+
+
 class ContextOverflow(AssistantError):
     """The turn cannot fit the model's context, even after compaction."""
 
@@ -141,6 +151,13 @@ class RouterContextOverflow(RouterError):
     def __init__(self, message: str, status: int | None = None, n_ctx: int | None = None) -> None:
         super().__init__(message, status)
         self.n_ctx = n_ctx
+
+
+class DiskFull(AssistantError):
+    """The disk holding the history is full: nothing new is stored until there is room
+    (a reply that could not be written is kept in memory and written then)."""
+
+    code = "disk_full"
 
 
 class ShuttingDown(AssistantError):

@@ -77,7 +77,7 @@ class Handlers:
     async def on_open(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
         conv = await self._conversation(cid)
-        turns = await self.history.run(lambda s: s.turns(cid))
+        turns = self.history.shown(await self.history.run(lambda s: s.turns(cid)))  # with any kept in memory
         emit({
             "type": "conversation",
             "conversation": conv.id,

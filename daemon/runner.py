@@ -13,7 +13,9 @@ The steps, each a method:
 Nothing is lost: the question is stored before the router is asked, the streaming
 reply is checkpointed every ``CHECKPOINT_SECONDS``, and a cancel, a router failure or
 a shutdown stores what arrived.  A crash leaves the turn ``running``; the next start
-marks it ``interrupted``.
+marks it ``interrupted``.  On a full disk no turn starts (``disk_full``), and the
+outcome of a running one that cannot be written is kept in memory by the history
+(``AsyncHistory.finish``) and written once there is room; the client is told so.
 
 The module is one piece (over 450 lines) because its steps share one ``TurnState``,
 the turn's state machine; cut apart, the ways a turn can end would be read in two files.
@@ -35,6 +37,7 @@ from core.config import Config
 from core.errors import (
     AssistantError,
     BadRequest,
+    DiskFull,
     InternalError,
     NotFound,
     RouterContextOverflow,
@@ -59,6 +62,7 @@ from history import (
     NewAttachment,
     Turn,
     TurnContext,
+    TurnOutcome,
     TurnStatus,
     parse_arguments,
 )
@@ -151,6 +155,7 @@ class TurnRunner:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
         chosen: str | None = request.get("model") or None
+        await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
         # the files' budget needs the conversation before they are read; for a plain question
         # the conversation is read in the same trip to the store that stores the question
         known = await self._read(cid, where) if cid is not None and files else None
@@ -286,12 +291,10 @@ class TurnRunner:
         self, state: TurnState, exc: AssistantError, emit: Emit, prepared: list[Prepared] | None = None
     ) -> None:
         """End a stored turn that never reached the model: the question stays, with the error."""
-        cid, turn, messages = state.conversation, state.turn, state.messages
-        await self.history.run(
-            lambda s: s.finish_turn(
-                cid, turn, messages=messages, reply="", status="error", error=exc.message, error_code=exc.code
-            )
-        )
+        cid, turn = state.conversation, state.turn
+        outcome = TurnOutcome(cid, turn, state.messages, "", "error", error=exc.message, error_code=exc.code)
+        if not await self.history.finish(outcome):
+            exc = DiskFull(self.history.kept_message())
         if prepared is not None:
             emit(self._user_event(cid, turn, state.kb[0], prepared))
         emit(error_event(exc, conversation=cid, turn=turn))
@@ -314,7 +317,8 @@ class TurnRunner:
             logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
             status, finish_reason, failure = "error", None, InternalError()
         slot.finishing = True  # a cancel from here on would lose the outcome's event
-        await self._finish(state, status, finish_reason, failure)
+        if not await self._finish(state, status, finish_reason, failure):
+            failure = DiskFull(self.history.kept_message())  # the reply waits in memory for room
         if failure is not None:
             emit(error_event(failure, conversation=state.conversation, turn=state.turn))
         else:
@@ -489,13 +493,21 @@ class TurnRunner:
     def _save_partial(self, state: TurnState) -> None:
         state.checkpoint_timer = None
         state.last_checkpoint = time.monotonic()
-        reply, cid, turn = state.reply, state.conversation, state.turn
         # not awaited: the store thread runs calls in order, so finish_turn lands after it
-        self._spawn(self.history.run(lambda s: s.save_partial(cid, turn, reply)))
+        self._spawn(self._write_partial(state.conversation, state.turn, state.reply))
+
+    async def _write_partial(self, cid: int, turn: int, reply: str) -> None:
+        try:
+            await self.history.run(lambda s: s.save_partial(cid, turn, reply))
+        except DiskFull:
+            # the reply is in memory (the turn's state) and its outcome is kept if it cannot be
+            # written either; a checkpoint only guards against a crash
+            logger.debug("checkpoint of turn %d of conversation %d not written: disk full", turn, cid)
 
     async def _finish(
         self, state: TurnState, status: TurnStatus, finish_reason: str | None, exc: AssistantError | None = None
-    ) -> None:
+    ) -> bool:
+        """Store the turn's outcome; False when a full disk keeps it in memory for now."""
         if state.checkpoint_timer is not None:
             state.checkpoint_timer.cancel()
             state.checkpoint_timer = None
@@ -520,19 +532,14 @@ class TurnRunner:
             ctx_used = state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
         known = state.known.conversation.ctx_used if state.known is not None else 0
         state.ctx_used = known if ctx_used is None else ctx_used
-        cid, turn = state.conversation, state.turn
-        store = self.history.run(
-            lambda s: s.finish_turn(
-                cid, turn, messages=messages, reply=state.reply, status=status,
-                finish_reason=finish_reason,
-                error=exc.message if exc else None, error_code=exc.code if exc else None,
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                completion_tokens=usage.completion_tokens if usage else None,
-                ctx_used=ctx_used,
-            )
+        outcome = TurnOutcome(
+            state.conversation, state.turn, messages, state.reply, status, finish_reason=finish_reason,
+            error=exc.message if exc else None, error_code=exc.code if exc else None,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None, ctx_used=ctx_used,
         )
         # a second cancel (shutdown after a user's cancel) must not lose the write
-        await asyncio.shield(store)
+        return await asyncio.shield(self.history.finish(outcome))
 
     def _done_event(self, state: TurnState, finish_reason: str | None) -> dict[str, Any]:
         usage = state.usage

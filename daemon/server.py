@@ -14,6 +14,7 @@ import logging
 import signal
 import time
 
+from attachments import configure_image_cache
 from core.config import Config
 from core.errors import StartupError
 from core.router import RouterClient
@@ -95,6 +96,7 @@ class Server:
                 "of its parent, or set ASSISTANT_DATA_DIR to a folder you own"
             ) from exc
         self._history = await AsyncHistory.open(self.config.db_path)
+        configure_image_cache(self.config.data_dir / "images")
         try:
             interrupted = await self._history.run(lambda s: s.interrupt_running())
         except Exception as exc:  # a full disk: serve what can be served, and say so
@@ -166,7 +168,7 @@ class Server:
             await self._history.close()
         if self._listener is not None:
             self._listener.cleanup()
-            if not self._listener.owned:
+            if not self._listener.owned or self._server is None:  # else the server closed it
                 self._listener.sock.close()
         logger.info("stopped")
 

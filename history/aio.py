@@ -8,25 +8,40 @@ write is one hop and one transaction, never statements interleaved with other ca
 
 Cancelling an awaiting caller does not stop a call already running on the thread: the
 transaction still completes (or rolls back) as a whole.
+
+A full disk (SQLite's SQLITE_FULL) is ``DiskFull`` for every caller. A turn's outcome
+that cannot be written is not lost: ``finish`` keeps it in memory, retries it with
+back-off (``RETRY_FIRST`` doubling to ``RETRY_MAX`` seconds), writes it before anything
+new is started (``ensure_room``) and tries a last time at ``close``; meanwhile
+``shown`` puts it on the turn as read, so ``open`` never shows it ``running``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from core.errors import StartupError
+from core.errors import DiskFull, StartupError
 
+from .connection import MEMORY
+from .records import Turn, TurnOutcome
 from .store import HistoryStore
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 THREAD_NAME_PREFIX = "history"
+MIN_FREE_BYTES = 1 << 20  # less free than this refuses a new turn: its question and reply need room
+RETRY_FIRST = 0.5  # seconds before a kept outcome is written again; doubles each time
+RETRY_MAX = 30.0
 
 
 class AsyncHistory:
@@ -36,6 +51,9 @@ class AsyncHistory:
         self._executor = executor
         self._store = store
         self._closed = False
+        self._kept: dict[tuple[int, int], TurnOutcome] = {}  # outcomes a full disk kept out, oldest first
+        self._flushing = asyncio.Lock()
+        self._retry: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -64,12 +82,96 @@ class AsyncHistory:
         if self._closed:
             raise RuntimeError("history store is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn, self._store)
+        try:
+            return await loop.run_in_executor(self._executor, fn, self._store)
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFull(f"the disk holding {self._folder()} is full; free some space and try again") from exc
+
+    # -- a full disk ---------------------------------------------------------------------
+
+    async def finish(self, outcome: TurnOutcome) -> bool:
+        """Store how a turn ended; False when a full disk kept it in memory (written later)."""
+        self._kept.pop(outcome.key, None)  # an older outcome of the same turn is superseded
+        try:
+            await self.run(lambda s: s.finish(outcome))
+        except DiskFull:
+            if not self._kept:
+                logger.warning("the disk holding %s is full: replies are kept in memory until there is room",
+                               self._folder())
+            self._kept[outcome.key] = outcome
+            if self._retry is None or self._retry.done():
+                self._retry = asyncio.create_task(self._retry_kept())
+            return False
+        return True
+
+    def kept_message(self) -> str:
+        """What a client is told when its turn's outcome was kept in memory."""
+        return (
+            f"the disk holding {self._folder()} is full, so this reply is not saved yet: it is kept in memory "
+            "and saved as soon as there is room; free some space now (stopping the daemon while the disk is "
+            "still full loses it)"
+        )
+
+    def shown(self, turns: list[Turn]) -> list[Turn]:
+        """Turns as read from the store, with the outcomes kept in memory in place."""
+        if not self._kept:
+            return turns
+        return [
+            kept.shown_on(t) if (kept := self._kept.get((t.conversation_id, t.turn))) else t for t in turns
+        ]
+
+    async def ensure_room(self) -> None:
+        """Raise ``DiskFull`` unless there is room to start a turn: kept outcomes are written
+        first, and the disk must have ``MIN_FREE_BYTES`` free."""
+        if self._kept and not await self.flush():
+            raise DiskFull(
+                f"the disk holding {self._folder()} is full and {len(self._kept)} reply(ies) wait in memory to "
+                "be saved; free some space, then ask again"
+            )
+        if self._store.path == MEMORY:
+            return
+        free = free_bytes(self._folder())
+        if free is not None and free < MIN_FREE_BYTES:
+            raise DiskFull(
+                f"the disk holding {self._folder()} is full ({free // 1024} KiB free); free some space, then ask again"
+            )
+
+    async def flush(self) -> bool:
+        """Write the kept outcomes, oldest first, until one fails; True when none is left."""
+        async with self._flushing:
+            for key, outcome in list(self._kept.items()):
+                try:
+                    await self.run(lambda s: s.finish(outcome))
+                except DiskFull:
+                    return False
+                if self._kept.get(key) is outcome:
+                    del self._kept[key]
+                logger.info("turn %d of conversation %d, kept in memory, is saved now", *key)
+            return True
+
+    async def _retry_kept(self) -> None:
+        delay = RETRY_FIRST
+        while self._kept:
+            await asyncio.sleep(delay)
+            if await self.flush():
+                return
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _folder(self) -> Path:
+        return Path(self._store.path).parent
 
     async def close(self) -> None:
-        """Close the store after the calls already queued, then end the thread."""
+        """Close the store after the calls already queued (and a last try at writing what a full
+        disk kept in memory), then end the thread."""
         if self._closed:
             return
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._kept and not await self.flush():
+            logger.error("the disk holding %s is still full: %d reply(ies) kept in memory are lost",
+                         self._folder(), len(self._kept))
         self._closed = True
         loop = asyncio.get_running_loop()
         try:
@@ -77,6 +179,21 @@ class AsyncHistory:
         finally:
             # The queue is empty by now, so this only joins an idle thread.
             self._executor.shutdown(wait=True)
+
+
+def is_disk_full(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of space (SQLITE_FULL)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes a non-root process may still write on the file system of ``folder``; None if unknown."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
 def quick_check(path: Path | str) -> str | None:
@@ -98,7 +215,12 @@ def unusable(path: Path, exc: BaseException) -> StartupError:
             f"cannot open {path}: permission denied; fix the permissions of {path.parent} "
             "(the daemon runs as you), or set ASSISTANT_DATA_DIR to a folder you own"
         )
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "database or disk is full" in str(exc):
+    free = free_bytes(path.parent)
+    # SQLite says "disk I/O error" when it cannot make the -shm file of a WAL database on a
+    # full disk: a damaged file must not be blamed (and moved aside) for a want of space
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+            or isinstance(exc, sqlite3.Error) and is_disk_full(exc) or "database or disk is full" in str(exc)
+            or free is not None and free < MIN_FREE_BYTES):
         return StartupError(f"the disk holding {path} is full; free some space and start again")
     if isinstance(exc, sqlite3.DatabaseError):
         return StartupError(

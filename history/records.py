@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
@@ -177,6 +177,36 @@ class Turn(FromRow):
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
             "created_at": self.created_at,
         }
+
+
+@dataclass
+class TurnOutcome:
+    """How a turn ended, as ``HistoryStore.finish`` stores it (and as it is shown while a full
+    disk keeps it in memory)."""
+
+    conversation: int
+    turn: int
+    messages: list[dict[str, Any]]
+    reply: str
+    status: TurnStatus
+    finish_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ctx_used: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.conversation, self.turn
+
+    def shown_on(self, turn: Turn) -> Turn:
+        """``turn`` as read from the store (still ``running``) with this outcome in place."""
+        return replace(
+            turn, messages=self.messages, reply=self.reply, status=self.status, finish_reason=self.finish_reason,
+            error=self.error, error_code=self.error_code, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+        )
 
 
 @dataclass

@@ -48,6 +48,7 @@ from .records import (
     SearchHit,
     Turn,
     TurnContext,
+    TurnOutcome,
     TurnStatus,
 )
 
@@ -333,6 +334,15 @@ class HistoryStore:
             result = self._turn_row(cid, turn)
         assert result is not None
         return result
+
+    def finish(self, outcome: TurnOutcome) -> Turn:
+        """``finish_turn`` with the outcome's fields."""
+        o = outcome
+        return self.finish_turn(
+            o.conversation, o.turn, messages=o.messages, reply=o.reply, status=o.status,
+            finish_reason=o.finish_reason, error=o.error, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
+            completion_tokens=o.completion_tokens, ctx_used=o.ctx_used,
+        )
 
     def turns(self, cid: int) -> list[Turn]:
         """Every turn of a live conversation, in order ([] if missing or deleted)."""

@@ -1,0 +1,201 @@
+"""Images for the model at what they weigh on screen: a pixel budget and a cache.
+
+An image file of 250 KB may hold 8000 x 8000 pixels, 256 MB decoded. So:
+
+- **Checked before decoding**: the file is read (at most 20 MB) and hashed, and its
+  header gives its size and format; a file whose hash is not the one history holds
+  is never decoded (``probe_image``).
+- **Decoded once**: what the model was sent (the data URL, scaled to 2048 px) is kept
+  per file hash in ``cache_dir`` (``<data dir>/images``), so a later turn resends it
+  without decoding, also after a restart. A file sent as it is (a small PNG or JPEG)
+  keeps only a note that it decoded cleanly: the cache holds no copy of it. The
+  cache keeps at most ``CACHE_BYTES``, the least recently used entries going first;
+  one that cannot be written (a full disk) is only a miss next time.
+- **One image decoded at a time, daemon-wide**, on a thread of its own
+  (``DECODE_THREAD``): eight such images cost one image's memory, not eight. One
+  thread also keeps the memory in one malloc arena: decodes spread over the worker
+  threads each left their own 256 MB arena behind (2.2 GB for eight images). The
+  others wait on the event loop, not in a worker thread.
+- **A pixel budget per question and across questions**: the pixels one question's
+  images will decode are reserved together before any is decoded, and a question
+  that would take the pixels waiting across all questions past
+  ``MAX_WAITING_PIXELS`` is refused (``too_many_pixels``) instead of queueing
+  without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from core.errors import TooManyPixels
+
+from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, probe_image
+
+__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "cached_image", "configure_image_cache",
+           "decodes", "load_image", "reserve_pixels"]
+
+logger = logging.getLogger(__name__)
+
+DECODE_THREAD = "image"
+MAX_WAITING_PIXELS = 16 * MAX_IMAGE_PIXELS  # two questions of eight images at the limit
+CACHE_BYTES = 256 * 1024 * 1024
+CACHE_VERSION = 1  # part of each entry's name: a change in how images are encoded starts afresh
+
+
+class _State:
+    """The module's one budget and cache folder (set by the daemon at start)."""
+
+    def __init__(self) -> None:
+        self.cache_dir: Path | None = None
+        self.waiting = 0  # pixels reserved by questions, not yet decoded
+        self.decoder: ThreadPoolExecutor | None = None  # made on the first decode
+        self.decodes = 0  # images decoded since start: a resend from the cache adds none
+
+
+_state = _State()
+
+
+def configure_image_cache(folder: Path | None) -> None:
+    """Keep encoded images in ``folder`` (made 0700 when missing); None keeps none."""
+    _state.cache_dir = folder
+    if folder is not None:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            logger.warning("no image cache in %s (%s): images are decoded on every turn", folder, exc)
+            _state.cache_dir = None
+
+
+def decodes() -> int:
+    """How many images were decoded since start (the cache's hits are not)."""
+    return _state.decodes
+
+
+@asynccontextmanager
+async def reserve_pixels(probes: Sequence[Probe], what: str) -> AsyncIterator[None]:
+    """Reserve the pixels ``probes`` will decode, together, for as long as the block runs;
+    ``TooManyPixels`` when the pixels waiting across questions would pass ``MAX_WAITING_PIXELS``."""
+    pixels = sum(decode_pixels(p) for p in probes)
+    if _state.waiting and _state.waiting + pixels > MAX_WAITING_PIXELS:
+        raise TooManyPixels(
+            f"{what}: other questions are still decoding {_state.waiting // 1_000_000} megapixels of images, "
+            f"and these add {pixels // 1_000_000}; ask again in a moment, or attach scaled-down copies"
+        )
+    _state.waiting += pixels
+    try:
+        yield
+    finally:
+        _state.waiting -= pixels
+
+
+RELEASE_PIXELS = 16_000_000  # after decoding an image this large, freed memory goes back to the system
+
+
+def _encode(probe: Probe, name: str) -> EncodedImage:
+    try:
+        return encode_image(probe.data, name)
+    finally:
+        if decode_pixels(probe) >= RELEASE_PIXELS:
+            _release_memory()
+
+
+def _release_memory() -> None:
+    """Give freed heap memory back to the system (glibc keeps it in its arenas otherwise: a
+    decoded 8000 x 8000 image would stay in the daemon's RSS for its whole life)."""
+    import ctypes  # only once a large image was decoded: it is not needed at start-up
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _entry(sha256: str) -> Path | None:
+    folder = _state.cache_dir
+    return folder / f"{sha256}.v{CACHE_VERSION}" if folder is not None else None
+
+
+def cached_image(probe: Probe) -> EncodedImage | None:
+    """What the model was sent for this file before, if the cache holds it (blocking)."""
+    entry = _entry(probe.sha256)
+    if entry is None:
+        return None
+    try:
+        with open(entry, "rb") as handle:
+            meta = json.loads(handle.readline())
+            body = handle.read()
+        os.utime(entry)  # recently used: evicted last
+    except (OSError, ValueError):
+        return None
+    if meta.get("reencoded"):
+        url = f"data:{meta['mime']};base64,{base64.b64encode(body).decode('ascii')}"
+    else:
+        url = _data_url(meta["mime"], probe.data)
+    return EncodedImage(url, meta["mime"], meta["width"], meta["height"], bool(meta.get("reencoded")))
+
+
+def _store(probe: Probe, encoded: EncodedImage) -> None:
+    """Keep ``encoded`` for later turns; a failure (a full disk) only costs a decode later."""
+    entry = _entry(probe.sha256)
+    if entry is None:
+        return
+    meta = {"mime": encoded.mime, "width": encoded.width, "height": encoded.height, "reencoded": encoded.reencoded}
+    body = base64.b64decode(encoded.data_url.partition(",")[2]) if encoded.reencoded else b""
+    temporary = entry.with_suffix(".tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(json.dumps(meta).encode() + b"\n" + body)
+        os.replace(temporary, entry)
+    except OSError as exc:
+        logger.debug("image cache: %s not kept (%s)", probe.sha256, exc)
+        temporary.unlink(missing_ok=True)
+        return
+    _evict(entry.parent)
+
+
+def _evict(folder: Path) -> None:
+    """Drop the least recently used entries while the cache holds more than ``CACHE_BYTES``."""
+    try:
+        entries = [(e.stat().st_mtime, e.stat().st_size, e) for e in folder.iterdir() if e.is_file()]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        if total <= CACHE_BYTES:
+            break
+        entry.unlink(missing_ok=True)
+        total -= size
+
+
+async def encode(probe: Probe, name: str) -> EncodedImage:
+    """The image the model gets for ``probe``: from the cache, else decoded within the budget."""
+    cached = await asyncio.to_thread(cached_image, probe)
+    if cached is not None:
+        return cached
+    if _state.decoder is None:
+        _state.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
+    encoded = await asyncio.get_running_loop().run_in_executor(_state.decoder, _encode, probe, name)
+    _state.decodes += 1
+    await asyncio.to_thread(_store, probe, encoded)
+    return encoded
+
+
+async def load_image(path: str, name: str, expected: str | None = None) -> tuple[EncodedImage, str] | None:
+    """The image at ``path`` for the model and its hash; None when its hash is not ``expected``.
+
+    Raises FileRefused for a file that cannot be used.
+    """
+    probe = await asyncio.to_thread(probe_image, path, name, expected)
+    if probe is None:
+        return None
+    async with reserve_pixels([probe], name):
+        return await encode(probe, name), probe.sha256
