@@ -17,6 +17,7 @@ import os
 import sys
 
 from core import AssistantError, load_config
+from core.config import ConfigError, unknown_variables
 from core.errors import EXIT_STARTUP, StartupError
 from daemon.client import add_client_commands, run_client
 
@@ -54,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
     from daemon.server import serve
 
+    for warning in unknown_variables(os.environ):
+        logger.warning("%s", warning)
     try:
         config = load_config()
         asyncio.run(serve(config))
-    except StartupError as exc:
+    except (StartupError, ConfigError) as exc:
         logger.error("cannot start: %s", exc.message)
         return EXIT_STARTUP  # systemd does not restart it in a loop (RestartPreventExitStatus)
     except AssistantError as exc:
