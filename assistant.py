@@ -19,7 +19,8 @@ import sys
 from core import AssistantError, load_config
 from core.config import ConfigError, unknown_variables
 from core.errors import EXIT_STARTUP, StartupError
-from daemon.client import add_client_commands, run_client
+from core.version import __version__
+from daemon.client import add_client_commands, add_client_options, run_client
 
 logger = logging.getLogger("assistant")
 
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="assistant", description=__doc__.split("\n\n")[0])
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug details")
     parser.add_argument("--test", action="store_true", help="run the end-to-end self-check and exit")
+    parser.add_argument("--version", action="version", version=f"assistant {__version__}")
+    add_client_options(parser)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="run the daemon in the foreground (the default)")
     add_client_commands(sub)
