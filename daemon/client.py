@@ -74,9 +74,11 @@ async def _kb_add(client: Wire, args: argparse.Namespace, terminal: Terminal) ->
     rid = await client.send({"type": "kb_add", "kb": kb, "paths": file_paths(args.paths)})
     bar = ProgressBar(terminal)
 
+    sent: list[asyncio.Future[Any]] = []
+
     def cancel() -> None:
         terminal.note("cancelling: the files being read are finished and kept (Ctrl-C again to stop waiting)")
-        asyncio.ensure_future(client.send({"type": "cancel", "kb": kb}))
+        sent.append(asyncio.ensure_future(client.send({"type": "cancel", "kb": kb})))
 
     with Interrupts(cancel) as interrupts:
         async for event in client.stream(rid):
@@ -274,7 +276,8 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
     kb = sub.add_parser("kb", help="knowledge bases: add, list, remove, link")
     kb_sub = kb.add_subparsers(dest="kb_command", required=True)
-    kb_add = kb_sub.add_parser("add", parents=[common], help="add files and folders (Ctrl-C stops, keeping what was added)")
+    kb_add = kb_sub.add_parser("add", parents=[common],
+                               help="add files and folders (Ctrl-C stops, keeping what was added)")
     kb_add.add_argument("name")
     kb_add.add_argument("paths", nargs="+")
     kb_sub.add_parser("list", parents=[common], help="list knowledge bases")

@@ -165,17 +165,18 @@ class ContextBuilder:
         own = self.estimate([{"role": "system", "content": instructions}, *current])
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
-        if entry.system is None or entry.system_prompt != instructions:  # settings changed it
-            await self._system(entry, cid, turn, instructions)
+        system = entry.system
+        if system is None or entry.system_prompt != instructions:  # settings changed it
+            system = await self._system(entry, cid, turn, instructions)
         through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
         if through is not None:
             # after an overflow the server cannot take the conversation as it is: a transcript
             made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
                                        in_place=not force)
             entry.fold(made)
-            await self._system(entry, cid, turn, instructions)
-        earlier, tokens = await self._replay(entry.turns, entry.system, current, budget, model, cid)
-        prompt = [*entry.system, *earlier, *current]
+            system = await self._system(entry, cid, turn, instructions)
+        earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid)
+        prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
@@ -332,8 +333,8 @@ class ContextBuilder:
             return conversation.system_prompt
         return self.config.system_prompt
 
-    async def _system(self, entry: Replayed, cid: int, turn: int, instructions: str) -> None:
-        """Make the one system message (none if it would be empty): the system prompt, then the
+    async def _system(self, entry: Replayed, cid: int, turn: int, instructions: str) -> list[dict[str, Any]]:
+        """Make (and hold in ``entry``) the one system message (none if it would be empty): the system prompt, then the
         file manifest and the summary, which change only when a compaction is made."""
         parts = [instructions] if instructions else []
         compaction = entry.compaction
@@ -345,6 +346,7 @@ class ContextBuilder:
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
         entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
+        return entry.system
 
 
 def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:

@@ -137,6 +137,7 @@ async def test_ctrl_c_at_the_prompt_clears_the_line(term: list[Terminal], router
     term.append(chat)
     await chat.expect("> ")
     chat.type("half a thought")
+    await chat.expect("half a thought")  # echoed: the line editor has it and waits for more
     chat.type("\x03")
     await chat.expect("> ")
     chat.type("a whole one\n")

@@ -24,7 +24,18 @@ from typing import Any, TextIO
 
 from .render import Printable
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NO_DAEMON", "EXIT_OK", "EXIT_USAGE", "Interrupts", "ProgressBar", "Terminal", "piped_stdin", "reattach_terminal"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_NO_DAEMON",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Interrupts",
+    "ProgressBar",
+    "Terminal",
+    "piped_stdin",
+    "reattach_terminal",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the daemon answered with an error

@@ -61,7 +61,7 @@ class Turn:
         self.stats = stats
         self.conversation: int | None = None
         self.cancelling = False
-        self._sent_cancel = False
+        self._cancel_sent: asyncio.Future[Any] | None = None
 
     def _cancel(self) -> None:
         self.cancelling = True
@@ -69,11 +69,14 @@ class Turn:
         self._send_cancel()
 
     def _send_cancel(self) -> None:
-        if self.conversation is not None and not self._sent_cancel:
-            self._sent_cancel = True  # before the conversation is known, it goes once `user` names it
-            asyncio.ensure_future(self.client.send({"type": "cancel", "conversation": self.conversation}))
+        # a new conversation's id is known from its `user` event: the cancel waits for it
+        if self.conversation is not None and self._cancel_sent is None:
+            self._cancel_sent = asyncio.ensure_future(
+                self.client.send({"type": "cancel", "conversation": self.conversation})
+            )
 
     async def run(self, request: dict[str, Any]) -> int:
+        self.conversation = request.get("conversation")
         rid = await self.client.send(request)
         with Interrupts(self._cancel):
             async for event in self.client.stream(rid):
