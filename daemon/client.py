@@ -117,18 +117,13 @@ def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
 
 def _settings_request(args: argparse.Namespace) -> dict[str, Any]:
     request: dict[str, Any] = {"type": "settings", "conversation": args.conversation_id}
-    if args.title is not None:
-        request["title"] = args.title
-    if args.default_model:
-        request["model"] = None
-    elif args.model is not None:
-        request["model"] = args.model
-    if args.kb is not None:
-        request["kb_injection"] = args.kb
-    if args.default_system:
-        request["system"] = None
-    elif args.system is not None:
-        request["system"] = args.system
+    for key, value, to_default in (("title", args.title, False), ("kb_injection", args.kb, False),
+                                   ("model", args.model, args.default_model),
+                                   ("system", args.system, args.default_system)):
+        if to_default:
+            request[key] = None  # null: the daemon's own setting again
+        elif value is not None:
+            request[key] = value
     return request
 
 

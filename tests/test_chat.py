@@ -73,6 +73,12 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
+    async def say(self, line: str, reply: str) -> str:
+        """Type a line, see ``reply``, and return what came up to the next prompt."""
+        self.type(line + "\n")
+        await self.expect(reply)
+        return await self.expect("> ")
+
     async def exit_code(self) -> int:
         code = await asyncio.wait_for(asyncio.to_thread(self.proc.wait), WAIT)
         return code
@@ -97,13 +103,8 @@ async def test_a_conversation_typed_at_the_prompt(term: list[Terminal], router: 
     term.append(chat)
     await chat.expect("a new conversation")
     await chat.expect("> ")
-    chat.type("what is a pipe?\n")
-    await chat.expect("You said: what is a pipe?")
-    shown = await chat.expect("> ")
-    assert "(conversation 1, turn 1, context" in shown
-    chat.type("and a socket?\n")
-    await chat.expect("You said: and a socket?")
-    assert "(conversation 1, turn 2, context" in await chat.expect("> ")
+    assert "(conversation 1, turn 1, context" in await chat.say("what is a pipe?", "You said: what is a pipe?")
+    assert "(conversation 1, turn 2, context" in await chat.say("and a socket?", "You said: and a socket?")
     chat.type("exit\n")
     assert await chat.exit_code() == 0
     assert [m["content"] for m in router.requests[-1]["messages"] if m["role"] == "user"] == [
@@ -122,9 +123,7 @@ async def test_ctrl_c_stops_the_reply_and_comes_back_to_the_prompt(term: list[Te
     await chat.expect("[cancelled; the partial reply is kept]")
     await chat.expect("> ")
     assert chat.proc.poll() is None  # still there
-    chat.type("go on\n")
-    await chat.expect("You said: go on")
-    await chat.expect("> ")
+    await chat.say("go on", "You said: go on")
     chat.type("\x04")  # Ctrl-D leaves
     assert await chat.exit_code() == 0
     _, opened, _ = await cli("open", "1")
@@ -140,9 +139,7 @@ async def test_ctrl_c_at_the_prompt_clears_the_line(term: list[Terminal], router
     await chat.expect("half a thought")  # echoed: the line editor has it and waits for more
     chat.type("\x03")
     await chat.expect("> ")
-    chat.type("a whole one\n")
-    await chat.expect("You said: a whole one")
-    await chat.expect("> ")
+    await chat.say("a whole one", "You said: a whole one")
     chat.type("quit\n")
     assert await chat.exit_code() == 0
     assert [r["messages"][-1]["content"] for r in router.requests] == ["a whole one"]
@@ -153,12 +150,8 @@ async def test_several_lines_and_files(term: list[Terminal], router: FakeRouter,
     chat = Terminal.spawn("chat")
     term.append(chat)
     await chat.expect("> ")
-    chat.type('"""\nfirst line\nsecond line\n"""\n')
-    await chat.expect("You said: first line\nsecond line")
-    await chat.expect("> ")
-    chat.type("one \\\ntwo\n")
-    await chat.expect("You said: one \ntwo")
-    await chat.expect("> ")
+    await chat.say('"""\nfirst line\nsecond line\n"""', "You said: first line\nsecond line")
+    await chat.say("one \\\ntwo", "You said: one \ntwo")
     chat.type(f"/file {tmp_path / 'notes.txt'}\n")
     await chat.expect("files for the next question: notes.txt")
     chat.type("/file /no/such/file\n")
@@ -179,21 +172,17 @@ async def test_continue_the_latest_conversation_with_a_system_prompt(term: list[
     term.append(chat)
     await chat.expect("chat: conversation 1")
     await chat.expect("> ")
-    chat.type("more\n")
-    assert "(conversation 1, turn 2," in await chat.expect("> ")
+    assert "(conversation 1, turn 2," in await chat.say("more", "You said: more")
     assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Be terse."}
     chat.type("exit\n")
     assert await chat.exit_code() == 0
 
 
 async def test_line_editing_and_a_history_kept_between_sessions(term: list[Terminal], router: FakeRouter) -> None:
-    pytest.importorskip("readline")  # the standard library's, where Python was built with it
     chat = Terminal.spawn("chat")
     term.append(chat)
     await chat.expect("> ")
-    chat.type("remember me\n")
-    await chat.expect("You said: remember me")
-    await chat.expect("> ")
+    await chat.say("remember me", "You said: remember me")
     chat.type("exit\n")
     assert await chat.exit_code() == 0
     history = Path(os.environ["HOME"]) / "state" / "assistant" / "chat_history"
