@@ -215,3 +215,9 @@ async def test_piped_text_is_the_first_message(daemon: RunningDaemon, router: Fa
     assert proc.returncode == 0, err.decode()
     assert router.requests[-1]["messages"][-1]["content"] == "a page of notes\n\nsummarise"
     assert out.decode() == "You said: a page of notes\n\nsummarise\n"
+
+
+async def test_chat_without_a_terminal_or_a_question_is_a_usage_error(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, _, err = await cli("chat")  # stdin is /dev/null, and no terminal to read from
+    assert code == 2 and "chat reads from a terminal" in err
+    assert router.requests == []

@@ -24,7 +24,7 @@ from typing import Any
 
 from core.wire import Wire
 
-from .terminal import EXIT_ERROR, EXIT_OK, Terminal, piped_stdin, reattach_terminal
+from .terminal import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Terminal, piped_stdin, reattach_terminal
 from .turn import Turn, chosen_conversation, compose_question, file_paths, set_system
 
 __all__ = ["Chat"]
@@ -85,24 +85,22 @@ class Chat:
         self.staged: list[str] = []
 
     async def run(self) -> int:
-        self.conversation = await chosen_conversation(self.client, self.args)
-        if self.args.system is not None:
-            if self.conversation is None:
-                self.system = self.args.system
-            elif not await set_system(self.client, self.conversation, self.args.system, self.terminal):
-                return EXIT_ERROR
+        if not await self._choose_conversation():
+            return EXIT_ERROR
         self.staged = file_paths(self.args.file)
         piped = piped_stdin()
         first = compose_question(self.args.text, piped)
         interactive = sys.stdin.isatty() if piped is None else reattach_terminal()
+        if not interactive:  # the first question is all there is
+            if first.strip() or self.staged:
+                return await self._ask(first)
+            self.terminal.note("assistant: chat reads from a terminal; without one, give the question as words "
+                               "or on stdin (or use ask)")
+            return EXIT_USAGE
         where = f"conversation {self.conversation}" if self.conversation else "a new conversation"
-        if interactive:
-            self.terminal.note(f"chat: {where}; Ctrl-C stops a reply, Ctrl-D or exit leaves, /help for more")
-        status = EXIT_OK
-        if first.strip() or self.staged:
-            status = await self._ask(first)
-        if not interactive:
-            return status
+        self.terminal.note(f"chat: {where}; Ctrl-C stops a reply, Ctrl-D or exit leaves, /help for more")
+        if first.strip():  # files given without a question wait for the first one typed
+            await self._ask(first)
         save = setup_readline()
         try:
             while (message := self._read_message()) is not None:
@@ -111,6 +109,16 @@ class Chat:
         finally:
             save()
         return EXIT_OK
+
+    async def _choose_conversation(self) -> bool:
+        """The conversation to continue (None: a new one) and its system prompt; False on an error."""
+        self.conversation = await chosen_conversation(self.client, self.args)
+        if self.args.system is None:
+            return True
+        if self.conversation is None:
+            self.system = self.args.system  # sent with the ask that creates it
+            return True
+        return await set_system(self.client, self.conversation, self.args.system, self.terminal)
 
     async def _ask(self, text: str) -> int:
         request: dict[str, Any] = {"type": "ask", "text": text}
