@@ -92,9 +92,9 @@ class Terminal:
     def note(self, line: str) -> None:
         """A line on stderr, never glued to the reply's text."""
         self.clear_status()
-        if self.shared:
+        if self.shared:  # one destination: what stdout holds goes first
             self.end_text()
-        self.out.flush()
+            self.out.flush()
         self.err.write(line + "\n")
         self.err.flush()
 
