@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from core.config import default_socket_path, socket_path_problem, unknown_variables
 from core.wire import DaemonGone, Wire
 
-from .cli.render import RENDERERS, describe_kb_add
+from .cli.render import RENDERERS, describe_kb_add, json_line
 from .cli.terminal import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -83,7 +83,7 @@ async def _kb_add(client: Wire, args: argparse.Namespace, terminal: Terminal) ->
     with Interrupts(cancel) as interrupts:
         async for event in client.stream(rid):
             if args.json:
-                terminal.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+                terminal.out.write(json_line(event))
             if event["type"] == "progress":
                 if not args.json:
                     bar.update(event)
@@ -142,7 +142,7 @@ async def _estimate_request(client: Wire, args: argparse.Namespace) -> dict[str,
 async def _simple(client: Wire, request: dict[str, Any], as_json: bool, terminal: Terminal) -> int:
     event = await client.request(request)
     if as_json:
-        terminal.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+        terminal.out.write(json_line(event))
         return EXIT_ERROR if event["type"] == "error" else EXIT_OK
     if event["type"] == "error":
         terminal.note(f"assistant: error ({event['code']}): {event['message']}")

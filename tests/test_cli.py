@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -198,6 +199,15 @@ async def test_ctrl_c_cancels_the_turn_and_keeps_the_partial_reply(daemon: Runni
     assert "[cancelled; the partial reply is kept]" in err.decode() and "Traceback" not in err.decode()
     code, opened, _ = await cli("open", "1")
     assert "assistant: the start of it  [cancelled]" in opened
+
+
+async def test_json_lines_stay_json_with_control_characters(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["esc \x1b[31m, del \x7f, csi \x9b"]))
+    code, out, err = await cli("ask", "--json", "colour")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x7f" not in out and "\x9b" not in out
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[-1]["text"] == "esc \x1b[31m, del \x7f, csi \x9b"
 
 
 # -- settings and estimate ------------------------------------------------------------------

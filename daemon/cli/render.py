@@ -7,10 +7,11 @@ file name or a reply with ESC, CR or NUL in it is shown, never obeyed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["RENDERERS", "Printable", "describe_estimate", "describe_kb_add", "describe_timings", "render_settings"]
+__all__ = ["RENDERERS", "Printable", "json_line", "describe_estimate", "describe_kb_add", "describe_timings", "render_settings"]
 
 Renderer = Callable[[dict[str, Any], TextIO], None]
 SHOWN_PER_REASON = 3  # files listed by name under one reason of a kb add; the rest are counted
@@ -155,6 +156,15 @@ RENDERERS: dict[str, Renderer] = {
 
 # C0 controls but newline and tab, DEL, and the C1 controls: shown as \xNN, never obeyed
 CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x0A, 0x09)}
+
+
+# JSON escapes C0 controls itself; DEL and the C1 controls it leaves raw, and a terminal may obey them
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0))}
+
+
+def json_line(event: dict[str, Any]) -> str:
+    """An event as one line of JSON (``--json``), UTF-8 but with no character a terminal obeys."""
+    return json.dumps(event, ensure_ascii=False).translate(_JSON_CONTROLS) + "\n"
 
 
 class Printable:

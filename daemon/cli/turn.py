@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 from typing import Any
 
 from core.wire import Wire
 
-from .render import describe_timings
+from .render import describe_timings, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 
 __all__ = ["Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system"]
@@ -85,7 +84,7 @@ class Turn:
                     if self.cancelling:
                         self._send_cancel()
                 if self.as_json:
-                    self.terminal.out.write(json.dumps(event, ensure_ascii=False) + "\n")
+                    self.terminal.out.write(json_line(event))
                     self.terminal.out.flush()
                     if event["type"] in ("done", "error"):
                         return self._status(event)
