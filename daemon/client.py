@@ -172,8 +172,15 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+async def _connect(path: Path) -> Wire:
+    try:
+        return await Wire.open(path, keep=False)
+    except OSError as exc:  # what Wire.open does not explain itself: a path through a file, ...
+        raise DaemonGone(f"cannot reach a daemon at {path} ({exc.strerror or exc}); check ASSISTANT_SOCKET") from None
+
+
 async def _run(args: argparse.Namespace, terminal: Terminal) -> int:
-    client = await Wire.open(socket_path(args), keep=False)
+    client = await _connect(socket_path(args))
     try:
         if args.command == "ask":
             return await _ask(client, args, terminal)

@@ -115,6 +115,10 @@ async def test_exit_statuses(daemon: RunningDaemon, config: Config, tmp_path: Pa
     assert code == 2 and "usage:" in err
     code, _, err = await cli("status", env={"ASSISTANT_SOCKET": str(tmp_path / "gone.sock")})
     assert code == 3 and "no daemon answers" in err
+    code, _, err = await cli("status", env={"ASSISTANT_SOCKET": "/etc/passwd/a.sock"})
+    assert code == 3 and err.strip() == (
+        "assistant: cannot reach a daemon at /etc/passwd/a.sock (Not a directory); check ASSISTANT_SOCKET"
+    )
     long = "/tmp/" + "d" * 120 + "/a.sock"
     code, _, err = await cli("status", env={"ASSISTANT_SOCKET": long})
     assert code == 3 and "Traceback" not in err
