@@ -17,8 +17,10 @@ import os
 import sys
 
 from core import AssistantError, load_config
+from core.config import ConfigError, unknown_variables
 from core.errors import EXIT_STARTUP, StartupError
-from daemon.client import add_client_commands, run_client
+from core.version import __version__
+from daemon.client import add_client_commands, add_client_options, run_client
 
 logger = logging.getLogger("assistant")
 
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="assistant", description=__doc__.split("\n\n")[0])
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug details")
     parser.add_argument("--test", action="store_true", help="run the end-to-end self-check and exit")
+    parser.add_argument("--version", action="version", version=f"assistant {__version__}")
+    add_client_options(parser)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="run the daemon in the foreground (the default)")
     add_client_commands(sub)
@@ -54,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
     from daemon.server import serve
 
+    for warning in unknown_variables(os.environ):
+        logger.warning("%s", warning)
     try:
         config = load_config()
         asyncio.run(serve(config))
-    except StartupError as exc:
+    except (StartupError, ConfigError) as exc:
         logger.error("cannot start: %s", exc.message)
         return EXIT_STARTUP  # systemd does not restart it in a loop (RestartPreventExitStatus)
     except AssistantError as exc:

@@ -8,6 +8,7 @@ Paths follow the XDG base directories; see ``socket_path`` and ``data_dir``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -17,9 +18,11 @@ from typing import Any, Mapping
 from .errors import AssistantError
 from .tokens import DEFAULT_IMAGE_TOKENS
 
-__all__ = ["Config", "ConfigError", "load_config", "default_socket_path"]
+__all__ = ["MAX_SOCKET_PATH", "Config", "ConfigError", "default_socket_path", "load_config", "socket_path_problem",
+           "unknown_variables"]
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8080/v1"
+MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with its NUL
 
 
 class ConfigError(AssistantError):
@@ -70,6 +73,22 @@ _SETTABLE = tuple(
 )
 
 
+# ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
+PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """A warning for each ``ASSISTANT_*`` variable that nothing reads, naming the closest known one
+    (a misspelt ``ASSISTANT_ROUTERURL`` would otherwise be ignored without a word)."""
+    known = [*PATH_VARIABLES, *(f"ASSISTANT_{key.upper()}" for key in _SETTABLE)]
+    warnings = []
+    for var in sorted(v for v in env if v.startswith("ASSISTANT_") and v not in known):
+        close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(known)}"
+        warnings.append(f"{var} is not a setting and is ignored{hint}")
+    return warnings
+
+
 def default_socket_path(env: Mapping[str, str]) -> Path:
     """``$ASSISTANT_SOCKET``, else ``$XDG_RUNTIME_DIR/assistant.sock``, else ``/tmp/assistant-$UID/``."""
     if env.get("ASSISTANT_SOCKET"):
@@ -77,6 +96,15 @@ def default_socket_path(env: Mapping[str, str]) -> Path:
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "assistant.sock"
     return Path(f"/tmp/assistant-{os.getuid()}") / "assistant.sock"
+
+
+def socket_path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a Unix socket's path (too long), or None."""
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return (f"the socket path {path} is {size} bytes, over the {MAX_SOCKET_PATH} a Unix socket allows; "
+            "set ASSISTANT_SOCKET to a shorter path")
 
 
 def _data_dir(env: Mapping[str, str]) -> Path:
@@ -135,6 +163,11 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Build the configuration from the TOML file and ``ASSISTANT_*`` variables."""
     env = os.environ if env is None else env
     path = _config_file(env)
+    if env.get("ASSISTANT_CONFIG") and not path.is_file():
+        raise ConfigError(
+            f"ASSISTANT_CONFIG names {path}, which is not a file; create it, or unset ASSISTANT_CONFIG "
+            "to use the default place"
+        )
     values: dict[str, Any] = {}
     if path.is_file():
         try:

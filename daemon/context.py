@@ -44,7 +44,7 @@ from core import (
 )
 from core.errors import AssistantError, ContextOverflow, RouterUnreachable
 from core.router import ModelInfo, RouterClient
-from history import AsyncHistory, Compaction, HistoryStore, TurnContext
+from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
 from recall import (
     IN_PLACE_REQUEST,
@@ -161,20 +161,22 @@ class ContextBuilder:
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, known)
-        own = self.estimate([{"role": "system", "content": self.config.system_prompt}, *current])
+        instructions = self.system_prompt(known.conversation if known else None)
+        own = self.estimate([{"role": "system", "content": instructions}, *current])
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
-        if entry.system is None:
-            entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
+        system = entry.system
+        if system is None or entry.system_prompt != instructions:  # settings changed it
+            system = await self._system(entry, cid, turn, instructions)
         through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
         if through is not None:
             # after an overflow the server cannot take the conversation as it is: a transcript
             made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
                                        in_place=not force)
             entry.fold(made)
-            entry.system = await self._system(cid, turn, entry.compaction, [t.n for t in entry.turns])
-        earlier, tokens = await self._replay(entry.turns, entry.system, current, budget, model, cid)
-        prompt = [*entry.system, *earlier, *current]
+            system = await self._system(entry, cid, turn, instructions)
+        earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid)
+        prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
@@ -330,19 +332,27 @@ class ContextBuilder:
             logger.debug("kb: %s", injection.note)
         return injection.block
 
-    async def _system(
-        self, cid: int, turn: int, compaction: Compaction | None, inline: list[int]
-    ) -> list[dict[str, Any]]:
-        """The one system message (none if it would be empty): the system prompt, then the
+    def system_prompt(self, conversation: Conversation | None) -> str:
+        """The conversation's own system prompt (``settings``, or ``system`` on its first ``ask``),
+        else the daemon's."""
+        if conversation is not None and conversation.system_prompt is not None:
+            return conversation.system_prompt
+        return self.config.system_prompt
+
+    async def _system(self, entry: Replayed, cid: int, turn: int, instructions: str) -> list[dict[str, Any]]:
+        """Make (and hold in ``entry``) the one system message (none if it would be empty): the system prompt, then the
         file manifest and the summary, which change only when a compaction is made."""
-        parts = [self.config.system_prompt] if self.config.system_prompt else []
+        parts = [instructions] if instructions else []
+        compaction = entry.compaction
         if compaction is not None:
             attachments = await self.history.run(lambda s: s.attachments(cid))
-            manifest = attachment_manifest(attachments, {*inline, turn})
+            manifest = attachment_manifest(attachments, {*(t.n for t in entry.turns), turn})
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
-        return [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+        entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+        entry.system_prompt = instructions
+        return entry.system
 
 
 def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:

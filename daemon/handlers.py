@@ -62,6 +62,12 @@ class Handlers:
         await self.engine.ask(request, emit)
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
+        if request.has("kb") == request.has("conversation"):
+            raise BadRequest("cancel needs either 'conversation' (to stop its turn) or 'kb' (to stop adding to it)")
+        if request.has("kb"):
+            kb = kb_name(request.get("kb"))
+            emit({"type": "cancelled", "kb": kb, "running": self.kbs.cancel(kb)})
+            return
         cid: int = request.get("conversation")
         stopped, turn = await self.engine.stop(cid)  # answered once the turn has ended and is stored
         if not stopped:
@@ -83,6 +89,7 @@ class Handlers:
             "conversation": conv.id,
             "title": conv.title,
             "model": conv.model,
+            "system": conv.system_prompt,
             "settings": conv.settings,
             "ctx_used": conv.ctx_used,
             "ctx_max": await self._ctx_max(conv.model),
@@ -146,6 +153,8 @@ class Handlers:
             changes["model"] = model
         if request.has("kb_injection"):
             changes["settings"] = {"kb_injection": request.get("kb_injection")}
+        if request.has("system"):
+            changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
         if conv is None:
             raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
@@ -154,6 +163,7 @@ class Handlers:
             "conversation": conv.id,
             "title": conv.title,
             "model": conv.model,
+            "system": conv.system_prompt,
             "settings": conv.settings,
         })
 

@@ -16,6 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import ConfigError, socket_path_problem
 from core.errors import AssistantError
 
 __all__ = ["AlreadyRunning", "Listener", "bind_listener", "socket_from_systemd"]
@@ -23,7 +24,6 @@ __all__ = ["AlreadyRunning", "Listener", "bind_listener", "socket_from_systemd"]
 logger = logging.getLogger(__name__)
 
 BACKLOG = 128
-MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with its NUL
 SD_LISTEN_FDS_START = 3  # systemd passes sockets from fd 3 on
 
 
@@ -75,7 +75,11 @@ def socket_from_systemd(env: dict[str, str] | None = None) -> socket.socket | No
 
 
 def _prepare_directory(directory: Path) -> None:
-    """Create the socket's directory 0700, or check that an existing one is ours."""
+    """Create the socket's directory 0700, or check that an existing one is ours.
+
+    The mode of a directory we did not create is never changed: ``ASSISTANT_SOCKET=~/a.sock``
+    must not close the home directory. The socket itself is 0600 wherever it is.
+    """
     try:
         directory.mkdir(mode=0o700, parents=True)
         return
@@ -92,7 +96,7 @@ def _prepare_directory(directory: Path) -> None:
             f"{directory} belongs to another user (uid {info.st_uid}); remove it or set ASSISTANT_SOCKET"
         )
     if info.st_mode & 0o077:
-        os.chmod(directory, 0o700)  # our own directory, but open to others: close it
+        logger.debug("%s is open to other users; the socket in it is 0600", directory)
 
 
 def _clear_stale(path: Path) -> None:
@@ -122,10 +126,9 @@ def _clear_stale(path: Path) -> None:
 
 def bind_listener(path: Path) -> Listener:
     """Bind and listen on ``path`` (0600, directory 0700), replacing a stale socket."""
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise AssistantError(
-            f"{path} is too long for a Unix socket ({MAX_SOCKET_PATH} bytes at most); set ASSISTANT_SOCKET to a shorter path"
-        )
+    problem = socket_path_problem(path)
+    if problem is not None:
+        raise ConfigError(problem)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _prepare_directory(path.parent)

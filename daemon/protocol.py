@@ -59,8 +59,8 @@ class FieldSpec:
 S = FieldSpec
 # The requests this daemon serves and the fields each one reads.
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
-    "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
-    "cancel": {"conversation": S("int", required=True)},
+    "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str")},
+    "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     "open": {"conversation": S("int", required=True)},
     "delete": {"conversation": S("int", required=True)},
@@ -71,6 +71,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "kb_injection": S("kb_mode"),
         "title": S("str"),
         "model": S("str_or_null"),
+        "system": S("str_or_null"),
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},

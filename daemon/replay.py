@@ -69,6 +69,7 @@ class Replayed:
     upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
     turns: list[ReplayedTurn] = field(default_factory=list)
     system: Messages | None = None  # the system message, made once per compaction
+    system_prompt: str | None = None  # the conversation's system prompt ``system`` was made from
 
     @property
     def after(self) -> int:

@@ -156,12 +156,13 @@ class TurnRunner:
         files: list[str] = request.get("files", [])
         chosen: str | None = request.get("model") or None
         await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
+        system: str | None = request.get("system")  # a new conversation's own system prompt
         # the files' budget needs the conversation before they are read; for a plain question
         # the conversation is read in the same trip to the store that stores the question
         known = await self._read(cid, where) if cid is not None and files else None
         conv = known.conversation if known else None
         try:
-            self._validate(text, files)
+            self._validate(text, files, cid, system)
             # the model as far as it is known before the question is stored: named on the ask,
             # the conversation's own (read for files), else the default
             model = await self.router.model_info(chosen or (conv.model if conv else None))
@@ -169,7 +170,7 @@ class TurnRunner:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
             prepared = await self._prepare(files, offline, conv, where, emit)
-            await self._store_failed(cid, text, prepared, exc, emit, chosen)
+            await self._store_failed(cid, text, prepared, exc, emit, chosen, system)
             return
         except AssistantError:
             if known is None and cid is not None:
@@ -177,7 +178,7 @@ class TurnRunner:
             raise
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
         final = chosen is not None or cid is None or known is not None
-        state = await self._store_start(cid, text, prepared, model, chosen, final)
+        state = await self._store_start(cid, text, prepared, model, chosen, final, system)
         slot.state = state
         self._claim(state.conversation, slot)
         where["conversation"], where["turn"] = state.conversation, state.turn
@@ -204,7 +205,12 @@ class TurnRunner:
         where["turn"] = known.conversation.turns + 1
         return known
 
-    def _validate(self, text: str, files: list[str]) -> None:
+    def _validate(self, text: str, files: list[str], cid: int | None, system: str | None) -> None:
+        if cid is not None and system is not None:
+            raise BadRequest(
+                f"'system' sets a new conversation's system prompt; change conversation {cid}'s with the "
+                "settings request"
+            )
         if len(files) > MAX_FILES:
             raise too_many_files(len(files))
         if not text.strip() and not files:
@@ -229,12 +235,14 @@ class TurnRunner:
     async def _start_turn(
         self, cid: int | None, text: str, question: dict[str, Any], model: str | None,
         prepared: list[Prepared], chosen: str | None, default_model: str | None = None,
+        system: str | None = None,
     ) -> tuple[Turn, TurnContext]:
         """Store the question (and its files' records) as a running turn, and read what its
         prompt needs, in one trip to the store.
 
         ``model`` None: the conversation's own model, else ``default_model``. ``chosen`` is
-        the model the ask named: a new conversation keeps it as its own.
+        the model the ask named: a new conversation keeps it as its own, and ``system`` as its
+        system prompt.
         """
         chips = [p.chip.to_json() for p in prepared]
         title = provisional_title(text or " ".join(p.name for p in prepared))
@@ -247,7 +255,8 @@ class TurnRunner:
         try:
             return await self.history.run(
                 lambda s: s.begin_turn(cid, text, [question], chips, model, title, attachments=records,
-                                       conversation_model=chosen, default_model=default_model, known=known)
+                                       conversation_model=chosen, default_model=default_model, known=known,
+                                       system_prompt=system)
             )
         except LookupError:  # missing, or deleted since it was read
             raise NotFound(f"conversation {cid} does not exist; list them with the conversations request") from None
@@ -262,13 +271,13 @@ class TurnRunner:
 
     async def _store_start(
         self, cid: int | None, text: str, prepared: list[Prepared], model: ModelInfo, chosen: str | None,
-        final: bool,
+        final: bool, system: str | None,
     ) -> TurnState:
         """Store the question; ``model`` is the one to use when ``final``, else the default, which
         the conversation's own model (known once it is read) overrides."""
         question, stored = self._questions(text, prepared)
         turn, known = await self._start_turn(
-            cid, text, stored, model.id if final else None, prepared, chosen, default_model=model.id
+            cid, text, stored, model.id if final else None, prepared, chosen, default_model=model.id, system=system
         )
         conv = known.conversation
         return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
@@ -277,10 +286,10 @@ class TurnRunner:
 
     async def _store_failed(
         self, cid: int | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
-        chosen: str | None,
+        chosen: str | None, system: str | None,
     ) -> None:
         _question, stored = self._questions(text, prepared)
-        turn, known = await self._start_turn(cid, text, stored, chosen, prepared, chosen)
+        turn, known = await self._start_turn(cid, text, stored, chosen, prepared, chosen, system=system)
         await self._fail(
             TurnState(conversation=known.conversation.id, turn=turn.turn, model=ModelInfo(chosen or ""),
                       messages=[stored], question=stored, kb=(text, "off")),

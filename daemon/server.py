@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 
@@ -88,13 +89,19 @@ class Server:
             logger.info("using the socket passed by systemd")
         else:
             self._listener = bind_listener(self.config.socket_path)
+        data = self.config.data_dir
         try:
-            self.config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            data.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StartupError(
-                f"cannot create the data folder {self.config.data_dir} ({exc.strerror}); fix the permissions "
+                f"cannot create the data folder {data} ({exc.strerror}); fix the permissions "
                 "of its parent, or set ASSISTANT_DATA_DIR to a folder you own"
             ) from exc
+        if not os.access(data, os.W_OK | os.X_OK):
+            raise StartupError(
+                f"cannot write to the data folder {data}; fix its permissions (the daemon runs as you), "
+                "or set ASSISTANT_DATA_DIR to a folder you own"
+            )
         self._history = await AsyncHistory.open(self.config.db_path)
         configure_image_cache(self.config.data_dir / "images")
         try:

@@ -407,6 +407,14 @@ def m006_knowledge_bases(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m007_conversation_system_prompt(conn: sqlite3.Connection) -> None:
+    """`conversations.system_prompt`: a conversation's own system prompt."""
+    # NULL follows the daemon's `system_prompt` setting, as `model` NULL follows its model;
+    # '' is a conversation asked without any system message. A column rather than a key of
+    # `settings`: the prompt builder reads it on every turn with the conversation's row.
+    conn.execute("ALTER TABLE conversations ADD COLUMN system_prompt TEXT")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -414,6 +422,7 @@ MIGRATIONS: list[Migration] = [
     m004_compactions,
     m005_message_fts_automerge,
     m006_knowledge_bases,
+    m007_conversation_system_prompt,
 ]
 
 

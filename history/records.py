@@ -116,6 +116,7 @@ class Conversation(FromRow):
     created_at: str
     updated_at: str
     turns: int = field(metadata=column("turn_count"))
+    system_prompt: str | None = None  # None: the daemon's system_prompt; '': no system message
 
     def to_json(self) -> dict[str, Any]:
         """The item of a `conversations` listing."""

@@ -6,7 +6,7 @@ search.py, each beside the only code that uses them.
 """
 
 CONVERSATION_SELECT = """
-SELECT c.id, c.title, c.model, c.settings, c.ctx_used, c.created_at, c.updated_at,
+SELECT c.id, c.title, c.model, c.system_prompt, c.settings, c.ctx_used, c.created_at, c.updated_at,
        (SELECT count(*) FROM turns AS t WHERE t.conversation_id = c.id) AS turn_count
 FROM conversations AS c
 """
@@ -21,13 +21,15 @@ LIST_CONVERSATIONS_BEFORE = (
 )
 IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
 INSERT_CONVERSATION = """
-INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)
+INSERT INTO conversations (title, model, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?)
 """
 TOUCH_CONVERSATION = "UPDATE conversations SET updated_at = ? WHERE id = ?"
 FINISH_CONVERSATION = """
 UPDATE conversations SET ctx_used = coalesce(?, ctx_used), updated_at = ? WHERE id = ?
 """
-UPDATE_CONVERSATION = "UPDATE conversations SET title = ?, model = ?, settings = ? WHERE id = ?"
+UPDATE_CONVERSATION = """
+UPDATE conversations SET title = ?, model = ?, system_prompt = ?, settings = ? WHERE id = ?
+"""
 SOFT_DELETE_CONVERSATION = """
 UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
 """

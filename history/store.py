@@ -128,16 +128,18 @@ class HistoryStore:
     def _is_live(self, cid: int) -> bool:
         return self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
 
-    def _insert_conversation(self, title: str, model: str | None) -> int:
+    def _insert_conversation(self, title: str, model: str | None, system_prompt: str | None = None) -> int:
         now = self._now()
-        cursor = self._conn.execute(sql.INSERT_CONVERSATION, (title, model, now, now))
+        cursor = self._conn.execute(sql.INSERT_CONVERSATION, (title, model, system_prompt, now, now))
         assert cursor.lastrowid is not None
         return cursor.lastrowid
 
-    def create_conversation(self, title: str = "", model: str | None = None) -> Conversation:
-        """A new, empty conversation."""
+    def create_conversation(
+        self, title: str = "", model: str | None = None, system_prompt: str | None = None
+    ) -> Conversation:
+        """A new, empty conversation (``system_prompt`` None: the daemon's)."""
         with self._transaction():
-            cid = self._insert_conversation(title, model)
+            cid = self._insert_conversation(title, model, system_prompt)
             conversation = self._conversation(cid)
         assert conversation is not None
         return conversation
@@ -184,8 +186,10 @@ class HistoryStore:
         title: str | None = None,
         model: str | None | _Unset = UNSET,
         settings: dict[str, Any] | None = None,
+        system_prompt: str | None | _Unset = UNSET,
     ) -> Conversation | None:
-        """Change title, model (None = daemon default) or settings (merged in).
+        """Change title, model (None = daemon default), system prompt (None = daemon default)
+        or settings (merged in).
 
         updated_at is left alone: the list is ordered by conversation activity, and
         renaming an old conversation should not bring it to the top.
@@ -199,6 +203,7 @@ class HistoryStore:
                 (
                     current.title if title is None else title,
                     current.model if model is UNSET else model,
+                    current.system_prompt if system_prompt is UNSET else system_prompt,
                     _dumps({**current.settings, **(settings or {})}),
                     cid,
                 ),
@@ -232,10 +237,11 @@ class HistoryStore:
         attachments: Sequence[NewAttachment] = (),
         conversation_model: str | None = None,
         default_model: str | None = None,
+        system_prompt: str | None = None,
     ) -> tuple[Conversation, Turn]:
         """Record a new running turn (creating the conversation when cid is None).
 
-        `title` and `conversation_model` (NULL: the daemon's default) describe a
+        `title`, `conversation_model` and `system_prompt` (NULL: the daemon's) describe a
         conversation created here and are ignored otherwise; the turn's
         `attachments` are stored with it, in the same transaction. `model` None runs the
         turn on the conversation's own model, else `default_model`. Raises LookupError
@@ -243,7 +249,7 @@ class HistoryStore:
         """
         with self._transaction():
             if cid is None:
-                cid = self._insert_conversation(title, conversation_model)
+                cid = self._insert_conversation(title, conversation_model, system_prompt)
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
             if model is None:

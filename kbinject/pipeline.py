@@ -11,6 +11,11 @@ one step per ``PROGRESS_INTERVAL`` per phase.
 Adds to one KB are serialised (a per-name lock, ``lock``): two adds of the same files
 would otherwise both find them new. Adds to different KBs run concurrently. A file the
 user can fix, and an embedder that fails, are noted in the ``AddResult``, never raised.
+
+``cancel`` stops the adds of a KB: no further file is taken (those being read are
+stored whole, each in its own transaction, so the KB never holds half a document),
+folders are not checked for vanished files, and a batch being embedded is abandoned
+(its chunks stay pending, embedded by a later add). The add then returns what it did.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from functools import partial
+from typing import Any, TypeVar
 
 from core.errors import FileRefused, NotFound
 from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument
@@ -43,6 +49,7 @@ from .records import AddResult, KbProgress, ProgressCallback
 __all__ = ["INGEST_CONCURRENCY", "PROGRESS_INTERVAL", "Ingest"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INGEST_CONCURRENCY = 4  # files extracted at once (each PDF runs pdftotext and pdfinfo)
 PROGRESS_INTERVAL = 0.2  # seconds between two progress callbacks of one phase
@@ -76,6 +83,7 @@ class Ingest:
         self.index = index
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
+        self._stops: dict[str, set[asyncio.Event]] = {}  # per KB name: one event per add running or waiting
 
     def lock(self, name: str) -> asyncio.Lock:
         """The lock of the KB of this (valid) name: held by its adds and its removal."""
@@ -83,27 +91,48 @@ class Ingest:
         # a new one made after the KB was removed
         return self._locks.setdefault(name, asyncio.Lock())
 
+    def cancel(self, name: str) -> bool:
+        """Stop the adds of the KB ``name`` (running or waiting for its lock); False when there are none."""
+        stops = self._stops.get(name, set())
+        for stop in stops:
+            stop.set()
+        return bool(stops)
+
     async def add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None) -> AddResult:
         """Add files and folders to the KB ``name`` (created if new): extract, chunk, store, embed."""
-        async with self.lock(name):
-            record, _ = await self.history.run(lambda s: s.kb.ensure(name))
-            result = AddResult(kb=name)
-            found = await in_ingest_thread(collect, list(paths))
-            result.errors += found.errors
-            result.skipped += found.skipped
-            report = _Throttle(progress)
-            await self._read_all(record.id, found, result, report)
-            if self.embedder is not None:
-                await self._embed_kb(record.id, result, report)
-            final = await self.history.run(lambda s: s.kb.get(name))
-            assert final is not None
-            result.documents, result.chunks = final.documents, final.chunks
-            if self.embedder is not None:
-                model = self.embedder.model
-                result.pending = await self.history.run(lambda s: s.kb.count_pending(model, record.id))
-        logger.info("kb %s: %d added, %d updated, %d unchanged, %d removed, %d errors; %d chunks embedded",
+        stop = asyncio.Event()
+        stops = self._stops.setdefault(name, set())
+        stops.add(stop)
+        try:
+            async with self.lock(name):
+                result = await self._add(name, paths, progress, stop)
+        finally:
+            stops.discard(stop)
+            if not stops:
+                del self._stops[name]
+        logger.info("kb %s: %d added, %d updated, %d unchanged, %d removed, %d errors; %d chunks embedded%s",
                     name, result.added, result.updated, result.unchanged, result.removed, len(result.errors),
-                    result.embedded)
+                    result.embedded, f"; cancelled, {result.unread} file(s) unread" if result.cancelled else "")
+        return result
+
+    async def _add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None,
+                   stop: asyncio.Event) -> AddResult:
+        record, _ = await self.history.run(lambda s: s.kb.ensure(name))
+        result = AddResult(kb=name)
+        found = await in_ingest_thread(collect, list(paths)) if not stop.is_set() else Collected()
+        result.errors += found.errors
+        result.skipped += found.skipped
+        report = _Throttle(progress)
+        await self._read_all(record.id, found, result, report, stop)
+        if self.embedder is not None and not stop.is_set():
+            await self._embed_kb(record.id, result, report, stop)
+        final = await self.history.run(lambda s: s.kb.get(name))
+        assert final is not None
+        result.documents, result.chunks = final.documents, final.chunks
+        if self.embedder is not None:
+            model = self.embedder.model
+            result.pending = await self.history.run(lambda s: s.kb.count_pending(model, record.id))
+        result.cancelled = stop.is_set()
         return result
 
     async def embed_pending(self, name: str, total: AddResult, progress: ProgressCallback | None) -> None:
@@ -114,12 +143,14 @@ class Ingest:
             record = await self.history.run(partial(_kb_named, name))
             if record is None:
                 raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
-            await self._embed_kb(record.id, total, _Throttle(progress))
+            await self._embed_kb(record.id, total, _Throttle(progress), asyncio.Event())
             total.pending += await self.history.run(partial(_count_pending, self.embedder.model, record.id))
 
     # -- reading --------------------------------------------------------------------------
 
-    async def _read_all(self, kb_id: int, found: Collected, result: AddResult, report: _Throttle) -> None:
+    async def _read_all(
+        self, kb_id: int, found: Collected, result: AddResult, report: _Throttle, stop: asyncio.Event
+    ) -> None:
         known = {doc.path: doc for doc in await self.history.run(lambda s: s.kb.documents(kb_id))}
         total = len(found.files)
         done = 0
@@ -130,6 +161,8 @@ class Ingest:
             # a few workers take the files in turn: not one task per file of a big folder
             nonlocal done
             for file in queue:
+                if stop.is_set():
+                    return  # the file taken is left unread with the rest
                 try:
                     await self._read_one(kb_id, file, known.get(file.path), result)
                 except Exception as exc:  # a store failure for one file must not stop the rest
@@ -142,6 +175,9 @@ class Ingest:
         async with asyncio.TaskGroup() as group:
             for _ in range(min(INGEST_CONCURRENCY, total)):
                 group.create_task(worker())
+        if stop.is_set():
+            result.unread = total - done  # and the folders were not all seen: nothing is removed
+            return
         await self._remove_vanished(kb_id, found, known, result)
 
     async def _read_one(self, kb_id: int, file: Found, known: KbDocument | None, result: AddResult) -> None:
@@ -202,8 +238,9 @@ class Ingest:
 
     # -- embedding ------------------------------------------------------------------------
 
-    async def _embed_kb(self, kb_id: int, result: AddResult, report: _Throttle) -> None:
-        """Embed every chunk of the KB without a vector, in batches; a failure is noted, not raised."""
+    async def _embed_kb(self, kb_id: int, result: AddResult, report: _Throttle, stop: asyncio.Event) -> None:
+        """Embed every chunk of the KB without a vector, in batches, until ``stop``; a failure is
+        noted, not raised."""
         assert self.embedder is not None
         embedder = self.embedder
         model = embedder.model
@@ -214,7 +251,7 @@ class Ingest:
         after = 0
         done = 0
         changes = self.index.dim_changes
-        while True:
+        while not stop.is_set():
             batch = await self.history.run(partial(_pending_page, model, kb_id, after))
             if not batch and changes != self.index.dim_changes:
                 # the model's dimension changed under way: the chunks before the cursor lost
@@ -225,16 +262,32 @@ class Ingest:
                 break
             after = batch[-1][0]
             try:
-                vectors = await embedder.documents([text for _, text in batch])
+                vectors = await _until(stop, embedder.documents([text for _, text in batch]))
             except EmbedderFailed as exc:
                 result.embedding_error = (
                     f"{exc.message}; the chunks are searchable by keywords and will be embedded on the next add"
                 )
                 logger.warning("kb: embedding stopped: %s", exc.message)
                 return
+            if vectors is None:
+                return  # cancelled: the batch stays pending
             result.embedded += await self.index.store([chunk_id for chunk_id, _ in batch], vectors)
             done += len(batch)
             report(KbProgress(min(done, total), total, "embedding", f"embedded {done} of {total} chunks"))
+
+
+async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
+    """What ``work`` returns, or None when ``stop`` is set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+    return None if task.cancelled() else task.result()
 
 
 # Store calls made in loops: module functions bound with partial, so each call carries

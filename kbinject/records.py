@@ -85,6 +85,8 @@ class AddResult:
     truncated: list[str] = field(default_factory=list)  # documents indexed only in part (size cap)
     skipped: list[FileNote] = field(default_factory=list)  # images, other kinds, files without text
     errors: list[FileNote] = field(default_factory=list)  # bad paths, unreadable files
+    cancelled: bool = False  # a cancel stopped it: what was stored whole is kept
+    unread: int = 0  # files the cancel left unread
 
     def to_json(self) -> dict[str, Any]:
         """The ``kb`` event's fields."""
@@ -105,4 +107,6 @@ class AddResult:
             "truncated_documents": self.truncated,
             "skipped": [note.to_json() for note in self.skipped],
             "errors": [note.to_json() for note in self.errors],
+            "cancelled": self.cancelled,
+            "unread": self.unread,
         }

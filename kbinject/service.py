@@ -194,6 +194,10 @@ class KnowledgeBases:
             raise BadRequest("paths must be a list of absolute paths of files or folders")
         return await self.ingest.add(name, paths, progress)
 
+    def cancel(self, kb: str) -> bool:
+        """Stop the adds to ``kb`` (each keeps the files it stored whole); False when none runs."""
+        return self.ingest.cancel(kb_name(kb))
+
     async def embed_pending(self, kb: str | None = None, progress: ProgressCallback | None = None) -> AddResult:
         """Embed the chunks an earlier add could not (all KBs, or one); the counts in an AddResult."""
         names = [kb_name(kb)] if kb is not None else [info.name for info in await self.list()]

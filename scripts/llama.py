@@ -358,7 +358,8 @@ def cmd_demo() -> int:
                 print(
                     "\nThe assistant is running. From another terminal in this directory:\n\n"
                     f'    {ask} ask "hello"\n'
-                    f'    {ask} ask -c 1 "tell me more"\n'
+                    f'    {ask} ask -c "tell me more"\n'
+                    f"    {ask} chat\n"
                     f"    {ask} conversations\n\n"
                     "SmolLM2 135M is tiny: expect quick, not wise, answers. Ctrl-C stops the daemon and the server.\n",
                     flush=True,

@@ -18,13 +18,15 @@ pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+async def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> tuple[int, str, str]:
+    """Run the client; ``stdin`` is piped to it (else it reads /dev/null, which it never waits on)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "assistant.py"), *args,
         cwd=ROOT, env={**os.environ, **(env or {})},
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 60)
     return proc.returncode or 0, out.decode(), err.decode()
 
 
@@ -39,7 +41,7 @@ async def test_ask_streams_the_reply(daemon: RunningDaemon, router: FakeRouter) 
 
 async def test_ask_continues_a_conversation(daemon: RunningDaemon, router: FakeRouter) -> None:
     await cli("ask", "first")
-    code, out, err = await cli("ask", "-c", "1", "second")
+    code, out, err = await cli("ask", "--cid", "1", "second")
     assert code == 0, err
     assert "turn 2" in err
     code, out, err = await cli("ask", "--continue", "third")
@@ -57,9 +59,9 @@ async def test_ask_json_prints_every_event(daemon: RunningDaemon) -> None:
 
 
 async def test_ask_error_exits_non_zero(daemon: RunningDaemon) -> None:
-    code, out, err = await cli("ask", "-c", "77", "hello?")
+    code, out, err = await cli("ask", "--cid", "77", "hello?")
     assert code == 1
-    assert "not_found" in err and "conversation 77" in err
+    assert "error (not_found) in conversation 77" in err
 
 
 async def test_conversations_open_delete(daemon: RunningDaemon) -> None:
@@ -99,7 +101,7 @@ async def test_an_interrupted_turn_is_marked_in_open(daemon: RunningDaemon, rout
 
 async def test_no_daemon_is_a_clear_message(tmp_path: Path) -> None:
     code, out, err = await cli("status", env={"ASSISTANT_SOCKET": str(tmp_path / "none.sock")})
-    assert code == 2
+    assert code == 3
     assert "no daemon answers" in err and "make run" in err
 
 
@@ -165,6 +167,6 @@ async def test_control_characters_are_shown_not_obeyed(daemon: RunningDaemon, ro
     assert code == 0, err
     assert out.strip() == "red \\x1b[31mtext\\x1b[0m and a\\x0drewrite\\x00"
     assert "\x1b" not in out + err and "\r" not in out
-    await cli("ask", "-c", "1", "more")
+    await cli("ask", "--cid", "1", "more")
     code, out, _ = await cli("conversations")
     assert "\x1b" not in out

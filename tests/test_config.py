@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from core import ConfigError, load_config
+from core.config import socket_path_problem, unknown_variables
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -87,3 +88,28 @@ def test_broken_toml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
     assert str(path) in info.value.message
+
+
+def test_assistant_config_naming_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(tmp_path / "nope.toml")})
+    assert str(tmp_path / "nope.toml") in refused.value.message and "unset ASSISTANT_CONFIG" in refused.value.message
+
+
+def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
+    env = {"ASSISTANT_ROUTERURL": "x", "ASSISTANT_SOCKETT": "y", "ASSISTANT_ROUTER_URL": "z", "ASSISTANT_ZZZZ": "1",
+           "ASSISTANT_CACHE_DIR": "/c", "OTHER": "o"}
+    warnings = unknown_variables(env)
+    assert warnings[0] == "ASSISTANT_ROUTERURL is not a setting and is ignored; did you mean ASSISTANT_ROUTER_URL?"
+    assert warnings[1].endswith("did you mean ASSISTANT_SOCKET?")
+    assert warnings[2].startswith("ASSISTANT_ZZZZ is not a setting") and "ASSISTANT_MODEL" in warnings[2]
+    assert len(warnings) == 3
+
+
+def test_a_socket_path_too_long_is_named_with_its_size() -> None:
+    assert socket_path_problem(Path("/run/user/1000/assistant.sock")) is None
+    long = Path("/tmp/" + "x" * 120 + "/a.sock")
+    assert socket_path_problem(long) == (
+        f"the socket path {long} is 132 bytes, over the 107 a Unix socket allows; "
+        "set ASSISTANT_SOCKET to a shorter path"
+    )

@@ -279,3 +279,33 @@ async def test_kb_add_reports_pipes_and_sockets_it_never_opens(kwire: Wire, tmp_
     reasons = {Path(n["path"]).name: n["reason"] for n in result["skipped"]}
     assert reasons["pipe"].startswith("a pipe (FIFO)") and reasons["sock"].startswith("a socket")
     assert given["errors"][0]["reason"].startswith("a pipe (FIFO)")
+
+
+async def test_cancel_stops_a_kb_add_and_keeps_the_files_stored_whole(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    router.embed_delay = 60.0  # the embedding phase would last a minute
+    rid = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})
+    queued = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})  # waits for the first
+    async for event in kwire.stream(rid):
+        if event["type"] == "progress" and event["phase"] == "embedding":
+            break
+    cancelled = await kwire.request({"type": "cancel", "kb": "notes"})
+    assert cancelled == {"type": "cancelled", "kb": "notes", "running": True, "id": cancelled["id"]}
+    result = (await kwire.until(rid, ("kb", "error")))[-1]
+    assert result["type"] == "kb" and result["cancelled"] is True
+    assert result["added"] == 3 and result["documents"] == 3  # read and stored before the cancel
+    assert result["embedded"] == 0 and result["pending"] == result["chunks"]  # embedded by a later add
+    later = (await kwire.until(queued, ("kb", "error")))[-1]
+    assert later["cancelled"] is True and later["added"] == later["unchanged"] == 0  # stopped before reading
+    again = await kwire.request({"type": "cancel", "kb": "notes"})
+    assert again["running"] is False
+    listed = await kwire.request({"type": "kb_list"})
+    assert [(kb["kb"], kb["documents"]) for kb in listed["items"]] == [("notes", 3)]
+
+
+async def test_cancel_names_a_conversation_or_a_kb(kwire: Wire) -> None:
+    for fields in ({}, {"kb": "notes", "conversation": 1}):
+        answer = await kwire.request({"type": "cancel", **fields})
+        assert answer["type"] == "error" and answer["code"] == "bad_request"
+        assert "'conversation'" in answer["message"] and "'kb'" in answer["message"]

@@ -322,3 +322,38 @@ async def test_a_database_damaged_inside_is_served_with_a_warning(
     await wire.close()
     _code, err = await proc.stop()
     assert "is damaged" in err and ".recover" in err
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"ASSISTANT_CONFIG": "/nonexistent/assistant.toml"}, "ASSISTANT_CONFIG names /nonexistent/assistant.toml"),
+    ({"ASSISTANT_SOCKET": "/tmp/" + "s" * 120 + "/a.sock"}, "over the 107 a Unix socket allows"),
+])
+async def test_a_setup_error_is_one_line_and_exit_78(tmp_path: Path, env: dict[str, str], words: str) -> None:
+    code, err = await exit_of(await DaemonProcess.spawn(tmp_path, extra_env=env))
+    assert code == 78 and "Traceback" not in err
+    [line] = [ln for ln in err.splitlines() if "ERROR" in ln]
+    assert words in line
+
+
+async def test_an_unknown_variable_is_warned_about_and_the_daemon_starts(
+    spawned: list[DaemonProcess], tmp_path: Path
+) -> None:
+    proc = await start(spawned, tmp_path, extra_env={"ASSISTANT_ROUTERURL": "http://127.0.0.1:1/v1"})
+    code, err = await proc.stop()
+    assert code == 0
+    assert "ASSISTANT_ROUTERURL is not a setting and is ignored; did you mean ASSISTANT_ROUTER_URL?" in err
+
+
+async def test_the_mode_of_a_folder_the_daemon_did_not_create_is_left_alone(
+    spawned: list[DaemonProcess], config: Config, tmp_path: Path
+) -> None:
+    home = Path(f"/tmp/asst-home-{os.getpid()}")
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    try:
+        await start(spawned, tmp_path, extra_env={"ASSISTANT_SOCKET": str(home / "a.sock")})
+        assert stat.S_IMODE(home.stat().st_mode) == 0o755  # ASSISTANT_SOCKET=~/a.sock must not close ~
+        assert stat.S_IMODE((home / "a.sock").stat().st_mode) == 0o600
+    finally:
+        await spawned.pop().stop()
+        home.rmdir()

@@ -12,12 +12,13 @@ import pytest
 
 from history import HistoryStore
 from history import migrations as migrations_module
+from history.fts import index_turn
 from history.migrations import MIGRATIONS, m001_initial, migrate, table_columns
 from history.records import parse_timestamp
 
 CONVERSATION_COLUMNS = [
     "id", "title", "model", "settings", "ctx_used", "created_at", "updated_at",
-    "deleted_at",
+    "deleted_at", "system_prompt",
 ]
 TURN_COLUMNS_M001 = [
     "id", "conversation_id", "turn", "text", "messages", "reply", "status", "error",
@@ -26,7 +27,7 @@ TURN_COLUMNS_M001 = [
 ]
 ALL_MIGRATIONS = [
     "m001_initial", "m002_turn_files", "m003_attachments", "m004_compactions",
-    "m005_message_fts_automerge", "m006_knowledge_bases",
+    "m005_message_fts_automerge", "m006_knowledge_bases", "m007_conversation_system_prompt",
 ]
 
 
@@ -291,13 +292,20 @@ def test_failed_migration_leaves_no_trace(
 def test_a_file_from_before_compactions_upgrades(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "history.db"
     monkeypatch.setattr(migrations_module, "MIGRATIONS", MIGRATIONS[:3])
-    with HistoryStore(path) as store:
-        conversation, _ = store.start_turn(None, "about lemurs", [{"role": "user", "content": "about lemurs"}], [], None)
+    messages = [{"role": "user", "content": "about lemurs"}]
     with connect(path) as conn:
+        migrate(conn)
+        with conn:  # a turn as that version of the store wrote it
+            conn.execute("INSERT INTO conversations (id, created_at, updated_at) VALUES (1, 'x', 'x')")
+            conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
+                         "VALUES (1, 1, 'about lemurs', ?, 'complete', 'x', 'x')", (json.dumps(messages),))
+            index_turn(conn, 1, 1, messages)
         assert conn.execute("SELECT v FROM message_fts_config WHERE k = 'automerge'").fetchone() is None
     monkeypatch.undo()
 
     with HistoryStore(path) as store:
+        conversation = store.get_conversation(1)
+        assert conversation is not None and conversation.system_prompt is None
         assert [h.turn for h in store.search_conversation(conversation.id, "lemurs")] == [1]
         assert store.kb.all() == []
         assert store.latest_compaction(conversation.id) is None

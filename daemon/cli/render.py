@@ -1,0 +1,187 @@
+"""Events shown to people: one function per answer type, and text that cannot drive the terminal.
+
+Each renderer writes an event's content to a text stream; ``RENDERERS`` maps the event
+types of the simple requests to theirs. ``Printable`` wraps a stream so that a title, a
+file name or a reply with ESC, CR or NUL in it is shown, never obeyed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TextIO
+
+__all__ = ["RENDERERS", "Printable", "json_line", "describe_estimate", "describe_kb_add", "describe_timings", "render_settings"]
+
+Renderer = Callable[[dict[str, Any], TextIO], None]
+SHOWN_PER_REASON = 3  # files listed by name under one reason of a kb add; the rest are counted
+
+
+def _render_conversations(event: dict[str, Any], out: TextIO) -> None:
+    items = event["items"]
+    if not items:
+        print("no conversations yet; start one with: assistant ask \"...\"", file=out)
+    for item in items:
+        print(f"{item['conversation']:>5}  {item['updated_at'][:16].replace('T', ' ')}  "
+              f"{item['turns']:>3} turns  {item['title']}", file=out)
+
+
+def _render_conversation(event: dict[str, Any], out: TextIO) -> None:
+    print(f"# {event['title']}  (conversation {event['conversation']}, model {event['model'] or 'default'}, "
+          f"context {event['ctx_used']}/{event['ctx_max'] or '?'})", file=out)
+    if event.get("system") is not None:
+        print(f"system prompt: {event['system'] or '(none)'}", file=out)
+    for turn in event["turns"]:
+        print(f"\n[{turn['turn']}] you: {turn['text']}", file=out)
+        for chip in turn.get("files") or ():
+            print(f"      file: {chip.get('name')} ({chip.get('kind')})", file=out)
+        for tool in turn.get("tools") or ():
+            print(f"      tool: {tool.get('name')} — {tool.get('summary')}", file=out)
+        reply = turn["reply"] or ""
+        status = turn.get("status")
+        marker = "" if status == "complete" else f"  [{status}{': ' + turn['error'] if turn.get('error') else ''}]"
+        print(f"[{turn['turn']}] assistant: {reply}{marker}", file=out)
+
+
+def _render_models(event: dict[str, Any], out: TextIO) -> None:
+    for item in event["items"]:
+        star = "*" if item["id"] == event.get("default") else " "
+        ctx = item["ctx_max"] or "?"
+        print(f"{star} {item['id']}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}", file=out)
+
+
+def _render_status(event: dict[str, Any], out: TextIO) -> None:
+    reach = "reachable" if event["router_reachable"] else "NOT reachable"
+    print(f"assistant {event['version']}, up {event['uptime']:.0f}s, {event['turns_running']} turn(s) running", file=out)
+    print(f"router {event['router_url']} ({reach}), model {event['model'] or '?'}", file=out)
+    print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
+
+
+def _render_results(event: dict[str, Any], out: TextIO) -> None:
+    if not event["conversations"]:
+        print(f"nothing found for {event['query']!r}", file=out)
+    for group in event["conversations"]:
+        print(f"{group['conversation']:>5}  {group['title']}", file=out)
+        for hit in group["hits"]:
+            print(f"       [{hit['turn']}] {hit['role']}: {hit['excerpt']}", file=out)
+
+
+def _render_kbs(event: dict[str, Any], out: TextIO) -> None:
+    if not event["items"]:
+        print("no knowledge bases yet; add one with: assistant kb add NAME PATH...", file=out)
+    for kb in event["items"]:
+        links = "every conversation" if kb["linked_all"] else f"{len(kb['conversations'])} conversation(s)"
+        print(f"{kb['kb']}  {kb['documents']} documents, {kb['chunks']} chunks; linked to {links}", file=out)
+
+
+def _render_kb(event: dict[str, Any], out: TextIO) -> None:
+    print(f"{event['kb']}: {event['documents']} documents, {event['chunks']} chunks", file=out)
+
+
+def describe_kb_add(event: dict[str, Any]) -> list[str]:
+    """What a ``kb_add`` did, for people: the totals, then the files left out grouped by reason."""
+    lines = [f"{event['kb']}: {event['documents']} documents, {event['chunks']} chunks "
+             f"({event['added']} added, {event['updated']} updated, {event['unchanged']} unchanged"
+             f"{', ' + str(event['removed']) + ' removed' if event.get('removed') else ''})"]
+    if event.get("cancelled"):
+        lines.append(f"cancelled: {event.get('unread', 0)} file(s) left unread; the files added before are kept")
+    for label, notes in (("skipped", event.get("skipped") or []), ("not added", event.get("errors") or [])):
+        by_reason: dict[str, list[str]] = {}
+        for note in notes:
+            by_reason.setdefault(note["reason"], []).append(note["path"])
+        for reason, paths in by_reason.items():
+            lines.append(f"{label}: {len(paths)} file(s): {reason}")
+            lines += [f"  {path}" for path in paths[:SHOWN_PER_REASON]]
+            if len(paths) > SHOWN_PER_REASON:
+                lines.append(f"  ... and {len(paths) - SHOWN_PER_REASON} more")
+    if event.get("embedding_error"):
+        lines.append(f"embeddings: {event['embedding_error']} (keyword search still works)")
+    elif event.get("pending"):
+        lines.append(f"{event['pending']} passage(s) not yet embedded: the next add embeds them")
+    return lines
+
+
+def render_settings(event: dict[str, Any], out: TextIO) -> None:
+    print(f"conversation {event['conversation']}: {event['title']}", file=out)
+    print(f"  model: {event['model'] or 'the default'}", file=out)
+    system = event.get("system")
+    shown = "the default" if system is None else (repr(system) if system else "none")
+    print(f"  system prompt: {shown}", file=out)
+    print(f"  kb_injection: {(event.get('settings') or {}).get('kb_injection', 'auto')}", file=out)
+
+
+def describe_timings(timings: dict[str, Any]) -> str:
+    """The model server's own figures of one reply, for people: what it read, reused and wrote."""
+    parts = []
+    if timings.get("prompt_n") is not None:
+        reused = timings.get("cache_n")
+        prompt = f"prompt: {timings['prompt_n']} tokens read"
+        if reused is not None:
+            prompt += f", {reused} reused from the server's cache"
+        if timings.get("prompt_ms") is not None:
+            prompt += f" ({timings['prompt_ms'] / 1000:.2f} s)"
+        parts.append(prompt)
+    if timings.get("predicted_per_second") is not None:
+        parts.append(f"reply: {timings['predicted_per_second']:.1f} tokens/s")
+    return "(" + "; ".join(parts) + ")" if parts else "(the model server reported no timings)"
+
+
+def describe_estimate(event: dict[str, Any]) -> list[str]:
+    """What a staged question would cost, and how full the context would be."""
+    files = "".join(f", {f['name']} ({f['kind']}) {f['tokens']}" for f in event["files"])
+    text = event["tokens"] - sum(f["tokens"] for f in event["files"])
+    lines = [f"about {event['tokens']} tokens: the question {text}{files}"]
+    used, ctx_max = event["ctx_used"], event["ctx_max"]
+    if ctx_max:
+        after = used + event["tokens"]
+        lines.append(f"context: {used} of {ctx_max} used; with this question about {after} ({100 * after // ctx_max}%)")
+    else:
+        lines.append(f"context: {used} used; the model server did not say its size")
+    return lines
+
+
+RENDERERS: dict[str, Renderer] = {
+    "kbs": _render_kbs,
+    "kb": _render_kb,
+    "results": _render_results,
+    "conversations": _render_conversations,
+    "conversation": _render_conversation,
+    "models": _render_models,
+    "status": _render_status,
+    "settings": render_settings,
+    "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),
+    "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
+}
+
+
+# C0 controls but newline and tab, DEL, and the C1 controls: shown as \xNN, never obeyed
+CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x0A, 0x09)}
+
+
+# JSON escapes C0 controls itself; DEL and the C1 controls it leaves raw, and a terminal may obey them
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0))}
+
+
+def json_line(event: dict[str, Any]) -> str:
+    """An event as one line of JSON (``--json``), UTF-8 but with no character a terminal obeys."""
+    return json.dumps(event, ensure_ascii=False).translate(_JSON_CONTROLS) + "\n"
+
+
+class Printable:
+    """A text stream that shows terminal control characters instead of obeying them: a title,
+    a file name or a reply with ESC, CR or NUL in it cannot recolour or rewrite the terminal."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.raw.write(text.translate(CONTROLS))
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()

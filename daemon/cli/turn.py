@@ -1,0 +1,139 @@
+"""One question and its streamed reply, as ``ask`` and ``chat`` both show it.
+
+``Turn`` sends an ``ask`` and shows its events on a ``Terminal``: the reply's text on
+stdout, the rest on stderr; the first Ctrl-C sends ``cancel`` (once the conversation is
+known) and waits for the ``done`` that keeps the partial reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from core.wire import Wire
+
+from .render import describe_timings, json_line
+from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
+
+__all__ = ["Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system"]
+
+
+def compose_question(words: list[str], piped: str | None) -> str:
+    """The question: text piped in, then the words given (llm's order), a blank line between."""
+    typed = " ".join(words)
+    if piped is None or not piped.strip():
+        return typed
+    piped = piped.rstrip("\n")
+    return f"{piped}\n\n{typed}" if typed else piped
+
+
+async def latest_conversation(client: Wire) -> int | None:
+    event = await client.request({"type": "conversations", "limit": 1})
+    items = event.get("items") or []
+    return items[0]["conversation"] if items else None
+
+
+async def chosen_conversation(client: Wire, args: argparse.Namespace) -> int | None:
+    """``--cid N``, the latest with ``-c``, else None (a new conversation)."""
+    if getattr(args, "cid", None) is not None:
+        return int(args.cid)
+    if getattr(args, "continue_", False):
+        return await latest_conversation(client)
+    return None
+
+
+def file_paths(files: list[str] | None) -> list[str]:
+    return [os.path.abspath(os.path.expanduser(f)) for f in files or ()]
+
+
+class Turn:
+    """One ``ask`` streamed to a terminal; Ctrl-C cancels it and waits for the partial reply."""
+
+    def __init__(self, client: Wire, terminal: Terminal, *, as_json: bool = False, stream: bool = True,
+                 stats: bool = False) -> None:
+        self.client = client
+        self.terminal = terminal
+        self.as_json = as_json
+        self.stream = stream
+        self.stats = stats
+        self.conversation: int | None = None
+        self.cancelling = False
+        self._cancel_sent: asyncio.Future[Any] | None = None
+
+    def _cancel(self) -> None:
+        self.cancelling = True
+        self.terminal.status("cancelling… (Ctrl-C again to stop waiting)")
+        self._send_cancel()
+
+    def _send_cancel(self) -> None:
+        # a new conversation's id is known from its `user` event: the cancel waits for it
+        if self.conversation is not None and self._cancel_sent is None:
+            self._cancel_sent = asyncio.ensure_future(
+                self.client.send({"type": "cancel", "conversation": self.conversation})
+            )
+
+    async def run(self, request: dict[str, Any]) -> int:
+        self.conversation = request.get("conversation")
+        rid = await self.client.send(request)
+        with Interrupts(self._cancel):
+            async for event in self.client.stream(rid):
+                if "conversation" in event and event["conversation"] is not None:
+                    self.conversation = event["conversation"]
+                    if self.cancelling:
+                        self._send_cancel()
+                if self.as_json:
+                    self.terminal.out.write(json_line(event))
+                    self.terminal.out.flush()
+                    if event["type"] in ("done", "error"):
+                        return self._status(event)
+                    continue
+                if event["type"] in ("done", "error"):
+                    return self._finish(event)
+                self._show(event)
+        raise AssertionError("stream() ends only by raising")  # pragma: no cover
+
+    def _status(self, event: dict[str, Any]) -> int:
+        if event["type"] == "error":
+            return EXIT_ERROR
+        return EXIT_INTERRUPTED if event.get("finish_reason") == "cancelled" and self.cancelling else EXIT_OK
+
+    def _show(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "delta" and self.stream:
+            self.terminal.text(event["text"])
+        elif kind == "progress" and not self.cancelling:
+            self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
+        elif kind == "reasoning" and not self.cancelling:
+            self.terminal.status("thinking…")
+        elif kind == "tool" and self.terminal.interactive:
+            self.terminal.note(f"[tool {event.get('name')}: {event.get('summary')}]")
+
+    def _finish(self, event: dict[str, Any]) -> int:
+        where = f"conversation {event.get('conversation') or 'new'}, turn {event.get('turn') or '-'}"
+        if event["type"] == "error":
+            self.terminal.clear_status()
+            self.terminal.end_text()
+            self.terminal.note(f"assistant: error ({event.get('code')}) in {where}: {event.get('message')}")
+            return EXIT_ERROR
+        if not self.stream:
+            self.terminal.text(event["text"])
+        self.terminal.clear_status()
+        self.terminal.end_text()
+        reason = event["finish_reason"]
+        if reason not in ("stop", None):
+            kept = "; the partial reply is kept" if reason == "cancelled" else ""
+            self.terminal.note(f"[{reason}{kept}]")
+        self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
+        if self.stats and event.get("timings"):
+            self.terminal.note(describe_timings(event["timings"]))
+        return self._status(event)
+
+
+async def set_system(client: Wire, conversation: int, system: str, terminal: Terminal) -> bool:
+    event = await client.request({"type": "settings", "conversation": conversation, "system": system})
+    if event["type"] == "error":
+        terminal.note(f"assistant: error ({event['code']}): {event['message']}")
+        return False
+    return True

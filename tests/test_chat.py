@@ -1,0 +1,223 @@
+"""``assistant chat`` under a pseudo-terminal, as a person uses it: typing, Ctrl-C while a
+reply streams, multi-line input, /file, Ctrl-D; and with text piped in."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import pty
+import re
+import subprocess
+import sys
+import termios
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from selfcheck.fakerouter import FakeRouter, Reply
+from tests.conftest import RunningDaemon
+from tests.test_client import ROOT, cli
+
+pytestmark = pytest.mark.asyncio
+
+WAIT = 30.0  # seconds for any expected output: a hang fails the test instead of stalling it
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Terminal:
+    """The client as a child on a pseudo-terminal that is its controlling terminal, so that
+    Ctrl-C (\\x03) typed on it sends SIGINT as a real one does."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], master: int) -> None:
+        self.proc = proc
+        self.master = master
+        self.seen = b""  # everything read, escapes removed
+        self._unread = 0  # where the next expect() starts
+
+    @classmethod
+    def spawn(cls, *args: str) -> Terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "assistant.py"), *args], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
+            env={**os.environ, "TERM": "dumb", "XDG_STATE_HOME": os.environ["HOME"] + "/state"},
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
+        os.close(slave)
+        os.set_blocking(master, False)
+        return cls(proc, master)
+
+    async def expect(self, text: str) -> str:
+        """Read until ``text`` appears after what earlier calls matched; the output up to it."""
+        wanted = text.encode()
+        loop = asyncio.get_running_loop()
+        while (at := self.seen.find(wanted, self._unread)) < 0:
+            ready = loop.create_future()
+            loop.add_reader(self.master, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, WAIT)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"{text!r} never came; the terminal showed {self.seen.decode()!r}") from None
+            finally:
+                loop.remove_reader(self.master)
+            try:
+                self.seen += ANSI.sub(b"", os.read(self.master, 65536)).replace(b"\r", b"")
+            except OSError:  # EIO: the child closed the terminal
+                raise AssertionError(f"{text!r} never came; the terminal showed {self.seen.decode()!r}") from None
+        start, self._unread = self._unread, at + len(wanted)
+        return self.seen[start:self._unread].decode()
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    async def say(self, line: str, reply: str) -> str:
+        """Type a line, see ``reply``, and return what came up to the next prompt."""
+        self.type(line + "\n")
+        await self.expect(reply)
+        return await self.expect("> ")
+
+    async def exit_code(self) -> int:
+        code = await asyncio.wait_for(asyncio.to_thread(self.proc.wait), WAIT)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+@pytest_asyncio.fixture
+async def term(daemon: RunningDaemon) -> AsyncIterator[list[Terminal]]:
+    spawned: list[Terminal] = []
+    yield spawned
+    for terminal in spawned:
+        terminal.close()
+
+
+async def test_a_conversation_typed_at_the_prompt(term: list[Terminal], router: FakeRouter) -> None:
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("a new conversation")
+    await chat.expect("> ")
+    assert "(conversation 1, turn 1, context" in await chat.say("what is a pipe?", "You said: what is a pipe?")
+    assert "(conversation 1, turn 2, context" in await chat.say("and a socket?", "You said: and a socket?")
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+    assert [m["content"] for m in router.requests[-1]["messages"] if m["role"] == "user"] == [
+        "what is a pipe?", "and a socket?",
+    ]
+
+
+async def test_ctrl_c_stops_the_reply_and_comes_back_to_the_prompt(term: list[Terminal], router: FakeRouter) -> None:
+    router.script(Reply(chunks=["a long story begins"], hang=True))
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("tell me a story\n")
+    await chat.expect("a long story begins")
+    chat.type("\x03")  # Ctrl-C
+    await chat.expect("[cancelled; the partial reply is kept]")
+    await chat.expect("> ")
+    assert chat.proc.poll() is None  # still there
+    await chat.say("go on", "You said: go on")
+    chat.type("\x04")  # Ctrl-D leaves
+    assert await chat.exit_code() == 0
+    _, opened, _ = await cli("open", "1")
+    assert "[1] assistant: a long story begins  [cancelled]" in opened
+    assert "[2] you: go on" in opened
+
+
+async def test_ctrl_c_at_the_prompt_clears_the_line(term: list[Terminal], router: FakeRouter) -> None:
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("half a thought")
+    await chat.expect("half a thought")  # echoed: the line editor has it and waits for more
+    chat.type("\x03")
+    await chat.expect("> ")
+    await chat.say("a whole one", "You said: a whole one")
+    chat.type("quit\n")
+    assert await chat.exit_code() == 0
+    assert [r["messages"][-1]["content"] for r in router.requests] == ["a whole one"]
+
+
+async def test_several_lines_and_files(term: list[Terminal], router: FakeRouter, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("the notes say forty-two\n")
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    await chat.say('"""\nfirst line\nsecond line\n"""', "You said: first line\nsecond line")
+    await chat.say("one \\\ntwo", "You said: one \ntwo")
+    chat.type(f"/file {tmp_path / 'notes.txt'}\n")
+    await chat.expect("files for the next question: notes.txt")
+    chat.type("/file /no/such/file\n")
+    await chat.expect("no such file: /no/such/file")
+    chat.type("what do they say?\n")
+    await chat.expect("(conversation 1, turn 3,")
+    sent = router.requests[-1]["messages"][-1]["content"]
+    assert sent[0]["text"].startswith("what do they say?") and "the notes say forty-two" in sent[0]["text"]
+    chat.type("/nonsense\n")
+    await chat.expect("unknown command /nonsense")
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+
+
+async def test_continue_the_latest_conversation_with_a_system_prompt(term: list[Terminal], router: FakeRouter) -> None:
+    await cli("ask", "an earlier question")
+    chat = Terminal.spawn("chat", "-c", "-s", "Be terse.")
+    term.append(chat)
+    await chat.expect("chat: conversation 1")
+    await chat.expect("> ")
+    assert "(conversation 1, turn 2," in await chat.say("more", "You said: more")
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Be terse."}
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+
+
+async def test_line_editing_and_a_history_kept_between_sessions(term: list[Terminal], router: FakeRouter) -> None:
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    await chat.say("remember me", "You said: remember me")
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+    history = Path(os.environ["HOME"]) / "state" / "assistant" / "chat_history"
+    assert "remember me" in history.read_text()
+    again = Terminal.spawn("chat", "-c")
+    term.append(again)
+    await again.expect("> ")
+    again.type("\x10\x10\n")  # Ctrl-P twice: back past "exit" to the question of the last session
+    await again.expect("(conversation 1, turn 2,")
+    assert router.requests[-1]["messages"][-1]["content"] == "remember me"
+    again.type("exit\n")
+    assert await again.exit_code() == 0
+
+
+async def test_progress_shows_on_a_terminal(term: list[Terminal], router: FakeRouter) -> None:
+    ask = Terminal.spawn("ask", "anything")
+    term.append(ask)
+    await ask.expect("waiting: waiting for fake-text")
+    await ask.expect("You said: anything")
+    assert await ask.exit_code() == 0
+
+
+async def test_piped_text_is_the_first_message(daemon: RunningDaemon, router: FakeRouter) -> None:
+    # no terminal to read more from (a new session has none): the reply, then the end
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "chat", "summarise", cwd=ROOT, start_new_session=True,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(b"a page of notes\n"), WAIT)
+    assert proc.returncode == 0, err.decode()
+    assert router.requests[-1]["messages"][-1]["content"] == "a page of notes\n\nsummarise"
+    assert out.decode() == "You said: a page of notes\n\nsummarise\n"
+
+
+async def test_chat_without_a_terminal_or_a_question_is_a_usage_error(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, _, err = await cli("chat")  # stdin is /dev/null, and no terminal to read from
+    assert code == 2 and "chat reads from a terminal" in err
+    assert router.requests == []

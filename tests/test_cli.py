@@ -1,0 +1,300 @@
+"""The command line as people use it, as a real process against the real daemon: pipes,
+llm's flags, exit statuses, ``| head``, settings and estimate, kb add, Ctrl-C.
+
+(The chat mode, under a pseudo-terminal, is in test_chat.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from core import Config
+from core.version import __version__
+from selfcheck.fakerouter import FakeRouter, Reply
+from tests.conftest import RunningDaemon
+from tests.test_client import ROOT, cli
+
+pytestmark = pytest.mark.asyncio
+
+ASSISTANT = [sys.executable, str(ROOT / "assistant.py")]
+
+
+def question_sent(router: FakeRouter) -> object:
+    return router.requests[-1]["messages"][-1]["content"]
+
+
+# -- stdin ----------------------------------------------------------------------------------
+
+
+async def test_piped_text_comes_first_then_the_question(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, out, err = await cli("ask", "summarise", stdin="some text\nover two lines\n")
+    assert code == 0, err
+    assert question_sent(router) == "some text\nover two lines\n\nsummarise"
+
+
+async def test_a_question_may_be_stdin_alone(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, out, err = await cli("ask", stdin="# Notes\n\nwhat do they say?\n")
+    assert code == 0, err
+    assert question_sent(router) == "# Notes\n\nwhat do they say?"
+    assert out.strip() == "You said: # Notes\n\nwhat do they say?"
+
+
+async def test_files_without_a_question(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    (tmp_path / "tool.py").write_text("print('hello')\n")
+    code, out, err = await cli("ask", "-f", str(tmp_path / "tool.py"))
+    assert code == 0, err
+    [part] = question_sent(router)  # type: ignore[misc]
+    assert "print('hello')" in part["text"]
+
+
+# -- llm's flags ----------------------------------------------------------------------------
+
+
+async def test_continue_is_the_latest_conversation_and_cid_names_one(daemon: RunningDaemon) -> None:
+    await cli("ask", "first")
+    await cli("ask", "second, a new conversation")
+    code, _, err = await cli("ask", "-c", "third")
+    assert code == 0 and "(conversation 2, turn 2," in err
+    code, _, err = await cli("ask", "--cid", "1", "fourth")
+    assert code == 0 and "(conversation 1, turn 2," in err
+    code, _, err = await cli("ask", "--continue", "fifth")
+    assert "(conversation 1, turn 3," in err  # conversation 1 is now the latest
+
+
+async def test_model_and_system_prompt(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, _, err = await cli("ask", "-m", "fake-vision", "-s", "Answer in French.", "hello")
+    assert code == 0, err
+    assert router.requests[-1]["model"] == "fake-vision"
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Answer in French."}
+    code, _, err = await cli("ask", "-c", "-s", "Answer in German.", "again")
+    assert code == 0, err
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Answer in German."}
+    code, out, _ = await cli("settings", "1")
+    assert "system prompt: 'Answer in German.'" in out and "model: fake-vision" in out
+
+
+async def test_no_stream_prints_the_whole_reply_once(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["one ", "two ", "three"]))
+    code, out, err = await cli("ask", "--no-stream", "count")
+    assert code == 0, err
+    assert out == "one two three\n"
+
+
+async def test_version_and_global_options_on_either_side(daemon: RunningDaemon, config: Config) -> None:
+    code, out, _ = await cli("--version")
+    assert code == 0 and out.strip() == f"assistant {__version__}"
+    elsewhere = {"ASSISTANT_SOCKET": "/nonexistent/a.sock"}  # only --socket can find the daemon
+    for args in (("--socket", str(config.socket_path), "status"), ("status", "--socket", str(config.socket_path)),
+                 ("--json", "--socket", str(config.socket_path), "models")):
+        code, out, err = await cli(*args, env=elsewhere)
+        assert code == 0, (args, err)
+    assert out.startswith('{"type": "models"')
+
+
+# -- exit statuses and manners --------------------------------------------------------------
+
+
+async def test_exit_statuses(daemon: RunningDaemon, config: Config, tmp_path: Path) -> None:
+    assert (await cli("ask", "fine"))[0] == 0
+    code, _, err = await cli("open", "99")
+    assert code == 1 and "error (not_found)" in err
+    code, _, err = await cli("ask")
+    assert code == 2 and "ask needs a question" in err
+    code, _, err = await cli("ask", "--no-such-flag", "x")
+    assert code == 2 and "usage:" in err
+    code, _, err = await cli("status", env={"ASSISTANT_SOCKET": str(tmp_path / "gone.sock")})
+    assert code == 3 and "no daemon answers" in err
+    code, _, err = await cli("status", env={"ASSISTANT_SOCKET": "/etc/passwd/a.sock"})
+    assert code == 3 and err.strip() == (
+        "assistant: cannot reach a daemon at /etc/passwd/a.sock (Not a directory); check ASSISTANT_SOCKET"
+    )
+    long = "/tmp/" + "d" * 120 + "/a.sock"
+    code, _, err = await cli("status", env={"ASSISTANT_SOCKET": long})
+    assert code == 3 and "Traceback" not in err
+    assert err.strip() == (f"assistant: the socket path {long} is 132 bytes, over the 107 a Unix socket allows; "
+                           "set ASSISTANT_SOCKET to a shorter path")
+
+
+async def test_an_unknown_variable_is_named_with_the_closest_one(daemon: RunningDaemon) -> None:
+    code, _, err = await cli("status", env={"ASSISTANT_SOCKETT": "/tmp/x.sock"})
+    assert code == 0
+    assert "warning: ASSISTANT_SOCKETT is not a setting and is ignored; did you mean ASSISTANT_SOCKET?" in err
+
+
+async def test_an_error_mid_reply_is_on_its_own_line_with_the_conversation(
+    daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    router.script(Reply(chunks=["half a ", "reply"], error="the model crashed"))
+    code, out, err = await cli("ask", "go")
+    assert code == 1
+    assert out == "half a reply\n"
+    [line] = [ln for ln in err.splitlines() if "error" in ln]
+    assert line.startswith("assistant: error (router_error) in conversation 1, turn 1: ")
+    assert "the model crashed" in line
+
+
+async def test_stdout_and_stderr_into_one_file_keep_their_lines(
+    daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
+) -> None:
+    router.script(Reply(chunks=["no newline at the end"], error="cut"))
+    log = tmp_path / "log"
+    with log.open("w") as both:
+        proc = await asyncio.create_subprocess_exec(*ASSISTANT, "ask", "x", stdin=subprocess.DEVNULL,
+                                                    stdout=both, stderr=both, cwd=ROOT)
+        assert await proc.wait() == 1
+    lines = log.read_text().splitlines()
+    assert lines[0] == "no newline at the end"
+    assert lines[1].startswith("assistant: error (router_error) in conversation 1, turn 1:")
+
+
+async def run_into_closed_pipe(*args: str) -> tuple[int, str]:
+    """Run the client with stdout a pipe whose reader is already gone (what ``| head`` leaves)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = await asyncio.create_subprocess_exec(*ASSISTANT, *args, stdin=subprocess.DEVNULL, stdout=write,
+                                                    stderr=asyncio.subprocess.PIPE, cwd=ROOT)
+    finally:
+        os.close(write)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, err.decode()
+
+
+async def test_a_reader_that_leaves_ends_the_client_quietly(daemon: RunningDaemon, router: FakeRouter) -> None:
+    await cli("ask", "something to list")
+    for args in (("conversations",), ("open", "1"), ("ask", "a question"), ("models", "--json")):
+        code, err = await run_into_closed_pipe(*args)
+        assert code == 0, (args, err)
+        assert "Traceback" not in err and "BrokenPipe" not in err, args
+
+
+async def test_head_takes_the_start_of_a_long_reply(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=[f"line {i}\n" for i in range(20000)]))
+    script = f"set -o pipefail; {sys.executable} assistant.py ask long </dev/null | head -c 50"
+    proc = await asyncio.create_subprocess_exec("bash", "-c", script, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode() == "".join(f"line {i}\n" for i in range(20000))[:50]
+    assert b"Traceback" not in err
+
+
+async def test_ctrl_c_cancels_the_turn_and_keeps_the_partial_reply(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["the start of it"], hang=True))
+    proc = await asyncio.create_subprocess_exec(*ASSISTANT, "ask", "tell me", stdin=subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                cwd=ROOT)
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.read(15), 30) == b"the start of it"
+    proc.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 130
+    assert "[cancelled; the partial reply is kept]" in err.decode() and "Traceback" not in err.decode()
+    code, opened, _ = await cli("open", "1")
+    assert "assistant: the start of it  [cancelled]" in opened
+
+
+async def test_json_lines_stay_json_with_control_characters(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["esc \x1b[31m, del \x7f, csi \x9b"]))
+    code, out, err = await cli("ask", "--json", "colour")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x7f" not in out and "\x9b" not in out
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[-1]["text"] == "esc \x1b[31m, del \x7f, csi \x9b"
+
+
+# -- settings and estimate ------------------------------------------------------------------
+
+
+async def test_settings_command(daemon: RunningDaemon, router: FakeRouter) -> None:
+    await cli("ask", "hello")
+    code, out, err = await cli("settings", "1", "--title", "Greetings", "-m", "fake-vision", "--kb", "off",
+                               "-s", "Be brief.")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "conversation 1: Greetings", "  model: fake-vision", "  system prompt: 'Be brief.'", "  kb_injection: off",
+    ]
+    code, out, _ = await cli("settings", "1", "--default-model", "--default-system")
+    assert "  model: the default" in out and "  system prompt: the default" in out
+    code, _, err = await cli("settings", "1", "-m", "no-such-model")
+    assert code == 1 and "error (not_found)" in err
+
+
+async def test_estimate_command(daemon: RunningDaemon, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("word " * 400)
+    code, out, err = await cli("estimate", "what", "is", "this?", "-f", str(tmp_path / "notes.txt"))
+    assert code == 0, err
+    first, second = out.splitlines()
+    assert first.startswith("about ") and ", notes.txt (text) " in first
+    assert second.startswith("context: 0 of 4096 used; with this question about ")
+    code, out, _ = await cli("estimate", "--json", stdin="piped words")
+    assert '"type": "estimate"' in out and '"tokens": 3' in out
+
+
+# -- kb add -----------------------------------------------------------------------------------
+
+
+async def test_kb_add_summarises_what_it_left_out_and_fails_when_nothing_was_added(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"p{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    code, out, err = await cli("kb", "add", "pics", str(folder), str(tmp_path / "missing"))
+    assert code == 1
+    assert "skipped: 5 file(s): an image: knowledge bases index text and PDF only" in out
+    assert "  ... and 2 more" in out
+    assert "not added: 1 file(s): no such file or folder; check the path" in out
+    assert "nothing was added" in err
+    (folder / "note.md").write_text("# A note\n\ntext\n")
+    code, out, err = await cli("kb", "add", "pics", str(folder))
+    assert code == 0, err
+    assert "pics: 1 documents" in out and "(1 added, 0 updated, 0 unchanged)" in out
+
+
+async def embedding_asked(router: FakeRouter) -> None:
+    while not router.embedding_requests:  # the reading phase is over: the add is embedding
+        await asyncio.sleep(0.05)
+
+
+@pytest_asyncio.fixture
+async def embedding_daemon(config: Config) -> AsyncIterator[RunningDaemon]:
+    running = RunningDaemon(dataclasses.replace(config, embedding_model="fake-embed"))
+    await running.start()
+    yield running
+    await running.stop()
+
+
+async def test_ctrl_c_stops_a_kb_add_in_the_daemon(
+    embedding_daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
+) -> None:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"d{i}.txt").write_text(f"document number {i}\n")
+    router.embed_delay = 60.0
+    proc = await asyncio.create_subprocess_exec(*ASSISTANT, "kb", "add", "docs", str(folder),
+                                                stdin=subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, cwd=ROOT)
+    await asyncio.wait_for(embedding_asked(router), 30)
+    proc.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 130, err.decode()
+    text = out.decode()
+    assert "docs: 3 documents" in text and "(3 added, 0 updated, 0 unchanged)" in text
+    assert "cancelled: 0 file(s) left unread; the files added before are kept" in text
+    assert "3 passage(s) not yet embedded: the next add embeds them" in text
+    code, out2, _ = await cli("kb", "list")
+    assert "docs  3 documents" in out2

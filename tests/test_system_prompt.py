@@ -1,0 +1,73 @@
+"""A conversation's own system prompt, through the real socket: set on the ask that starts
+it or with ``settings``, stored with the conversation, and the same bytes on every turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core import Config
+from core.wire import Wire
+from selfcheck.fakerouter import FakeRouter
+
+pytestmark = pytest.mark.asyncio
+
+PIRATE = "You answer as a pirate would."
+
+
+def system_of(request: dict[str, Any]) -> dict[str, Any] | None:
+    first = request["messages"][0]
+    return first if first["role"] == "system" else None
+
+
+async def test_a_new_conversation_keeps_its_system_prompt_byte_for_byte(wire: Wire, router: FakeRouter) -> None:
+    events = await wire.ask("hello", system=PIRATE)
+    assert events[-1]["type"] == "done"
+    await wire.ask("and again", conversation=1)
+    await wire.ask("once more", conversation=1)
+    first, second, third = (system_of(r) for r in router.requests[-3:])
+    assert first == {"role": "system", "content": PIRATE}
+    assert first == second == third  # the prompt cache's prefix starts here
+    opened = await wire.request({"type": "open", "conversation": 1})
+    assert opened["system"] == PIRATE
+    other = await wire.ask("a conversation of the default kind")
+    assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}
+    assert (await wire.request({"type": "open", "conversation": other[-1]["conversation"]}))["system"] is None
+
+
+async def test_system_on_an_existing_conversation_is_refused_and_points_to_settings(
+    wire: Wire, router: FakeRouter
+) -> None:
+    await wire.ask("hello")
+    asked = len(router.requests)
+    events = await wire.ask("again", conversation=1, system=PIRATE)
+    error = events[-1]
+    assert error["type"] == "error" and error["code"] == "bad_request"
+    assert "settings" in error["message"] and error["conversation"] == 1 and error["turn"] == 2
+    assert len(router.requests) == asked  # nothing sent, nothing stored
+    assert len((await wire.request({"type": "open", "conversation": 1}))["turns"]) == 1
+
+
+async def test_settings_change_the_system_prompt_and_null_restores_the_default(
+    wire: Wire, router: FakeRouter
+) -> None:
+    await wire.ask("hello")
+    changed = await wire.request({"type": "settings", "conversation": 1, "system": PIRATE})
+    assert changed["type"] == "settings" and changed["system"] == PIRATE
+    await wire.ask("ahoy?", conversation=1)
+    assert system_of(router.requests[-1]) == {"role": "system", "content": PIRATE}
+    await wire.request({"type": "settings", "conversation": 1, "system": ""})
+    await wire.ask("plain?", conversation=1)
+    assert system_of(router.requests[-1]) is None  # '': no system message at all
+    restored = await wire.request({"type": "settings", "conversation": 1, "system": None})
+    assert restored["system"] is None
+    await wire.ask("default?", conversation=1)
+    assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}
+    renamed = await wire.request({"type": "settings", "conversation": 1, "title": "Ahoy"})
+    assert renamed["system"] is None  # a setting left out stays as it is
+
+
+async def test_a_system_prompt_of_the_wrong_type_is_a_bad_request(wire: Wire) -> None:
+    events = await wire.ask("hello", system=42)
+    assert events[-1]["code"] == "bad_request" and "'system'" in events[-1]["message"]
