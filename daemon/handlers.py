@@ -200,7 +200,7 @@ class Handlers:
         def progress(step: KbProgress) -> None:
             emit({"type": "progress", "kb": kb, **step.to_json()})
 
-        result = await self.kbs.add(kb, request.get("paths"), progress)
+        result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
         emit({"type": "kb", **result.to_json()})
 
     async def on_kb_list(self, request: Request, emit: Emit) -> None:

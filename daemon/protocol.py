@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -108,6 +109,7 @@ class Request:
     has_id: bool = False  # an ``"id": null`` is echoed too
     fault: BadRequest | None = None
     invalid: str | None = None
+    received: float = field(default_factory=time.monotonic)  # when its line was read
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)

@@ -84,6 +84,9 @@ class Ingest:
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
         self._stops: dict[str, set[asyncio.Event]] = {}  # per KB name: one event per add running or waiting
+        # per KB name: when it was last cancelled (monotonic), for adds sent before that but
+        # not here yet (a connection runs a client's adds of one KB one after the other)
+        self._cancelled_at: dict[str, float] = {}
 
     def lock(self, name: str) -> asyncio.Lock:
         """The lock of the KB of this (valid) name: held by its adds and its removal."""
@@ -93,14 +96,22 @@ class Ingest:
 
     def cancel(self, name: str) -> bool:
         """Stop the adds of the KB ``name`` (running or waiting for its lock); False when there are none."""
+        self._cancelled_at[name] = time.monotonic()
         stops = self._stops.get(name, set())
         for stop in stops:
             stop.set()
         return bool(stops)
 
-    async def add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None) -> AddResult:
-        """Add files and folders to the KB ``name`` (created if new): extract, chunk, store, embed."""
+    async def add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None,
+                  sent: float | None = None) -> AddResult:
+        """Add files and folders to the KB ``name`` (created if new): extract, chunk, store, embed.
+
+        ``sent`` (monotonic) is when the client sent it: an add sent before a cancel of its
+        KB is stopped before it reads anything, even when it gets here after the cancel.
+        """
         stop = asyncio.Event()
+        if sent is not None and sent <= self._cancelled_at.get(name, -1.0):
+            stop.set()
         stops = self._stops.setdefault(name, set())
         stops.add(stop)
         try:

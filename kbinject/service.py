@@ -182,17 +182,19 @@ class KnowledgeBases:
 
     # -- ingest ---------------------------------------------------------------------------
 
-    async def add(self, kb: str, paths: Sequence[str], progress: ProgressCallback | None = None) -> AddResult:
+    async def add(self, kb: str, paths: Sequence[str], progress: ProgressCallback | None = None,
+                  sent: float | None = None) -> AddResult:
         """Add files and folders to a KB (created if new): extract, chunk, index, embed.
 
         A bad path or unreadable file is reported in the result, never raised; files
         already indexed with the same content cost nothing. When the embedder fails the
-        chunks are kept (found by keywords) and embedded by a later add.
+        chunks are kept (found by keywords) and embedded by a later add. ``sent``: see
+        ``Ingest.add``.
         """
         name = kb_name(kb)
         if isinstance(paths, str) or not isinstance(paths, Sequence):
             raise BadRequest("paths must be a list of absolute paths of files or folders")
-        return await self.ingest.add(name, paths, progress)
+        return await self.ingest.add(name, paths, progress, sent)
 
     def cancel(self, kb: str) -> bool:
         """Stop the adds to ``kb`` (each keeps the files it stored whole); False when none runs."""
