@@ -271,9 +271,24 @@ async def open_connection(
                 waiting.start_soon(closed)
                 waiting.start_soon(stopped)
             return "" if stop.is_set() else fault.describe("exited")
-    except TimeoutError:
-        raise ConnectionLost(fault.describe(f"did not start within {start_timeout:g} s")) from None
-    except MCPError as exc:
-        raise ConnectionLost(fault.describe(f"failed to start ({exc.message})")) from None
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
-        raise ConnectionLost(fault.describe("closed the connection while starting")) from None
+    except Exception as exc:  # the SDK's task groups may wrap what happened in a group
+        raise ConnectionLost(_failure(_unwrap(exc), fault, start_timeout)) from None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _failure(exc: BaseException, fault: Fault, start_timeout: float) -> str:
+    """Why a connection ended, for people: the server's own fault first, then the SDK's word."""
+    if isinstance(exc, ConnectionLost):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return fault.describe(f"did not start within {start_timeout:g} s")
+    if isinstance(exc, MCPError):
+        return fault.describe(f"the connection failed ({exc.message})")
+    if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
+        return fault.describe("closed the connection")
+    return fault.describe(f"{type(exc).__name__}: {exc}")

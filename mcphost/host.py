@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 BACKOFF_FIRST = 1.0  # seconds before a failed server is tried again
 BACKOFF_MAX = 300.0
+START_SLACK = 5.0  # seconds beyond start_timeout for spawning the process
 State = Literal["idle", "starting", "ready", "failed", "stopped"]
 
 
@@ -87,8 +88,9 @@ class ServerHandle:
         if self.state != "starting":
             self._begin()
         assert self._ready is not None
-        done, _ = await asyncio.wait({self._ready}, timeout=self.settings.start_timeout + 1.0)
-        if not done:  # the connection's own start timeout should have fired first
+        # the connection's own start timeout fires first; this one only guards against a bug there
+        done, _ = await asyncio.wait({self._ready}, timeout=self.settings.start_timeout + START_SLACK)
+        if not done:
             self._fail(f"did not start within {self.settings.start_timeout:g} s")
         return self.state == "ready"
 
@@ -131,8 +133,10 @@ class ServerHandle:
         """Mark the server failed, stop what is left of it, and set its back-off."""
         if self.state == "stopped":
             return
-        self.state = "failed"
         self.last_error = why
+        if self.state == "failed":
+            return  # the same failure, told again (with more detail) by the connection's end
+        self.state = "failed"
         self.failures += 1
         self.retry_at = time.monotonic() + min(BACKOFF_FIRST * 2 ** (self.failures - 1), BACKOFF_MAX)
         logger.warning("MCP server %s failed: %s", self.spec.name, why)
