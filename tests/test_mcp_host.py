@@ -303,3 +303,19 @@ async def test_without_mcp_servers_status_lists_none(tmp_path: Path, router: Fak
     finally:
         await wire.close()
         await daemon.stop()
+
+
+async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
+    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    # the daemon runs in this loop: the client must run beside it, not block it
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "mcp", "list",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("good  stdio  ready")
+    assert [line.split()[0] for line in lines[1:8]] == GOOD_TOOLS
+    assert "Add two integers." in lines[1]
+    assert lines[8].startswith("missing  stdio  failed") and "no such program" in lines[8]
