@@ -2,6 +2,7 @@
 
 - ``good``: the SDK's ``MCPServer`` over stdio with a few tools (echo, add, a PNG image,
   a tool error, a huge result, a slow one, one that exits the process);
+- ``http PORT``: the same server over streamable HTTP at ``http://127.0.0.1:PORT/mcp``;
 - ``hang``: reads its stdin and never answers (not even ``initialize``);
 - ``garbage``: answers every line with lines that are not JSON-RPC;
 - ``flood``: answers ``initialize`` with one line of 40 MiB and no newline in sight.
@@ -24,6 +25,15 @@ def note_start() -> None:
 
 
 def good() -> None:
+    build_good().run("stdio")
+
+
+def http() -> None:
+    """The same tools over streamable HTTP on 127.0.0.1:PORT/mcp (PORT is the next argument)."""
+    build_good().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+
+
+def build_good():  # type: ignore[no-untyped-def]
     from mcp.server.mcpserver import Image, MCPServer
 
     server = MCPServer("test-good")
@@ -63,7 +73,7 @@ def good() -> None:
     def die() -> str:
         os._exit(3)
 
-    server.run("stdio")
+    return server
 
 
 def hang() -> None:
@@ -92,4 +102,4 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     note_start()
     print(f"test MCP server {sys.argv[1]} starting", file=sys.stderr, flush=True)
-    {"good": good, "hang": hang, "garbage": garbage, "flood": flood}[sys.argv[1]]()
+    {"good": good, "http": http, "hang": hang, "garbage": garbage, "flood": flood}[sys.argv[1]]()

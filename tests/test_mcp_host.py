@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -319,3 +320,32 @@ async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: Fake
     assert [line.split()[0] for line in lines[1:8]] == GOOD_TOOLS
     assert "Add two integers." in lines[1]
     assert lines[8].startswith("missing  stdio  failed") and "no such program" in lines[8]
+
+
+async def test_a_streamable_http_server_is_hosted_too(hosting: Any, router: FakeRouter) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(SERVERS), "http", str(port), stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        while True:  # until it listens (the test's own timeout bounds a server that never does)
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        spec = f'url = "http://127.0.0.1:{port}/mcp"\nheaders = {{ X-Test = "yes" }}\n'
+        wire = await hosting({"web": spec})
+        router.script(call("web__add", {"a": 20, "b": 22}), Reply(text="42"))
+        events = await wire.ask("add over http")
+        [tool] = of_type(events, "tool")
+        assert (tool["server"], tool["tool"], tool["ok"]) == ("web", "add", True)
+        assert tool_messages(router.requests[-1])[0]["content"] == "42"
+        state = await server_state(wire, "web")
+        assert state["transport"] == "http" and state["state"] == "ready"
+    finally:
+        child.kill()
+        await child.wait()
