@@ -148,6 +148,7 @@ class ContextBuilder:
         force: bool = False,
         known: TurnContext | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_tokens: int = 0,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
@@ -157,13 +158,13 @@ class ContextBuilder:
         before the question when the context allows. ``force`` folds every earlier turn and
         adds no passages: the router said the last prompt overflowed, so our estimate was low.
         ``tools`` are the definitions the turn offers: a compaction's summary request sends them
-        too, so that it shares the prompt the server holds from the last turn; they count in the
-        prompt's tokens, as the chat template renders them into it.
+        too, so that it shares the prompt the server holds from the last turn. ``tool_tokens``
+        counts in the prompt's tokens: the hosted (MCP) tools' definitions, which the chat
+        template renders into the prompt (docs/DESIGN.md, "MCP").
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, known)
-        # the tool definitions are rendered into the prompt by the chat template: they take context too
-        fixed = estimate_tools(tools)
+        fixed = tool_tokens
         own = self.estimate([{"role": "system", "content": self.config.system_prompt}, *current]) + fixed
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)

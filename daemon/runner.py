@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, user_content
-from core import estimate_messages
+from core import estimate_messages, estimate_tools
 from core.config import Config
 from core.errors import (
     AssistantError,
@@ -352,9 +352,11 @@ class TurnRunner:
         if tools_work and self.mcp is not None and state.mcp:
             offered += await self._hosted(state, progress)
         definitions = [t.definition() for t in offered] or None
+        # hosted tools can be many and long: their definitions count in the prompt's estimate
+        tool_tokens = estimate_tools([t.definition() for t in offered if t.server is not None])
         prompt = await self.context.build(
             state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known,
-            tools=definitions,
+            tools=definitions, tool_tokens=tool_tokens,
         )
         state.prompt_estimate = prompt.tokens
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
@@ -376,7 +378,7 @@ class TurnRunner:
                     state.model = self.router.learn_context(state.model.id, exc.n_ctx)
                 prompt = await self.context.build(
                     state.conversation, state.turn, state.model, [state.question], progress, state.kb,
-                    force=not explained, known=known, tools=definitions,
+                    force=not explained, known=known, tools=definitions, tool_tokens=tool_tokens,
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
             state.prompt, state.tools = prompt.messages, tools
