@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -222,8 +223,6 @@ def outcome(result: Any) -> CallOutcome:
         else:
             texts.append(f"[{kind or 'unknown'} content not shown]")
     if not texts and not images and result.structured_content is not None:
-        import json
-
         texts.append(json.dumps(result.structured_content, ensure_ascii=False))
     return CallOutcome(text="\n".join(texts), images=images, is_error=bool(result.is_error))
 
