@@ -346,3 +346,21 @@ async def test_a_streamable_http_server_is_hosted_too(hosting: Any, router: Fake
     finally:
         child.kill()
         await child.wait()
+
+
+async def test_a_cancel_during_a_hosted_call_stops_the_turn_and_keeps_the_server(
+    wire: Wire, router: FakeRouter
+) -> None:
+    router.script(call("good__slow", {"seconds": 30}))  # the turn is cancelled before it answers
+    asked = await wire.send({"type": "ask", "text": "wait for it"})
+    async for event in wire.stream(asked):
+        if event["type"] == "progress" and event["stage"] == "tool":
+            break
+    cid = event["conversation"]
+    await wire.send({"type": "cancel", "conversation": cid})
+    ended = (await wire.until(asked))[-1]
+    assert ended["type"] == "done" and ended["finish_reason"] == "cancelled"
+    router.script(call("good__echo", {"text": "still here"}), Reply(text="ok"))
+    events = await wire.ask("echo", conversation=cid)
+    assert of_type(events, "tool")[0]["ok"] is True
+    assert tool_messages(router.requests[-1])[-1]["content"] == "STILL HERE"
