@@ -21,6 +21,7 @@ from core.config import ConfigError, unknown_variables
 from core.errors import EXIT_STARTUP, StartupError
 from core.version import __version__
 from daemon.client import add_client_commands, add_client_options, run_client
+from mcpserve import add_mcp_commands, run_mcp
 
 logger = logging.getLogger("assistant")
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="run the daemon in the foreground (the default)")
     add_client_commands(sub)
+    add_mcp_commands(sub)
     return parser
 
 
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         from selfcheck.checks import run_selfcheck
 
         return run_selfcheck(verbose=args.verbose)
+    if args.command == "mcp":
+        return run_mcp(args)
     if args.command not in (None, "serve"):
         return run_client(args)
     setup_logging(args.verbose)

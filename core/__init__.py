@@ -27,6 +27,7 @@ from .tokens import (
     IMAGE_PART_TYPES,
     estimate_messages,
     estimate_text,
+    estimate_tools,
 )
 from .version import __version__
 
@@ -47,6 +48,7 @@ __all__ = [
     "default_socket_path",
     "estimate_messages",
     "estimate_text",
+    "estimate_tools",
     "fit_message",
     "load_config",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import AssistantError
+from .mcpconfig import McpSettings, parse_mcp
 from .tokens import DEFAULT_IMAGE_TOKENS
 
 __all__ = ["MAX_SOCKET_PATH", "Config", "ConfigError", "default_socket_path", "load_config", "socket_path_problem",
@@ -54,6 +55,7 @@ class Config:
     image_tokens: int = DEFAULT_IMAGE_TOKENS  # flat token cost of one image in estimates
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
+    mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
     socket_path: Path = Path()
     data_dir: Path = Path()
     config_path: Path | None = None
@@ -69,7 +71,7 @@ class Config:
 
 # Keys a user may set; the paths come from their own variables.
 _SETTABLE = tuple(
-    f.name for f in dataclasses.fields(Config) if f.name not in ("socket_path", "data_dir", "config_path")
+    f.name for f in dataclasses.fields(Config) if f.name not in ("socket_path", "data_dir", "config_path", "mcp")
 )
 
 
@@ -175,9 +177,14 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
                 table = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}; fix the file or move it away") from exc
+        if "mcp" in table:  # a table of its own, not overridable from the environment
+            try:
+                values["mcp"] = parse_mcp(table.pop("mcp"), str(path))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         for key, value in table.items():
             if key not in _SETTABLE:
-                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}")
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}, [mcp]")
             values[key] = _coerce(key, value, str(path))
     for key in _SETTABLE:
         var = f"ASSISTANT_{key.upper()}"

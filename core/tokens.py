@@ -14,6 +14,7 @@ Two uses, two rates, both named here:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "NON_ASCII_TOKENS",
     "estimate_messages",
     "estimate_text",
+    "estimate_tools",
 ]
 
 CHARS_PER_TOKEN = 4  # estimates
@@ -62,3 +64,11 @@ def estimate_messages(messages: list[dict[str, Any]], image_tokens: int) -> int:
             function = call.get("function", {})
             total += estimate_text(function.get("name", "") + function.get("arguments", ""))
     return total
+
+
+def estimate_tools(definitions: list[dict[str, Any]] | None) -> int:
+    """Tokens the ``tools`` of a request take: chat templates render them into the prompt
+    (as JSON, near the top), so they count against the context like any message."""
+    if not definitions:
+        return 0
+    return estimate_text(json.dumps(definitions, ensure_ascii=False, separators=(",", ":")))

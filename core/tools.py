@@ -19,7 +19,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from .seams import HistoryRunner
 
@@ -97,9 +97,16 @@ def error_result(name: str, message: str) -> ToolResult:
 class Tool(ABC):
     """One tool the model may call."""
 
-    name: ClassVar[str]
-    description: ClassVar[str]
-    parameters: ClassVar[dict[str, Any]]  # JSON Schema of the arguments object
+    # class attributes for the daemon's own tools; a hosted MCP tool sets them per instance
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON Schema of the arguments object
+    server: str | None = None  # the MCP server a hosted tool comes from; None for ours
+
+    @property
+    def own_name(self) -> str:
+        """The tool's name where it lives (an MCP tool's name on its server, without the prefix)."""
+        return self.name
 
     def definition(self) -> dict[str, Any]:
         """The tool in the OpenAI ``tools`` format."""

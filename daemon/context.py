@@ -29,7 +29,6 @@ cannot fit on its own is refused (``context_overflow``).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from core import (
     Config,
     estimate_messages,
     estimate_text,
+    estimate_tools,
 )
 from core.errors import AssistantError, ContextOverflow, RouterUnreachable
 from core.router import ModelInfo, RouterClient
@@ -148,6 +148,7 @@ class ContextBuilder:
         force: bool = False,
         known: TurnContext | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_tokens: int = 0,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
@@ -157,12 +158,15 @@ class ContextBuilder:
         before the question when the context allows. ``force`` folds every earlier turn and
         adds no passages: the router said the last prompt overflowed, so our estimate was low.
         ``tools`` are the definitions the turn offers: a compaction's summary request sends them
-        too, so that it shares the prompt the server holds from the last turn.
+        too, so that it shares the prompt the server holds from the last turn. ``tool_tokens``
+        counts in the prompt's tokens: the hosted (MCP) tools' definitions, which the chat
+        template renders into the prompt (docs/DESIGN.md, "MCP").
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, known)
         instructions = self.system_prompt(known.conversation if known else None)
-        own = self.estimate([{"role": "system", "content": instructions}, *current])
+        fixed = tool_tokens
+        own = self.estimate([{"role": "system", "content": instructions}, *current]) + fixed
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
         system = entry.system
@@ -175,7 +179,7 @@ class ContextBuilder:
                                        in_place=not force)
             entry.fold(made)
             system = await self._system(entry, cid, turn, instructions)
-        earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid)
+        earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid, fixed)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
@@ -232,6 +236,7 @@ class ContextBuilder:
         budget: Budget,
         model: ModelInfo,
         cid: int,
+        fixed: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """The earlier turns in router form, and the whole prompt's tokens (counted from what
         each held turn already knows of itself); the oldest turns are left out while the
@@ -240,7 +245,7 @@ class ContextBuilder:
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
         """
-        own = self.estimate([*system, *current])
+        own = self.estimate([*system, *current]) + fixed
         room = budget.prompt_limit - own
         total = sum(t.tokens for t in turns)
         skip = 0
@@ -300,7 +305,7 @@ class ContextBuilder:
         conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
         needed = self.estimate(conversation) + estimate_text(IN_PLACE_REQUEST) + budget.summary_tokens
         if tools:
-            needed += estimate_text(json.dumps(tools))
+            needed += estimate_tools(tools)
         if in_place and needed <= budget.ctx_max:
             return await summarize_in_place(self.router, model.id, conversation, budget.summary_tokens, tools)
         # what the summariser may read: its own context less the summary it writes and

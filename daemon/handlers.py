@@ -155,6 +155,8 @@ class Handlers:
             changes["settings"] = {"kb_injection": request.get("kb_injection")}
         if request.has("system"):
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
+        if request.has("mcp_servers"):
+            changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
         conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
         if conv is None:
             raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
@@ -238,7 +240,34 @@ class Handlers:
             "turns_running": self.engine.running,
             "socket": str(self.config.socket_path),
             "data_dir": str(self.config.data_dir),
+            "mcp": self.engine.mcp.status() if self.engine.mcp else [],
         })
+
+    # -- MCP (issue 13): the hosted servers, and what `assistant.py mcp serve` reads ------------
+
+    async def on_mcp_servers(self, request: Request, emit: Emit) -> None:
+        """Every configured MCP server with its state and tools (starting those not running)."""
+        servers = await self.engine.mcp.describe() if self.engine.mcp else []
+        emit({"type": "mcp_servers", "servers": servers})
+
+    async def on_kb_search(self, request: Request, emit: Emit) -> None:
+        """Search one named knowledge base (hybrid, as the kb_search tool does)."""
+        query: str = request.get("query")
+        if not query.strip():
+            raise BadRequest("kb_search needs words in 'query'")
+        found = await self.kbs.search(query, kbs=[request.get("kb")], limit=request.get("limit"))
+        emit({"type": "kb_results", "kb": request.get("kb"), "query": query, "search": found.mode,
+              "note": found.note, "results": [hit.to_json() for hit in found.hits]})
+
+    def _mcp_servers(self, request: Request) -> list[str] | None:
+        """The ``mcp_servers`` setting: configured names (null: the configuration's default)."""
+        names: list[str] | None = request.get("mcp_servers")
+        known = [spec.name for spec in self.config.mcp.servers]
+        unknown = [n for n in names or () if n not in known]
+        if unknown:
+            raise NotFound(f"settings: no MCP server named {', '.join(unknown)}; "
+                             f"configured: {', '.join(known) or 'none (add [mcp.servers.NAME] to config.toml)'}")
+        return sorted(set(names)) if names is not None else None
 
     async def _conversation(self, cid: int) -> Conversation:
         conv = await self.engine.conversation(cid)

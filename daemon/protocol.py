@@ -37,7 +37,8 @@ MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
-FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp"]
+FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null"]
+NULLABLE = ("str_or_null", "str_list_or_null")  # null means something (the default), not "absent"
 
 # Requests that change what later requests see: every later line on the connection waits
 # until they are answered (docs/PROTOCOL.md, "Order"). ``ask`` and ``kb_add`` run long and
@@ -73,6 +74,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "title": S("str"),
         "model": S("str_or_null"),
         "system": S("str_or_null"),
+        "mcp_servers": S("str_list_or_null"),
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
@@ -80,6 +82,9 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "kb_remove": {"kb": S("str", required=True)},
     "kb_link": {"kb": S("str", required=True), "conversation": S("int"), "linked": S("bool")},
     "status": {},
+    # MCP (docs/PROTOCOL.md, "MCP servers"): the hosted servers and their tools; a named KB searched
+    "mcp_servers": {},
+    "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},
 }
 
 _KIND_NAMES = {
@@ -91,6 +96,7 @@ _KIND_NAMES = {
     "kb_mode": "one of " + ", ".join(KB_INJECTION_MODES),
     "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
     "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
+    "str_list_or_null": "a list of strings or null",
 }
 
 
@@ -129,6 +135,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "str_or_null":
         return value is None or isinstance(value, str)
+    if kind == "str_list_or_null":
+        return value is None or _valid("str_list", value)
     if kind == "kb_mode":
         return value in KB_INJECTION_MODES
     if kind == "limit":
@@ -180,7 +188,7 @@ def validate(obj: dict[str, Any]) -> Request:
     for name, fspec in spec.items():
         value = obj.get(name)
         fault = None
-        if value is None and fspec.kind != "str_or_null":
+        if value is None and fspec.kind not in NULLABLE:
             # absent, or an explicit null, which reads as absent
             if fspec.required:
                 fault = f"{kind}: the field {name!r} is required"

@@ -28,7 +28,7 @@ __all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
 
 CACHED_CONVERSATIONS = 32
 Messages = list[dict[str, Any]]
-PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content")  # ours, not the router's
+PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content", "server", "tool")  # ours, not the router's
 
 
 def router_messages(messages: Sequence[dict[str, Any]]) -> Messages:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
-from core import estimate_messages
+from core import estimate_messages, estimate_tools
 from core.config import Config
 from core.errors import (
     AssistantError,
@@ -67,6 +67,7 @@ from history import (
     parse_arguments,
 )
 from kbinject import injection_mode
+from mcphost import McpHost
 
 from .connection import Emit
 from .context import ContextBuilder, Prompt, router_messages
@@ -108,6 +109,7 @@ class TurnState:
     prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
     tools: list[dict[str, Any]] | None = None  # the tools offered with it
     known: TurnContext | None = None  # what history held for the prompt before this turn (None: a new conversation)
+    mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -138,7 +140,7 @@ class TurnRunner:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, context: ContextBuilder,
-        toolbox: Toolbox, *, spawn: Spawn, claim: Claim,
+        toolbox: Toolbox, *, spawn: Spawn, claim: Claim, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
         self.history = history
@@ -148,6 +150,7 @@ class TurnRunner:
         self._spawn = spawn  # background work (checkpoints, titles) the engine keeps track of
         self._claim = claim  # a new conversation's slot, once it has an id
         self._no_tools: set[str] = set()  # models whose server refused the tools parameter
+        self.mcp = mcp
 
     async def run(self, slot: Slot, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
         """One ``ask`` from its fields to ``done``; refusals before the question is stored raise
@@ -280,9 +283,10 @@ class TurnRunner:
             cid, text, stored, model.id if final else None, prepared, chosen, default_model=model.id, system=system
         )
         conv = known.conversation
+        mcp = self.config.mcp.chosen(conv.settings.get("mcp_servers")) if self.mcp else ()
         return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
                          messages=[stored], question=question, kb=(text, injection_mode(conv.settings)),
-                         known=known)
+                         known=known, mcp=mcp)
 
     async def _store_failed(
         self, cid: int | None, text: str, prepared: list[Prepared], exc: AssistantError, emit: Emit,
@@ -357,10 +361,14 @@ class TurnRunner:
         )
         tools_work = state.model.tools and state.model.id not in self._no_tools
         offered = await self.toolbox.offer(ctx) if tools_work else []
+        if tools_work and self.mcp is not None and state.mcp:
+            offered += await self._hosted(state, progress)
         definitions = [t.definition() for t in offered] or None
+        # hosted tools can be many and long: their definitions count in the prompt's estimate
+        tool_tokens = estimate_tools([t.definition() for t in offered if t.server is not None])
         prompt = await self.context.build(
             state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known,
-            tools=definitions,
+            tools=definitions, tool_tokens=tool_tokens,
         )
         state.prompt_estimate = prompt.tokens
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
@@ -382,7 +390,7 @@ class TurnRunner:
                     state.model = self.router.learn_context(state.model.id, exc.n_ctx)
                 prompt = await self.context.build(
                     state.conversation, state.turn, state.model, [state.question], progress, state.kb,
-                    force=not explained, known=known,
+                    force=not explained, known=known, tools=definitions, tool_tokens=tool_tokens,
                 )
                 end = await self._stream_round(state, prompt, tools, emit)
             state.prompt, state.tools = prompt.messages, tools
@@ -402,6 +410,16 @@ class TurnRunner:
             self._append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit))
         raise AssertionError("the last round offers no tools")
 
+    async def _hosted(self, state: TurnState, progress: Callable[[str, str], None]) -> list[Tool]:
+        """The tools of the conversation's MCP servers, started as needed, within their share of
+        the context (docs/DESIGN.md, "MCP"); a note when some are left out or a server is down."""
+        assert self.mcp is not None
+        room = int(self.context.budget(state.model).ctx_max * self.config.mcp.tools_share)
+        hosted, note = await self.mcp.offer(state.mcp, room)
+        if note:
+            progress("tools", note)
+        return list(hosted)
+
     def _append(self, prompt: Prompt, messages: list[dict[str, Any]]) -> None:
         """Messages added to a round's prompt, counted as they come (estimates add up)."""
         prompt.messages.extend(messages)
@@ -415,21 +433,30 @@ class TurnRunner:
         for call in calls:
             emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
         results = await asyncio.gather(*(self.toolbox.call(offered, c.name, c.arguments, ctx) for c in calls))
+        by_name = {t.name: t for t in offered}
         for_prompt: list[dict[str, Any]] = []
         images: list[dict[str, Any]] = []
+        showing: list[str] = []
         for call, result in zip(calls, results):
+            tool = by_name.get(call.name)
+            # where the tool lives: an MCP server's name and its own name for the tool (ours: None, the name)
+            server, own = (tool.server, tool.own_name) if tool else (None, call.name)
             message = {"role": "tool", "tool_call_id": call.id, "content": result.content,
                        "ok": result.ok, "summary": result.summary}
+            if server is not None:
+                message.update(server=server, tool=own)
             state.messages.append(message)
             for_prompt.extend(router_messages([message]))
             images.extend(result.images)
-            emit({"type": "tool", **where, "name": call.name, "arguments": parse_arguments(call.arguments),
-                  "ok": result.ok, "summary": result.summary})
+            if result.images and call.name not in showing:
+                showing.append(call.name)
+            emit({"type": "tool", **where, "name": call.name, "server": server, "tool": own,
+                  "arguments": parse_arguments(call.arguments), "ok": result.ok, "summary": result.summary})
         if images:
-            # tool messages carry text only: a recalled image is shown in a message of its own,
-            # for this turn's prompt (history keeps the tool's text, the file keeps the image)
+            # tool messages carry text only: a returned image is shown in a message of its own,
+            # for this turn's prompt (history keeps the tool's text; the image is not stored)
             for_prompt.append({"role": "user", "content": [
-                {"type": "text", "text": "The image(s) the attachment_recall tool returned:"}, *images]})
+                {"type": "text", "text": f"The image(s) the {' and '.join(showing)} tool returned:"}, *images]})
         return for_prompt
 
     async def _stream_round(

@@ -21,6 +21,7 @@ from core.errors import StartupError
 from core.router import RouterClient
 from history import AsyncHistory
 from kbinject import KbSettings, KnowledgeBases
+from mcphost import McpHost
 
 from .connection import Connection
 from .handlers import Handlers
@@ -50,6 +51,7 @@ class Server:
         self._history: AsyncHistory | None = None
         self._router: RouterClient | None = None
         self._kbs: KnowledgeBases | None = None
+        self._mcp: McpHost | None = None
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
 
@@ -74,7 +76,9 @@ class Server:
             self.ready.set()
             assert self._kbs is not None
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
-            for work in (self._kbs.start(), self._check_router(), self._check_store()):
+            # so is the MCP SDK, in a worker thread, when servers are configured
+            warm = [self._mcp.warm()] if self._mcp is not None else []
+            for work in (self._kbs.start(), self._check_router(), self._check_store(), *warm):
                 task = asyncio.create_task(work)
                 task.add_done_callback(_log_failure)
                 self._background.add(task)
@@ -116,7 +120,8 @@ class Server:
         self._kbs = KnowledgeBases(
             self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k)
         )
-        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs)
+        self._mcp = McpHost(self.config.mcp) if self.config.mcp.servers else None
+        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self._mcp)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
 
@@ -167,6 +172,8 @@ class Server:
                 await asyncio.wait(pending)  # they end before the history they use is closed
         for connection in list(self._connections):
             connection.close()
+        if self._mcp is not None:
+            await self._mcp.close()  # the servers' processes end with the daemon
         if self._kbs is not None:
             await self._kbs.close()
         if self._router is not None:

@@ -18,6 +18,7 @@ from core.router import RouterClient
 from core.tools import Toolbox
 from history import AsyncHistory, Conversation
 from kbinject import KnowledgeBases
+from mcphost import McpHost
 from recall import default_toolbox
 
 from .connection import Emit
@@ -35,8 +36,12 @@ SHUTTING_DOWN = "the daemon is shutting down; ask again once it is back"
 class TurnEngine:
     """Runs turns: at most one per conversation, any number across conversations."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
+    def __init__(
+        self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases,
+        mcp: McpHost | None = None,
+    ) -> None:
         self.config = config
+        self.mcp = mcp  # None: no MCP server configured (the SDK is never loaded)
         self.history = history
         self.router = router
         self._slots: dict[int, Slot] = {}
@@ -45,7 +50,7 @@ class TurnEngine:
         self._accepting = True
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self._spawn, claim=self._claim,
+            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self._spawn, claim=self._claim, mcp=mcp,
         )
 
     @property

@@ -316,7 +316,9 @@ def _outcome(result: dict[str, Any] | None) -> tuple[bool, str]:
 
 
 def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`{name, arguments, ok, summary}` per assistant tool call, in call order."""
+    """`{name, arguments, ok, summary, server, tool}` per assistant tool call, in call order;
+    ``server`` names the MCP server of a hosted tool (None for the daemon's own), ``tool`` the
+    tool's name there."""
     results = {
         m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"
     }
@@ -328,13 +330,17 @@ def tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not isinstance(call, dict):
                 continue
             function = call.get("function") or {}
-            ok, summary = _outcome(results.get(call.get("id")))
+            result = results.get(call.get("id"))
+            ok, summary = _outcome(result)
+            name = function.get("name", "")
             calls.append(
                 {
-                    "name": function.get("name", ""),
+                    "name": name,
                     "arguments": parse_arguments(function.get("arguments")),
                     "ok": ok,
                     "summary": summary,
+                    "server": (result or {}).get("server"),
+                    "tool": (result or {}).get("tool") or name,
                 }
             )
     return calls

@@ -189,7 +189,7 @@ class HistoryStore:
         system_prompt: str | None | _Unset = UNSET,
     ) -> Conversation | None:
         """Change title, model (None = daemon default), system prompt (None = daemon default)
-        or settings (merged in).
+        or settings (merged in; a key given as None is removed, so its default applies again).
 
         updated_at is left alone: the list is ordered by conversation activity, and
         renaming an old conversation should not bring it to the top.
@@ -204,7 +204,10 @@ class HistoryStore:
                     current.title if title is None else title,
                     current.model if model is UNSET else model,
                     current.system_prompt if system_prompt is UNSET else system_prompt,
-                    _dumps({**current.settings, **(settings or {})}),
+                    _dumps({
+                        key: value for key, value in {**current.settings, **(settings or {})}.items()
+                        if value is not None
+                    }),
                     cid,
                 ),
             )

@@ -396,12 +396,12 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "reply": "The budget is 12k.",
         "tools": [
             {"name": "conversation_search", "arguments": {"query": "budget"}, "ok": True,
-             "summary": "0 results"},
+             "summary": "0 results", "server": None, "tool": "conversation_search"},
             {"name": "attachment_recall", "arguments": "{not json", "ok": False,
-             "summary": "bad arguments"},
+             "summary": "bad arguments", "server": None, "tool": "attachment_recall"},
             # Cancelled before its result arrived.
             {"name": "kb_search", "arguments": {"query": "x"}, "ok": False,
-             "summary": "no result"},
+             "summary": "no result", "server": None, "tool": "kb_search"},
         ],
         "status": "complete",
         "error": None,

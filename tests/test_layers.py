@@ -1,6 +1,7 @@
 """The packages form floors: each imports only the floors below it, and nothing imports the daemon.
 
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core
+                   daemon -> mcphost -> core;  assistant.py -> mcpserve -> core
 
 with ``recall -> attachments`` and ``kbinject -> attachments`` allowed.  Checked on the
 source (every ``import`` statement, including those inside functions and under
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("core", "history", "attachments", "recall", "kbinject", "daemon", "selfcheck")
+OURS = ("core", "history", "attachments", "recall", "kbinject", "mcphost", "mcpserve", "daemon", "selfcheck")
 # what each package may import of ours
 ALLOWED = {
     "core": set(),
@@ -23,7 +24,9 @@ ALLOWED = {
     "attachments": {"core", "history"},
     "recall": {"core", "history", "attachments"},
     "kbinject": {"core", "history", "attachments"},
-    "daemon": {"core", "history", "attachments", "recall", "kbinject"},
+    "mcphost": {"core"},  # the MCP host: the daemon's, on the ground floor alone
+    "mcpserve": {"core"},  # `assistant.py mcp ...`: a client of the socket, like daemon/client.py
+    "daemon": {"core", "history", "attachments", "recall", "kbinject", "mcphost"},
     "selfcheck": {"core", "daemon"},
 }
 

@@ -1,0 +1,293 @@
+"""One connection to an MCP server through the official SDK: start, list, call, stop.
+
+This is the one module of ours that imports the ``mcp`` SDK (about 0.7 s of imports);
+``mcphost.host`` loads it in a worker thread the first time a server is needed, so a
+daemon without MCP servers never loads it and one with them never blocks its loop on it.
+
+The protocol is the SDK's (``ClientSession``: initialize, ``tools/list``, ``tools/call``;
+its streamable HTTP transport). For stdio the transport is ours (``bounded_stdio``),
+because the SDK's reads a server's lines without limit: a server that prints a gigabyte
+without a newline would take the daemon's memory with it, and one that prints garbage
+has every line logged with a traceback. Ours frames the same newline-delimited JSON-RPC
+but caps a line at ``MAX_LINE_BYTES`` and gives up on a server after
+``MAX_GARBAGE_LINES`` lines that are not JSON-RPC; either ends the connection with a
+``fault`` the host shows in ``status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types
+from mcp import ClientSession
+from mcp.client.stdio import get_default_environment
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+
+from core.mcpconfig import McpServerSpec
+
+from .records import CallOutcome, RemoteTool
+
+__all__ = ["Connection", "ConnectionLost", "open_connection"]
+
+logger = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one JSON-RPC message from a server (a large image result fits)
+MAX_GARBAGE_LINES = 20  # lines that are not JSON-RPC before a server is given up on
+STDERR_TAIL = 5  # lines of a server's stderr kept for its last error
+STDERR_LINE_CHARS = 300
+STOP_GRACE = 1.0  # seconds a server gets to exit after its stdin closes, then after SIGTERM
+MAX_TOOL_PAGES = 20  # tools/list pages read (a server that pages forever is cut off)
+
+
+class ConnectionLost(Exception):
+    """The server is gone, or the connection to it failed; the message says how."""
+
+
+@dataclass
+class Fault:
+    """What ended a stdio connection from the server's side, and what it said on stderr."""
+
+    reason: str | None = None
+    stderr: list[str] = field(default_factory=list)
+    closed: anyio.Event = field(default_factory=anyio.Event)
+
+    def describe(self, default: str) -> str:
+        text = self.reason or default
+        if self.stderr:
+            text += f" (its stderr ended: {' | '.join(self.stderr)})"
+        return text
+
+
+Streams = tuple[Any, Any]
+
+
+@contextlib.asynccontextmanager
+async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Streams]:
+    """Run the server as a child (its own process group) and frame its JSON-RPC lines, bounded."""
+    env = get_default_environment() | dict(spec.env)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            spec.command, *spec.args, env=env, cwd=spec.cwd, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=MAX_LINE_BYTES,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise ConnectionLost(f"cannot run {spec.command!r}: no such program (check command and PATH)") from None
+    except OSError as exc:
+        raise ConnectionLost(f"cannot run {spec.command!r}: {exc.strerror or exc}") from None
+    assert proc.stdin and proc.stdout and proc.stderr
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def from_server() -> None:
+        garbage = 0
+        async with read_send:
+            while True:
+                try:
+                    line = await proc.stdout.readline()  # type: ignore[union-attr]
+                except ValueError:  # over the limit: asyncio drops the buffer and raises
+                    fault.reason = f"sent a message over {MAX_LINE_BYTES // (1024 * 1024)} MiB"
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                except ValueError:
+                    garbage += 1
+                    logger.debug("MCP server %s: a line that is not JSON-RPC: %.80r", spec.name, line)
+                    if garbage >= MAX_GARBAGE_LINES:
+                        fault.reason = f"wrote {garbage} lines that are not JSON-RPC on stdout"
+                        break
+                    continue
+                await read_send.send(SessionMessage(message))
+        fault.closed.set()
+
+    async def to_server() -> None:
+        async with write_recv:
+            async for item in write_recv:
+                data = item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                try:
+                    proc.stdin.write(data)  # type: ignore[union-attr]
+                    await proc.stdin.drain()  # type: ignore[union-attr]
+                except (ConnectionError, OSError):
+                    fault.reason = fault.reason or "closed its stdin"
+                    fault.closed.set()
+                    return
+
+    async def stderr_tail() -> None:
+        while True:
+            try:
+                line = await proc.stderr.readline()  # type: ignore[union-attr]
+            except ValueError:
+                continue  # an over-long stderr line is dropped, the rest still read
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").strip()
+            if text:
+                fault.stderr = [*fault.stderr[-(STDERR_TAIL - 1):], text[:STDERR_LINE_CHARS]]
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(from_server)
+            tasks.start_soon(to_server)
+            tasks.start_soon(stderr_tail)
+            try:
+                yield read_recv, write_send
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _stop(proc)
+            for stream in (read_send, read_recv, write_send, write_recv):
+                await stream.aclose()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Close its stdin, then SIGTERM and SIGKILL its process group, each after STOP_GRACE."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE)
+            return
+        except asyncio.TimeoutError:
+            continue
+
+
+@contextlib.asynccontextmanager
+async def http_streams(spec: McpServerSpec, timeout: float) -> AsyncIterator[Streams]:
+    """The SDK's streamable HTTP transport, with the configured headers."""
+    import httpx2  # the SDK's own HTTP client (a fork of httpx it depends on)
+    from mcp.client.streamable_http import streamable_http_client
+
+    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(timeout))
+    async with client, streamable_http_client(spec.url, http_client=client) as (read, write):
+        yield read, write
+
+
+class Connection:
+    """A live session with one server: its tools, and calls to them."""
+
+    def __init__(self, spec: McpServerSpec, session: ClientSession, tools: list[RemoteTool]) -> None:
+        self.spec = spec
+        self.session = session
+        self.tools = tools
+
+    async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> CallOutcome:
+        """Call a tool; an error the server reports is an outcome, a dead connection raises."""
+        try:
+            result = await self.session.call_tool(name, arguments, read_timeout_seconds=timeout)
+        except MCPError as exc:
+            if "closed" in exc.message.lower() or "timed out" in exc.message.lower():
+                raise ConnectionLost(exc.message) from None
+            return CallOutcome(text=f"the server refused the call ({exc.message})", is_error=True)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise ConnectionLost(f"the connection closed ({type(exc).__name__})") from None
+        return outcome(result)
+
+
+def outcome(result: Any) -> CallOutcome:
+    """A ``CallToolResult`` as text and images: text parts joined, images kept as data,
+    anything else named so the model knows it was there."""
+    texts: list[str] = []
+    images: list[tuple[str, str]] = []
+    for block in result.content:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "image":
+            images.append((block.mime_type, block.data))
+        elif kind == "resource":
+            resource = block.resource
+            if hasattr(resource, "text"):
+                texts.append(resource.text)
+            else:
+                texts.append(f"[binary resource {resource.uri} ({resource.mime_type or 'unknown type'}) not shown]")
+        elif kind == "resource_link":
+            texts.append(f"[resource {block.uri}{': ' + block.description if block.description else ''}]")
+        else:
+            texts.append(f"[{kind or 'unknown'} content not shown]")
+    if not texts and not images and result.structured_content is not None:
+        texts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return CallOutcome(text="\n".join(texts), images=images, is_error=bool(result.is_error))
+
+
+async def _list_tools(session: ClientSession) -> list[RemoteTool]:
+    tools: list[RemoteTool] = []
+    cursor: str | None = None
+    for _ in range(MAX_TOOL_PAGES):
+        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        tools.extend(RemoteTool(t.name, t.description or "", dict(t.input_schema or {})) for t in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+async def _ignore(message: Any) -> None:
+    """Server notifications and transport faults: the fault is read from ``Fault``."""
+
+
+async def open_connection(
+    spec: McpServerSpec, start_timeout: float, call_timeout: float,
+    on_ready: Callable[[Connection], Awaitable[None]], stop: asyncio.Event,
+) -> str:
+    """Connect, list the tools, hand the connection to ``on_ready``, and hold it until
+    ``stop`` is set (returns "") or the server goes away (returns why)."""
+    fault = Fault()
+    streams = bounded_stdio(spec, fault) if spec.transport == "stdio" else http_streams(spec, call_timeout)
+    try:
+        async with streams as (read, write), ClientSession(read, write, message_handler=_ignore) as session:
+            with anyio.fail_after(start_timeout):
+                await session.initialize()
+                tools = await _list_tools(session)
+            await on_ready(Connection(spec, session, tools))
+            async with anyio.create_task_group() as waiting:
+                async def closed() -> None:
+                    await fault.closed.wait()
+                    waiting.cancel_scope.cancel()
+
+                async def stopped() -> None:
+                    await stop.wait()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(closed)
+                waiting.start_soon(stopped)
+            return "" if stop.is_set() else fault.describe("exited")
+    except Exception as exc:  # the SDK's task groups may wrap what happened in a group
+        raise ConnectionLost(_failure(_unwrap(exc), fault, start_timeout)) from None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _failure(exc: BaseException, fault: Fault, start_timeout: float) -> str:
+    """Why a connection ended, for people: the server's own fault first, then the SDK's word."""
+    if isinstance(exc, ConnectionLost):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return fault.describe(f"did not start within {start_timeout:g} s")
+    if isinstance(exc, MCPError):
+        return fault.describe(f"the connection failed ({exc.message})")
+    if isinstance(exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream):
+        return fault.describe("closed the connection")
+    return fault.describe(f"{type(exc).__name__}: {exc}")

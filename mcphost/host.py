@@ -1,0 +1,266 @@
+"""The daemon as an MCP host: configured servers, started when first needed, kept contained.
+
+Each server has a ``ServerHandle``, a small state machine:
+
+    idle --need--> starting --listed--> ready --crash/exit/garbage/hang--> failed
+                       \\--error/timeout----------------------------------> failed
+    failed --need, once its back-off has passed--> starting
+
+A connection lives in a task of its own (``_hold``), so starting, a crash or a kill
+never run on a turn's task, and nothing waits longer than ``start_timeout`` for a
+server to start or ``call_timeout`` for a call. A failure is kept as the server's
+``last_error`` (``status`` shows it) and the server is tried again on the next need
+after a back-off that doubles with each failure in a row (``BACKOFF_FIRST`` to
+``BACKOFF_MAX``). A call that times out takes its server down (it is hung, and its
+next call would wait as long); any other failure of a call comes back to the model as
+a tool error (``ToolError``), never as a failed turn.
+
+The SDK (``mcphost.connection``) is imported in a worker thread on first need, or by
+``warm()`` after the daemon is ready: about 0.7 s of imports that must not stall the
+event loop, and that a daemon without MCP servers never pays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from core.mcpconfig import McpServerSpec, McpSettings
+from core.tokens import estimate_tools
+from core.tools import ToolError
+
+from .records import CallOutcome
+from .tool import McpTool, offered_names
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+__all__ = ["McpHost", "ServerHandle"]
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_FIRST = 1.0  # seconds before a failed server is tried again
+BACKOFF_MAX = 300.0
+START_SLACK = 5.0  # seconds beyond start_timeout for spawning the process
+State = Literal["idle", "starting", "ready", "failed", "stopped"]
+
+
+class ServerHandle:
+    """One configured server: its state, its last error, its tools, its connection."""
+
+    def __init__(self, spec: McpServerSpec, settings: McpSettings, sdk: _Sdk) -> None:
+        self.spec = spec
+        self.settings = settings
+        self._sdk = sdk
+        self.state: State = "idle"
+        self.last_error: str | None = None
+        self.failures = 0  # in a row; reset by a successful start
+        self.starts = 0
+        self.retry_at = 0.0
+        self.connection: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._stop = asyncio.Event()
+
+    def to_json(self) -> dict[str, Any]:
+        retry = max(self.retry_at - time.monotonic(), 0.0) if self.state == "failed" else 0.0
+        return {
+            "name": self.spec.name,
+            "transport": self.spec.transport,
+            "state": self.state,
+            "last_error": self.last_error,
+            "tools": len(self.connection.tools) if self.connection else 0,
+            "starts": self.starts,
+            "retry_in": round(retry, 1),
+        }
+
+    async def ensure(self) -> bool:
+        """Start the server if it is not running and may be tried; whether it is ready."""
+        if self.state == "ready":
+            return True
+        if self.state == "stopped" or (self.state == "failed" and time.monotonic() < self.retry_at):
+            return False
+        if self.state != "starting":
+            self._begin()
+        assert self._ready is not None
+        # the connection's own start timeout fires first; this one only guards against a bug there
+        done, _ = await asyncio.wait({self._ready}, timeout=self.settings.start_timeout + START_SLACK)
+        if not done:
+            self._fail(f"did not start within {self.settings.start_timeout:g} s")
+        return self.state == "ready"
+
+    def _begin(self) -> None:
+        self.state = "starting"
+        self.starts += 1
+        self._stop = asyncio.Event()
+        self._ready = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._hold(self._ready), name=f"mcp server {self.spec.name}")
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        """The connection's whole life, in its own task."""
+        stop = self._stop
+
+        async def on_ready(connection: Connection) -> None:
+            self.connection, self.state, self.failures = connection, "ready", 0
+            logger.info("MCP server %s ready: %d tool(s)", self.spec.name, len(connection.tools))
+            if not ready.done():
+                ready.set_result(None)
+
+        try:
+            module = await self._sdk.load()
+            why = await module.open_connection(
+                self.spec, self.settings.start_timeout, self.settings.call_timeout, on_ready, stop
+            )
+            if why:
+                self._fail(why)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - whatever a server does, the daemon goes on
+            self._fail(_describe(exc))
+        finally:
+            self.connection = None
+            if self.state in ("ready", "starting") and not stop.is_set():
+                self._fail("the connection ended")
+            if not ready.done():
+                ready.set_result(None)
+
+    def _fail(self, why: str) -> None:
+        """Mark the server failed, stop what is left of it, and set its back-off."""
+        if self.state == "stopped":
+            return
+        self.last_error = why
+        if self.state == "failed":
+            return  # the same failure, told again (with more detail) by the connection's end
+        self.state = "failed"
+        self.failures += 1
+        self.retry_at = time.monotonic() + min(BACKOFF_FIRST * 2 ** (self.failures - 1), BACKOFF_MAX)
+        logger.warning("MCP server %s failed: %s", self.spec.name, why)
+        self._stop.set()  # the holding task closes the connection and stops the process
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> CallOutcome:
+        """One tool call; ``ToolError`` when the server is not there or does not answer in time."""
+        connection = self.connection
+        if self.state != "ready" or connection is None:
+            raise ToolError(f"the MCP server {self.spec.name} is not running ({self.last_error or 'stopped'})")
+        timeout = self.settings.call_timeout
+        try:
+            return await asyncio.wait_for(connection.call(name, arguments, timeout), timeout + 1.0)
+        except asyncio.TimeoutError:
+            why = f"{name} did not answer within {timeout:g} s"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the connection died under the call
+            why = _describe(exc)
+        if "timed out" in why.lower():
+            why = f"{name} did not answer within {timeout:g} s"
+        if self.connection is connection:
+            self._fail(why)
+        raise ToolError(f"the MCP server {self.spec.name} failed: {why}; it is restarted on a later turn")
+
+    async def stop(self) -> None:
+        self.state = "stopped"
+        self._stop.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 10.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+                self._task.cancel()
+
+
+class _Sdk:
+    """The SDK-facing module, imported once, in a worker thread."""
+
+    def __init__(self) -> None:
+        self._module: ModuleType | None = None
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> Any:
+        if self._module is None:
+            async with self._lock:
+                if self._module is None:
+                    self._module = await asyncio.to_thread(importlib.import_module, "mcphost.connection")
+        return self._module
+
+
+class McpHost:
+    """Every configured server, and the tools of those a conversation uses."""
+
+    def __init__(self, settings: McpSettings) -> None:
+        self.settings = settings
+        self._sdk = _Sdk()
+        self.handles = {spec.name: ServerHandle(spec, settings, self._sdk) for spec in settings.servers}
+
+    async def warm(self) -> None:
+        """Load the SDK ahead of the first need (after readiness: start-up does not wait)."""
+        await self._sdk.load()
+
+    def status(self) -> list[dict[str, Any]]:
+        return [handle.to_json() for handle in self.handles.values()]
+
+    async def offer(self, servers: Sequence[str], room: int) -> tuple[list[McpTool], str | None]:
+        """The tools of ``servers`` (started as needed, concurrently), sorted by name, as many as
+        ``room`` tokens of descriptions hold; and a note when some were left out or a server is down."""
+        handles = [self.handles[name] for name in servers if name in self.handles]
+        ready = await asyncio.gather(*(h.ensure() for h in handles))
+        tools: list[McpTool] = []
+        for handle, up in zip(handles, ready):
+            connection = handle.connection
+            if up and connection is not None:
+                names = offered_names(handle.spec.name, [t.name for t in connection.tools])
+                tools.extend(McpTool(handle, t, names[t.name], self.settings.max_result_chars)
+                             for t in connection.tools)
+        tools.sort(key=lambda t: t.name)
+        notes = [f"MCP server {h.spec.name} is not available ({h.last_error or h.state})"
+                 for h, up in zip(handles, ready) if not up]
+        kept = fit_tools(tools, room)
+        if len(kept) < len(tools):
+            notes.append(f"offering {len(kept)} of {len(tools)} MCP tools: their descriptions would take "
+                         f"more than {room} tokens ({self.settings.tools_share:.0%} of the context)")
+        return kept, "; ".join(notes) or None
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Every server with its tools, starting those not running (``mcp list``)."""
+        await asyncio.gather(*(h.ensure() for h in self.handles.values()))
+        described = []
+        for handle in self.handles.values():
+            entry = handle.to_json()
+            connection = handle.connection
+            if connection is not None:
+                names = offered_names(handle.spec.name, [t.name for t in connection.tools])
+                entry["tools"] = [{"name": t.name, "offered_as": names[t.name], "description": t.description}
+                                  for t in sorted(connection.tools, key=lambda t: names[t.name])]
+            else:
+                entry["tools"] = []
+            described.append(entry)
+        return described
+
+    async def close(self) -> None:
+        await asyncio.gather(*(h.stop() for h in self.handles.values()))
+
+
+def fit_tools(tools: list[McpTool], room: int) -> list[McpTool]:
+    """The first tools (in their sorted order) whose definitions fit ``room`` tokens: the same
+    prefix every turn, so the prompt's top stays the same while nothing changes."""
+    kept: list[McpTool] = []
+    used = 0
+    for tool in tools:
+        used += estimate_tools([tool.definition()])
+        if used > room:
+            break
+        kept.append(tool)
+    return kept
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a failure, from inside an exception group when the SDK's task groups made one."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc) or type(exc).__name__
+    return text if type(exc).__name__ in ("ConnectionLost", "ToolError") else f"{type(exc).__name__}: {text}"

@@ -1,0 +1,127 @@
+"""A hosted MCP tool as one of the model's tools: its name, its schema, its results.
+
+Names: ``SERVER__TOOL``. A server name holds no ``__`` (``core.mcpconfig``) and the
+daemon's own tools have none, so the prefix says which server a name belongs to and
+no hosted tool can take one of ours. OpenAI function names are ``[a-zA-Z0-9_-]{1,64}``:
+other characters become ``_``, and a name too long, or equal to a sibling's after that,
+is cut and ends with a short hash of the tool's own name, so it is the same every time.
+
+Schemas are rendered with sorted keys: the tool list sits at the top of the prompt, so
+the same tools must be the same bytes from turn to turn (docs/DESIGN.md, "MCP").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from core.tools import Tool, ToolContext, ToolError, ToolResult, one_line
+
+from .records import RemoteTool
+
+if TYPE_CHECKING:
+    from .host import ServerHandle
+
+__all__ = ["MAX_DESCRIPTION_CHARS", "McpTool", "offered_names"]
+
+MAX_NAME = 64
+SEPARATOR = "__"
+MAX_DESCRIPTION_CHARS = 1_000  # a server's essay on one tool costs every turn's context
+MAX_IMAGE_BASE64 = 10 * 1024 * 1024  # as attachment_recall: one image rides in every later round
+CUT_NOTE = "\n[... cut here: the result had {total} characters; ask for less, or for a part of it]"
+NOT_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
+
+
+def _hashed(name: str, base: str, room: int) -> str:
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    return f"{base[: room - 7]}_{digest}"
+
+
+def offered_names(server: str, tools: list[str]) -> dict[str, str]:
+    """The name the model sees for each of a server's tools, collision-free and stable."""
+    room = MAX_NAME - len(server) - len(SEPARATOR)
+    plain = {name: NOT_A_NAME.sub("_", name) or "_" for name in tools}
+    counts: dict[str, int] = {}
+    for safe in plain.values():
+        counts[safe] = counts.get(safe, 0) + 1
+    offered = {}
+    for name, safe in plain.items():
+        if len(safe) > room or counts[safe] > 1:  # the hash of the real name keeps it distinct
+            safe = _hashed(name, safe, room)
+        offered[name] = f"{server}{SEPARATOR}{safe}"
+    return offered
+
+
+def canonical(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with sorted keys, an object schema at its root (what function calling needs)."""
+    fixed = json.loads(json.dumps(schema, sort_keys=True, ensure_ascii=False))
+    if not isinstance(fixed, dict) or fixed.get("type") != "object":
+        return {"properties": {}, "type": "object"}
+    fixed.setdefault("properties", {})
+    return dict(sorted(fixed.items()))
+
+
+class McpTool(Tool):
+    """One tool of one hosted server, offered under its prefixed name."""
+
+    def __init__(self, handle: ServerHandle, remote: RemoteTool, offered: str, max_result_chars: int) -> None:
+        self.handle = handle
+        self.remote = remote
+        self.name = offered
+        self.server = handle.spec.name
+        description = " ".join(remote.description.split()) or f"the {remote.name} tool"
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            description = description[: MAX_DESCRIPTION_CHARS - 1] + "…"
+        self.description = f"{description} (MCP server {self.server})"
+        self.parameters = canonical(remote.input_schema)
+        self.max_result_chars = max_result_chars
+
+    @property
+    def own_name(self) -> str:
+        return self.remote.name
+
+    async def available(self, ctx: ToolContext) -> bool:
+        return True  # offered by McpHost.offer, which knows which servers run
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        outcome = await self.handle.call(self.remote.name, arguments)  # ToolError when the server is gone
+        text = outcome.text
+        if outcome.is_error:
+            raise ToolError(f"{self.server}'s {self.remote.name} failed: {text or 'no reason given'}")
+        limit = max(min(self.max_result_chars, ctx.max_chars), 200)
+        if len(text) > limit:
+            note = CUT_NOTE.format(total=len(text))
+            text = text[: max(limit - len(note), 0)] + note
+        images, notes = self._images(outcome.images, ctx)
+        if notes:
+            text = "\n".join([text, *notes]) if text else "\n".join(notes)
+        shown = f", {len(images)} image(s)" if images else ""
+        return ToolResult(
+            content=text, ok=True, images=images,
+            summary=one_line(f"{self.server}: {self.remote.name} returned {len(outcome.text)} characters{shown}"),
+        )
+
+    def _images(self, found: list[tuple[str, str]], ctx: ToolContext) -> tuple[list[dict[str, Any]], list[str]]:
+        """Images as image_url parts for a vision model (shown as attachment_recall shows its
+        own), or a note of each one the model cannot be shown."""
+        images: list[dict[str, Any]] = []
+        notes: list[str] = []
+        for n, (mime, data) in enumerate(found, 1):
+            if not ctx.vision:
+                notes.append(f"[image {n} ({mime}) not shown: this model cannot see images]")
+            elif mime not in IMAGE_TYPES or not _is_base64(data):
+                notes.append(f"[image {n} not shown: {mime} is not an image type models read]")
+            elif len(data) > MAX_IMAGE_BASE64:
+                notes.append(f"[image {n} not shown: over {MAX_IMAGE_BASE64 // (1024 * 1024)} MB of base64]")
+            else:
+                images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+        return images, notes
+
+
+def _is_base64(data: str) -> bool:
+    """Whether the data looks like base64 (its start: checking a whole image costs too much)."""
+    return bool(data) and BASE64.fullmatch(data[:4096]) is not None

@@ -1,0 +1,15 @@
+"""``assistant.py mcp ...``: the client side of MCP, speaking to the daemon over its socket.
+
+- ``mcp list``: the MCP servers the daemon hosts, their state and their tools
+  (the ``mcp_servers`` request);
+- ``mcp serve``: an MCP server on stdio for any MCP client (Claude Desktop, an editor,
+  another assistant), exposing the user's conversations and knowledge bases read-only
+  (``mcpserve.server``; the only module here that loads the ``mcp`` SDK).
+
+Like ``daemon/client.py`` it stands on ``core`` alone (``Wire``, the socket path), and
+importing it costs nothing: the client's start stays light.
+"""
+
+from .cli import add_mcp_commands, run_mcp
+
+__all__ = ["add_mcp_commands", "run_mcp"]

@@ -1,0 +1,366 @@
+"""The daemon as an MCP host, through the real socket: small MCP servers of our own
+(``tests/mcpservers.py``) run as the daemon's children, the fake router scripts the
+model's calls to their tools, and the daemon must contain every way a server can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+import mcphost.host
+from core import Config, load_config
+from core.wire import Wire, of_type, reply_text
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from tests.conftest import RunningDaemon
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = Path(__file__).resolve().parent / "mcpservers.py"
+GOOD_TOOLS = ["good__add", "good__broken", "good__die", "good__echo", "good__huge", "good__picture", "good__slow"]
+
+
+def server(mode: str, starts: Path | None = None) -> str:
+    spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\n'
+    if starts is not None:  # the server notes each start of its process there
+        spec += f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\n"
+    return spec
+
+
+def write_config(tmp_path: Path, servers: dict[str, str], mcp: str = "") -> None:
+    limits = "".join(f"{key} = 10\n" for key in ("start_timeout", "call_timeout") if key not in mcp)
+    body = "[mcp]\n" + limits + mcp + "\n"
+    body += "".join(f"[mcp.servers.{name}]\n{spec}\n" for name, spec in servers.items())
+    path = tmp_path / "config" / "assistant" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+
+
+def hosted_config(router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config:
+    monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
+    monkeypatch.setenv("ASSISTANT_AUTO_TITLE", "false")
+    monkeypatch.setenv("ASSISTANT_SHUTDOWN_GRACE", "0.5")
+    monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 0.0)  # a failed server may be retried at once
+    return load_config()
+
+
+@pytest.fixture
+def router() -> Any:
+    models = [*default_models(), FakeModel("fake-tiny", ["text"], n_ctx=1024)]
+    with FakeRouter(models=models) as fake:
+        yield fake
+
+
+@pytest.fixture
+def config(tmp_path: Path, router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config:
+    write_config(tmp_path, {"good": server("good", tmp_path / "starts")})
+    return hosted_config(router, monkeypatch)
+
+
+@pytest_asyncio.fixture
+async def hosting(tmp_path: Path, router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """Start a daemon hosting the servers given: ``await hosting({"name": spec}, mcp_table)``."""
+    running: list[tuple[RunningDaemon, Wire]] = []
+
+    async def start(servers: dict[str, str], mcp: str = "") -> Wire:
+        write_config(tmp_path, servers, mcp)
+        daemon = RunningDaemon(hosted_config(router, monkeypatch))
+        await daemon.start()
+        wire = await daemon.connect()
+        running.append((daemon, wire))
+        return wire
+
+    yield start
+    for daemon, wire in running:
+        await wire.close()
+        await daemon.stop()
+
+
+def call(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> Reply:
+    return Reply(tool_calls=[{"id": call_id, "name": name, "arguments": json.dumps(arguments)}])
+
+
+def tool_names(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+def tool_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+async def server_state(wire: Wire, name: str) -> dict[str, Any]:
+    status = await wire.request({"type": "status"})
+    return next(s for s in status["mcp"] if s["name"] == name)
+
+
+async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    first = router.requests[-1]["tools"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    echo = next(t for t in first if t["function"]["name"] == "good__echo")["function"]
+    assert echo["parameters"]["properties"]["text"]["type"] == "string"
+    assert "MCP server good" in echo["description"]
+    await wire.ask("again", conversation=cid)
+    # the tool list is rendered at the top of the prompt: the same bytes turn after turn
+    assert json.dumps(router.requests[-1]["tools"]) == json.dumps(first)
+    assert router.timings[-1]["cache_n"] > 0
+    state = await server_state(wire, "good")
+    assert state["state"] == "ready" and state["tools"] == len(GOOD_TOOLS) and state["last_error"] is None
+
+
+async def test_a_call_comes_back_as_a_tool_message_is_stored_and_shown(wire: Wire, router: FakeRouter) -> None:
+    router.script(call("good__echo", {"text": "quiet words"}), Reply(text="It shouted."))
+    events = await wire.ask("use echo")
+    cid = events[0]["conversation"]
+    [tool] = of_type(events, "tool")
+    assert (tool["name"], tool["server"], tool["tool"], tool["ok"]) == ("good__echo", "good", "echo", True)
+    assert tool["arguments"] == {"text": "quiet words"} and "good: echo" in tool["summary"]
+    assert events[-1]["type"] == "done" and reply_text(events) == "It shouted."
+    [message] = tool_messages(router.requests[-1])
+    assert message["content"] == "QUIET WORDS" and set(message) == {"role", "tool_call_id", "content"}
+    opened = await wire.request({"type": "open", "conversation": cid})
+    [shown] = opened["turns"][0]["tools"]
+    assert (shown["name"], shown["server"], shown["tool"], shown["ok"]) == ("good__echo", "good", "echo", True)
+    await wire.ask("thanks", conversation=cid)
+    assert [m["content"] for m in tool_messages(router.requests[-1])] == ["QUIET WORDS"]  # replayed as stored
+
+
+async def test_our_own_tools_name_no_server(wire: Wire, router: FakeRouter) -> None:
+    router.script(call("conversation_search", {"query": "hello"}), Reply(text="ok"))
+    [tool] = of_type(await wire.ask("hello"), "tool")
+    assert tool["server"] is None and tool["tool"] == "conversation_search"
+
+
+async def test_an_image_result_is_shown_to_a_vision_model_and_named_to_others(wire: Wire, router: FakeRouter) -> None:
+    router.script(call("good__picture", {}), Reply(text="red"))
+    events = await wire.ask("draw", model="fake-vision")
+    assert of_type(events, "tool")[0]["ok"] is True
+    last = router.requests[-1]["messages"][-1]
+    assert last["role"] == "user" and "good__picture" in last["content"][0]["text"]
+    assert last["content"][1]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert "base64" not in tool_messages(router.requests[-1])[0]["content"]
+    router.script(call("good__picture", {}), Reply(text="no eyes"))
+    await wire.ask("draw", model="fake-text")
+    assert "cannot see images" in tool_messages(router.requests[-1])[0]["content"]
+    assert all(m["role"] != "user" or isinstance(m["content"], str) for m in router.requests[-1]["messages"])
+
+
+async def test_a_tool_error_and_a_huge_result_come_back_as_results(wire: Wire, router: FakeRouter) -> None:
+    router.script(call("good__broken", {}), call("good__huge", {}, "call_2"), Reply(text="coped"))
+    events = await wire.ask("try")
+    broken, huge = of_type(events, "tool")
+    assert broken["ok"] is False and huge["ok"] is True and events[-1]["type"] == "done"
+    failed, big = tool_messages(router.requests[-1])
+    assert failed["content"].startswith("Error: ") and "broken" in failed["content"]
+    assert "cut here: the result had 500000 characters" in big["content"]
+    assert len(big["content"]) < 20_000  # what is left of a 4,096-token context, not half a megabyte
+    assert (await server_state(wire, "good"))["state"] == "ready"  # a tool's own failure is not the server's
+
+
+async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    router.script(call("good__die", {}), Reply(text="it died"))
+    events = await wire.ask("kill it")
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False and events[-1]["type"] == "done" and reply_text(events) == "it died"
+    assert "MCP server good failed" in tool_messages(router.requests[-1])[0]["content"]
+    state = await server_state(wire, "good")
+    assert state["state"] == "failed" and state["last_error"]
+    router.script(call("good__add", {"a": 2, "b": 3}), Reply(text="5"))
+    events = await wire.ask("add", conversation=events[0]["conversation"])
+    assert of_type(events, "tool")[0]["ok"] is True
+    assert tool_messages(router.requests[-1])[-1]["content"] == "5"
+    assert len((tmp_path / "starts").read_text().split()) == 2
+    assert (await server_state(wire, "good"))["starts"] == 2
+
+
+async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"good": server("good")}, "call_timeout = 0.5\n")
+    router.script(call("good__slow", {"seconds": 30}), Reply(text="gave up"))
+    events = await wire.ask("wait")
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False and events[-1]["type"] == "done"
+    assert "did not answer within 0.5 s" in tool_messages(router.requests[-1])[0]["content"]
+    assert "did not answer" in (await server_state(wire, "good"))["last_error"]
+
+
+@pytest.mark.parametrize(
+    "mode, spec, error",
+    [
+        ("hang", server("hang"), "did not start within 1 s"),
+        ("garbage", server("garbage"), "lines that are not JSON-RPC"),
+        ("flood", server("flood"), "a message over 16 MiB"),
+        ("missing", 'command = "/nonexistent/mcp-server"\n', "no such program"),
+    ],
+)
+async def test_a_broken_server_never_fails_the_turn(
+    hosting: Any, router: FakeRouter, mode: str, spec: str, error: str
+) -> None:
+    wire = await hosting({"good": server("good"), mode: spec}, "start_timeout = 1\n")
+    events = await wire.ask("hello")
+    assert events[-1]["type"] == "done"
+    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    notes = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
+    assert notes and f"MCP server {mode} is not available" in notes[0] and error in notes[0]
+    state = await server_state(wire, mode)
+    assert state["state"] == "failed" and error in state["last_error"]
+    assert (await server_state(wire, "good"))["state"] == "ready"
+
+
+async def test_a_starting_server_does_not_block_the_daemon(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"hang": server("hang")}, "start_timeout = 3\n")
+    asked = await wire.send({"type": "ask", "text": "hello"})
+    status = await wire.send({"type": "status"})
+    order: list[str] = []
+    while len(order) < 2:
+        event = await wire.read()
+        if event.get("id") == status:
+            order.append("status")
+            assert next(s for s in event["mcp"] if s["name"] == "hang")["state"] in ("idle", "starting")
+        elif event.get("id") == asked and event["type"] in ("done", "error"):
+            order.append(event["type"])
+    assert order == ["status", "done"]
+
+
+async def test_each_conversation_uses_the_servers_its_settings_name(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"good": server("good"), "other": server("good")}, 'default = ["other"]\n')
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == []
+    assert "other__echo" in tool_names(router.requests[-1])
+    answer = await wire.request({"type": "settings", "conversation": cid, "mcp_servers": ["good"]})
+    assert answer["settings"]["mcp_servers"] == ["good"]
+    await wire.ask("again", conversation=cid)
+    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    await wire.request({"type": "settings", "conversation": cid, "mcp_servers": []})
+    await wire.ask("none", conversation=cid)
+    assert tool_names(router.requests[-1]) == ["conversation_search"]
+    await wire.request({"type": "settings", "conversation": cid, "mcp_servers": None})  # back to the default
+    await wire.ask("default", conversation=cid)
+    assert "other__echo" in tool_names(router.requests[-1]) and "good__echo" not in tool_names(router.requests[-1])
+    refused = await wire.request({"type": "settings", "conversation": cid, "mcp_servers": ["nope"]})
+    assert refused["type"] == "error" and refused["code"] == "not_found" and "good, other" in refused["message"]
+
+
+async def test_fewer_tools_are_offered_when_they_would_take_too_much_context(
+    hosting: Any, router: FakeRouter
+) -> None:
+    wire = await hosting({"good": server("good")}, "tools_share = 0.2\n")
+    events = await wire.ask("hello", model="fake-tiny")  # 1,024 tokens: 204 for MCP tools
+    offered = tool_names(router.requests[-1])
+    assert offered[0] == "conversation_search" and 0 < len(offered) - 1 < len(GOOD_TOOLS)
+    assert offered[1:] == GOOD_TOOLS[: len(offered) - 1]  # a prefix of the sorted list: stable
+    [note] = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
+    assert f"offering {len(offered) - 1} of {len(GOOD_TOOLS)} MCP tools" in note
+    await wire.ask("again", conversation=events[0]["conversation"], model="fake-tiny")
+    assert tool_names(router.requests[-1]) == offered
+
+
+async def test_tool_schemas_count_in_the_prompt_estimate(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"good": server("good")}, "default = []\n")
+    used, sent = [], []
+    for servers in (["good"], []):
+        cid = (await wire.ask("hello"))[0]["conversation"]
+        await wire.request({"type": "settings", "conversation": cid, "mcp_servers": servers})
+        router.script(Reply(text="the same answer", usage=None))  # no usage: ctx_used is our estimate
+        events = await wire.ask("hello again", conversation=cid)
+        used.append(events[-1]["ctx_used"])
+        sent.append(router.requests[-1])
+    hosted, bare = used
+    definitions = [t for t in sent[0]["tools"] if t["function"]["name"].startswith("good__")]
+    assert len(definitions) == len(GOOD_TOOLS)
+    assert hosted - bare >= len(json.dumps(definitions)) // 5  # about a token for 4 characters
+
+
+async def test_mcp_servers_lists_every_server_and_its_tools(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    answer = await wire.request({"type": "mcp_servers"})
+    good, missing = answer["servers"]
+    assert good["name"] == "good" and good["state"] == "ready" and good["transport"] == "stdio"
+    assert [t["offered_as"] for t in good["tools"]] == GOOD_TOOLS
+    assert next(t for t in good["tools"] if t["name"] == "add")["description"] == "Add two integers."
+    assert missing["state"] == "failed" and "no such program" in missing["last_error"] and missing["tools"] == []
+
+
+async def test_without_mcp_servers_status_lists_none(tmp_path: Path, router: FakeRouter, monkeypatch: Any) -> None:
+    monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
+    daemon = RunningDaemon(load_config())
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        assert (await wire.request({"type": "status"}))["mcp"] == []
+        assert (await wire.request({"type": "mcp_servers"}))["servers"] == []
+    finally:
+        await wire.close()
+        await daemon.stop()
+
+
+async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
+    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    # the daemon runs in this loop: the client must run beside it, not block it
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "mcp", "list",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("good  stdio  ready")
+    assert [line.split()[0] for line in lines[1:8]] == GOOD_TOOLS
+    assert "Add two integers." in lines[1]
+    assert lines[8].startswith("missing  stdio  failed") and "no such program" in lines[8]
+
+
+async def test_a_streamable_http_server_is_hosted_too(hosting: Any, router: FakeRouter) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(SERVERS), "http", str(port), stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        while True:  # until it listens (the test's own timeout bounds a server that never does)
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        spec = f'url = "http://127.0.0.1:{port}/mcp"\nheaders = {{ X-Test = "yes" }}\n'
+        wire = await hosting({"web": spec})
+        router.script(call("web__add", {"a": 20, "b": 22}), Reply(text="42"))
+        events = await wire.ask("add over http")
+        [tool] = of_type(events, "tool")
+        assert (tool["server"], tool["tool"], tool["ok"]) == ("web", "add", True)
+        assert tool_messages(router.requests[-1])[0]["content"] == "42"
+        state = await server_state(wire, "web")
+        assert state["transport"] == "http" and state["state"] == "ready"
+    finally:
+        child.kill()
+        await child.wait()
+
+
+async def test_a_cancel_during_a_hosted_call_stops_the_turn_and_keeps_the_server(
+    wire: Wire, router: FakeRouter
+) -> None:
+    router.script(call("good__slow", {"seconds": 30}))  # the turn is cancelled before it answers
+    asked = await wire.send({"type": "ask", "text": "wait for it"})
+    async for event in wire.stream(asked):
+        if event["type"] == "progress" and event["stage"] == "tool":
+            break
+    cid = event["conversation"]
+    await wire.send({"type": "cancel", "conversation": cid})
+    ended = (await wire.until(asked))[-1]
+    assert ended["type"] == "done" and ended["finish_reason"] == "cancelled"
+    router.script(call("good__echo", {"text": "still here"}), Reply(text="ok"))
+    events = await wire.ask("echo", conversation=cid)
+    assert of_type(events, "tool")[0]["ok"] is True
+    assert tool_messages(router.requests[-1])[-1]["content"] == "STILL HERE"

@@ -1,0 +1,113 @@
+"""``assistant.py mcp serve`` driven by the SDK's own client over stdio, against the real
+daemon on a real socket; and ``assistant.py mcp list``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from core.wire import Wire
+from selfcheck.fakerouter import FakeRouter, Reply
+from tests.conftest import RunningDaemon
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
+READ_ONLY = ["kb_search", "list_conversations", "list_knowledge_bases", "read_conversation", "search_conversations"]
+
+
+def text_of(result: Any) -> str:
+    return "".join(block.text for block in result.content if block.type == "text")
+
+
+async def seed(wire: Wire, router: FakeRouter, tmp_path: Path) -> int:
+    router.script(Reply(text="The meeting moved to Thursday at noon."))
+    cid = (await wire.ask("when is the team meeting?"))[0]["conversation"]
+    await wire.ask("and the budget review?", conversation=cid)
+    notes = tmp_path / "notes" / "garden.md"
+    notes.parent.mkdir()
+    notes.write_text("# Garden\n\nThe tomatoes need watering every second day in July.\n")
+    rid = await wire.send({"type": "kb_add", "kb": "home", "paths": [str(notes.parent)]})
+    assert (await wire.until(rid, ("kb", "error")))[-1]["type"] == "kb"
+    return cid
+
+
+def serve_params(daemon: RunningDaemon) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable, args=[str(ROOT / "assistant.py"), "mcp", "serve"],
+        env={"ASSISTANT_SOCKET": str(daemon.config.socket_path)}, cwd=str(ROOT),
+    )
+
+
+async def test_mcp_serve_exposes_history_and_knowledge_read_only(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    cid = await seed(wire, router, tmp_path)
+    async with stdio_client(serve_params(daemon)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listed = await session.list_tools()
+        assert sorted(t.name for t in listed.tools) == READ_ONLY  # nothing that asks, deletes or adds
+
+        found = json.loads(text_of(await session.call_tool("search_conversations", {"query": "meeting"})))
+        assert found["total"] >= 1 and found["conversations"][0]["conversation"] == cid
+        assert any("[meeting]" in h["excerpt"].lower() for h in found["conversations"][0]["hits"])
+
+        listing = json.loads(text_of(await session.call_tool("list_conversations", {})))
+        assert [c["conversation"] for c in listing["items"]] == [cid]
+
+        whole = json.loads(text_of(await session.call_tool("read_conversation", {"conversation": cid})))
+        assert [t["turn"] for t in whole["turns"]] == [1, 2]
+        assert whole["turns"][0]["reply"] == "The meeting moved to Thursday at noon."
+        one = json.loads(text_of(await session.call_tool("read_conversation", {"conversation": cid, "turn": 2})))
+        assert [t["text"] for t in one["turns"]] == ["and the budget review?"]
+
+        kbs = json.loads(text_of(await session.call_tool("list_knowledge_bases", {})))
+        assert [kb["kb"] for kb in kbs["items"]] == ["home"]
+        hits = json.loads(text_of(await session.call_tool("kb_search", {"kb": "home", "query": "tomatoes watering"})))
+        assert hits["kb"] == "home" and "tomatoes" in hits["results"][0]["content"]
+
+        missing = await session.call_tool("read_conversation", {"conversation": 99})
+        assert missing.is_error and "conversation 99 does not exist" in text_of(missing)
+        no_turn = await session.call_tool("read_conversation", {"conversation": cid, "turn": 7})
+        assert no_turn.is_error and "has no turn 7" in text_of(no_turn)
+        no_kb = await session.call_tool("kb_search", {"kb": "work", "query": "x"})
+        assert no_kb.is_error and "no knowledge base 'work'" in text_of(no_kb)
+    # read-only: the conversation is as it was
+    assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
+
+
+async def test_mcp_serve_without_a_daemon_answers_tool_errors(tmp_path: Path) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=[str(ROOT / "assistant.py"), "mcp", "serve"],
+        env={"ASSISTANT_SOCKET": str(tmp_path / "none.sock")}, cwd=str(ROOT),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("list_conversations", {})
+        assert result.is_error and "no daemon answers" in text_of(result)
+
+
+async def test_kb_search_request_answers_one_named_kb(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    await seed(wire, router, tmp_path)
+    answer = await wire.request({"type": "kb_search", "kb": "home", "query": "tomatoes", "limit": 3})
+    assert answer["type"] == "kb_results" and answer["search"] == "bm25" and len(answer["results"]) == 1
+    refused = await wire.request({"type": "kb_search", "kb": "home", "query": "  "})
+    assert refused["type"] == "error" and refused["code"] == "bad_request"
+
+
+async def test_mcp_list_without_servers_says_how_to_add_one(daemon: RunningDaemon) -> None:
+    # the daemon runs in this loop: the client must run beside it, not block it
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "mcp", "list", "--socket", str(daemon.config.socket_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err
+    assert "no MCP servers configured" in out.decode()
