@@ -33,15 +33,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import functools
 import io
 import logging
 import os
 from dataclasses import dataclass
-
-from PIL import Image, ImageOps
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from core.errors import FileRefused
 from core.files import open_regular
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -75,13 +79,25 @@ PASS_THROUGH_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
 JPEG_QUALITY = 90
 EXIF_ORIENTATION = 0x0112
 
-Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
-
 # What Pillow raises for a damaged or truncated file, by format plugin.
 _DAMAGED = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError)
-# Over MAX_IMAGE_PIXELS Pillow warns, over twice that it raises; where warnings are
-# errors (the test suite) the warning arrives as an exception as well.
-_BOMB = (Image.DecompressionBombError, Image.DecompressionBombWarning)
+
+
+@functools.cache
+def pillow() -> ModuleType:
+    """Pillow's ``PIL.Image``, with our pixel limit: loaded on first use (in the worker thread
+    reading a file), so a daemon start does not pay its import."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    return Image
+
+
+def _bomb_errors() -> tuple[type[Exception], ...]:
+    """Over MAX_IMAGE_PIXELS Pillow warns, over twice that it raises; where warnings are
+    errors (the test suite) the warning arrives as an exception as well."""
+    image = pillow()
+    return image.DecompressionBombError, image.DecompressionBombWarning
 
 
 @dataclass
@@ -125,12 +141,12 @@ def _damaged(name: str) -> FileRefused:
 def _open_checked(data: bytes, name: str) -> Image.Image:
     """Open ``data`` with Pillow, refusing unsupported formats and too many pixels."""
     try:
-        image = Image.open(io.BytesIO(data))
-    except _BOMB:
+        image = pillow().open(io.BytesIO(data))
+    except _bomb_errors():
         raise FileRefused(
             f"{name}: the image has far too many pixels (a decompression bomb?); attach a scaled-down copy"
         ) from None
-    except Image.UnidentifiedImageError:
+    except pillow().UnidentifiedImageError:
         raise FileRefused(
             f"{name}: not a PNG, JPEG, WebP or GIF image Pillow can read; attach one of those"
         ) from None
@@ -198,7 +214,7 @@ def _reduce(image: Image.Image) -> Image.Image:
     if factor < 2:
         return image
     width, height = image.size
-    out = Image.new(image.mode, (-(-width // factor), -(-height // factor)))
+    out = pillow().new(image.mode, (-(-width // factor), -(-height // factor)))
     rows = max(REDUCE_STRIP // factor, 1) * factor
     for top in range(0, height, rows):
         strip = image.crop((0, top, width, min(top + rows, height)))
@@ -217,8 +233,10 @@ def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
     if image.mode not in SCALABLE_MODES:
         image = image.convert("RGBA" if transparent else "RGB")
     image = _reduce(image)
-    image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
+    image.thumbnail((MAX_SIDE, MAX_SIDE), pillow().Resampling.LANCZOS)
     if exif.get(EXIF_ORIENTATION, 1) != 1:
+        from PIL import ImageOps
+
         image = ImageOps.exif_transpose(image.copy()) or image
     if transparent:
         converted = image if image.mode == "RGBA" else image.convert("RGBA")
@@ -252,12 +270,12 @@ def encode_image(data: bytes, name: str) -> EncodedImage:
             if image.format == "JPEG" and not pass_through:
                 image.draft(None, (MAX_SIDE, MAX_SIDE))  # decode at 1/2, 1/4 or 1/8 where that suffices
             image.load()
-        except _BOMB:
+        except _bomb_errors():
             raise _bomb(name, *image.size) from None
         except _DAMAGED:
             raise _damaged(name) from None
         if pass_through:
-            mime = Image.MIME.get(image.format or "", "image/png")
+            mime = pillow().MIME.get(image.format or "", "image/png")
             return EncodedImage(_data_url(mime, data), mime, image.width, image.height, reencoded=False)
         try:
             encoded, mime, result = _reencode(image)
@@ -303,7 +321,7 @@ def encode_png(image: Image.Image, max_side: int, compress_level: int = 1) -> En
     only crosses loopback.
     """
     if max(image.size) > max_side:
-        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        image.thumbnail((max_side, max_side), pillow().Resampling.LANCZOS)
     buffer = io.BytesIO()
     image.save(buffer, "PNG", compress_level=compress_level)
     return EncodedImage(_data_url("image/png", buffer.getvalue()), "image/png", image.width, image.height, True)

@@ -41,13 +41,12 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from PIL import Image
 
 from core.errors import FileRefused
 from core.files import open_regular
 
 from .budget import FULL_TEXT_CAP
-from .images import EncodedImage, encode_png
+from .images import EncodedImage, encode_png, pillow
 from .tasks import gather_all
 
 __all__ = [
@@ -313,7 +312,7 @@ def _scale_args(size: tuple[float, float] | None) -> list[str]:
 def _encode_ppm(ppm: bytes, name: str) -> EncodedImage:
     """A rendered PPM page as a PNG data URL within ``MAX_PAGE_SIDE`` (blocking)."""
     try:
-        with Image.open(io.BytesIO(ppm)) as image:
+        with pillow().open(io.BytesIO(ppm)) as image:
             image.load()
             return encode_png(image, MAX_PAGE_SIDE, PAGE_PNG_LEVEL)
     except (OSError, SyntaxError, ValueError) as exc:

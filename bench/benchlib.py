@@ -263,11 +263,18 @@ class Daemon:
             ASSISTANT_ROUTER_URL=self.router_url,
             ASSISTANT_AUTO_TITLE="false",
             ASSISTANT_SHUTDOWN_GRACE="1",  # a benchmark stopped mid-turn cleans up quickly
-            ASSISTANT_CONFIG=str(self.workdir / "no-config.toml"),  # never the user's own file
+            ASSISTANT_CONFIG=str(self._empty_config()),  # never the user's own file
             NOTIFY_SOCKET=str(self.notify_path),
         )
         env.update(self.settings)
         return env
+
+    def _empty_config(self) -> Path:
+        path = self.workdir / "config.toml"
+        if not path.exists():
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            path.write_text("# the benchmark's daemon: everything from ASSISTANT_* variables\n")
+        return path
 
     def start(self, timeout: float = START_TIMEOUT) -> Daemon:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """The client of the OpenAI-compatible model server ("the router").
 
 One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole
-life.  Side requests (models, props, embeddings) reuse its pooled connections; every
+life, made on first use: importing httpx costs about 60 ms, which a daemon start does
+not pay (``warm`` imports it in a worker thread once the daemon is ready).  Side requests (models, props, embeddings) reuse its pooled connections; every
 streamed reply opens a fresh one, because llama-server closes a connection soon after
 a stream while announcing keep-alive (docs/DESIGN.md, "llama-server quirks").  Every httpx
 failure becomes one of our errors (``raise ... from exc``): no answer at all is
@@ -54,10 +55,8 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
-
-import httpx
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
@@ -83,6 +82,11 @@ from .sse import (
     error_from_body,
     parse_chat_stream,
 )
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = None  # bound by load_httpx() before any use
 
 __all__ = [
     "ContentDelta",
@@ -115,6 +119,15 @@ UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to wh
 LLAMA_SWAP_OWNER = "llama-swap"  # owned_by of llama-swap's /v1/models entries
 OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
 
+
+
+def load_httpx() -> None:
+    """Import httpx, once (thread-safe: the import system holds the module's lock)."""
+    global httpx
+    if httpx is None:
+        import httpx as module
+
+        httpx = module
 
 
 def _server_body(response: httpx.Response) -> Any:
@@ -159,18 +172,8 @@ class RouterClient:
         # llama-server serves /props beside /v1, not under it; so do llama-swap and Ollama their own.
         self._root = self._base.removesuffix("/v1") or self._base
         self._props_url = self._root + "/props"
-        headers = {"User-Agent": USER_AGENT}
-        if config.api_key:
-            headers["Authorization"] = f"Bearer {config.api_key}"
-        timeout = httpx.Timeout(
-            connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
-        )
-        # TLS only when a URL asks for it: loading the CA bundle costs ~20 ms of start-up
-        # for the common case of a router on loopback.
-        tls = any(url.startswith("https:") for url in (config.router_url, config.embeddings_base))
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, verify=tls)
-        # The model list is small and quick; a stuck router must not hold the models lock for request_timeout.
-        self._models_timeout = httpx.Timeout(MODELS_TIMEOUT, connect=config.connect_timeout)
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
         self._lock = asyncio.Lock()
         self._models: list[ModelInfo] = []
         self._missing: dict[str, Missing] = {}
@@ -179,8 +182,30 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
 
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            load_httpx()
+            config = self._config
+            headers = {"User-Agent": USER_AGENT}
+            if config.api_key:
+                headers["Authorization"] = f"Bearer {config.api_key}"
+            timeout = httpx.Timeout(
+                connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
+            )
+            # TLS only when a URL asks for it: loading the CA bundle costs ~20 ms
+            # for the common case of a router on loopback.
+            tls = any(url.startswith("https:") for url in (config.router_url, config.embeddings_base))
+            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self._transport, verify=tls)
+        return self._http
+
+    async def warm(self) -> None:
+        """Import httpx in a worker thread, so the first request does not pay for it on the loop."""
+        await asyncio.to_thread(load_httpx)
+
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     # -- models -----------------------------------------------------------------
 
@@ -255,7 +280,8 @@ class RouterClient:
 
     async def _fetch_models(self) -> None:
         url = f"{self._base}/models"
-        response = await self._request("GET", url, timeout=self._models_timeout)
+        # the model list is small and quick: a stuck router must not hold the models lock for request_timeout
+        response = await self._request("GET", url, timeout=(MODELS_TIMEOUT, self._config.connect_timeout))
         body = self._json(response, url)
         entries = body.get("data") if isinstance(body, dict) else None
         if not isinstance(entries, list):
@@ -443,7 +469,7 @@ class RouterClient:
         try:
             async with asyncio.timeout(timeout):
                 response = await self._request(
-                    "POST", url, payload=body, timeout=httpx.Timeout(timeout) if timeout is not None else None
+                    "POST", url, payload=body, timeout=(timeout, timeout) if timeout is not None else None
                 )
         except TimeoutError:
             raise RouterUnreachable(
@@ -463,15 +489,18 @@ class RouterClient:
     # -- plumbing -----------------------------------------------------------------
 
     async def _request(
-        self, method: str, url: str, *, payload: Any = None, timeout: httpx.Timeout | None = None
+        self, method: str, url: str, *, payload: Any = None, timeout: tuple[float, float] | None = None
     ) -> httpx.Response:
-        """Send a request; transport failures and HTTP errors become our errors."""
+        """Send a request; transport failures and HTTP errors become our errors.
+
+        ``timeout``: (read, write and pool; connect) in seconds, else the client's.
+        """
+        client = self._client
+        limits = client.timeout if timeout is None else httpx.Timeout(timeout[0], connect=timeout[1])
         try:
-            response = await self._client.request(
-                method, url, json=payload, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT
-            )
+            response = await client.request(method, url, json=payload, timeout=limits)
         except httpx.HTTPError as exc:
-            raise self._transport_error(exc, url, timeout=timeout) from exc
+            raise self._transport_error(exc, url, timeout=limits) from exc
         if response.status_code >= 400:
             raise _status_error(response, url)
         return response

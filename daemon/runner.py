@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
 from core import estimate_messages, estimate_tools
@@ -67,12 +67,14 @@ from history import (
     parse_arguments,
 )
 from kbinject import injection_mode
-from mcphost import McpHost
 
 from .connection import Emit
 from .context import ContextBuilder, Prompt, router_messages
 from .protocol import Request, error_event
 from .titles import make_title, provisional_title, title_prompt
+
+if TYPE_CHECKING:
+    from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
 
 __all__ = ["Slot", "StopReason", "TurnRunner", "TurnState", "display_name"]
 

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from attachments import configure_image_cache
 from core.config import Config
@@ -21,13 +22,15 @@ from core.errors import StartupError
 from core.router import RouterClient
 from history import AsyncHistory
 from kbinject import KbSettings, KnowledgeBases
-from mcphost import McpHost
 
 from .connection import Connection
 from .handlers import Handlers
 from .listener import Listener, bind_listener, socket_from_systemd
 from .notify import sd_notify
 from .turns import TurnEngine
+
+if TYPE_CHECKING:
+    from mcphost import McpHost
 
 __all__ = ["Server", "serve"]
 
@@ -120,7 +123,10 @@ class Server:
         self._kbs = KnowledgeBases(
             self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k)
         )
-        self._mcp = McpHost(self.config.mcp) if self.config.mcp.servers else None
+        if self.config.mcp.servers:  # the host's code loads only when servers are configured
+            from mcphost import McpHost
+
+            self._mcp = McpHost(self.config.mcp)
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self._mcp)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
@@ -140,6 +146,7 @@ class Server:
     async def _check_router(self) -> None:
         """Say at once when the model server is not there: the first question would fail."""
         assert self._router is not None
+        await self._router.warm()  # httpx loads beside the loop, not on it
         if not await self._router.reachable():
             logger.warning(
                 "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.config import Config
 from core.errors import AssistantError, Busy, InternalError, NotFound, ShuttingDown
@@ -18,13 +18,15 @@ from core.router import RouterClient
 from core.tools import Toolbox
 from history import AsyncHistory, Conversation
 from kbinject import KnowledgeBases
-from mcphost import McpHost
 from recall import default_toolbox
 
 from .connection import Emit
 from .context import ContextBuilder
 from .protocol import Request, error_event
 from .runner import Slot, StopReason, TurnRunner
+
+if TYPE_CHECKING:
+    from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
 
 __all__ = ["TurnEngine"]
 

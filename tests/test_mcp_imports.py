@@ -1,5 +1,6 @@
-"""The MCP SDK is loaded only when MCP servers are configured: a daemon without them starts
-and serves without it (start-up stays light), one with them loads it after readiness."""
+"""Start-up stays light: the daemon imports no heavy library before it is ready. The MCP SDK
+(and our host) load only when MCP servers are configured, after readiness; Pillow only for
+an image; httpx only once ready (in a worker thread) or on the first request."""
 
 from __future__ import annotations
 
@@ -18,8 +19,18 @@ def server(mode: str) -> str:
     return f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\n'
 
 
+HEAVY = ("httpx", "PIL", "pypdf", "numpy", "mcp", "mcphost")
+
+
+def test_the_daemon_imports_no_heavy_library_to_start() -> None:
+    script = f"import sys, daemon.server; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"]
+
+
 def test_a_daemon_without_mcp_servers_never_imports_the_sdk(tmp_path: Path) -> None:
-    """Start-up stays light: the daemon, serving a turn with tools, has not loaded ``mcp``."""
+    """The daemon, serving a text turn with tools, has loaded neither ``mcp`` nor our host, nor Pillow."""
     script = textwrap.dedent("""
         import asyncio, sys
         from core import load_config
@@ -40,7 +51,7 @@ def test_a_daemon_without_mcp_servers_never_imports_the_sdk(tmp_path: Path) -> N
                 await wire.close()
                 server.request_stop()
                 await task
-                print(events[-1]["type"], sorted(m for m in sys.modules if m == "mcp" or m.startswith("mcp.")))
+                print(events[-1]["type"], sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcphost", "PIL")))
 
         asyncio.run(main())
     """)
