@@ -230,10 +230,12 @@ class Connection:
             return
         # in the order sent: after every earlier barrier, and every earlier request of its key
         key = sequence_key(request)
-        earlier = self._barriers | self._sequenced.get(key, set()) if key else set(self._barriers)
-        task = asyncio.create_task(self._run(request, earlier), name=f"request-{request.type}")
+        queued = set(self._sequenced.get(key, ())) if key else set()  # earlier ones of its KB still running
+        task = asyncio.create_task(self._run(request, self._barriers | queued), name=f"request-{request.type}")
         groups = [self._tasks, self._mine]
-        if request.type in BARRIERS:
+        # a kb_link or kb_remove waiting for a kb_add of its KB holds up only that KB's
+        # requests: as a barrier it would hold up the whole connection for the whole ingest
+        if request.type in BARRIERS and not queued:
             groups.append(self._barriers)
         if key:
             groups.append(self._sequenced.setdefault(key, set()))

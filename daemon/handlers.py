@@ -66,7 +66,7 @@ class Handlers:
             raise BadRequest("cancel needs either 'conversation' (to stop its turn) or 'kb' (to stop adding to it)")
         if request.has("kb"):
             kb = kb_name(request.get("kb"))
-            emit({"type": "cancelled", "kb": kb, "running": self.kbs.cancel(kb)})
+            emit({"type": "cancelled", "kb": kb, "running": self.kbs.cancel(kb, sent=request.received)})
             return
         cid: int = request.get("conversation")
         stopped, turn = await self.engine.stop(cid)  # answered once the turn has ended and is stored
@@ -256,7 +256,7 @@ class Handlers:
         if not query.strip():
             raise BadRequest("kb_search needs words in 'query'")
         found = await self.kbs.search(query, kbs=[request.get("kb")], limit=request.get("limit"))
-        emit({"type": "kb_results", "kb": request.get("kb"), "query": query, "search": found.mode,
+        emit({"type": "kb_results", "kb": kb_name(request.get("kb")), "query": query, "search": found.mode,
               "note": found.note, "results": [hit.to_json() for hit in found.hits]})
 
     def _mcp_servers(self, request: Request) -> list[str] | None:

@@ -17,7 +17,7 @@ marks it ``interrupted``.  On a full disk no turn starts (``disk_full``), and th
 outcome of a running one that cannot be written is kept in memory by the history
 (``AsyncHistory.finish``) and written once there is room; the client is told so.
 
-The module is one piece (over 450 lines) because its steps share one ``TurnState``,
+The module is one piece (over 600 lines) because its steps share one ``TurnState``,
 the turn's state machine; cut apart, the ways a turn can end would be read in two files.
 """
 
@@ -160,7 +160,6 @@ class TurnRunner:
         text: str = request.get("text", "")
         files: list[str] = request.get("files", [])
         chosen: str | None = request.get("model") or None
-        await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
         system: str | None = request.get("system")  # a new conversation's own system prompt
         # the files' budget needs the conversation before they are read; for a plain question
         # the conversation is read in the same trip to the store that stores the question
@@ -168,6 +167,7 @@ class TurnRunner:
         conv = known.conversation if known else None
         try:
             self._validate(text, files, cid, system)
+            await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
             # the model as far as it is known before the question is stored: named on the ask,
             # the conversation's own (read for files), else the default
             model = await self.router.model_info(chosen or (conv.model if conv else None))
@@ -309,7 +309,8 @@ class TurnRunner:
         cid, turn = state.conversation, state.turn
         outcome = TurnOutcome(cid, turn, state.messages, "", "error", error=exc.message, error_code=exc.code)
         if not await self.history.finish(outcome):
-            exc = DiskFull(self.history.kept_message())
+            # the error stays what it was (the router was down, say), and says the disk is full too
+            exc.message = f"{exc.message}; {self.history.kept_message()}"
         if prepared is not None:
             emit(self._user_event(cid, turn, state.kb[0], prepared))
         emit(error_event(exc, conversation=cid, turn=turn))

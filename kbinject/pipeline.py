@@ -94,9 +94,11 @@ class Ingest:
         # a new one made after the KB was removed
         return self._locks.setdefault(name, asyncio.Lock())
 
-    def cancel(self, name: str) -> bool:
-        """Stop the adds of the KB ``name`` (running or waiting for its lock); False when there are none."""
-        self._cancelled_at[name] = time.monotonic()
+    def cancel(self, name: str, sent: float | None = None) -> bool:
+        """Stop the adds of the KB ``name`` (running or waiting for its lock), and those sent
+        before ``sent`` (monotonic: when the cancel was sent) that are not here yet; False
+        when none is running."""
+        self._cancelled_at[name] = time.monotonic() if sent is None else sent
         stops = self._stops.get(name, set())
         for stop in stops:
             stop.set()
@@ -107,10 +109,11 @@ class Ingest:
         """Add files and folders to the KB ``name`` (created if new): extract, chunk, store, embed.
 
         ``sent`` (monotonic) is when the client sent it: an add sent before a cancel of its
-        KB is stopped before it reads anything, even when it gets here after the cancel.
+        KB is stopped before it reads anything, even when it gets here after the cancel; one
+        sent after the cancel runs.
         """
         stop = asyncio.Event()
-        if sent is not None and sent <= self._cancelled_at.get(name, -1.0):
+        if sent is not None and sent < self._cancelled_at.get(name, -1.0):
             stop.set()
         stops = self._stops.setdefault(name, set())
         stops.add(stop)

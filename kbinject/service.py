@@ -196,9 +196,10 @@ class KnowledgeBases:
             raise BadRequest("paths must be a list of absolute paths of files or folders")
         return await self.ingest.add(name, paths, progress, sent)
 
-    def cancel(self, kb: str) -> bool:
-        """Stop the adds to ``kb`` (each keeps the files it stored whole); False when none runs."""
-        return self.ingest.cancel(kb_name(kb))
+    def cancel(self, kb: str, sent: float | None = None) -> bool:
+        """Stop the adds to ``kb`` (each keeps the files it stored whole), and those sent before
+        ``sent`` (see ``Ingest.cancel``); False when none runs."""
+        return self.ingest.cancel(kb_name(kb), sent)
 
     async def embed_pending(self, kb: str | None = None, progress: ProgressCallback | None = None) -> AddResult:
         """Embed the chunks an earlier add could not (all KBs, or one); the counts in an AddResult."""

@@ -304,6 +304,25 @@ async def test_cancel_stops_a_kb_add_and_keeps_the_files_stored_whole(
     assert [(kb["kb"], kb["documents"]) for kb in listed["items"]] == [("notes", 3)]
 
 
+async def test_a_kb_add_holds_up_only_requests_about_its_kb(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    router.embed_delay = 60.0  # the add would run for a minute
+    add = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})
+    link = await kwire.send({"type": "kb_link", "kb": "notes"})  # waits for the add
+    assert (await kwire.request({"type": "status"}))["type"] == "status"  # at once, not after the add
+    assert (await kwire.request({"type": "cancel", "kb": "notes"}))["running"] is True
+    assert (await kwire.until(add, ("kb", "error")))[-1]["cancelled"] is True
+    linked = (await kwire.until(link, ("kb", "error")))[-1]
+    assert linked["type"] == "kb" and linked["linked_all"] is True
+
+
+async def test_an_add_sent_after_a_cancel_of_its_kb_runs(kwire: Wire, docs: Path) -> None:
+    cancel = await kwire.send({"type": "cancel", "kb": "notes"})
+    add = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})  # back to back
+    assert (await kwire.until(cancel, ("cancelled", "error")))[-1]["running"] is False
+    result = (await kwire.until(add, ("kb", "error")))[-1]
+    assert result["type"] == "kb" and result["cancelled"] is False and result["added"] == 3
+
+
 async def test_cancel_names_a_conversation_or_a_kb(kwire: Wire) -> None:
     for fields in ({}, {"kb": "notes", "conversation": 1}):
         answer = await kwire.request({"type": "cancel", **fields})
