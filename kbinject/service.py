@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.errors import BadRequest, NotFound
 from core.seams import Embedder
@@ -224,28 +224,43 @@ class KnowledgeBases:
         limit: int | None = None,
     ) -> SearchResult:
         """Hybrid search of the KBs linked to ``conversation``, or of the KBs named, or of all."""
-        if conversation is not None:
-            kb_ids: builtins.list[int] | None = await self.history.run(lambda s: s.kb.linked_ids(conversation))
-        elif kbs is not None:
-            kb_ids = []
-            for name in kbs:
-                record = await self.history.run(partial(_kb_named, kb_name(name)))
-                if record is None:
-                    raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
-                kb_ids.append(record.id)
-        else:
-            kb_ids = None
+        embedding = self._embedding(query)  # the query's vector needs no KB: asked for at once
+        try:
+            if conversation is not None:
+                kb_ids: builtins.list[int] | None = await self.history.run(lambda s: s.kb.linked_ids(conversation))
+            elif kbs is not None:
+                kb_ids = []
+                for name in kbs:
+                    record = await self.history.run(partial(_kb_named, kb_name(name)))
+                    if record is None:
+                        raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
+                    kb_ids.append(record.id)
+            else:
+                kb_ids = None
+        except BaseException:
+            await _dropped(embedding)
+            raise
         wanted = DEFAULT_SEARCH_LIMIT if limit is None else max(1, min(MAX_SEARCH_LIMIT, limit))
         if kb_ids == []:
+            await _dropped(embedding)
             return SearchResult([], "bm25", "no knowledge base is linked")
-        return await self._search(query, kb_ids, wanted)
+        return await self._search(query, kb_ids, wanted, embedding)
 
-    async def _search(self, query: str, kb_ids: builtins.list[int] | None, limit: int) -> SearchResult:
+    def _embedding(self, query: str) -> asyncio.Task[tuple[Vector | None, str | None]] | None:
+        """The query's embedding, under way; None without an embedder or words."""
+        if self.embedder is None or not query.strip():
+            return None
+        return asyncio.create_task(self.embedder.query(query, self.query_timeout))
+
+    async def _search(
+        self, query: str, kb_ids: builtins.list[int] | None, limit: int,
+        embedding: asyncio.Task[tuple[Vector | None, str | None]] | None = None,
+    ) -> SearchResult:
         terms = query_terms(query)
         phrases = fts_phrases(terms)
         keywords, (nearest, vector, note) = await asyncio.gather(
             self.history.run(lambda s: s.kb.search(phrases, kb_ids, CANDIDATES)),
-            self._nearest(query, kb_ids),
+            self._nearest(kb_ids, embedding or self._embedding(query)),
         )
         found = {chunk_id for chunk_id, _ in keywords}
         similar = [chunk_id for chunk_id, cosine in nearest if cosine >= MIN_VECTOR_SIMILARITY or chunk_id in found]
@@ -270,22 +285,20 @@ class KnowledgeBases:
         return SearchResult(hits, "hybrid" if vector is not None else "bm25", note)
 
     async def _nearest(
-        self, query: str, kb_ids: builtins.list[int] | None
+        self, kb_ids: builtins.list[int] | None, embedding: asyncio.Task[tuple[Vector | None, str | None]] | None
     ) -> tuple[builtins.list[tuple[int, float]], Vector | None, str | None]:
-        """The vector candidates, the query's vector, and why there are none; bounded, never raises."""
-        if self.embedder is None or not query.strip():
+        """The vector candidates, the query's vector (``embedding``, under way), and why there
+        are none; bounded, never raises."""
+        if embedding is None:
             return [], None, None
-        embedding = asyncio.create_task(self.embedder.query(query, self.query_timeout))
         try:
             async with asyncio.timeout(self.query_timeout):
                 await self.index.ready()
         except TimeoutError:
-            embedding.cancel()
-            await asyncio.gather(embedding, return_exceptions=True)
+            await _dropped(embedding)
             return [], None, "the vector index is still loading; keyword search only"
         except Exception as exc:
-            embedding.cancel()
-            await asyncio.gather(embedding, return_exceptions=True)
+            await _dropped(embedding)
             return [], None, f"the vector index could not be loaded ({type(exc).__name__}); keyword search only"
         vector, note = await embedding
         index = self.index.current
@@ -364,6 +377,13 @@ def _chunks_and_vectors(
     model: str, ids: Sequence[int], vector_ids: Sequence[int], store: HistoryStore
 ) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
     return store.kb.chunks(ids), store.kb.vectors_of(model, vector_ids)
+
+
+async def _dropped(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a task whose result is no longer wanted, and wait for it to end."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
