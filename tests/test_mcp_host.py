@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,100 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
     assert tool_messages(router.requests[-1])[-1]["content"] == "5"
     assert len((tmp_path / "starts").read_text().split()) == 2
     assert (await server_state(wire, "good"))["starts"] == 2
+
+
+# The good server, but slow to go: it ignores SIGTERM and lingers after its stdin closes, so
+# the host takes about 2 s (two STOP_GRACE) to stop it and then kills it. As it starts it notes
+# in the file named by its first argument whether a process noted in MCP_TEST_STARTS still runs.
+STUBBORN = """
+import atexit, os, runpy, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+atexit.register(time.sleep, 60)
+overlap, sys.argv = sys.argv[1], sys.argv[2:]
+with open(os.environ["MCP_TEST_STARTS"], "a+") as starts:
+    starts.seek(0)
+    for pid in starts.read().split():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            continue
+        with open(overlap, "a") as fh:
+            fh.write(pid + " still runs\\n")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def stubborn_server(starts: Path, overlap: Path) -> str:
+    args = ["-c", STUBBORN, str(overlap), str(SERVERS), "good"]
+    return (f"command = {json.dumps(sys.executable)}\nargs = {json.dumps(args)}\n"
+            f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\n")
+
+
+async def test_a_restart_waits_for_the_old_process_and_keeps_the_new_connection(
+    hosting: Any, router: FakeRouter, tmp_path: Path
+) -> None:
+    starts, overlap = tmp_path / "starts", tmp_path / "overlap"
+    wire = await hosting({"good": stubborn_server(starts, overlap)}, "call_timeout = 0.5\n")
+    router.script(call("good__slow", {"seconds": 30}), Reply(text="gave up"))
+    cid = (await wire.ask("wait"))[0]["conversation"]
+    assert (await server_state(wire, "good"))["state"] == "failed"  # hung: stopped, slowly
+    first = int(starts.read_text().split()[0])
+    await wire.ask("again", conversation=cid)  # at once (no back-off): a new start
+    async with asyncio.timeout(60):  # until the first process is gone and its task has ended
+        while _alive(first):
+            await asyncio.sleep(0.05)
+    await wire.request({"type": "status"})
+    # the end of the first start's task did not clear the second one's connection
+    await wire.ask("and again", conversation=cid)
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == GOOD_TOOLS
+    state = await server_state(wire, "good")
+    assert (state["state"], state["tools"], state["starts"]) == ("ready", len(GOOD_TOOLS), 2)
+    assert len(starts.read_text().split()) == 2
+    assert not overlap.exists()  # the second process started once the first had gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class SkewedClock:
+    """The host's clock, moved on at will: its back-off passes without the test waiting it out."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skew
+
+
+async def test_a_failed_server_is_not_restarted_before_its_back_off_has_passed(
+    wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 60.0)
+    clock = SkewedClock()
+    monkeypatch.setattr(mcphost.host, "time", clock)
+    router.script(call("good__die", {}), Reply(text="it died"))
+    cid = (await wire.ask("kill it"))[0]["conversation"]
+    state = await server_state(wire, "good")
+    assert state["state"] == "failed" and 0 < state["retry_in"] <= 60
+    events = await wire.ask("again", conversation=cid)  # within the back-off: not tried
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == []
+    notes = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
+    assert notes and "MCP server good is not available" in notes[0]
+    state = await server_state(wire, "good")
+    assert (state["state"], state["starts"]) == ("failed", 1) and state["retry_in"] > 0
+    assert len((tmp_path / "starts").read_text().split()) == 1
+    clock.skew = 60.0  # the back-off has passed
+    assert (await server_state(wire, "good"))["retry_in"] == 0
+    await wire.ask("and again", conversation=cid)
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == GOOD_TOOLS
+    state = await server_state(wire, "good")
+    assert (state["state"], state["starts"]) == ("ready", 2)
+    assert len((tmp_path / "starts").read_text().split()) == 2
 
 
 async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router: FakeRouter) -> None:
