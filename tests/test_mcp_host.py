@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -399,16 +400,71 @@ async def test_without_mcp_servers_status_lists_none(tmp_path: Path, router: Fak
         await daemon.stop()
 
 
-async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
-    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+# A server whose tool description would clear the screen, and one whose stderr is in colour
+# (and which never answers, so that its stderr ends up in its last error).
+NASTY = """
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("nasty")
+@server.tool(description="Clears \\x1b[2Jthe screen and \\x9b31mpaints")
+def paint() -> str:
+    return "done"
+server.run("stdio")
+"""
+LOUD = 'import sys; sys.stderr.write("\\x1b[31mred alert\\x1b[0m\\n"); sys.stderr.flush(); sys.stdin.read()'
+
+
+def python_server(code: str) -> str:
+    return f"command = {json.dumps(sys.executable)}\nargs = {json.dumps(['-c', code])}\n"
+
+
+async def mcp_list(*args: str) -> tuple[int, str, str]:
     # the daemon runs in this loop: the client must run beside it, not block it
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "mcp", "list", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    return child.returncode or 0, out.decode(), err.decode()
+
+
+async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
+    hosting: Any, router: FakeRouter
+) -> None:
+    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, "start_timeout = 1\n")
+    code, out, err = await mcp_list()
+    assert code == 0, err
+    assert "\x1b" not in out and "\x9b" not in out
+    assert "nasty__paint" in out and "Clears \\x1b[2Jthe screen and \\x9b31mpaints" in out
+    [loud] = [line for line in out.splitlines() if line.startswith("loud")]
+    assert "failed" in loud and "\\x1b[31mred alert\\x1b[0m" in loud
+    code, out, err = await mcp_list("--json")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x9b" not in out and len(out.splitlines()) == 1
+    servers = {server["name"]: server for server in json.loads(out)["servers"]}
+    assert servers["nasty"]["tools"][0]["description"] == "Clears \x1b[2Jthe screen and \x9b31mpaints"
+    assert "\x1b[31mred alert\x1b[0m" in servers["loud"]["last_error"]
+
+
+async def test_ctrl_c_stops_mcp_list_with_130(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"hang": server("hang")}, "start_timeout = 30\n")
     child = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "assistant.py"), "mcp", "list",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
+    async with asyncio.timeout(60):  # until its request is in: the daemon starts the server for it
+        while (await server_state(wire, "hang"))["state"] != "starting":
+            await asyncio.sleep(0.05)
+    child.send_signal(signal.SIGINT)
     out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode == 0, err
-    lines = out.decode().splitlines()
+    assert child.returncode == 130 and out == b""
+    assert err.decode() == "[stopped]\n"
+
+
+async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
+    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    code, out, err = await mcp_list()
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[0].startswith("good  stdio  ready")
     assert [line.split()[0] for line in lines[1:8]] == GOOD_TOOLS
     assert "Add two integers." in lines[1]
