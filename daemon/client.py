@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,7 +39,7 @@ from .cli.terminal import (
 )
 from .cli.turn import Turn, chosen_conversation, compose_question, file_paths, set_system
 
-__all__ = ["add_client_commands", "add_client_options", "run_client"]
+__all__ = ["add_client_commands", "add_client_options", "connect", "guarded", "run_client", "socket_path"]
 
 
 class UsageError(Exception):
@@ -159,6 +160,8 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
         return _settings_request(args)
     if args.command == "estimate":
         return await _estimate_request(client, args)
+    if args.command == "mcp":  # `mcp list` (mcpserve adds its parser)
+        return {"type": "mcp_servers"}
     request: dict[str, Any] = {"type": args.command}
     if args.command == "conversations":
         request["limit"] = args.limit
@@ -172,15 +175,15 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
-async def _connect(path: Path) -> Wire:
+async def connect(path: Path, timeout: float | None = None) -> Wire:
     try:
-        return await Wire.open(path, keep=False)
+        return await Wire.open(path, keep=False, timeout=timeout)
     except OSError as exc:  # what Wire.open does not explain itself: a path through a file, ...
         raise DaemonGone(f"cannot reach a daemon at {path} ({exc.strerror or exc}); check ASSISTANT_SOCKET") from None
 
 
 async def _run(args: argparse.Namespace, terminal: Terminal) -> int:
-    client = await _connect(socket_path(args))
+    client = await connect(socket_path(args))
     try:
         if args.command == "ask":
             return await _ask(client, args, terminal)
@@ -303,14 +306,24 @@ def _quiet_stdout() -> None:
 def run_client(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run one client command; its exit status."""
     terminal = Terminal(out, err)
-    for warning in unknown_variables(os.environ):
-        terminal.note(f"assistant: warning: {warning}")
-    try:
+
+    def run() -> int:
         if args.command in ("ask", "estimate"):  # read before connecting: a usage error needs no daemon
             args.question = compose_question(args.text, piped_stdin())
             if args.command == "ask" and not args.question.strip() and not args.file:
                 raise UsageError("ask needs a question: as words, piped on stdin, or files with -f")
         return asyncio.run(_run(args, terminal))
+
+    return guarded(terminal, run)
+
+
+def guarded(terminal: Terminal, run: Callable[[], int]) -> int:
+    """Run a command as the client runs its own: no daemon, a usage error, a closed pipe and
+    Ctrl-C end it with one line and their exit status."""
+    for warning in unknown_variables(os.environ):
+        terminal.note(f"assistant: warning: {warning}")
+    try:
+        return run()
     except DaemonGone as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_NO_DAEMON

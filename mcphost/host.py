@@ -11,9 +11,11 @@ never run on a turn's task, and nothing waits longer than ``start_timeout`` for 
 server to start or ``call_timeout`` for a call. A failure is kept as the server's
 ``last_error`` (``status`` shows it) and the server is tried again on the next need
 after a back-off that doubles with each failure in a row (``BACKOFF_FIRST`` to
-``BACKOFF_MAX``). A call that times out takes its server down (it is hung, and its
-next call would wait as long); any other failure of a call comes back to the model as
-a tool error (``ToolError``), never as a failed turn.
+``BACKOFF_MAX``). Each start is a generation of its own and waits for the one before
+to stop its process, so what an earlier start does as it ends (clear its connection,
+tell how it ended) never touches a later one. A call that times out takes its server
+down (it is hung, and its next call would wait as long); any other failure of a call
+comes back to the model as a tool error (``ToolError``), never as a failed turn.
 
 The SDK (``mcphost.connection``) is imported in a worker thread on first need, or by
 ``warm()`` after the daemon is ready: about 0.7 s of imports that must not stall the
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 BACKOFF_FIRST = 1.0  # seconds before a failed server is tried again
 BACKOFF_MAX = 300.0
 START_SLACK = 5.0  # seconds beyond start_timeout for spawning the process
+STOP_WAIT = 10.0  # seconds a new start waits for the one before to stop its process (about 2 s)
 State = Literal["idle", "starting", "ready", "failed", "stopped"]
 
 
@@ -64,6 +67,7 @@ class ServerHandle:
         self.retry_at = 0.0
         self.connection: Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._generation = 0  # one more with each start
         self._ready: asyncio.Future[None] | None = None
         self._stop = asyncio.Event()
 
@@ -87,51 +91,67 @@ class ServerHandle:
             return False
         if self.state != "starting":
             self._begin()
-        assert self._ready is not None
+        ready, generation = self._ready, self._generation
+        assert ready is not None
         # the connection's own start timeout fires first; this one only guards against a bug there
-        done, _ = await asyncio.wait({self._ready}, timeout=self.settings.start_timeout + START_SLACK)
+        wait = STOP_WAIT + self.settings.start_timeout + START_SLACK
+        done, _ = await asyncio.wait({ready}, timeout=wait)
         if not done:
-            self._fail(f"did not start within {self.settings.start_timeout:g} s")
+            self._fail(f"did not start within {self.settings.start_timeout:g} s", generation)
         return self.state == "ready"
 
     def _begin(self) -> None:
+        """A new start, a generation of its own: what is left of the one before (a task still
+        stopping its process) can neither clear the new connection nor fail the new start."""
         self.state = "starting"
         self.starts += 1
+        self._generation += 1
         self._stop = asyncio.Event()
         self._ready = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._hold(self._ready), name=f"mcp server {self.spec.name}")
+        self._task = asyncio.create_task(
+            self._hold(self._generation, self._ready, self._stop, self._task), name=f"mcp server {self.spec.name}"
+        )
 
-    async def _hold(self, ready: asyncio.Future[None]) -> None:
-        """The connection's whole life, in its own task."""
-        stop = self._stop
+    async def _hold(
+        self, generation: int, ready: asyncio.Future[None], stop: asyncio.Event,
+        previous: asyncio.Task[None] | None,
+    ) -> None:
+        """The connection's whole life, in its own task, once the one before it has ended."""
 
         async def on_ready(connection: Connection) -> None:
+            if generation != self._generation or stop.is_set():
+                return  # given up on while it started: it is stopped at once
             self.connection, self.state, self.failures = connection, "ready", 0
             logger.info("MCP server %s ready: %d tool(s)", self.spec.name, len(connection.tools))
             if not ready.done():
                 ready.set_result(None)
 
         try:
+            await _ended(previous)  # one process of a server at a time
+            if stop.is_set():
+                return
             module = await self._sdk.load()
             why = await module.open_connection(
                 self.spec, self.settings.start_timeout, self.settings.call_timeout, on_ready, stop
             )
             if why:
-                self._fail(why)
+                self._fail(why, generation)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - whatever a server does, the daemon goes on
-            self._fail(_describe(exc))
+            self._fail(_describe(exc), generation)
         finally:
-            self.connection = None
-            if self.state in ("ready", "starting") and not stop.is_set():
-                self._fail("the connection ended")
+            if generation == self._generation:
+                self.connection = None
+                if self.state in ("ready", "starting") and not stop.is_set():
+                    self._fail("the connection ended", generation)
             if not ready.done():
                 ready.set_result(None)
 
-    def _fail(self, why: str) -> None:
-        """Mark the server failed, stop what is left of it, and set its back-off."""
-        if self.state == "stopped":
+    def _fail(self, why: str, generation: int | None = None) -> None:
+        """Mark the server failed, stop what is left of it, and set its back-off; a failure
+        told by an earlier start (``generation``) than the current one is old news."""
+        if self.state == "stopped" or generation not in (None, self._generation):
             return
         self.last_error = why
         if self.state == "failed":
@@ -169,7 +189,7 @@ class ServerHandle:
         self._stop.set()
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), 10.0)
+                await asyncio.wait_for(asyncio.shield(self._task), STOP_WAIT)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
                 self._task.cancel()
 
@@ -256,6 +276,20 @@ def fit_tools(tools: list[McpTool], room: int) -> list[McpTool]:
             break
         kept.append(tool)
     return kept
+
+
+async def _ended(task: asyncio.Task[None] | None) -> None:
+    """Wait for an earlier start's task to stop its process; cancel it if it takes too long."""
+    if task is None or task.done():
+        return
+    try:
+        done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
+    except asyncio.CancelledError:  # the daemon stops: so does what is left of the earlier start
+        task.cancel()
+        raise
+    if not done:
+        logger.warning("MCP server task %s did not stop within %g s; cancelled", task.get_name(), STOP_WAIT)
+        task.cancel()
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,28 +1,17 @@
-"""The ``mcp`` subcommands: ``list`` renders the daemon's ``mcp_servers``; ``serve`` runs
-``mcpserve.server`` (imported only then: the SDK is heavy)."""
+"""The ``mcp`` subcommands: ``list`` is the client's ``mcp_servers`` request, run and shown
+as the client runs and shows every other; ``serve`` runs ``mcpserve.server`` (imported
+only then: the SDK is heavy), with the client's socket path and exit statuses."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
 import sys
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from core.config import default_socket_path
-from core.wire import DaemonGone, Wire
+from daemon.cli.terminal import EXIT_OK, Terminal
+from daemon.client import guarded, run_client, socket_path
 
-__all__ = ["add_mcp_commands", "run_mcp", "socket_path"]
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_NO_DAEMON = 3  # as the client's (README, "Exit statuses")
-
-
-def socket_path(args: argparse.Namespace) -> Path:
-    return Path(args.socket) if getattr(args, "socket", None) else default_socket_path(os.environ)
+__all__ = ["add_mcp_commands", "run_mcp"]
 
 
 def add_mcp_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,47 +27,16 @@ def add_mcp_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                          default=argparse.SUPPRESS)
 
 
-def render_servers(event: dict[str, Any], out: TextIO) -> None:
-    servers = event["servers"]
-    if not servers:
-        print("no MCP servers configured; add [mcp.servers.NAME] to config.toml (see the README)", file=out)
-    for server in servers:
-        line = f"{server['name']}  {server['transport']}  {server['state']}"
-        if server.get("last_error"):
-            line += f"  ({server['last_error']})"
-        print(line, file=out)
-        for tool in server["tools"]:
-            description = " ".join(tool["description"].split())
-            if len(description) > 70:
-                description = description[:69] + "…"
-            print(f"    {tool['offered_as']:<40} {description}", file=out)
+def run_mcp(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run one ``mcp`` subcommand; its exit status (the client's)."""
+    if args.mcp_command == "list":
+        return run_client(args, out, err)
 
+    def serve() -> int:
+        path = socket_path(args)  # a path that cannot be a socket's is told now, not at each call
+        from .server import serve  # the SDK loads only to serve
 
-async def _list(args: argparse.Namespace, out: TextIO) -> int:
-    wire = await Wire.open(socket_path(args), keep=False)
-    try:
-        event = await wire.request({"type": "mcp_servers"})
-    finally:
-        await wire.close()
-    if getattr(args, "json", False):
-        print(json.dumps(event, ensure_ascii=False), file=out)
-    elif event["type"] == "error":
-        print(f"error ({event.get('code')}): {event.get('message')}", file=sys.stderr)
-    else:
-        render_servers(event, out)
-    return EXIT_ERROR if event["type"] == "error" else EXIT_OK
+        serve(path)
+        return EXIT_OK
 
-
-def run_mcp(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    try:
-        if args.mcp_command == "serve":
-            from .server import serve  # the SDK loads only to serve
-
-            serve(socket_path(args))
-            return EXIT_OK
-        return asyncio.run(_list(args, out))
-    except DaemonGone as exc:
-        print(f"assistant: {exc}", file=sys.stderr)
-        return EXIT_NO_DAEMON
-    except KeyboardInterrupt:
-        return EXIT_ERROR
+    return guarded(Terminal(out, err), serve)

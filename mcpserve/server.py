@@ -1,7 +1,7 @@
 """``assistant.py mcp serve``: the user's memory as an MCP server, for any MCP client.
 
-Read-only tools, each one request to the daemon over its socket (``core.wire.Wire``, a
-fresh connection per call, so calls in flight never share a reader):
+Read-only tools, each one request to the daemon over its socket (the client's
+``connect``, a fresh connection per call, so calls in flight never share a reader):
 
 - ``search_conversations``: the ``search`` request, over every conversation;
 - ``list_conversations``: ``conversations``, newest first;
@@ -25,7 +25,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from core.version import __version__
-from core.wire import DaemonGone, Wire
+from core.wire import DaemonGone
+from daemon.client import connect
 
 __all__ = ["build_server", "serve"]
 
@@ -41,7 +42,7 @@ class Daemon:
 
     async def request(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            wire = await Wire.open(self.socket, keep=False, timeout=CALL_TIMEOUT)
+            wire = await connect(self.socket, timeout=CALL_TIMEOUT)
         except DaemonGone as exc:
             raise ToolError(str(exc)) from None
         try:

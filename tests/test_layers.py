@@ -1,7 +1,7 @@
 """The packages form floors: each imports only the floors below it, and nothing imports the daemon.
 
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core
-                   daemon -> mcphost -> core;  assistant.py -> mcpserve -> core
+                   daemon -> mcphost -> core;  assistant.py -> mcpserve -> daemon's client -> core
 
 with ``recall -> attachments`` and ``kbinject -> attachments`` allowed.  Checked on the
 source (every ``import`` statement, including those inside functions and under
@@ -11,6 +11,9 @@ source (every ``import`` statement, including those inside functions and under
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,13 @@ ALLOWED = {
     "recall": {"core", "history", "attachments"},
     "kbinject": {"core", "history", "attachments"},
     "mcphost": {"core"},  # the MCP host: the daemon's, on the ground floor alone
-    "mcpserve": {"core"},  # `assistant.py mcp ...`: a client of the socket, like daemon/client.py
+    # `assistant.py mcp ...`: a client of the socket, made of the client's own parts (CLIENT_SIDE:
+    # standard library and core only), never the daemon's server
+    "mcpserve": {"core", "daemon"},
     "daemon": {"core", "history", "attachments", "recall", "kbinject", "mcphost"},
     "selfcheck": {"core", "daemon"},
 }
+CLIENT_SIDE = ("daemon.client", "daemon.cli")  # what mcpserve may import of the daemon package
 
 
 def imported(path: Path) -> set[str]:
@@ -53,6 +59,26 @@ def test_a_package_imports_only_the_floors_below(package: str) -> None:
         for other in imported(path) - ALLOWED[package] - {package}
     }
     assert not wrong, sorted(wrong)
+
+
+def test_mcpserve_imports_only_the_client_side_of_the_daemon_package() -> None:
+    wrong = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "mcpserve").rglob("*.py"))
+        for name in _all_imports(path)
+        if name.split(".")[0] == "daemon" and not any(name == m or name.startswith(m + ".") for m in CLIENT_SIDE)
+    )
+    assert not wrong, wrong
+
+
+def test_the_mcp_commands_load_the_client_side_alone() -> None:
+    """``mcp list`` starts as light as any client command: no SDK, nothing of the daemon's server."""
+    script = ("import json, sys, mcpserve; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('mcp', 'mcphost', 'httpx', 'numpy', 'PIL', 'history', 'daemon'))))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert loaded and all(m == "daemon" or m.startswith(("daemon.client", "daemon.cli")) for m in loaded), loaded
 
 
 def test_production_code_never_imports_the_tests() -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -183,6 +186,100 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
     assert (await server_state(wire, "good"))["starts"] == 2
 
 
+# The good server, but slow to go: it ignores SIGTERM and lingers after its stdin closes, so
+# the host takes about 2 s (two STOP_GRACE) to stop it and then kills it. As it starts it notes
+# in the file named by its first argument whether a process noted in MCP_TEST_STARTS still runs.
+STUBBORN = """
+import atexit, os, runpy, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+atexit.register(time.sleep, 60)
+overlap, sys.argv = sys.argv[1], sys.argv[2:]
+with open(os.environ["MCP_TEST_STARTS"], "a+") as starts:
+    starts.seek(0)
+    for pid in starts.read().split():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            continue
+        with open(overlap, "a") as fh:
+            fh.write(pid + " still runs\\n")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def stubborn_server(starts: Path, overlap: Path) -> str:
+    args = ["-c", STUBBORN, str(overlap), str(SERVERS), "good"]
+    return (f"command = {json.dumps(sys.executable)}\nargs = {json.dumps(args)}\n"
+            f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\n")
+
+
+async def test_a_restart_waits_for_the_old_process_and_keeps_the_new_connection(
+    hosting: Any, router: FakeRouter, tmp_path: Path
+) -> None:
+    starts, overlap = tmp_path / "starts", tmp_path / "overlap"
+    wire = await hosting({"good": stubborn_server(starts, overlap)}, "call_timeout = 0.5\n")
+    router.script(call("good__slow", {"seconds": 30}), Reply(text="gave up"))
+    cid = (await wire.ask("wait"))[0]["conversation"]
+    assert (await server_state(wire, "good"))["state"] == "failed"  # hung: stopped, slowly
+    first = int(starts.read_text().split()[0])
+    await wire.ask("again", conversation=cid)  # at once (no back-off): a new start
+    async with asyncio.timeout(60):  # until the first process is gone and its task has ended
+        while _alive(first):
+            await asyncio.sleep(0.05)
+    await wire.request({"type": "status"})
+    # the end of the first start's task did not clear the second one's connection
+    await wire.ask("and again", conversation=cid)
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == GOOD_TOOLS
+    state = await server_state(wire, "good")
+    assert (state["state"], state["tools"], state["starts"]) == ("ready", len(GOOD_TOOLS), 2)
+    assert len(starts.read_text().split()) == 2
+    assert not overlap.exists()  # the second process started once the first had gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class SkewedClock:
+    """The host's clock, moved on at will: its back-off passes without the test waiting it out."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skew
+
+
+async def test_a_failed_server_is_not_restarted_before_its_back_off_has_passed(
+    wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 60.0)
+    clock = SkewedClock()
+    monkeypatch.setattr(mcphost.host, "time", clock)
+    router.script(call("good__die", {}), Reply(text="it died"))
+    cid = (await wire.ask("kill it"))[0]["conversation"]
+    state = await server_state(wire, "good")
+    assert state["state"] == "failed" and 0 < state["retry_in"] <= 60
+    events = await wire.ask("again", conversation=cid)  # within the back-off: not tried
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == []
+    notes = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
+    assert notes and "MCP server good is not available" in notes[0]
+    state = await server_state(wire, "good")
+    assert (state["state"], state["starts"]) == ("failed", 1) and state["retry_in"] > 0
+    assert len((tmp_path / "starts").read_text().split()) == 1
+    clock.skew = 60.0  # the back-off has passed
+    assert (await server_state(wire, "good"))["retry_in"] == 0
+    await wire.ask("and again", conversation=cid)
+    assert [n for n in tool_names(router.requests[-1]) if n.startswith("good__")] == GOOD_TOOLS
+    state = await server_state(wire, "good")
+    assert (state["state"], state["starts"]) == ("ready", 2)
+    assert len((tmp_path / "starts").read_text().split()) == 2
+
+
 async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router: FakeRouter) -> None:
     wire = await hosting({"good": server("good")}, "call_timeout = 0.5\n")
     router.script(call("good__slow", {"seconds": 30}), Reply(text="gave up"))
@@ -303,16 +400,71 @@ async def test_without_mcp_servers_status_lists_none(tmp_path: Path, router: Fak
         await daemon.stop()
 
 
-async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
-    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+# A server whose tool description would clear the screen, and one whose stderr is in colour
+# (and which never answers, so that its stderr ends up in its last error).
+NASTY = """
+from mcp.server.mcpserver import MCPServer
+server = MCPServer("nasty")
+@server.tool(description="Clears \\x1b[2Jthe screen and \\x9b31mpaints")
+def paint() -> str:
+    return "done"
+server.run("stdio")
+"""
+LOUD = 'import sys; sys.stderr.write("\\x1b[31mred alert\\x1b[0m\\n"); sys.stderr.flush(); sys.stdin.read()'
+
+
+def python_server(code: str) -> str:
+    return f"command = {json.dumps(sys.executable)}\nargs = {json.dumps(['-c', code])}\n"
+
+
+async def mcp_list(*args: str) -> tuple[int, str, str]:
     # the daemon runs in this loop: the client must run beside it, not block it
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "mcp", "list", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    return child.returncode or 0, out.decode(), err.decode()
+
+
+async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
+    hosting: Any, router: FakeRouter
+) -> None:
+    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, "start_timeout = 1\n")
+    code, out, err = await mcp_list()
+    assert code == 0, err
+    assert "\x1b" not in out and "\x9b" not in out
+    assert "nasty__paint" in out and "Clears \\x1b[2Jthe screen and \\x9b31mpaints" in out
+    [loud] = [line for line in out.splitlines() if line.startswith("loud")]
+    assert "failed" in loud and "\\x1b[31mred alert\\x1b[0m" in loud
+    code, out, err = await mcp_list("--json")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x9b" not in out and len(out.splitlines()) == 1
+    servers = {server["name"]: server for server in json.loads(out)["servers"]}
+    assert servers["nasty"]["tools"][0]["description"] == "Clears \x1b[2Jthe screen and \x9b31mpaints"
+    assert "\x1b[31mred alert\x1b[0m" in servers["loud"]["last_error"]
+
+
+async def test_ctrl_c_stops_mcp_list_with_130(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"hang": server("hang")}, "start_timeout = 30\n")
     child = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "assistant.py"), "mcp", "list",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
+    async with asyncio.timeout(60):  # until its request is in: the daemon starts the server for it
+        while (await server_state(wire, "hang"))["state"] != "starting":
+            await asyncio.sleep(0.05)
+    child.send_signal(signal.SIGINT)
     out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode == 0, err
-    lines = out.decode().splitlines()
+    assert child.returncode == 130 and out == b""
+    assert err.decode() == "[stopped]\n"
+
+
+async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
+    await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    code, out, err = await mcp_list()
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[0].startswith("good  stdio  ready")
     assert [line.split()[0] for line in lines[1:8]] == GOOD_TOOLS
     assert "Add two integers." in lines[1]

@@ -16,6 +16,8 @@ from mcp.client.stdio import stdio_client
 from core.wire import Wire
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
+from tests.test_cli import run_into_closed_pipe
+from tests.test_client import cli
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,15 +85,44 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
     assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
 
 
-async def test_mcp_serve_without_a_daemon_answers_tool_errors(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where, said", [("none.sock", "no daemon answers"),
+                                         ("file/a.sock", "(Not a directory); check ASSISTANT_SOCKET")])
+async def test_mcp_serve_without_a_daemon_answers_tool_errors(tmp_path: Path, where: str, said: str) -> None:
+    (tmp_path / "file").write_text("a file, not a folder")
     params = StdioServerParameters(
         command=sys.executable, args=[str(ROOT / "assistant.py"), "mcp", "serve"],
-        env={"ASSISTANT_SOCKET": str(tmp_path / "none.sock")}, cwd=str(ROOT),
+        env={"ASSISTANT_SOCKET": str(tmp_path / where)}, cwd=str(ROOT),
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         result = await session.call_tool("list_conversations", {})
-        assert result.is_error and "no daemon answers" in text_of(result)
+        assert result.is_error and said in text_of(result)
+
+
+@pytest.mark.parametrize("command", ["list", "serve"])
+async def test_mcp_commands_refuse_a_socket_path_that_cannot_be_one_in_one_line(command: str) -> None:
+    long = "/tmp/" + "d" * 120 + "/a.sock"
+    code, out, err = await cli("mcp", command, env={"ASSISTANT_SOCKET": long})
+    assert code == 3 and out == ""
+    assert err == (f"assistant: the socket path {long} is 132 bytes, over the 107 a Unix socket allows; "
+                   "set ASSISTANT_SOCKET to a shorter path\n")
+
+
+async def test_mcp_list_tells_a_missing_daemon_as_the_client_does(tmp_path: Path) -> None:
+    code, out, err = await cli("mcp", "list", "--socket", str(tmp_path / "gone.sock"))
+    assert code == 3 and out == "" and err.startswith("assistant: no daemon answers on ")
+    assert len(err.splitlines()) == 1
+    code, out, err = await cli("mcp", "list", "--socket", "/etc/passwd/a.sock")  # a path through a file
+    assert code == 3 and out == "" and err == (
+        "assistant: cannot reach a daemon at /etc/passwd/a.sock (Not a directory); check ASSISTANT_SOCKET\n"
+    )
+
+
+async def test_mcp_list_into_a_closed_pipe_ends_quietly(daemon: RunningDaemon) -> None:
+    for args in (("mcp", "list"), ("mcp", "list", "--json")):
+        code, err = await run_into_closed_pipe(*args)
+        assert code == 0, (args, err)
+        assert "Traceback" not in err and "BrokenPipe" not in err, args
 
 
 async def test_kb_search_request_answers_one_named_kb(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
@@ -111,3 +142,4 @@ async def test_mcp_list_without_servers_says_how_to_add_one(daemon: RunningDaemo
     out, err = await asyncio.wait_for(child.communicate(), 60)
     assert child.returncode == 0, err
     assert "no MCP servers configured" in out.decode()
+

@@ -78,6 +78,19 @@ def _render_kb(event: dict[str, Any], out: TextIO) -> None:
     print(f"{event['kb']}: {event['documents']} documents, {event['chunks']} chunks", file=out)
 
 
+def _render_mcp_servers(event: dict[str, Any], out: TextIO) -> None:
+    if not event["servers"]:
+        print("no MCP servers configured; add [mcp.servers.NAME] to config.toml (see the README)", file=out)
+    for server in event["servers"]:
+        error = f"  ({server['last_error']})" if server.get("last_error") else ""
+        print(f"{server['name']}  {server['transport']}  {server['state']}{error}", file=out)
+        for tool in server["tools"]:
+            description = " ".join(tool["description"].split())
+            if len(description) > 70:
+                description = description[:69] + "…"
+            print(f"    {tool['offered_as']:<40} {description}", file=out)
+
+
 def describe_kb_add(event: dict[str, Any]) -> list[str]:
     """What a ``kb_add`` did, for people: the totals, then the files left out grouped by reason."""
     lines = [f"{event['kb']}: {event['documents']} documents, {event['chunks']} chunks "
@@ -148,6 +161,7 @@ RENDERERS: dict[str, Renderer] = {
     "conversation": _render_conversation,
     "models": _render_models,
     "status": _render_status,
+    "mcp_servers": _render_mcp_servers,
     "settings": render_settings,
     "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),
     "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
