@@ -56,7 +56,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
@@ -118,10 +118,6 @@ USER_AGENT = "assistant (local desktop daemon)"
 UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
 LLAMA_SWAP_OWNER = "llama-swap"  # owned_by of llama-swap's /v1/models entries
 OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
-# A connection opened ahead of a stream (``RouterClient.prepare``) is used within this many
-# seconds or closed: a server keeps a thread waiting on an open connection (llama-server's
-# HTTP threads), and may close one that stays idle.
-SPARE_SECONDS = 1.0
 
 
 
@@ -167,67 +163,6 @@ def _reason(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
-class _Preconnecting:
-    """An ``httpcore`` network backend that can open the next connection ahead of time.
-
-    A turn's stream needs a fresh connection (``STREAM_HEADERS``), which on loopback costs
-    about half a millisecond of the time to first token. ``prepare`` starts opening it while
-    the question is being stored; the stream's ``connect_tcp`` then takes it. A spare nobody
-    takes within ``SPARE_SECONDS`` is closed; one that failed to open is not reported (the
-    stream opens its own and reports that).
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._spare: tuple[tuple[str, int], asyncio.Task[Any], asyncio.TimerHandle] | None = None
-
-    def prepare(self, host: str, port: int, timeout: float) -> None:
-        if self._spare is not None:
-            return
-        task = asyncio.create_task(self._inner.connect_tcp(host, port, timeout=timeout))
-        expiry = asyncio.get_running_loop().call_later(SPARE_SECONDS, self._discard)
-        self._spare = ((host, port), task, expiry)
-
-    def _discard(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare[2].cancel()
-            spare[1].add_done_callback(_close_stream)
-
-    async def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> Any:
-        spare = self._spare
-        if spare is not None and spare[0] == (host, port) and local_address is None and not socket_options:
-            self._spare = None
-            spare[2].cancel()
-            try:
-                return await spare[1]
-            except Exception:  # the stream's own connection says what is wrong
-                pass
-        return await self._inner.connect_tcp(
-            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-        )
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
-        return await self._inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-    def close(self) -> None:
-        self._discard()
-
-
-def _close_stream(task: asyncio.Task[Any]) -> None:
-    """Close the stream a spare connection's task opened (if it opened one)."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    closing = asyncio.ensure_future(task.result().aclose())
-    closing.add_done_callback(lambda done: done.cancelled() or done.exception())
-
-
 class RouterClient:
     """Talks to the model server: models, streamed and plain chat, embeddings."""
 
@@ -239,7 +174,6 @@ class RouterClient:
         self._props_url = self._root + "/props"
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
-        self._preconnect: _Preconnecting | None = None
         self._lock = asyncio.Lock()
         self._models: list[ModelInfo] = []
         self._missing: dict[str, Missing] = {}
@@ -250,9 +184,6 @@ class RouterClient:
 
     @property
     def _client(self) -> httpx.AsyncClient:
-        return self._http or self._make_client()
-
-    def _make_client(self) -> httpx.AsyncClient:
         if self._http is None:
             load_httpx()
             config = self._config
@@ -265,34 +196,14 @@ class RouterClient:
             # TLS only when a URL asks for it: loading the CA bundle costs ~20 ms
             # for the common case of a router on loopback.
             tls = any(url.startswith("https:") for url in (config.router_url, config.embeddings_base))
-            transport = self._transport
-            if transport is None:
-                transport = httpx.AsyncHTTPTransport(verify=tls)
-                pool = getattr(transport, "_pool", None)  # httpx offers no way to give its pool a backend
-                if pool is not None and hasattr(pool, "_network_backend"):
-                    self._preconnect = _Preconnecting(pool._network_backend)
-                    pool._network_backend = self._preconnect
-            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, verify=tls)
+            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self._transport, verify=tls)
         return self._http
-
-    def prepare(self) -> None:
-        """Start opening the connection the next stream will use (see ``_Preconnecting``)."""
-        self._make_client()
-        if self._preconnect is None:
-            return
-        url = urlsplit(self._base)
-        if url.hostname is None:
-            return
-        port = url.port or (443 if url.scheme == "https" else 80)
-        self._preconnect.prepare(url.hostname, port, self._config.connect_timeout)
 
     async def warm(self) -> None:
         """Import httpx in a worker thread, so the first request does not pay for it on the loop."""
         await asyncio.to_thread(load_httpx)
 
     async def aclose(self) -> None:
-        if self._preconnect is not None:
-            self._preconnect.close()
         if self._http is not None:
             await self._http.aclose()
 
