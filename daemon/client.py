@@ -110,6 +110,11 @@ def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
         return {"type": "kb_list"}
     if args.kb_command == "remove":
         return {"type": "kb_remove", "kb": args.name}
+    if args.kb_command == "search":
+        search: dict[str, Any] = {"type": "kb_search", "kb": args.name, "query": " ".join(args.query)}
+        if args.limit is not None:
+            search["limit"] = args.limit
+        return search
     request: dict[str, Any] = {"type": "kb_link", "kb": args.name, "linked": not args.unlink}
     if args.cid is not None:
         request["conversation"] = args.cid
@@ -279,13 +284,17 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     _add_conversation_choice(search)
     search.add_argument("-n", "--limit", type=int, default=20)
 
-    kb = sub.add_parser("kb", help="knowledge bases: add, list, remove, link")
+    kb = sub.add_parser("kb", help="knowledge bases: add, list, search, remove, link")
     kb_sub = kb.add_subparsers(dest="kb_command", required=True)
     kb_add = kb_sub.add_parser("add", parents=[common],
                                help="add files and folders (Ctrl-C stops, keeping what was added)")
     kb_add.add_argument("name")
     kb_add.add_argument("paths", nargs="+")
     kb_sub.add_parser("list", parents=[common], help="list knowledge bases")
+    kb_search = kb_sub.add_parser("search", parents=[common], help="search a knowledge base as the model would")
+    kb_search.add_argument("name")
+    kb_search.add_argument("query", nargs="+", metavar="WORDS")
+    kb_search.add_argument("-n", "--limit", type=int, metavar="N", help="passages to show (default 5)")
     kb_remove = kb_sub.add_parser("remove", parents=[common], help="remove a knowledge base")
     kb_remove.add_argument("name")
     kb_link = kb_sub.add_parser("link", parents=[common], help="link a knowledge base to conversations")

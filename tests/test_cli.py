@@ -264,6 +264,17 @@ async def test_kb_add_summarises_what_it_left_out_and_fails_when_nothing_was_add
     assert "pics: 1 documents" in out and "(1 added, 0 updated, 0 unchanged)" in out
 
 
+async def test_kb_search_shows_the_passages_the_model_would_get(daemon: RunningDaemon, tmp_path: Path) -> None:
+    (tmp_path / "bread.md").write_text("# Bread\n\nBread rises when the yeast is warm.\n")
+    code, _, err = await cli("kb", "add", "baking", str(tmp_path / "bread.md"))
+    assert code == 0, err
+    code, out, err = await cli("kb", "search", "baking", "yeast", "warm", "-n", "3")
+    assert code == 0, err
+    assert "bread.md (passage 1 of 1, keywords" in out and "yeast is warm" in out
+    code, out, err = await cli("kb", "search", "pastry", "yeast")
+    assert code == 1 and "not_found" in err
+
+
 async def embedding_asked(router: FakeRouter) -> None:
     while not router.embedding_requests:  # the reading phase is over: the add is embedding
         await asyncio.sleep(0.05)

@@ -23,6 +23,7 @@ from core import Config, load_config
 from core.wire import Wire, of_type, reply_text
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.conftest import RunningDaemon
+from tests.test_client import cli
 
 pytestmark = pytest.mark.asyncio
 
@@ -178,6 +179,8 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
     assert "MCP server good failed" in tool_messages(router.requests[-1])[0]["content"]
     state = await server_state(wire, "good")
     assert state["state"] == "failed" and state["last_error"]
+    code, out, _ = await cli("status", "--socket", wire.writer.get_extra_info("peername"))
+    assert code == 0 and "mcp good: failed, 0 tool(s); last error:" in out
     router.script(call("good__add", {"a": 2, "b": 3}), Reply(text="5"))
     events = await wire.ask("add", conversation=events[0]["conversation"])
     assert of_type(events, "tool")[0]["ok"] is True

@@ -55,6 +55,11 @@ def _render_status(event: dict[str, Any], out: TextIO) -> None:
     print(f"assistant {event['version']}, up {event['uptime']:.0f}s, {event['turns_running']} turn(s) running", file=out)
     print(f"router {event['router_url']} ({reach}), model {event['model'] or '?'}", file=out)
     print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
+    for server in event.get("mcp", ()):
+        line = f"mcp {server['name']}: {server['state']}, {server['tools']} tool(s)"
+        if server["last_error"]:
+            line += f"; last error: {server['last_error']}"
+        print(line, file=out)
 
 
 def _render_results(event: dict[str, Any], out: TextIO) -> None:
@@ -72,6 +77,18 @@ def _render_kbs(event: dict[str, Any], out: TextIO) -> None:
     for kb in event["items"]:
         links = "every conversation" if kb["linked_all"] else f"{len(kb['conversations'])} conversation(s)"
         print(f"{kb['kb']}  {kb['documents']} documents, {kb['chunks']} chunks; linked to {links}", file=out)
+
+
+def _render_kb_results(event: dict[str, Any], out: TextIO) -> None:
+    if event["note"]:
+        print(f"({event['note']})", file=out)
+    if not event["results"]:
+        print(f"nothing found in {event['kb']} for {event['query']!r}", file=out)
+    for hit in event["results"]:
+        page = f", page {hit['page']}" if "page" in hit else ""
+        print(f"{hit['file']}{page} (passage {hit['chunk']} of {hit['chunks']}, "
+              f"{hit['similarity_kind']} {hit['similarity']:.2f})", file=out)
+        print(f"    {' '.join(hit['content'].split())[:300]}", file=out)
 
 
 def _render_kb(event: dict[str, Any], out: TextIO) -> None:
@@ -156,6 +173,7 @@ def describe_estimate(event: dict[str, Any]) -> list[str]:
 RENDERERS: dict[str, Renderer] = {
     "kbs": _render_kbs,
     "kb": _render_kb,
+    "kb_results": _render_kb_results,
     "results": _render_results,
     "conversations": _render_conversations,
     "conversation": _render_conversation,
