@@ -78,19 +78,41 @@ def check_request(request: dict[str, Any]) -> bool:
     return request_problem(request) is None
 
 
+# the events that come before the one that ends a request (docs/PROTOCOL.md, "Writing a client")
+STREAMED = frozenset({"user", "progress", "reasoning", "delta", "tool"})
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
 def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
 class Sent:
-    """The requests one connection sent through ``Wire.send``: type and schema validity by id."""
+    """The requests one connection sent (``Wire.send``, or lines of ``Wire.send_raw``): type and
+    schema validity by id."""
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[str | None, bool, dict[str, Any]]] = {}
+        self.ended: set[str] = set()  # ids whose request has had its last event
 
     def add(self, request: dict[str, Any]) -> None:
         kind = request.get("type")
         self.requests[_key(request["id"])] = (kind if isinstance(kind, str) else None, check_request(request), request)
+        self.ended.discard(_key(request["id"]))
+
+    def add_raw(self, data: bytes) -> None:
+        """The requests among raw lines: each JSON object with a ``type`` and an ``id`` (lines
+        that are not JSON, or carry NaN or Infinity, are the daemon's to refuse unseen)."""
+        for line in data.split(b"\n"):
+            try:
+                request = json.loads(line, parse_constant=_no_constant)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(request, dict) and isinstance(request.get("type"), str) and "id" in request:
+                self.add(request)
 
     def answered(self, event: dict[str, Any]) -> None:
         found = self.requests.get(_key(event["id"])) if "id" in event else None
@@ -98,6 +120,12 @@ class Sent:
             check_event(event)
             return
         kind, valid, request = found
+        key = _key(event["id"])
+        assert key not in self.ended, (
+            f"an event after the one that ended request {json.dumps(request)[:300]}: {json.dumps(event)[:300]}"
+        )
+        if event["type"] not in STREAMED:
+            self.ended.add(key)
         if not valid:
             # refused: files are read (``progress: extracting``) before a file is refused
             refusal = event["type"] == "error" or (event["type"] == "progress" and event.get("stage") == "extracting")
@@ -115,7 +143,7 @@ class Sent:
 
 def watch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Check every request sent and event read through any ``Wire`` until the test ends."""
-    send, read = Wire.send, Wire.read
+    send, send_raw, read = Wire.send, Wire.send_raw, Wire.read
 
     def sent(wire: Wire) -> Sent:
         record: Sent | None = wire.__dict__.get("_contract")
@@ -128,10 +156,15 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> None:
         sent(wire).add({**request, "id": rid})
         return rid
 
+    async def checked_send_raw(wire: Wire, data: bytes) -> None:
+        sent(wire).add_raw(data)
+        await send_raw(wire, data)
+
     async def checked_read(wire: Wire) -> dict[str, Any]:
         event = await read(wire)
         sent(wire).answered(event)
         return event
 
     monkeypatch.setattr(Wire, "send", checked_send)
+    monkeypatch.setattr(Wire, "send_raw", checked_send_raw)
     monkeypatch.setattr(Wire, "read", checked_read)
