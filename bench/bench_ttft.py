@@ -5,8 +5,10 @@ The fake router (``python -m selfcheck.fakerouter``, its own process) answers ev
 stream with its default reply, an echo of the question in word chunks, so each
 request is answered identically.  Each sample is a pair, in alternating order:
 
-- direct: an httpx streaming POST to ``/v1/chat/completions`` with the daemon's
-  very request body, timed until the first content chunk;
+- direct: a streaming POST to ``/v1/chat/completions`` with the daemon's very
+  request body, through the client the daemon uses (httpx on ``core.transport``),
+  timed until the first content chunk; so the overhead is what the daemon adds, not
+  a difference between HTTP clients (httpx's own transport takes ~1 ms longer);
 - daemon: an ``ask`` line on the socket, timed until the first ``delta`` event.
 
 The direct body is the daemon's last request in that conversation (the fake serves
@@ -51,6 +53,7 @@ from benchlib import (
     write_history,
 )
 
+from core.transport import OneShotTransport
 from core.wire import Wire
 
 TARGET_OVERHEAD = 0.001  # seconds, median: a new conversation, and 200 turns of history
@@ -82,8 +85,7 @@ async def direct_ttft(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -
     first: float | None = None
     wall = time.time()
     started = time.perf_counter()
-    # as the daemon does: a fresh connection per stream (llama-server and the fake close it after)
-    async with http.stream("POST", f"{url}/chat/completions", json=body, headers={"Connection": "close"}) as response:
+    async with http.stream("POST", f"{url}/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
@@ -183,8 +185,8 @@ async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: lis
         (Samples("(a) new conversation"), Conversations([None])),
         (Samples(f"(b) {args.history} turns of history"), Conversations(list(histories))),
     ]
-    limits = httpx.Limits(max_keepalive_connections=1)
-    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(limits=limits, timeout=10.0) as http:
+    transport = OneShotTransport()  # the daemon's: a fresh connection per request
+    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(transport=transport, timeout=10.0) as http:
         client = await open_client(daemon.socket_path)
         try:
             for samples, convs in cases:

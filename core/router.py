@@ -2,9 +2,10 @@
 
 One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole
 life, made on first use: importing httpx costs about 60 ms, which a daemon start does
-not pay (``warm`` imports it in a worker thread once the daemon is ready).  Side requests (models, props, embeddings) reuse its pooled connections; every
-streamed reply opens a fresh one, because llama-server closes a connection soon after
-a stream while announcing keep-alive (docs/DESIGN.md, "llama-server quirks").  Every httpx
+not pay (``warm`` imports it in a worker thread once the daemon is ready).  Its
+transport is ours (``core.transport``): a fresh HTTP/1.1 connection per request on
+plain asyncio streams, which reaches the server in half the time httpx's own takes.
+Every httpx
 failure becomes one of our errors (``raise ... from exc``): no answer at all is
 ``RouterUnreachable`` with advice naming the URL, an HTTP error is
 ``RouterError`` carrying the server's own message, and a prompt too long for the
@@ -106,13 +107,11 @@ logger = logging.getLogger(__name__)
 
 MODELS_TTL = 60.0  # seconds a model list is trusted; a model swapped in llama-swap shows up after this
 WRITE_TIMEOUT = 30.0  # seconds to send a request body (large base64 images included)
-POOL_TIMEOUT = 30.0  # seconds to wait for a free pooled connection
 MODELS_TIMEOUT = 30.0  # seconds to wait for /models
 PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx assumed rather than stall a turn
 # Behind llama-swap, /upstream/<model>/props loads the model first: that may take a while
 UPSTREAM_TIMEOUT = 120.0
 REACHABLE_TIMEOUT = 3.0  # a status request answers quickly even when the router hangs
-STREAM_HEADERS = {"Connection": "close"}
 MAX_RAW_ERROR = 500
 USER_AGENT = "assistant (local desktop daemon)"
 UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to where it listens"
@@ -122,10 +121,13 @@ OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
 
 
 def load_httpx() -> None:
-    """Import httpx, once (thread-safe: the import system holds the module's lock)."""
+    """Import httpx and our transport for it, once (thread-safe: the import system holds the
+    module's lock)."""
     global httpx
     if httpx is None:
         import httpx as module
+
+        from . import transport  # noqa: F401  (imported here so that warm() loads it off the loop)
 
         httpx = module
 
@@ -191,12 +193,12 @@ class RouterClient:
             if config.api_key:
                 headers["Authorization"] = f"Bearer {config.api_key}"
             timeout = httpx.Timeout(
-                connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
+                connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=None
             )
-            # TLS only when a URL asks for it: loading the CA bundle costs ~20 ms
-            # for the common case of a router on loopback.
-            tls = any(url.startswith("https:") for url in (config.router_url, config.embeddings_base))
-            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self._transport, verify=tls)
+            from .transport import OneShotTransport  # loaded by load_httpx(), not at start
+
+            transport = self._transport or OneShotTransport()
+            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, trust_env=False)
         return self._http
 
     async def warm(self) -> None:
@@ -423,9 +425,7 @@ class RouterClient:
         started = False
         end: StreamEnd | None = None
         try:
-            # a fresh connection per stream: llama-server closes one soon after a stream ends
-            # while announcing keep-alive, so a pooled one loses the next request (make e2e)
-            async with self._client.stream("POST", url, json=body, headers=STREAM_HEADERS) as response:
+            async with self._client.stream("POST", url, json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response, url)
@@ -537,8 +537,6 @@ class RouterClient:
             )
         if isinstance(exc, httpx.ConnectError):
             return RouterUnreachable(f"cannot connect to the model server at {url} ({reason}); {UNREACHABLE_ADVICE}")
-        if isinstance(exc, httpx.PoolTimeout):
-            return RouterUnreachable(f"too many requests to the model server at {url} at once; try again in a moment")
         if isinstance(exc, httpx.TimeoutException):
             return RouterUnreachable(f"the model server at {url} timed out ({type(exc).__name__}); check it")
         return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")

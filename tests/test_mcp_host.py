@@ -29,6 +29,8 @@ pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = Path(__file__).resolve().parent / "mcpservers.py"
+# a start_timeout that a good server meets on a slow machine (importing the SDK alone took 1.2 s here)
+SLOW_START = 4
 GOOD_TOOLS = ["good__add", "good__broken", "good__die", "good__echo", "good__huge", "good__picture", "good__slow"]
 
 
@@ -296,7 +298,7 @@ async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router:
 @pytest.mark.parametrize(
     "mode, spec, error",
     [
-        ("hang", server("hang"), "did not start within 1 s"),
+        ("hang", server("hang"), f"did not start within {SLOW_START} s"),
         ("garbage", server("garbage"), "lines that are not JSON-RPC"),
         ("flood", server("flood"), "a message over 16 MiB"),
         ("missing", 'command = "/nonexistent/mcp-server"\n', "no such program"),
@@ -305,7 +307,7 @@ async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router:
 async def test_a_broken_server_never_fails_the_turn(
     hosting: Any, router: FakeRouter, mode: str, spec: str, error: str
 ) -> None:
-    wire = await hosting({"good": server("good"), mode: spec}, "start_timeout = 1\n")
+    wire = await hosting({"good": server("good"), mode: spec}, f"start_timeout = {SLOW_START}\n")
     events = await wire.ask("hello")
     assert events[-1]["type"] == "done"
     assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
@@ -433,7 +435,7 @@ async def mcp_list(*args: str) -> tuple[int, str, str]:
 async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
     hosting: Any, router: FakeRouter
 ) -> None:
-    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, "start_timeout = 1\n")
+    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, f"start_timeout = {SLOW_START}\n")
     code, out, err = await mcp_list()
     assert code == 0, err
     assert "\x1b" not in out and "\x9b" not in out

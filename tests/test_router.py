@@ -381,6 +381,19 @@ async def test_reachable(client: RouterClient) -> None:
 
 
 @pytest.mark.asyncio
+async def test_proxy_variables_are_not_followed(make_client: MakeClient, fake: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a desktop session's proxy is for the web: the model server at router_url is asked directly
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, closed_port_url())
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client = make_client(router_url=fake.url)
+    assert [m.id for m in await client.models()] == [m.id for m in fake.models]
+    events = await drain(client.stream_chat("m", USER))
+    assert isinstance(events[-1], StreamEnd)
+
+
+@pytest.mark.asyncio
 async def test_http_500_carries_the_servers_message(client: RouterClient, fake: FakeRouter) -> None:
     fake.script(Reply(status=500, error="model failed to load: out of memory"))
     with pytest.raises(RouterError) as info:

@@ -338,13 +338,14 @@ async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: Fa
     assert len(sizes) == 3 and max(sizes) - min(sizes) < 50
 
 
-async def test_a_cancel_during_a_tool_call_replays_as_the_text_said(
+async def test_a_cancel_before_the_model_answers_its_tool_results_replays_as_the_text_said(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
     cid = (await wire.ask("first"))[0]["conversation"]
     slow_tool = Reply(chunks=["Let me check."],
                       tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "first"}'}])
-    router.script(slow_tool, Reply(chunks=["never"], hang=True))
+    # the answer to the results never starts: the cancel lands before it, however the threads run
+    router.script(slow_tool, Reply(chunks=[], hang=True))
     rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
     try:
         await asyncio.wait_for(wire.until(rid, ("tool",)), 5)
