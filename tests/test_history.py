@@ -705,6 +705,24 @@ async def test_async_history_keeps_call_order(db_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_cancelled_caller_still_has_its_call_run(db_path: Path) -> None:
+    history = await AsyncHistory.open(db_path)
+    release = threading.Event()
+    try:
+        blocker = asyncio.ensure_future(history.run(lambda s: release.wait(5)))
+        queued = asyncio.ensure_future(history.run(lambda s: s.create_conversation("sent, then abandoned")))
+        await asyncio.sleep(0.05)  # both sent; the second waits behind the first
+        blocker.cancel()
+        queued.cancel()
+        release.set()
+        titles = await history.run(lambda s: [c.title for c in s.list_conversations()])
+        assert titles == ["sent, then abandoned"]
+        assert queued.cancelled()
+    finally:
+        await history.close()
+
+
+@pytest.mark.asyncio
 async def test_async_history_propagates_errors(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
