@@ -53,7 +53,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
@@ -155,6 +155,19 @@ def _status_error(response: httpx.Response, url: str) -> RouterError:
         _server_body(response), response.status_code, prefix=f"the model server at {url} answered",
         advice=_status_advice(response.status_code),
     )
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, run the first time it is called only."""
+    called = False
+
+    def call() -> None:
+        nonlocal called
+        if not called:
+            called = True
+            fn()
+
+    return call
 
 
 def _seconds(value: float | None) -> str:
@@ -408,13 +421,23 @@ class RouterClient:
     # -- chat -----------------------------------------------------------------
 
     async def stream_chat(
-        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **params: Any
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        sent: Callable[[], None] | None = None,
+        **params: Any,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream a chat completion: deltas, then one ``StreamEnd``.
 
-        Cancel the consuming task or ``aclose()`` the generator to stop early;
-        either closes the HTTP response.
+        ``sent`` is called once the request has gone out, before the server answers (by
+        our transport; by the time the answer starts with any other): what a client is told
+        then does not compete with the request on its way.  Cancel the consuming task or
+        ``aclose()`` the generator to stop early; either closes the HTTP response.
         """
+        from .transport import SENT  # loaded with httpx
+
         url = f"{self._base}/chat/completions"
         body: dict[str, Any] = {"model": model, "messages": messages, **params}
         body["stream"] = True
@@ -425,7 +448,11 @@ class RouterClient:
         started = False
         end: StreamEnd | None = None
         try:
-            async with self._client.stream("POST", url, json=body) as response:
+            on_sent = _once(sent) if sent is not None else None
+            extensions = {SENT: on_sent} if on_sent is not None else None
+            async with self._client.stream("POST", url, json=body, extensions=extensions) as response:
+                if on_sent is not None:
+                    on_sent()  # a transport that does not know the extension (the tests' mocks)
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response, url)

@@ -18,6 +18,10 @@ exceptions, so ``RouterClient`` maps them as it would httpx's transport's: conne
 refused or unresolvable is ``ConnectError``, each timeout its ``*Timeout``, a
 server that stops mid-body ``RemoteProtocolError``.
 
+One request extension: ``SENT``, a callable the transport calls once the request has
+been written, before the answer is awaited (``RouterClient.stream_chat`` tells the
+client the request left then, so that the client's work does not compete with it).
+
 Closing the response (httpx does when ``async with client.stream(...)`` exits, on a
 cancel too) closes the connection, so the server sees the client go and stops
 generating.
@@ -31,8 +35,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-__all__ = ["OneShotTransport"]
+__all__ = ["SENT", "OneShotTransport"]
 
+SENT = "sent"  # the request extension called once the request is written
 READ_SIZE = 65536  # bytes asked of the socket at a time
 MAX_HEADERS = 100  # header lines in one response; a server sending more is broken
 # StreamReader's line limit: a status, header or chunk-size line longer than this is refused
@@ -51,6 +56,8 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         reader, writer = await self._connect(request, timeouts.get("connect"))
         try:
             await _send(request, writer, timeouts.get("write"))
+            if (sent := request.extensions.get(SENT)) is not None:
+                sent()
             status, reason, headers = await _read_head(request, reader, timeouts.get("read"))
             framing = _framing(request, status, headers)
         except BaseException:

@@ -375,13 +375,22 @@ class TurnRunner:
         )
         state.prompt_estimate = prompt.tokens
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
-        progress("waiting", f"waiting for {display_name(state.model.id)}")
+        said = False
+
+        def waiting() -> None:
+            # said once, when the first request has gone out (the router client calls it then):
+            # the client's work on the event does not compete with the request on its way
+            nonlocal said
+            if not said:
+                said = True
+                progress("waiting", f"waiting for {display_name(state.model.id)}")
+
         for round_no in range(MAX_TOOL_ROUNDS + 1):
             tools = [t.definition() for t in offered] if offered and round_no < MAX_TOOL_ROUNDS else None
             if offered and tools is None:
                 add_user_note(prompt.messages, LAST_ROUND_NOTE)
             try:
-                end = await self._stream_round(state, prompt, tools, emit)
+                end = await self._stream_round(state, prompt, tools, emit, waiting)
             except RouterContextOverflow as exc:
                 if round_no or state.reply:
                     raise
@@ -395,7 +404,7 @@ class TurnRunner:
                     state.conversation, state.turn, state.model, [state.question], progress, state.kb,
                     force=not explained, known=known, tools=definitions, tool_tokens=tool_tokens,
                 )
-                end = await self._stream_round(state, prompt, tools, emit)
+                end = await self._stream_round(state, prompt, tools, emit, waiting)
             state.prompt, state.tools = prompt.messages, tools
             if not end.tool_calls or tools is None:
                 if state.unoffered and silent(state.messages[-1]):
@@ -463,12 +472,14 @@ class TurnRunner:
         return for_prompt
 
     async def _stream_round(
-        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit
+        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,
+        sent: Callable[[], None] | None = None,
     ) -> StreamEnd:
+        """One request and its streamed answer; ``sent`` is called when the request has gone out."""
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = state.round_start = len(state.reply)
         separate = bool(state.reply)  # a later round's text starts a new paragraph
-        async for event in self._stream(state, prompt.messages, tools, prompt.max_tokens):
+        async for event in self._stream(state, prompt.messages, tools, prompt.max_tokens, sent):
             if isinstance(event, ContentDelta):
                 text = ROUND_SEPARATOR + event.text if separate else event.text
                 separate = False
@@ -489,19 +500,21 @@ class TurnRunner:
         raise AssertionError("stream_chat ended without a StreamEnd")
 
     def _stream(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int,
+        sent: Callable[[], None] | None,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
         if not tools:
-            return self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens)
-        return self._stream_with_tools(state, prompt, tools, max_tokens)
+            return self.router.stream_chat(state.model.id, prompt, None, sent=sent, max_tokens=max_tokens)
+        return self._stream_with_tools(state, prompt, tools, max_tokens, sent)
 
     async def _stream_with_tools(
-        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int
+        self, state: TurnState, prompt: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int,
+        sent: Callable[[], None] | None,
     ) -> AsyncIterator[StreamEvent]:
         started = False
         try:
-            async for event in self.router.stream_chat(state.model.id, prompt, tools, max_tokens=max_tokens):
+            async for event in self.router.stream_chat(state.model.id, prompt, tools, sent=sent, max_tokens=max_tokens):
                 started = True
                 yield event
         except RouterError as exc:
@@ -509,7 +522,7 @@ class TurnRunner:
                 raise
             logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
             self._no_tools.add(state.model.id)
-            async for event in self.router.stream_chat(state.model.id, prompt, None, max_tokens=max_tokens):
+            async for event in self.router.stream_chat(state.model.id, prompt, None, sent=sent, max_tokens=max_tokens):
                 yield event
 
     def _add_assistant(self, state: TurnState, text: str, calls: list[ToolCall]) -> None:

@@ -75,7 +75,7 @@ class ConversationSearch(Tool):
     }
 
     async def available(self, ctx: ToolContext) -> bool:
-        # offered from the first turn on (it then finds the question itself): the tools a
+        # offered from the first turn on (where it finds nothing yet): the tools a
         # chat template renders sit at the top of the prompt, and a tool that appeared
         # on turn 2 would make the server re-read the whole first exchange
         return True

@@ -238,7 +238,10 @@ def test_start_turn_creates_conversation(store: HistoryStore, db_path: Path) -> 
     )
     assert turn.reply == "" and turn.usage is None
     assert conversation.updated_at == turn.created_at
-    # The question is searchable from the start; the image part adds no text.
+    # The question is indexed with its reply when the turn ends, not before; the image
+    # part adds no text.
+    assert fts_rows(db_path, conversation.id) == []
+    store.finish_turn(conversation.id, 1, messages=messages, reply="", status="error")
     assert fts_rows(db_path, conversation.id) == [
         (message_rowid(conversation.id, 1, 0), "user", "What changed in the report?")
     ]
@@ -442,6 +445,10 @@ def test_interrupt_running(store: HistoryStore) -> None:
     )
     second = store.turn(b.id, 2)
     assert second is not None and second.status == "interrupted"
+    # a crash came before they were indexed: they are now, question and words shown
+    assert {h.turn for h in store.search_conversation(a.id, "crashed")} == {1}
+    assert {h.turn for h in store.search_conversation(a.id, "partial")} == {1}
+    assert {h.conversation_id for h in store.search_all("x")} == {b.id}
     untouched = store.turn(done.conversation_id, 1)
     assert untouched is not None and untouched.status == "complete"
     assert store.interrupt_running() == 0
@@ -642,6 +649,7 @@ def test_rowid_helpers() -> None:
 def test_overlong_turn_indexes_what_fits(store: HistoryStore, db_path: Path) -> None:
     messages = [user(f"msg{i}") for i in range(300)]
     conversation, _ = store.start_turn(None, "q", messages, [], None)
+    store.finish_turn(conversation.id, 1, messages=messages, reply="", status="error")
     rows = fts_rows(db_path, conversation.id)
     assert len(rows) == 255
     assert split_rowid(rows[-1][0])[2] == 254  # the summary slot stays free
@@ -676,6 +684,8 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
 
         turns = await history.run(lambda s: s.turns(conversation.id))
         assert [t.text for t in turns] == ["async wombat"]
+        await history.run(lambda s: s.finish_turn(conversation.id, 1, messages=[user("async wombat")], reply="",
+                                                  status="error"))
         hits = await history.run(lambda s: s.search_all("wombat"))
         assert [h.conversation_id for h in hits] == [conversation.id]
         # The connection was made on the history thread: this thread may not use it.
@@ -775,6 +785,7 @@ def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) 
 def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_path: Path) -> None:
     conversation, _ = store.start_turn(None, "q", [user("first question")], [], None)
     cid = conversation.id
+    store.finish_turn(cid, 1, messages=[user("first question")], reply="", status="error")
     with closing(sqlite3.connect(db_path)) as conn, conn:
         conn.execute("BEGIN IMMEDIATE")
         same = [user("first question"), assistant("an answer"), assistant("more")]
@@ -790,6 +801,8 @@ def test_before_turn_leaves_out_the_running_turn(store: HistoryStore) -> None:
     cid = ask(store, None, "the walrus question", "walrus answer").conversation_id
     ask(store, cid, "walrus again", "ok")
     store.start_turn(cid, "where was the walrus", [user("where was the walrus")], [], None)
+    assert {h.turn for h in store.search_conversation(cid, "walrus")} == {1, 2}  # indexed once it ends
+    store.finish_turn(cid, 3, messages=[user("where was the walrus")], reply="", status="cancelled")
     assert {h.turn for h in store.search_conversation(cid, "walrus")} == {1, 2, 3}
     assert {h.turn for h in store.search_conversation(cid, "walrus", before_turn=3)} == {1, 2}
     assert store.search_conversation(cid, "walrus", before_turn=1) == []

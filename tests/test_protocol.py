@@ -248,6 +248,17 @@ async def test_router_unreachable_keeps_the_question(daemon: RunningDaemon, rout
         await wire.close()
 
 
+async def test_waiting_is_said_once_the_request_has_left(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(text="one", delay=0.05))
+    first = await wire.ask("first")
+    kinds = [e["type"] if e["type"] != "progress" else e["stage"] for e in first]
+    assert kinds.index("waiting") < kinds.index("delta") and kinds.count("waiting") == 1
+    router.stop()  # the model list is cached: the next turn gets as far as sending its request
+    second = await wire.ask("second", conversation=first[0]["conversation"])
+    assert [e["type"] for e in second] == ["user", "error"]  # nothing was waited for
+    assert second[-1]["code"] == "router_unreachable"
+
+
 async def test_router_error_carries_the_servers_message(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(status=500, error="model failed to load: out of memory"))
     events = await wire.ask("hi")

@@ -29,6 +29,21 @@ async def test_search_groups_hits_by_conversation(wire: Wire, router: FakeRouter
     assert [g["conversation"] for g in cats["conversations"]] == [second]
 
 
+async def test_a_turn_is_found_once_it_has_ended(wire: Wire, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["Walruses "], hang=True))
+    rid = await wire.send({"type": "ask", "text": "where do walruses sleep?"})
+    started = await wire.until(rid, ("delta",))
+    cid = started[0]["conversation"]
+    running = await wire.request({"type": "search", "query": "walruses"})
+    assert running["conversations"] == []  # indexed with its reply, when the turn ends
+    await wire.request({"type": "cancel", "conversation": cid})
+    await wire.until(rid)
+    ended = await wire.request({"type": "search", "query": "walruses"})
+    [group] = ended["conversations"]
+    assert group["conversation"] == cid
+    assert {h["role"] for h in group["hits"]} == {"user", "assistant"}  # the question and the words shown
+
+
 async def test_search_within_one_conversation(wire: Wire) -> None:
     a = (await wire.ask("apples and pears"))[0]["conversation"]
     b = (await wire.ask("apples and plums"))[0]["conversation"]
