@@ -29,6 +29,7 @@ import sqlite3
 from collections.abc import Callable
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 THREAD_NAME_PREFIX = "history"
 MIN_FREE_BYTES = 1 << 20  # less free than this refuses a new turn: its question and reply need room
+# With this much free, the disk is not looked at again for ROOMY_FOR seconds: no turn fills it
+# that fast, and every turn's question waits for the check
+ROOMY_BYTES = 64 << 20
+ROOMY_FOR = 1.0
 RETRY_FIRST = 0.5  # seconds before a kept outcome is written again; doubles each time
 RETRY_MAX = 30.0
 
@@ -104,6 +109,7 @@ class AsyncHistory:
         self._kept: dict[tuple[int, int], TurnOutcome] = {}  # outcomes a full disk kept out, oldest first
         self._flushing = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
+        self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -179,10 +185,12 @@ class AsyncHistory:
                 f"the disk holding {self._folder()} is full and {len(self._kept)} reply(ies) wait in memory to "
                 "be saved; free some space, then ask again"
             )
-        if self._store.path == MEMORY:
+        if self._store.path == MEMORY or time.monotonic() < self._roomy_until:
             return
         free = free_bytes(self._folder())
-        if free is not None and free < MIN_FREE_BYTES:
+        if free is None or free >= ROOMY_BYTES:
+            self._roomy_until = time.monotonic() + ROOMY_FOR
+        elif free < MIN_FREE_BYTES:
             raise DiskFull(
                 f"the disk holding {self._folder()} is full ({free // 1024} KiB free); free some space, then ask again"
             )

@@ -148,14 +148,17 @@ class HistoryStore:
         """The conversation, None if it is missing or deleted."""
         return self._conversation(cid)
 
-    def turn_context(self, cid: int, known: int = 0, before: int | None = None) -> TurnContext | None:
+    def turn_context(
+        self, cid: int, known: int = 0, before: int | None = None, conversation: Conversation | None = None
+    ) -> TurnContext | None:
         """The conversation and what its next prompt needs; None if it is missing or deleted.
 
         ``known`` is the last turn the caller still holds from an earlier call: only the
         answered turns after it (and after the latest compaction), and before ``before``
-        (default: all), are read and decoded.
+        (default: all), are read and decoded. ``conversation``: as just read, in this
+        transaction's thread (not read again).
         """
-        conversation = self._conversation(cid)
+        conversation = conversation or self._conversation(cid)
         if conversation is None:
             return None
         compaction = self.latest_compaction(cid)
@@ -267,11 +270,12 @@ class HistoryStore:
             # not indexed for search yet: finish_turn indexes the question with its reply, one
             # FTS write instead of two, and the question reaches the model sooner (a third of
             # this transaction's time went to the index)
-            self._conn.executemany(sql.INSERT_ATTACHMENT, [
-                (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
-                 a.pages, a.full_text, now)
-                for a in attachments
-            ])
+            if attachments:
+                self._conn.executemany(sql.INSERT_ATTACHMENT, [
+                    (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
+                     a.pages, a.full_text, now)
+                    for a in attachments
+                ])
             self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
             conversation = self._conversation(cid)
             turn = self._turn_row(cid, number)
@@ -283,7 +287,7 @@ class HistoryStore:
         one call, so the daemon stores a question and reads its conversation in one trip to
         this thread."""
         conversation, turn = self.start_turn(cid, *args, **kwargs)
-        context = self.turn_context(conversation.id, known, before=turn.turn)
+        context = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
         assert context is not None
         return turn, context
 
