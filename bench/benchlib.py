@@ -187,9 +187,12 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 def _scripted_router(conn: multiprocessing.connection.Connection, chunks: list[str], repeat: int) -> None:
     """Child process: a FakeRouter with ``repeat`` copies of one long reply queued; stops on a message."""
     _die_with_parent()
-    from selfcheck.fakerouter import FakeRouter, Reply
+    from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 
-    with FakeRouter() as fake:
+    # a context the reply fits in, with room to spare: the fake ends a reply that fills its
+    # context with "length", as llama-server does, and the daemon asks for a share of it
+    model = FakeModel(FAKE_MODEL, n_ctx=4 * len(chunks) + 4096)
+    with FakeRouter(models=[model]) as fake:
         fake.script(*[Reply(chunks=chunks) for _ in range(repeat)])
         conn.send(fake.url)
         with contextlib.suppress(EOFError, KeyboardInterrupt):
