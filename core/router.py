@@ -5,8 +5,7 @@ life, made on first use: importing httpx costs about 60 ms, which a daemon start
 not pay (``warm`` imports it in a worker thread once the daemon is ready).  Its
 transport is ours (``core.transport``): a fresh HTTP/1.1 connection per request on
 plain asyncio streams, which reaches the server in half the time httpx's own takes.
-Every httpx
-failure becomes one of our errors (``raise ... from exc``): no answer at all is
+Every httpx failure becomes one of our errors (``raise ... from exc``): no answer at all is
 ``RouterUnreachable`` with advice naming the URL, an HTTP error is
 ``RouterError`` carrying the server's own message, and a prompt too long for the
 model is ``RouterContextOverflow``.

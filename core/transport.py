@@ -10,7 +10,7 @@ the daemon gives httpx this transport instead; the client above it (requests,
 What it does, no more: ``http`` and ``https`` (verified with the system's CA
 certificates), a fresh connection for every request sent with ``Connection: close``
 (llama-server closes a connection soon after a stream while announcing keep-alive,
-docs/DESIGN.md "llama-server quirks"; on loopback a connect costs ~0.1 ms), response
+docs/DESIGN.md "llama-server quirks"; on loopback a connect costs 0.1–0.3 ms), response
 bodies framed by ``Transfer-Encoding: chunked``, ``Content-Length`` or the end of the
 connection, interim 1xx answers skipped.  No proxies: the daemon talks to the
 ``router_url`` it is given (README, "Configuration").  Failures are httpx's own

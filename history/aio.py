@@ -25,11 +25,11 @@ import asyncio
 import errno
 import logging
 import os
-import sqlite3
-from collections.abc import Callable
 import queue
+import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
