@@ -73,6 +73,21 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
+    async def reading_keys(self) -> None:
+        """Wait until the chat sleeps in the line editor's wait for a key (/proc/PID/syscall).
+
+        CPython's readline checks for signals only when that wait is interrupted: a Ctrl-C
+        landing while it handles the keys before is noticed at the next key, so a test that
+        types Ctrl-C after text must wait for this first (the echo alone comes too early).
+        """
+        waits = {"7", "23", "270", "271"}  # poll, select, pselect6, ppoll on x86_64
+        async with asyncio.timeout(WAIT):
+            while True:
+                with open(f"/proc/{self.proc.pid}/syscall") as current:
+                    if current.read().split(" ", 1)[0] in waits:
+                        return
+                await asyncio.sleep(0.005)
+
     async def say(self, line: str, reply: str) -> str:
         """Type a line, see ``reply``, and return what came up to the next prompt."""
         self.type(line + "\n")
@@ -136,7 +151,8 @@ async def test_ctrl_c_at_the_prompt_clears_the_line(term: list[Terminal], router
     term.append(chat)
     await chat.expect("> ")
     chat.type("half a thought")
-    await chat.expect("half a thought")  # echoed: the line editor has it and waits for more
+    await chat.expect("half a thought")  # echoed: the line editor has it
+    await chat.reading_keys()  # and waits for more
     chat.type("\x03")
     await chat.expect("> ")
     await chat.say("a whole one", "You said: a whole one")
