@@ -158,7 +158,8 @@ class HistoryStore:
         (default: all), are read and decoded. ``conversation``: as just read, in this
         transaction's thread (not read again).
         """
-        conversation = conversation or self._conversation(cid)
+        if conversation is None:
+            conversation = self._conversation(cid)
         if conversation is None:
             return None
         compaction = self.latest_compaction(cid)
