@@ -10,9 +10,10 @@ written into the repository. Then, through ``KnowledgeBases`` as the daemon uses
 - loading the vectors into memory (once per daemon);
 - p50/p95/max over ``--queries`` queries (1 to 3 keywords from rare, mid and common
   bands, or a question of 6 to 14 words with stop words), scoped to the KB as a linked
-  conversation's search is: vector alone (the int8 shortlist in a worker thread, its
-  float32 vectors read back and re-scored, as the daemon runs it), bm25 alone (on the
-  history thread), and hybrid (both at once, fused, hits read back); hybrid twice, first
+  conversation's search is: vector alone (the int8 shortlist in worker threads,
+  re-scored with the fine codes, as the daemon runs it), bm25 alone (on the history
+  thread), and hybrid (both at once, fused, hits read back with the float32 vectors
+  of those shown); hybrid twice, first
   with every query embedded by the fake router (a loopback round trip), then with the
   query embeddings cached;
 - RSS of this process (imports, the KB loaded, searches done) and its peak;
@@ -39,7 +40,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import numpy as np
 from benchlib import (
     _die_with_parent,
     header,
@@ -55,7 +55,7 @@ from core.router import RouterClient
 from history import AsyncHistory, HistoryStore, kb_chunk_range
 from kbinject import KbSettings, KnowledgeBases
 from kbinject.search import CANDIDATES, fts_phrases, query_terms
-from kbinject.vectors import vector_blob, vectors_from_blobs
+from kbinject.vectors import np, vector_blob, vectors_from_blobs  # numpy as the daemon loads it: BLAS at one thread
 
 CORPUS_VERSION = 2  # bump when the generator changes: the cache name carries it
 SEED = 20261129
@@ -277,7 +277,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
             assert hits.mode == "hybrid", hits.note
             print(f"\nsearch, {len(queries)} queries ({QUESTION_SHARE:.0%} questions, the rest 1-3 keywords), "
                   f"top {CANDIDATES} per list, 3 hits:")
-            print(f"  vector (int8 shortlist, float32 re-score): {summary(vector_ms)}")
+            print(f"  vector (int8 shortlist, fine re-score): {summary(vector_ms)}")
             print(f"  bm25 (FTS5, history thread):   {summary(bm25_ms)}")
             print(f"  hybrid, query embedded by the fake router: {summary(embed)}")
             print(f"  hybrid, query embedding cached:            {summary(hybrid_ms)}")

@@ -40,6 +40,7 @@ above, and splitting the tables apart would spread that one invariant over sever
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ k.id, k.name, k.linked_all, k.created_at,
 """
 SELECT_KBS = f"SELECT {KB_COLUMNS} FROM kbs AS k ORDER BY k.name"
 SELECT_KB = f"SELECT {KB_COLUMNS} FROM kbs AS k WHERE k.name = ?"
+SELECT_KB_IDS_NAMED = "SELECT name, id FROM kbs WHERE name IN (SELECT value FROM json_each(?))"
 INSERT_KB = "INSERT INTO kbs (name, created_at) VALUES (?, ?)"
 # Live conversations only: a deleted one keeps its link rows but never shows them.
 SELECT_LINKED_CONVERSATIONS = """
@@ -305,6 +307,10 @@ class KnowledgeStore:
     def get(self, name: str) -> KnowledgeBase | None:
         """The KB of that name, None if there is none."""
         return self._kb(name)
+
+    def ids_named(self, names: Sequence[str]) -> dict[str, int]:
+        """The ids of the KBs of these names that exist, by name: a search's scope, without counts."""
+        return {row[0]: row[1] for row in self._conn.execute(SELECT_KB_IDS_NAMED, (json.dumps(list(names)),))}
 
     def ensure(self, name: str) -> tuple[KnowledgeBase, bool]:
         """The KB of that name, created if missing; and whether it was created."""

@@ -6,11 +6,12 @@ after it is ready), by one task under ``lock``; every write that adds or removes
 vectors (storing a document, removing documents or a KB, storing vectors) goes through
 here and holds that lock around its store call and the matching index change, so a
 load never misses or doubles a write. Searches take no lock (``VectorIndex`` publishes
-consistent snapshots); the float32 vectors a search re-scores are read from the store
-after the shortlist, so a chunk removed in between just drops out of the list.
+consistent snapshots); the hits a search returns are read from the store after it,
+so a chunk removed in between just drops out of the list.
 
 numpy is imported only on the paths that need vectors (loading, storing vectors,
-searching), never at module level: ``import kbinject`` is on the daemon's start-up path,
+searching), never at module level, and always through ``vectors.py`` (which keeps its
+BLAS at one thread): ``import kbinject`` is on the daemon's start-up path,
 numpy costs ~100 ms of it, and the daemon must be READY in under 200 ms. Those paths
 run after start-up, and only once a knowledge base with embeddings exists.
 """
@@ -151,9 +152,7 @@ class KbIndex:
         A vector of another dimension than the index's means the model changed: every
         stored vector of the old dimension is dropped and the index starts afresh.
         """
-        import numpy as np  # first needed here (module docstring)
-
-        from .vectors import VectorIndex, vector_blob
+        from .vectors import VectorIndex, np, vector_blob  # numpy: first needed here (module docstring)
 
         model = self.model
         pairs = [(chunk_id, v) for chunk_id, v in zip(ids, computed) if v is not None]
@@ -182,22 +181,14 @@ class KbIndex:
     async def nearest(
         self, index: VectorIndex, vector: Vector, kb_ids: Sequence[int] | None
     ) -> builtins.list[tuple[int, float]]:
-        """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, exact cosine) best first.
+        """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, cosine) best first.
 
         ``index`` is the snapshot of ``current`` the caller checked ``vector``'s dimension
-        against. It shortlists by approximate cosine (in a worker thread: numpy releases
-        the GIL); the shortlist's float32 vectors are read back from the store and
-        re-scored exactly (vectors.py).
+        against. The search runs in a worker thread (numpy releases the GIL); its cosines
+        are within ~1e-4 of the float32 ones (vectors.py): the exact ones of the hits
+        shown come from ``rescored``.
         """
-        from .vectors import exact_cosines, shortlist_size  # numpy (module docstring)
-
-        model = self.model
-        shortlist = await asyncio.to_thread(index.shortlist, vector, shortlist_size(CANDIDATES), kb_ids)
-        if not shortlist:
-            return []
-        ids = [chunk_id for chunk_id, _ in shortlist]
-        blobs = await self.history.run(lambda s: s.kb.vectors_of(model, ids))
-        return exact_cosines(vector, blobs)[:CANDIDATES]
+        return await asyncio.to_thread(index.nearest, vector, CANDIDATES, kb_ids)
 
     @staticmethod
     def rescored(vector: Vector, blobs: Sequence[tuple[int, bytes]]) -> builtins.list[tuple[int, float]]:

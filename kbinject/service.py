@@ -229,12 +229,12 @@ class KnowledgeBases:
             if conversation is not None:
                 kb_ids: builtins.list[int] | None = await self.history.run(lambda s: s.kb.linked_ids(conversation))
             elif kbs is not None:
-                kb_ids = []
-                for name in kbs:
-                    record = await self.history.run(partial(_kb_named, kb_name(name)))
-                    if record is None:
-                        raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
-                    kb_ids.append(record.id)
+                names = [kb_name(name) for name in kbs]
+                ids = await self.history.run(lambda s: s.kb.ids_named(names))
+                missing = next((name for name in names if name not in ids), None)
+                if missing is not None:
+                    raise NotFound(f"there is no knowledge base {missing!r}; kb_list shows the ones there are")
+                kb_ids = [ids[name] for name in names]
             else:
                 kb_ids = None
         except BaseException:
@@ -266,13 +266,13 @@ class KnowledgeBases:
         similar = [chunk_id for chunk_id, cosine in nearest if cosine >= MIN_VECTOR_SIMILARITY or chunk_id in found]
         ranked = reciprocal_rank_fusion([chunk_id for chunk_id, _ in keywords], similar)
         chosen = ranked[:limit]
-        cosines = dict(nearest)
-        # the chunks bm25 alone found get their cosine from their stored vector, read in
-        # the same trip to the history thread as the chunks themselves
-        unscored = [chunk_id for chunk_id in chosen if chunk_id not in cosines] if vector is not None else []
+        # the hits shown get the exact cosine of their stored vector (the index's is within
+        # ~1e-4), those bm25 alone found included, read in the same trip as their text
+        cosines: dict[int, float] = {}
         if chosen:
             model = self.embedder.model if self.embedder is not None else ""
-            chunks, blobs = await self.history.run(partial(_chunks_and_vectors, model, chosen, unscored))
+            scored = chosen if vector is not None else []
+            chunks, blobs = await self.history.run(partial(_chunks_and_vectors, model, chosen, scored))
         else:
             chunks, blobs = [], []
         if vector is not None and blobs:
@@ -385,6 +385,3 @@ async def _dropped(task: asyncio.Task[Any] | None) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-
-def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
-    return store.kb.get(name)

@@ -11,27 +11,36 @@ component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-ve
 scales, not one global scale: a vector added later never has to fit a range chosen
 before it, and every vector uses all 8 bits. A search (``shortlist``) casts the codes
 to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
-int8-to-float32 cast is not vectorised past SSE4, so that costs ~8 ms of CPU at 100k;
-a scan is split over ``SCAN_THREADS`` threads (~4.5 ms on two cores), which take its
-parts in turn.
+int8-to-float32 cast is not vectorised past SSE4, so that costs ~5-8 ms of CPU at 100k;
+a scan is split over ``SCAN_THREADS`` threads, which take its parts in turn.
 
-The codes only pick candidates: the approximate cosine is off by ~5e-4 (half a code
-step a component), about the gap between neighbouring scores near the top of 100k
-random vectors. So ``shortlist_size(k)`` candidates are taken and re-scored exactly
-(``exact_cosines``) from their float32 blobs, read back from SQLite: 80 primary-key
-reads for the 40 candidates a search wants (~0.5 ms). A float32 copy in memory would
-cost the 155 MB this design saves, and SQLite is the one source of truth anyway.
-Every similarity a caller sees is therefore the exact float32 cosine, and the top of
-the list is exact unless a vector's approximate score fell below the shortlist's edge
-(bench/bench_kb.py measures recall@10 against exact search: 1.0 at 100k).
+The codes only pick candidates: the approximate cosine is off by up to ~1.5e-3 (half a
+code step a component), about the gap between neighbouring scores near the top of 100k
+random vectors, so ranking by it alone finds 98% of the true top 10. The candidates
+(``shortlist_size(k)`` of them) are therefore re-scored from ``fine`` codes: each
+vector's rounding error, coded again in 4 bits (half a byte a component, 19 MB at 100k
+x 384), which brings the cosine within ~1e-4 of the float32 one, far below those gaps
+(bench/bench_kb.py measures recall@10 against exact float32 search: 1.0 at 100k). The
+re-scoring is a few microseconds in memory; reading the candidates' float32 blobs back
+from SQLite instead took ~1 ms a search, one random page read each. A float32 copy in
+memory would cost the 155 MB this design saves. What a caller shows is still exact: the
+knowledge bases read the float32 blobs of the few hits they return with their text
+(``exact_cosines``).
+
+numpy's BLAS (OpenBLAS in numpy's wheels) must not start threads of its own beside the
+scan's: they spin-wait for work between products, on the cores the scan's threads need,
+which made a scan 1.5x slower with 1 MB steps and 5-10x slower with 2 MB ones (measured
+on 2 cores). numpy is therefore imported here, the package's only way in, with
+``OPENBLAS_NUM_THREADS=1`` for the time of its import (OpenBLAS reads it when it loads;
+the environment is restored at once, so the processes the daemon starts keep the user's).
 
 Searches run in worker threads (numpy releases the GIL in the cast and the product)
 while the event loop mutates the index, so the index never changes an array a search
-may be reading: the codes, scales, ids and the row count are published together as one
-``_Snapshot``; appending writes only rows past the published count (or into new,
-larger arrays), and removing builds new arrays. A search takes the snapshot once, and
-every thread of its scan reads that one, so it sees a consistent index throughout;
-each thread writes only its own arrays.
+may be reading: the codes, fine codes, scales, ids and the row count are published
+together as one ``_Snapshot``; appending writes only rows past the published count (or
+into new, larger arrays), and removing builds new arrays. A search takes the snapshot
+once, and every thread of its scan reads that one, so it sees a consistent index
+throughout; each thread writes only its own arrays.
 
 A chunk's KB is its id shifted (history/kb.py); the index keeps that shifted column
 too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
@@ -46,16 +55,33 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
 from history import KB_CHUNK_SHIFT
+
+
+def _import_numpy() -> None:
+    """Load numpy with its BLAS at one thread (module docstring), leaving the environment as it was."""
+    key = "OPENBLAS_NUM_THREADS"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
+
+
+_import_numpy()
+import numpy as np  # noqa: E402  (loaded above)
+import numpy.typing as npt  # noqa: E402
 
 __all__ = [
     "GROWTH",
     "SHORTLIST_FACTOR",
     "VectorIndex",
     "exact_cosines",
+    "fine_codes",
     "normalised",
     "quantised",
     "shortlist_size",
@@ -65,6 +91,7 @@ __all__ = [
 
 Matrix = npt.NDArray[np.float32]
 Codes = npt.NDArray[np.int8]
+FineCodes = npt.NDArray[np.int8]  # two 4-bit codes a byte
 Scales = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 KbIds = npt.NDArray[np.int32]
@@ -74,12 +101,12 @@ GROWTH = 1.25  # the arrays grow by this factor when full: little slack held on 
 MIN_GROWTH_ROWS = 1024
 BLOB_DTYPE = np.dtype("<f4")
 CODE_MAX = 127  # a vector's largest component (in absolute value) is coded as ±127
-# Bytes of float32 one scan step casts the codes into: small enough to stay in the
-# core's cache between the cast and the product, big enough that the Python loop
-# (a few µs a step) is a small share of the scan. Also below the size at which
-# OpenBLAS splits a product over its own threads (measured: 2 MB blocks did), which
-# on a busy machine made a scan ten times slower.
-SCAN_BYTES = 1 << 20
+FINE_STEPS = 16  # a fine code counts sixteenths of a code step: -8 to 7
+# Bytes of float32 one scan step casts the codes into: big enough that the Python loop
+# (~4 µs a step) is a small share of the scan, small enough to stay in a core's cache
+# between the cast and the product (measured on 2 cores, 100k x 384: 1 MB steps 5.6-6.3
+# ms, 2 MB 4.8-5.0, 4 MB 4.7-4.8, 6 MB 5.3-5.4).
+SCAN_BYTES = 2 << 20
 # Threads one scan is split over (the calling one included): the cast is CPU-bound, so
 # each core helps; past four, memory bandwidth is the limit anyway.
 SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -87,10 +114,10 @@ PART_STEPS = 8  # steps in one part of a scan: a thread takes a part at a time
 # The threads that share scans with the ones searching; they start on first use, and
 # parts of concurrent searches queue for them (they would only share the cores anyway).
 _SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
-# Candidates re-scored exactly per candidate wanted, and at least MIN_SHORTLIST: the
-# true top k sits within a few code errors (~5e-4 each) of the approximate k-th score,
-# and that band holds a handful of vectors unless many are near-duplicates of each
-# other. Each one re-scored is a primary-key read of its blob (~6 µs).
+# Candidates re-scored with the fine codes per candidate wanted, and at least
+# MIN_SHORTLIST: the true top k sits within a few code errors (~5e-4 each) of the
+# approximate k-th score, and that band holds a handful of vectors unless many are
+# near-duplicates of each other.
 SHORTLIST_FACTOR = 2
 MIN_SHORTLIST = 64
 
@@ -117,16 +144,31 @@ def vectors_from_blobs(blobs: Sequence[bytes], dim: int) -> Matrix:
     return np.frombuffer(joined, dtype=BLOB_DTYPE).reshape(len(blobs), dim).astype(np.float32, copy=False)
 
 
-def quantised(vectors: Matrix) -> tuple[Codes, Scales]:
-    """Rows as int8 codes and a float32 scale each: ``row ≈ codes * scale``."""
+def quantised(vectors: Matrix) -> tuple[Codes, FineCodes, Scales]:
+    """Rows as int8 codes, fine codes and a float32 scale each:
+    ``row ≈ codes * scale`` and, closer, ``row ≈ (codes + fine_codes(fine) / FINE_STEPS) * scale``."""
     peaks = np.abs(vectors).max(axis=1)
     scales = np.where(peaks > 0, peaks / CODE_MAX, 1.0).astype(np.float32)
-    codes = np.rint(vectors / scales[:, None]).astype(np.int8)
-    return codes, scales
+    steps = vectors / scales[:, None]
+    codes = np.rint(steps)
+    fine = np.clip(np.rint((steps - codes) * FINE_STEPS), -FINE_STEPS // 2, FINE_STEPS // 2 - 1).astype(np.int8)
+    if fine.shape[1] % 2:
+        fine = np.pad(fine, ((0, 0), (0, 1)))
+    # two's complement nibbles: the even component low, the odd one high
+    packed = (fine[:, 0::2] & 0x0F) | (fine[:, 1::2] << 4)
+    return codes.astype(np.int8), packed, scales
+
+
+def fine_codes(packed: FineCodes, dim: int) -> Codes:
+    """The fine codes of some rows, one int8 (-8 to 7) a component."""
+    unpacked = np.empty((len(packed), packed.shape[1] * 2), dtype=np.int8)
+    unpacked[:, 0::2] = (packed << 4) >> 4  # arithmetic shifts: the nibble's sign comes back
+    unpacked[:, 1::2] = packed >> 4
+    return unpacked[:, :dim]
 
 
 def shortlist_size(k: int) -> int:
-    """How many approximate candidates to re-score for an exact top ``k``."""
+    """How many approximate candidates to re-score for a top ``k``."""
     return max(MIN_SHORTLIST, SHORTLIST_FACTOR * k)
 
 
@@ -149,6 +191,7 @@ class _Snapshot:
     """The index as one search sees it: arrays of ``capacity`` rows, the first ``count`` in use."""
 
     codes: Codes
+    fine: FineCodes
     scales: Scales
     ids: Ids
     kbs: KbIds
@@ -158,6 +201,7 @@ class _Snapshot:
     def empty(cls, dim: int, capacity: int) -> _Snapshot:
         return cls(
             codes=np.empty((capacity, dim), dtype=np.int8),
+            fine=np.empty((capacity, (dim + 1) // 2), dtype=np.int8),
             scales=np.empty(capacity, dtype=np.float32),
             ids=np.empty(capacity, dtype=np.int64),
             kbs=np.empty(capacity, dtype=np.int32),
@@ -173,6 +217,7 @@ class _Snapshot:
         count = self.count
         bigger = dataclasses.replace(_Snapshot.empty(self.codes.shape[1], capacity), count=count)
         bigger.codes[:count] = self.codes[:count]
+        bigger.fine[:count] = self.fine[:count]
         bigger.scales[:count] = self.scales[:count]
         bigger.ids[:count] = self.ids[:count]
         bigger.kbs[:count] = self.kbs[:count]
@@ -183,6 +228,7 @@ class _Snapshot:
         count = self.count
         return _Snapshot(
             np.ascontiguousarray(self.codes[:count][keep]),
+            np.ascontiguousarray(self.fine[:count][keep]),
             self.scales[:count][keep].copy(),
             self.ids[:count][keep].copy(),
             self.kbs[:count][keep].copy(),
@@ -263,7 +309,7 @@ class VectorIndex:
     def nbytes(self) -> int:
         """Memory held by the arrays (capacity, not just the rows in use)."""
         state = self._state
-        return int(state.codes.nbytes + state.scales.nbytes + state.ids.nbytes + state.kbs.nbytes)
+        return int(state.codes.nbytes + state.fine.nbytes + state.scales.nbytes + state.ids.nbytes + state.kbs.nbytes)
 
     def add(self, ids: Sequence[int], vectors: Matrix, *, replace: bool = True) -> None:
         """Add the vectors of these chunk ids; vectors must be unit length.
@@ -283,9 +329,10 @@ class VectorIndex:
         needed = count + len(new_ids)
         if needed > state.capacity:
             state = state.grown(max(needed, int(state.capacity * GROWTH), state.capacity + MIN_GROWTH_ROWS))
-        codes, scales = quantised(vectors)
+        codes, fine, scales = quantised(vectors)
         # rows past the published count: no search is reading them
         state.codes[count:needed] = codes
+        state.fine[count:needed] = fine
         state.scales[count:needed] = scales
         state.ids[count:needed] = new_ids
         state.kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT
@@ -315,23 +362,45 @@ class VectorIndex:
     ) -> list[tuple[int, float]]:
         """The ``n`` chunks of highest approximate cosine with a unit ``query``, best first.
 
-        The scores are approximate (within ~1e-3 of the cosine): re-score the ids with
-        ``exact_cosines`` before showing or thresholding them. ``kb_ids`` limits the
-        search to those KBs' chunks (None: all).
+        The scores are approximate (within ~1.5e-3 of the cosine): ``nearest`` re-scores
+        them. ``kb_ids`` limits the search to those KBs' chunks (None: all).
         """
         state = self._state
-        if state.count == 0 or n <= 0:
+        rows, scores = _shortlisted(state, query, n, kb_ids)
+        return [(int(state.ids[row]), float(score)) for row, score in zip(rows, scores)]
+
+    def nearest(
+        self, query: npt.NDArray[np.float32], k: int, kb_ids: Sequence[int] | None = None
+    ) -> list[tuple[int, float]]:
+        """The ``k`` chunks nearest a unit ``query``, best first, with cosines within ~1e-4:
+        ``shortlist_size(k)`` candidates by the codes, re-scored with the fine codes."""
+        state = self._state
+        rows, _ = _shortlisted(state, query, shortlist_size(k), kb_ids)
+        if len(rows) == 0:
             return []
-        rows: Rows | None = None
-        if kb_ids is not None:
-            used_kbs = state.kbs[: state.count]
-            mask = np.zeros(state.count, dtype=bool)
-            for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
-                mask |= used_kbs == kb_id
-            if not mask.any():
-                return []
-            if not mask.all():
-                rows = np.flatnonzero(mask)
-        positions, scores = _best_positions(state, query.astype(np.float32, copy=False), rows, n)
-        candidates = state.ids[: state.count] if rows is None else state.ids[rows]
-        return [(int(candidates[p]), float(score)) for p, score in zip(positions, scores)]
+        steps = state.codes[rows].astype(np.float32)
+        steps += fine_codes(state.fine[rows], self.dim) * np.float32(1 / FINE_STEPS)
+        cosines = (steps @ query.astype(np.float32, copy=False)) * state.scales[rows]
+        order = np.argsort(-cosines, kind="stable")[:k]
+        return [(int(state.ids[rows[i]]), float(cosines[i])) for i in order]
+
+
+def _shortlisted(
+    state: _Snapshot, query: npt.NDArray[np.float32], n: int, kb_ids: Sequence[int] | None
+) -> tuple[Rows, Matrix]:
+    """The rows of the ``n`` highest approximate cosines within ``kb_ids`` (None: all), best
+    first, and those cosines."""
+    if state.count == 0 or n <= 0:
+        return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32)
+    rows: Rows | None = None
+    if kb_ids is not None:
+        used_kbs = state.kbs[: state.count]
+        mask = np.zeros(state.count, dtype=bool)
+        for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
+            mask |= used_kbs == kb_id
+        if not mask.any():
+            return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32)
+        if not mask.all():
+            rows = np.flatnonzero(mask)
+    positions, scores = _best_positions(state, query.astype(np.float32, copy=False), rows, n)
+    return (positions if rows is None else rows[positions]), scores

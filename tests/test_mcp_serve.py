@@ -131,6 +131,8 @@ async def test_kb_search_request_answers_one_named_kb(wire: Wire, router: FakeRo
     assert answer["type"] == "kb_results" and answer["search"] == "bm25" and len(answer["results"]) == 1
     refused = await wire.request({"type": "kb_search", "kb": "home", "query": "  "})
     assert refused["type"] == "error" and refused["code"] == "bad_request"
+    missing = await wire.request({"type": "kb_search", "kb": " garden ", "query": "tomatoes"})
+    assert missing["code"] == "not_found" and "no knowledge base 'garden'; kb_list" in missing["message"]
 
 
 async def test_mcp_list_without_servers_says_how_to_add_one(daemon: RunningDaemon) -> None:
