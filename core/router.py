@@ -188,6 +188,7 @@ class RouterClient:
         self._props_url = self._root + "/props"
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
+        self._ahead: Callable[[str], None] | None = None  # our transport's connect_ahead
         self._lock = asyncio.Lock()
         self._models: list[ModelInfo] = []
         self._missing: dict[str, Missing] = {}
@@ -210,8 +211,15 @@ class RouterClient:
             from .transport import OneShotTransport  # loaded by load_httpx(), not at start
 
             transport = self._transport or OneShotTransport()
+            self._ahead = transport.connect_ahead if isinstance(transport, OneShotTransport) else None
             self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, trust_env=False)
         return self._http
+
+    def connect_ahead(self) -> None:
+        """Open a connection to the router for a chat request about to be sent (core/transport.py)."""
+        _ = self._client  # made on first use, which sets _ahead
+        if self._ahead is not None:
+            self._ahead(self._base)
 
     async def warm(self) -> None:
         """Import httpx in a worker thread, so the first request does not pay for it on the loop."""

@@ -22,6 +22,13 @@ One request extension: ``SENT``, a callable the transport calls once the request
 been written, before the answer is awaited (``RouterClient.stream_chat`` tells the
 client the request left then, so that the client's work does not compete with it).
 
+``connect_ahead(url)`` opens the connection for a request about to be made while the
+caller does other work: the daemon calls it just before it stores a question, so the
+connect (and an https handshake) overlaps that trip to the history thread instead of
+following it (0.3-0.4 ms of the first token, bench/bench_ttft.py). The next request to
+that host and port takes it; one not taken within ``SPARE_FOR`` seconds is closed,
+so a turn refused after it holds no server connection for long.
+
 Closing the response (httpx does when ``async with client.stream(...)`` exits, on a
 cancel too) closes the connection, so the server sees the client go and stops
 generating.
@@ -30,6 +37,8 @@ generating.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 from collections.abc import AsyncIterator
 
@@ -43,6 +52,7 @@ MAX_HEADERS = 100  # header lines in one response; a server sending more is brok
 # StreamReader's line limit: a status, header or chunk-size line longer than this is refused
 LINE_LIMIT = 65536
 NO_BODY = frozenset({204, 304})
+SPARE_FOR = 2.0  # seconds a connection made ahead waits for its request before it is closed
 
 
 class OneShotTransport(httpx.AsyncBaseTransport):
@@ -50,6 +60,70 @@ class OneShotTransport(httpx.AsyncBaseTransport):
 
     def __init__(self) -> None:
         self._tls: ssl.SSLContext | None = None  # made with the first https request: loading CAs costs ~20 ms
+        self._spare: _Spare | None = None  # a connection opened ahead (``connect_ahead``)
+        self._targets: dict[str, tuple[str, int, bool] | tuple[()]] = {}  # url -> where connect_ahead goes
+
+    def connect_ahead(self, url: str) -> None:
+        """Open a connection to ``url``'s server now, for a request about to be sent there.
+
+        The connect, and for https the TLS handshake, then happen while the caller does
+        other work (the daemon stores the question meanwhile). The next request to that
+        host and port takes the connection if it comes within ``SPARE_FOR`` seconds;
+        otherwise it is closed. Only for a server named by its IP address, as the
+        default router_url is: resolving a name here would block.
+        """
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _target(url)
+        if not target:
+            return
+        host, port, secure = target
+        self._drop_spare()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect((host, port))
+        except BlockingIOError:
+            pass  # under way
+        except OSError:
+            sock.close()  # refused: the request connects itself, and reports it
+            return
+        tls = self._context() if secure else None
+        loop = asyncio.get_running_loop()
+        opening = loop.create_task(_open(sock, (host, port), tls, host), name="router-connect-ahead")
+        self._spare = _Spare((host, port), sock, opening, loop.call_later(SPARE_FOR, self._drop_spare))
+
+    async def aclose(self) -> None:
+        """Close the connection opened ahead, if one waits (the client closes with the daemon)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _discard(spare)
+            await asyncio.gather(spare.opening, return_exceptions=True)
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _discard(spare)
+
+    async def _take_spare(self, address: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection opened ahead to ``address``; None if there is none, or it failed."""
+        spare = self._spare
+        if spare is None or spare.address != address:
+            return None
+        self._spare = None
+        spare.timer.cancel()
+        try:
+            return await asyncio.shield(spare.opening)
+        except asyncio.CancelledError:
+            _discard(spare)
+            raise
+        except (OSError, ssl.SSLError):
+            return None  # the request connects itself, and reports what fails
+
+    def _context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
@@ -72,21 +146,84 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         self, request: httpx.Request, timeout: float | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         url = request.url
-        tls: ssl.SSLContext | None = None
-        if url.scheme == "https":
-            if self._tls is None:
-                self._tls = ssl.create_default_context()
-            tls = self._tls
-        elif url.scheme != "http":
+        if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the URL scheme {url.scheme!r} is not http or https", request=request)
+        tls = self._context() if url.scheme == "https" else None
         port = url.port or (443 if tls else 80)
         try:
             async with asyncio.timeout(timeout):
+                if self._spare is not None and (opened := await self._take_spare((url.host, port))) is not None:
+                    return opened
                 return await asyncio.open_connection(url.host, port, ssl=tls, limit=LINE_LIMIT)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection within {timeout:g} s", request=request) from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unresolvable, a bad certificate
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+
+
+def _target(url: str) -> tuple[str, int, bool] | tuple[()]:
+    """(host, port, https) of a URL whose host is an IP address; () for any other."""
+    parsed = httpx.URL(url)
+    try:
+        host = str(ipaddress.ip_address(parsed.host))
+    except ValueError:
+        return ()
+    if parsed.scheme not in ("http", "https"):
+        return ()
+    secure = parsed.scheme == "https"
+    return host, parsed.port or (443 if secure else 80), secure
+
+
+async def _open(
+    sock: socket.socket, address: tuple[str, int], tls: ssl.SSLContext | None, host: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Streams on a socket whose connect is under way (or done)."""
+    try:
+        try:
+            sock.getpeername()
+        except OSError:  # not connected yet: wait for the connect under way (EALREADY)
+            await asyncio.get_running_loop().sock_connect(sock, address)
+        return await asyncio.open_connection(
+            sock=sock, ssl=tls, server_hostname=host if tls else None, limit=LINE_LIMIT
+        )
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _discard(spare: _Spare) -> None:
+    """Stop a connection opened ahead that no request took: its opening, or the connection."""
+    spare.timer.cancel()
+    spare.opening.cancel()
+    spare.opening.add_done_callback(lambda task: _close(task, spare.sock))
+
+
+def _close(task: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]], sock: socket.socket) -> None:
+    """Close what an ``_open`` that ended made: its connection, else its socket (a task
+    cancelled before it ran never reached its own ``close``)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result()[1].transport.abort()
+    else:
+        sock.close()
+
+
+class _Spare:
+    """A connection opened ahead: where to, its socket, the task opening it, and the timer
+    that drops it unused."""
+
+    __slots__ = ("address", "opening", "sock", "timer")
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        sock: socket.socket,
+        opening: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+        timer: asyncio.TimerHandle,
+    ) -> None:
+        self.address = address
+        self.sock = sock
+        self.opening = opening
+        self.timer = timer
 
 
 def _head(request: httpx.Request) -> bytes:

@@ -183,6 +183,7 @@ class TurnRunner:
             raise
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
         final = chosen is not None or cid is None or known is not None
+        self.router.connect_ahead()  # the connection opens while the question is stored
         state = await self._store_start(cid, text, prepared, model, chosen, final, system)
         slot.state = state
         self._claim(state.conversation, slot)

@@ -208,6 +208,7 @@ class _Request:
     body: bytes
     keep_alive: bool
     arrived: float = 0.0  # time.time() when the body was read
+    connected: float = 0.0  # time.time() when its connection was accepted
 
 
 class _ClientGone(Exception):
@@ -239,6 +240,7 @@ class FakeRouter:
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.time() when each chat request's body was read
+        self.connected: list[float] = []  # and when the connection it came on was accepted
         self.timings: list[dict[str, Any] | None] = []  # llama-server's timings of requests[i]
         self.loaded: list[str] = []  # llama-swap mode: the models started, in order
         self.embedding_requests: list[dict[str, Any]] = []
@@ -374,6 +376,7 @@ class FakeRouter:
         with self._cond:
             self.requests.clear()
             self.arrivals.clear()
+            self.connected.clear()
             self.timings.clear()
             self.loaded.clear()
             self.embedding_requests.clear()
@@ -405,9 +408,12 @@ class FakeRouter:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with self._cond:
             self.connections += 1
+        connected = time.time()
         try:
             while True:
                 request = await self._read_request(reader, writer)
+                if request is not None:
+                    request.connected = connected
                 if request is None or not await self._dispatch(request, reader, writer):
                     break
         except (_ClientGone, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -605,6 +611,7 @@ class FakeRouter:
         with self._cond:
             self.requests.append({"path": request.path, **body})
             self.arrivals.append(request.arrived)
+            self.connected.append(request.connected)
             self.timings.append(None)
             index = len(self.requests) - 1
             self._counter += 1

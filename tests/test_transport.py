@@ -21,6 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from core import transport as transport_module
 from core.transport import OneShotTransport
 
 pytestmark = pytest.mark.asyncio
@@ -34,6 +35,8 @@ class RawServer:
     def __init__(self) -> None:
         self.script: Script = answer(b"HTTP/1.1 204 No Content\r\n\r\n")
         self.requests: list[bytes] = []
+        self.accepted = 0  # connections
+        self.unused = 0  # connections closed by the client without a request
         self.url = ""
         self._server: asyncio.Server | None = None
 
@@ -43,13 +46,25 @@ class RawServer:
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        self.accepted += 1
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.unused += 1
+            writer.close()
+            return
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
         self.requests.append(head + await reader.readexactly(length))
         try:
             await self.script(reader, writer)
         finally:
             writer.close()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait (up to 5 s) until ``condition`` holds of what the server saw."""
+        async with asyncio.timeout(5):
+            while not condition():
+                await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -208,3 +223,71 @@ async def test_https_is_verified_against_the_systems_certificates(tmp_path: Path
             assert (await http.get(server.url)).text == "secret"
     finally:
         await server.stop()
+
+
+# -- connections opened ahead ----------------------------------------------------------------
+
+
+async def test_a_connection_opened_ahead_carries_the_next_request(server: RawServer) -> None:
+    transport = OneShotTransport()
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+        transport.connect_ahead(server.url + "/v1")
+        await server.until(lambda: server.accepted == 1)  # open before any request is made
+        assert (await http.post(server.url + "/v1/chat/completions", json={"q": 1})).status_code == 204
+        assert server.accepted == 1 and len(server.requests) == 1 and server.unused == 0
+        assert (await http.get(server.url)).status_code == 204  # the next one connects afresh
+        assert server.accepted == 2 and server.unused == 0
+
+
+async def test_a_connection_opened_ahead_and_not_used_is_closed(server: RawServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport_module, "SPARE_FOR", 0.05)
+    transport = OneShotTransport()
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+        transport.connect_ahead(server.url)
+        await server.until(lambda: server.unused == 1)
+        transport.connect_ahead(server.url)
+        transport.connect_ahead(server.url)  # replaces the one before
+        await server.until(lambda: server.unused == 3)
+        assert (await http.get(server.url)).status_code == 204
+        assert (server.accepted, len(server.requests)) == (4, 1)
+        transport.connect_ahead(server.url)
+        await server.until(lambda: server.accepted == 5)
+    # closing the client closes one still waiting
+    await server.until(lambda: server.unused == 4)
+
+
+async def test_a_connection_opened_ahead_elsewhere_is_not_used(server: RawServer) -> None:
+    other = RawServer()
+    await other.start()
+    transport = OneShotTransport()
+    try:
+        async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+            transport.connect_ahead(other.url)
+            await other.until(lambda: other.accepted == 1)
+            assert (await http.get(server.url)).status_code == 204
+            assert server.accepted == 1 and other.requests == []
+        await other.until(lambda: other.unused == 1)  # closed with the client
+    finally:
+        await other.stop()
+
+
+async def test_a_refused_connection_opened_ahead_leaves_the_error_to_the_request(http: httpx.AsyncClient) -> None:
+    transport = OneShotTransport()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/"  # bound but not listening: refused
+        async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+            transport.connect_ahead(url)
+            with pytest.raises(httpx.ConnectError):
+                await client.get(url)
+
+
+async def test_a_server_named_by_a_host_name_is_not_connected_ahead(server: RawServer) -> None:
+    transport = OneShotTransport()
+    named = server.url.replace("127.0.0.1", "localhost")
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+        transport.connect_ahead(named)  # resolving would block the loop: nothing is opened
+        transport.connect_ahead("ftp://127.0.0.1:21/")
+        await asyncio.sleep(0.1)
+        assert server.accepted == 0
+        assert (await http.get(named)).status_code == 204
