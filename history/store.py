@@ -128,8 +128,10 @@ class HistoryStore:
     def _is_live(self, cid: int) -> bool:
         return self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone() is not None
 
-    def _insert_conversation(self, title: str, model: str | None, system_prompt: str | None = None) -> int:
-        now = self._now()
+    def _insert_conversation(
+        self, title: str, model: str | None, system_prompt: str | None = None, now: str | None = None
+    ) -> int:
+        now = now or self._now()
         cursor = self._conn.execute(sql.INSERT_CONVERSATION, (title, model, system_prompt, now, now))
         assert cursor.lastrowid is not None
         return cursor.lastrowid
@@ -255,15 +257,19 @@ class HistoryStore:
         when cid names a missing or deleted conversation.
         """
         with self._transaction():
+            now = self._now()
             if cid is None:
-                cid = self._insert_conversation(title, conversation_model, system_prompt)
+                cid = self._insert_conversation(title, conversation_model, system_prompt, now)
+                number = 1
+                model = model or conversation_model or default_model
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
-            if model is None:
-                conversation = self._conversation(cid)
-                model = (conversation.model if conversation else None) or default_model
-            number = self._conn.execute(sql.NEXT_TURN, (cid,)).fetchone()[0]
-            now = self._now()
+            else:
+                number = self._conn.execute(sql.NEXT_TURN, (cid,)).fetchone()[0]
+                if model is None:
+                    conversation = self._conversation(cid)
+                    model = (conversation.model if conversation else None) or default_model
+                self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
             self._conn.execute(
                 sql.INSERT_TURN,
                 (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
@@ -277,19 +283,31 @@ class HistoryStore:
                      a.pages, a.full_text, now)
                     for a in attachments
                 ])
-            self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
             conversation = self._conversation(cid)
-            turn = self._turn_row(cid, number)
-        assert conversation is not None and turn is not None
+        assert conversation is not None
+        # the row as just written (not read back: its JSON would be decoded again)
+        turn = Turn(
+            conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
+            status="running", error=None, error_code=None, finish_reason=None, model=model,
+            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now,
+        )
         return conversation, turn
 
-    def begin_turn(self, cid: int | None, *args: Any, known: int = 0, **kwargs: Any) -> tuple[Turn, TurnContext]:
+    def begin_turn(
+        self, cid: int | None, *args: Any, known: int = 0, attachments: Sequence[NewAttachment] = (), **kwargs: Any
+    ) -> tuple[Turn, TurnContext]:
         """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``):
         one call, so the daemon stores a question and reads its conversation in one trip to
         this thread."""
-        conversation, turn = self.start_turn(cid, *args, **kwargs)
-        context = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
-        assert context is not None
+        conversation, turn = self.start_turn(cid, *args, attachments=attachments, **kwargs)
+        if cid is None:  # created here: nothing earlier to read, only the KBs linked to all
+            context = TurnContext(conversation=conversation, compaction=None, earlier=[],
+                                  has_attachments=bool(attachments), kb_ids=self.kb.linked_ids(conversation.id),
+                                  known=known)
+        else:
+            found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
+            assert found is not None
+            context = found
         return turn, context
 
     def attachments(self, cid: int) -> list[Attachment]:
