@@ -74,8 +74,10 @@ async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) 
     lines = 0
     while True:
         chunk = await reader.read(READ_CHUNK)
-        # a client that sends faster than we parse must not starve the others: a chunk a turn
-        await asyncio.sleep(0)
+        if len(chunk) == READ_CHUNK:
+            # a client that sends faster than we parse must not starve the others: a full
+            # chunk a turn of the loop (a smaller one emptied the buffer: the next read waits)
+            await asyncio.sleep(0)
         if not chunk:
             if buf and not skipping:
                 yield bytes(buf)

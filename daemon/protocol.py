@@ -150,13 +150,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# made once: json.loads and json.dumps with options make a new decoder or encoder per call
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_ECHO_CHECK = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
 def decode_line(line: bytes) -> dict[str, Any]:
     """Decode one request line into a JSON object, or raise ``BadRequest``."""
     try:
-        obj = json.loads(line, parse_constant=_no_constant)
+        obj = _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
         # a lone surrogate (\ud800) is valid JSON but no text, and a number too large for a
         # float (1e400) reads as infinity, which JSON cannot carry back: neither could be echoed
-        json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
+        _ECHO_CHECK.encode(obj).encode()
     except (UnicodeError, ValueError) as exc:
         raise BadRequest(f"the line is not valid JSON text ({exc}); send one JSON object per line") from None
     except RecursionError:
