@@ -293,31 +293,15 @@ class HistoryStore:
         )
         return conversation, turn
 
-    def begin_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        system_prompt: str | None = None,
-        *,
-        known: int = 0,
-    ) -> tuple[Turn, TurnContext]:
+    def begin_turn(self, cid: int | None, *args: Any, known: int = 0, **kwargs: Any) -> tuple[Turn, TurnContext]:
         """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``):
         one call, so the daemon stores a question and reads its conversation in one trip to
         this thread."""
-        conversation, turn = self.start_turn(
-            cid, text, messages, files, model, title, attachments, conversation_model, default_model, system_prompt
-        )
-        if cid is None:  # created here: nothing earlier to read, only the KBs linked to all
+        conversation, turn = self.start_turn(cid, *args, **kwargs)
+        if cid is None:  # created here: nothing earlier to read but its files and the KBs linked to all
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
-                                  has_attachments=bool(attachments), kb_ids=self.kb.linked_ids(conversation.id),
-                                  known=known)
+                                  has_attachments=self.has_attachments(conversation.id),
+                                  kb_ids=self.kb.linked_ids(conversation.id), known=known)
         else:
             found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
             assert found is not None
