@@ -261,7 +261,8 @@ class HistoryStore:
             if cid is None:
                 cid = self._insert_conversation(title, conversation_model, system_prompt, now)
                 number = 1
-                model = model or conversation_model or default_model
+                if model is None:
+                    model = conversation_model or default_model
             elif not self._is_live(cid):
                 raise LookupError(f"conversation {cid} not found")
             else:

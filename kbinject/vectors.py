@@ -20,7 +20,7 @@ random vectors, so ranking by it alone finds 98% of the true top 10. The candida
 (``shortlist_size(k)`` of them) are therefore re-scored from ``fine`` codes: each
 vector's rounding error, coded again in 4 bits (half a byte a component, 19 MB at 100k
 x 384), which brings the cosine within ~1e-4 of the float32 one, far below those gaps
-(bench/bench_kb.py measures recall@10 against exact float32 search: 1.0 at 100k). The
+(bench/bench_kb.py measures recall@10 against exact float32 search: 0.9995 at 100k). The
 re-scoring is a few microseconds in memory; reading the candidates' float32 blobs back
 from SQLite instead took ~1 ms a search, one random page read each. A float32 copy in
 memory would cost the 155 MB this design saves. What a caller shows is still exact: the
@@ -33,6 +33,8 @@ which made a scan 1.5x slower with 1 MB steps and 5-10x slower with 2 MB ones (m
 on 2 cores). numpy is therefore imported here, the package's only way in, with
 ``OPENBLAS_NUM_THREADS=1`` for the time of its import (OpenBLAS reads it when it loads;
 the environment is restored at once, so the processes the daemon starts keep the user's).
+Nothing else in the daemon imports numpy first; a program that does (bench/bench_kb.py
+takes numpy from here) keeps the BLAS threads it started with.
 
 Searches run in worker threads (numpy releases the GIL in the cast and the product)
 while the event loop mutates the index, so the index never changes an array a search
