@@ -7,10 +7,13 @@ to compile the first time) runs on a free loopback port with greedy sampling
 reply to the same question.  The daemon (``python assistant.py``) runs as its
 own process, pointed at it.  Each sample is a pair, in alternating order:
 
-- direct: an httpx streaming POST to ``/v1/chat/completions`` with the very
-  messages the daemon sends for a new conversation (system prompt + question);
+- direct: a streaming POST to ``/v1/chat/completions`` with the daemon's very request
+  for a new conversation (recorded first by a daemon of its own behind
+  ``recording_proxy.py``: system prompt, question, tools, ``max_tokens``), through the
+  client the daemon uses (httpx on ``core.transport``, a new connection per request);
 - daemon: an ``ask`` line on the socket (a new conversation each time).
 
+Pairs are ``--pause`` seconds apart (0.3 s), as a user's questions are (see ``PAUSE``).
 Time to first token runs from sending to the first content chunk (direct) or the
 first ``delta`` (daemon); every request carries the same prompt, which the server
 keeps cached, so it is mostly one decoding step plus the plumbing under test.  Tokens per second is the server's
@@ -26,14 +29,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 from benchlib import (
     ROOT,
-    SYSTEM_PROMPT,
     Daemon,
     header,
     median,
@@ -42,7 +47,9 @@ from benchlib import (
     temp_dir,
     terminate_on_sigterm,
 )
+from recording_proxy import RecordingProxy, listening_socket
 
+from core.transport import OneShotTransport
 from core.wire import Wire
 
 sys.path.insert(0, str(ROOT))
@@ -50,6 +57,11 @@ from tests.e2e.realserver import llama  # noqa: E402  (scripts/llama.py, loaded 
 
 QUESTION = "Explain what a Unix socket is and how a program uses one."
 RUN_TIMEOUT = 600.0  # the whole measurement, whatever --runs says
+# Between pairs, as a user asks: not back to back. Right after a reply llama-server's
+# compute threads spin for a while and hold the cores, and whatever runs then (the
+# daemon's ~1 ms of work before its request) takes three to four times as long; with
+# --pause 0 the daemon's overhead measured 1.6-4.0 ms, with 0.3 s 0.6 ms.
+PAUSE = 0.3
 
 
 @dataclass
@@ -73,9 +85,7 @@ class Samples:
     dropped: int = 0  # daemon asks that failed router_unreachable (0 since streams use fresh connections)
 
 
-async def direct_sample(http: httpx.AsyncClient, url: str, model: str) -> Sample:
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTION}]
-    body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+async def direct_sample(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
     first = last = 0.0
     tokens = 0
     parts: list[str] = []
@@ -134,19 +144,46 @@ async def daemon_retrying(client: Wire, samples: Samples) -> Sample:
             samples.dropped += 1
 
 
-async def measure(args: argparse.Namespace, url: str, daemon: Daemon) -> Samples:
+async def capture(base: str, listener: socket.socket, daemon: Daemon) -> dict[str, Any]:
+    """The request body ``daemon`` (pointed at a recording proxy on ``listener``) sends for
+    QUESTION in a new conversation."""
+    async with RecordingProxy(base, sock=listener) as proxy:
+        client = await open_client(daemon.socket_path)
+        try:
+            async with asyncio.timeout(RUN_TIMEOUT):
+                await daemon_sample(client)
+        finally:
+            await client.close()
+    chats = [e.request for e in proxy.exchanges if e.streamed]
+    if not chats:
+        raise RuntimeError("the daemon sent no streamed chat request through the proxy")
+    return chats[-1]
+
+
+def daemons_request(server: Any, work: Path, settings: dict[str, str]) -> dict[str, Any]:
+    """The daemon's very request for a new conversation, recorded by a daemon of its own behind
+    a proxy (the measured daemon talks to the server directly): the direct path sends it, so
+    both paths ask the same of the server, and its one prompt cache serves both alike."""
+    with contextlib.closing(listening_socket()) as listener, \
+            Daemon(work, f"http://127.0.0.1:{listener.getsockname()[1]}/v1", settings=settings) as daemon:
+        return asyncio.run(capture(server.url, listener, daemon))
+
+
+async def measure(args: argparse.Namespace, url: str, daemon: Daemon, body: dict[str, Any]) -> Samples:
     samples = Samples()
-    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=120.0) as http:
-        model = (await http.get(f"{url}/models")).json()["data"][0]["id"]
+    # the direct request goes through the daemon's own HTTP client (httpx on our transport),
+    # so the difference is what the daemon adds, not a difference between clients
+    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=120.0, transport=OneShotTransport()) as http:
         client = await open_client(daemon.socket_path)
         try:
             for i in range(args.warmup + args.runs):
+                await asyncio.sleep(args.pause)
                 if i % 2 == 0:  # alternate which path goes first
-                    direct = await direct_sample(http, url, model)
+                    direct = await direct_sample(http, url, body)
                     through = await daemon_retrying(client, samples)
                 else:
                     through = await daemon_retrying(client, samples)
-                    direct = await direct_sample(http, url, model)
+                    direct = await direct_sample(http, url, body)
                 if direct.text != through.text:
                     print(f"note: run {i}: the replies differ ({direct.tokens} vs {through.tokens} tokens)")
                 if i >= args.warmup:
@@ -176,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30, help="recorded pairs (default 30)")
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded pairs first (default 2)")
     parser.add_argument("--max-tokens", type=int, default=128, help="the server's cap on a reply (-n; default 128)")
+    parser.add_argument("--pause", type=float, default=PAUSE, help=f"seconds between pairs (default {PAUSE:g})")
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     header("bench_e2e: a real llama-server (SmolLM2 135M), through the daemon vs direct")
@@ -192,9 +230,13 @@ def main(argv: list[str] | None = None) -> int:
             state, extra=("--alias", llama.ALIAS, "--temp", "0", "-n", str(args.max_tokens)), log=llama.CACHE / "bench-llama-server.log"
         ))
         work = stack.enter_context(temp_dir("e2e"))
-        # the daemon caps replies as the direct requests do, so both paths get the same reply
-        daemon = stack.enter_context(Daemon(work, server.v1, settings={"ASSISTANT_MAX_REPLY_TOKENS": str(args.max_tokens)}))
-        samples = asyncio.run(measure(args, server.v1, daemon))
+        # the daemon caps replies as the server does, so both paths get the same reply
+        settings = {"ASSISTANT_MAX_REPLY_TOKENS": str(args.max_tokens)}
+        body = daemons_request(server, work / "capture", settings)
+        print(f"direct:  the daemon's request ({len(body['messages'])} messages, "
+              f"tools: {len(body.get('tools') or ())}, max_tokens {body.get('max_tokens')})")
+        daemon = stack.enter_context(Daemon(work / "measured", server.v1, settings=settings))
+        samples = asyncio.run(measure(args, server.v1, daemon, body))
     report(args, samples)
     return 0
 
