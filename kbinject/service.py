@@ -268,15 +268,13 @@ class KnowledgeBases:
         chosen = ranked[:limit]
         # the hits shown get the exact cosine of their stored vector (the index's is within
         # ~1e-4), those bm25 alone found included, read in the same trip as their text
-        cosines: dict[int, float] = {}
         if chosen:
             model = self.embedder.model if self.embedder is not None else ""
             scored = chosen if vector is not None else []
             chunks, blobs = await self.history.run(partial(_chunks_and_vectors, model, chosen, scored))
         else:
             chunks, blobs = [], []
-        if vector is not None and blobs:
-            cosines.update(self.index.rescored(vector, blobs))
+        cosines = dict(self.index.rescored(vector, blobs)) if vector is not None and blobs else {}
         hits = [
             Hit.from_chunk(chunk, cosines[chunk.id], "cosine") if chunk.id in cosines
             else Hit.from_chunk(chunk, keyword_share(terms, chunk.text), "keywords")
