@@ -208,10 +208,9 @@ async def test_cancel_keeps_the_partial_reply(wire: Wire, router: FakeRouter) ->
     done = (await wire.until(rid))[-1]
     assert done["finish_reason"] == "cancelled"
     # the router saw the stream closed: generation stops there
-    for _ in range(100):
-        if router.disconnects:
-            break
-        await asyncio.sleep(0.05)
+    async with asyncio.timeout(60):  # only stops a hang
+        while not router.disconnects:
+            await asyncio.sleep(0.05)
     assert router.disconnects == 1
     turn = (await wire.request({"type": "open", "conversation": cid}))["turns"][0]
     assert turn["status"] == "cancelled"
@@ -481,10 +480,9 @@ async def test_asks_still_starting_at_shutdown_are_told(config: Config) -> None:
         await running.start()
         wire = await running.connect()
         rid = await wire.send({"type": "ask", "text": "hello?"})
-        for _ in range(100):  # until the daemon is waiting on /props
-            if slow.hits["/props"]:
-                break
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(60):  # until the daemon is waiting on /props
+            while not slow.hits["/props"]:
+                await asyncio.sleep(0.02)
         await running.stop()
         events = await wire.until(rid)
         await wire.close()
@@ -558,10 +556,11 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_cap(
     await writer.drain()
     other = await daemon.connect()
     try:
-        for _ in range(200):  # the turn goes on without its client, and is stored whole
-            if (await other.request({"type": "status"}))["turns_running"] == 0 and router.requests:
-                break
-            await asyncio.sleep(0.05)
+        # the turn goes on without its client, and is stored whole; the deadline only stops a
+        # hang (6 MB through the fake takes ~1 s, far longer on a loaded machine)
+        async with asyncio.timeout(120):
+            while (await other.request({"type": "status"}))["turns_running"] or not router.requests:
+                await asyncio.sleep(0.05)
         opened = await other.request({"type": "open", "conversation": 1})
         assert len(opened["turns"][0]["reply"]) == 6_000_000
         received = 0
