@@ -743,6 +743,12 @@ async def test_kb_search_tool_sees_only_the_kbs_linked_to_its_conversation(
     refused = await toolbox.call([tool], "kb_search", {"query": "  "}, ctx)
     assert not refused.ok and refused.content.startswith("Error: ")
 
+    # nothing linked: no passage, and a note that says why
+    alone = json.loads((await toolbox.call(
+        [tool], "kb_search", {"query": "an unseen question"}, tool_context(history, await new_conversation(history), "both")
+    )).content)
+    assert alone["results"] == [] and alone["note"] == "no knowledge base is linked"
+
 
 # -- list, remove ------------------------------------------------------------------------
 
