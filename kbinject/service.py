@@ -247,7 +247,7 @@ class KnowledgeBases:
 
         The query's vector is asked for first; the KBs and the bm25 candidates are read
         while it comes, and the vector scan starts only after both: it wants every core,
-        and bm25 beside it slowed it by more than bm25 takes alone.
+        and bm25 beside it slowed it by about as much as bm25 takes (docs/DESIGN.md).
         """
         terms = query_terms(query)
         phrases = fts_phrases(terms)
@@ -368,8 +368,8 @@ class KnowledgeBases:
         return KbSearch(self)
 
 
-# Store calls made in loops: module functions bound with partial, so each call carries
-# its own arguments rather than a closure over the loop's variables.
+# Calls made on the history thread: module functions bound with partial, so each call
+# carries its own arguments rather than a closure over the caller's variables.
 def _scoped_keywords(
     scope: Callable[[HistoryStore], list[int] | None], phrases: Sequence[str], store: HistoryStore
 ) -> tuple[list[int] | None, list[tuple[int, float]]]:
