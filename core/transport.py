@@ -41,6 +41,7 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx
 
@@ -207,23 +208,15 @@ def _close(task: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
         sock.close()
 
 
+@dataclass(slots=True)
 class _Spare:
     """A connection opened ahead: where to, its socket, the task opening it, and the timer
     that drops it unused."""
 
-    __slots__ = ("address", "opening", "sock", "timer")
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        sock: socket.socket,
-        opening: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-        timer: asyncio.TimerHandle,
-    ) -> None:
-        self.address = address
-        self.sock = sock
-        self.opening = opening
-        self.timer = timer
+    address: tuple[str, int]
+    sock: socket.socket
+    opening: asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+    timer: asyncio.TimerHandle
 
 
 def _head(request: httpx.Request) -> bytes:

@@ -9,7 +9,7 @@ reads them all is bound by memory bandwidth (9-12 ms on one core). The index kee
 vector as int8 codes and one float32 scale (``quantised``: the vector's largest
 component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-vector
 scales, not one global scale: a vector added later never has to fit a range chosen
-before it, and every vector uses all 8 bits. A search (``shortlist``) casts the codes
+before it, and every vector uses all 8 bits. A search (``nearest``) casts the codes
 to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
 int8-to-float32 cast is not vectorised past SSE4, so that costs ~5-8 ms of CPU at 100k;
 a scan is split over ``SCAN_THREADS`` threads, which take its parts in turn.

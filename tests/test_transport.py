@@ -61,8 +61,8 @@ class RawServer:
             writer.close()
 
     async def until(self, condition: Callable[[], bool]) -> None:
-        """Wait (up to 5 s) until ``condition`` holds of what the server saw."""
-        async with asyncio.timeout(5):
+        """Wait until ``condition`` holds of what the server saw (the deadline only stops a hang)."""
+        async with asyncio.timeout(60):
             while not condition():
                 await asyncio.sleep(0.005)
 
