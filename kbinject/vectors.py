@@ -9,34 +9,37 @@ reads them all is bound by memory bandwidth (9-12 ms on one core). The index kee
 vector as int8 codes and one float32 scale (``quantised``: the vector's largest
 component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-vector
 scales, not one global scale: a vector added later never has to fit a range chosen
-before it, and every vector uses all 8 bits. A search (``nearest``) casts the codes
-to float32 a cache-sized block at a time (``SCAN_BYTES``) for BLAS's product. numpy's
-int8-to-float32 cast is not vectorised past SSE4, so that costs ~5-8 ms of CPU at 100k;
-a scan is split over ``SCAN_THREADS`` threads, which take its parts in turn.
+before it, and every vector uses all 8 bits. A search (``nearest``) codes the query the
+same way and takes the integer dot products of the two codes with simsimd's int8
+kernels (AVX2, AVX-512 VNNI, NEON: 1.5-2.3 ms at 100k x 384 on one core, about the
+memory bandwidth, measured on 2 cores of an EPYC). numpy has no int8 product: casting
+the codes to float32 for BLAS's took 6-7 ms of CPU at 100k, and that cast was the
+search. A scan is split over ``SCAN_THREADS`` threads, which take its parts in turn.
 
 The codes only pick candidates: the approximate cosine is off by up to ~1.5e-3 (half a
-code step a component), about the gap between neighbouring scores near the top of 100k
-random vectors, so ranking by it alone finds 98% of the true top 10. The candidates
-(``shortlist_size(k)`` of them) are therefore re-scored from ``fine`` codes: each
-vector's rounding error, coded again in 4 bits (half a byte a component, 19 MB at 100k
-x 384), which brings the cosine within ~1e-4 of the float32 one, far below those gaps
-(bench/bench_kb.py measures recall@10 against exact float32 search: 0.9995 at 100k). The
-re-scoring is a few microseconds in memory; reading the candidates' float32 blobs back
-from SQLite instead took ~1 ms a search, one random page read each. A float32 copy in
-memory would cost the 155 MB this design saves. What a caller shows is still exact: the
-knowledge bases read the float32 blobs of the few hits they return with their text
-(``exact_cosines``).
+code step a component, of the vector's codes and of the query's), about the gap between
+neighbouring scores near the top of 100k random vectors, so ranking by it alone finds
+98% of the true top 10. The candidates (``shortlist_size(k)`` of them) are therefore
+re-scored from ``fine`` codes: each vector's rounding error, coded again in 4 bits (half
+a byte a component, 19 MB at 100k x 384), which brings the cosine within ~1e-4 of the
+float32 one, far below those gaps (bench/bench_kb.py measures recall@10 against exact
+float32 search: 0.9995 at 100k). The re-scoring is a few microseconds in memory; reading
+the candidates' float32 blobs back from SQLite instead took ~1 ms a search, one random
+page read each. A float32 copy in memory would cost the 155 MB this design saves. What a
+caller shows is still exact: the knowledge bases read the float32 blobs of the few hits
+they return with their text (``exact_cosines``).
 
-numpy's BLAS (OpenBLAS in numpy's wheels) must not start threads of its own beside the
-scan's: they spin-wait for work between products, on the cores the scan's threads need,
-which made a scan 1.5x slower with 1 MB steps and 5-10x slower with 2 MB ones (measured
-on 2 cores). numpy is therefore imported here, the package's only way in, with
+numpy's BLAS (OpenBLAS in numpy's wheels) must not start threads of its own: after a
+product big enough to split (a few thousand rows, such as a long shortlist re-scored),
+they spin-wait for more work on the cores the event loop and the scan's threads need
+(when the scan was BLAS's product, they made it 1.5-10x slower, measured on 2 cores).
+numpy is therefore imported here, the package's only way in, with
 ``OPENBLAS_NUM_THREADS=1`` for the time of its import (OpenBLAS reads it when it loads;
-the environment is restored at once, so the processes the daemon starts keep the user's).
-Nothing else in the daemon imports numpy first; a program that does (bench/bench_kb.py
-takes numpy from here) keeps the BLAS threads it started with.
+the environment is restored at once, so the processes the daemon starts keep the
+user's). Nothing else in the daemon imports numpy first; a program that does
+(bench/bench_kb.py takes numpy from here) keeps the BLAS threads it started with.
 
-Searches run in worker threads (numpy releases the GIL in the cast and the product)
+Searches run in worker threads (simsimd and numpy release the GIL in their products)
 while the event loop mutates the index, so the index never changes an array a search
 may be reading: the codes, fine codes, scales, ids and the row count are published
 together as one ``_Snapshot``; appending writes only rows past the published count (or
@@ -77,6 +80,7 @@ def _import_numpy() -> None:
 _import_numpy()
 import numpy as np  # noqa: E402  (loaded above)
 import numpy.typing as npt  # noqa: E402
+import simsimd  # noqa: E402
 
 __all__ = [
     "GROWTH",
@@ -104,15 +108,12 @@ MIN_GROWTH_ROWS = 1024
 BLOB_DTYPE = np.dtype("<f4")
 CODE_MAX = 127  # a vector's largest component (in absolute value) is coded as ±127
 FINE_STEPS = 16  # a fine code counts sixteenths of a code step: -8 to 7
-# Bytes of float32 one scan step casts the codes into: big enough that the Python loop
-# (~4 µs a step) is a small share of the scan, small enough to stay in a core's cache
-# between the cast and the product (measured on 2 cores, 100k x 384: 1 MB steps 5.6-6.3
-# ms, 2 MB 4.8-5.0, 4 MB 4.7-4.8, 6 MB 5.3-5.4).
-SCAN_BYTES = 2 << 20
-# Threads one scan is split over (the calling one included): the cast is CPU-bound, so
-# each core helps; past four, memory bandwidth is the limit anyway.
+PART_ROWS = 16384  # rows one thread scores at a time (6 MB of codes at 384 dimensions)
+TOP_SAMPLE = 16  # _top: every 16th score bounds the best ones
+# Threads one scan is split over (the calling one included): the products are nearly
+# bound by memory bandwidth, yet a second core still helps (100k x 384 on 2 cores: p50
+# 1.7-2.2 ms against 2.3-3.0 on one); past four, bandwidth is the limit.
 SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
-PART_STEPS = 8  # steps in one part of a scan: a thread takes a part at a time
 # The threads that share scans with the ones searching; they start on first use, and
 # parts of concurrent searches queue for them (they would only share the cores anyway).
 _SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
@@ -238,52 +239,64 @@ class _Snapshot:
         )
 
 
+def _query_codes(query: Matrix) -> tuple[Codes, float]:
+    """A unit query as one row of int8 codes (its largest component coded as ±127) and their scale."""
+    peak = float(np.abs(query).max())
+    scale = peak / CODE_MAX if peak > 0 else 1.0
+    return np.rint(query / scale).astype(np.int8).reshape(1, -1), scale
+
+
 def _best_of_part(
-    snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int, start: int, stop: int, block: Matrix
+    snapshot: _Snapshot, query: Codes, query_scale: float, rows: Rows | None, n: int, start: int, stop: int
 ) -> tuple[Rows, Matrix]:
     """The ``n`` positions in [start, stop) of highest approximate cosine, and their cosines.
 
     A position is a row in use, or an entry of ``rows`` when the search is scoped.
-    ``block`` is the calling thread's own float32 buffer of one step. Scaling and the
-    partial sort happen here too, so they are split over the threads.
+    Scaling and the partial sort happen here too, so they are split over the threads.
     """
-    codes = snapshot.codes
-    step = len(block)
-    scores = np.empty(stop - start, dtype=np.float32)
-    for first in range(start, stop, step):
-        last = min(stop, first + step)
-        part = block[: last - first]
-        np.copyto(part, codes[first:last] if rows is None else codes[rows[first:last]], casting="unsafe")
-        np.matmul(part, query, out=scores[first - start : last - start])
+    codes = snapshot.codes[start:stop] if rows is None else snapshot.codes[rows[start:stop]]
+    # exact int32 sums, within float32's 24 bits. Not into an ``out=`` array: simsimd 6.5
+    # then returns None without a reference of its own, which kills Python 3.11 in time.
+    scores = np.asarray(simsimd.cdist(query, codes, metric="dot", out_dtype="float32"))[0]
     scores *= snapshot.scales[start:stop] if rows is None else snapshot.scales[rows[start:stop]]
-    if len(scores) > n:
-        best = np.argpartition(scores, len(scores) - n)[len(scores) - n :]
-    else:
-        best = np.arange(len(scores))
+    scores *= np.float32(query_scale)
+    best = _top(scores, n)
     return best + start, scores[best]
+
+
+def _top(scores: Matrix, n: int) -> Rows:
+    """The positions of the ``n`` highest scores, in no order.
+
+    A partial sort of every score is ~0.8 ms at 100k, half a scan. The n-th highest of
+    every TOP_SAMPLE-th score is at most the n-th highest of all, so the scores at or
+    above it hold the top n (about TOP_SAMPLE x n of them): only those are sorted.
+    """
+    if len(scores) <= n:
+        return np.arange(len(scores))
+    sample = scores[::TOP_SAMPLE]
+    if len(sample) > n:
+        (candidates,) = np.nonzero(scores >= np.partition(sample, len(sample) - n)[len(sample) - n])
+    else:
+        candidates = np.arange(len(scores))
+    return candidates[np.argpartition(scores[candidates], len(candidates) - n)[len(candidates) - n :]]
 
 
 def _best_positions(snapshot: _Snapshot, query: Matrix, rows: Rows | None, n: int) -> tuple[Rows, Matrix]:
     """The ``n`` positions of highest approximate cosine, best first, and their cosines.
 
-    The positions are cut into parts of PART_STEPS steps that the threads take in turn,
-    so a thread slowed by other work on its core takes fewer of them.
+    The positions are cut into parts of PART_ROWS that the threads take in turn, so a
+    thread slowed by other work on its core takes fewer of them.
     """
     total = snapshot.count if rows is None else len(rows)
-    dim = snapshot.codes.shape[1]
-    step = max(1, min(total, SCAN_BYTES // (dim * 4)))
-    part_size = step * PART_STEPS
-    parts = max(1, -(-total // part_size))
+    codes, scale = _query_codes(query)
+    parts = max(1, -(-total // PART_ROWS))
     taken = itertools.count()  # next() on it is atomic: each part is scanned once
 
     def scan() -> list[tuple[Rows, Matrix]]:
         found = []
-        block: Matrix | None = None  # made on the first part: a helper may come when all are taken
         while (part := next(taken)) < parts:
-            if block is None:
-                block = np.empty((step, dim), dtype=np.float32)
-            start, stop = part * part_size, min(total, (part + 1) * part_size)
-            found.append(_best_of_part(snapshot, query, rows, n, start, stop, block))
+            start, stop = part * PART_ROWS, min(total, (part + 1) * PART_ROWS)
+            found.append(_best_of_part(snapshot, codes, scale, rows, n, start, stop))
         return found
 
     helpers = [_SCAN_POOL.submit(scan) for _ in range(min(SCAN_THREADS, parts) - 1)]

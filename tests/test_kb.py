@@ -973,13 +973,43 @@ def test_a_scan_split_over_threads_finds_what_one_thread_finds(monkeypatch: pyte
     queries = unit_rows(rng, 5, dim)
     whole = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
 
-    monkeypatch.setattr(vectors, "SCAN_BYTES", dim * 4 * 16)  # 16 rows a step: 3,000 rows make many parts
+    monkeypatch.setattr(vectors, "PART_ROWS", 64)  # 3,000 rows make many parts
     monkeypatch.setattr(vectors, "SCAN_THREADS", 3)
     split = [(index.shortlist(q, 50), index.shortlist(q, 50, kb_ids=[1, 3])) for q in queries]
     for ours, theirs in zip(split, whole):
         for found, expected in zip(ours, theirs):
             assert [chunk_id for chunk_id, _ in found] == [chunk_id for chunk_id, _ in expected]
             assert np.allclose([score for _, score in found], [score for _, score in expected], atol=1e-6)
+
+
+def test_the_top_scores_are_found_whatever_their_order_and_ties() -> None:
+    rng = np.random.default_rng(17)
+    cases = [
+        rng.normal(size=5_000).astype(np.float32),
+        np.sort(rng.normal(size=5_000)).astype(np.float32),  # the best at the end: the sample sees few
+        np.sort(rng.normal(size=5_000))[::-1].astype(np.float32),
+        np.repeat(rng.normal(size=50), 100).astype(np.float32),  # ties across the cut
+        np.zeros(3_000, dtype=np.float32),
+    ]
+    for scores in cases:
+        for n in (1, 10, 80, 300, 400, len(scores) - 1, len(scores), len(scores) + 5):
+            top = vectors._top(scores, n)
+            assert len(top) == min(n, len(scores)) and len(set(top.tolist())) == len(top)
+            assert np.array_equal(np.sort(scores[top]), np.sort(scores)[len(scores) - len(top):])
+
+
+def test_searches_leave_no_reference_behind() -> None:
+    """simsimd 6.5's cdist into an ``out=`` array returns None without owning it: Python
+    3.11 dies once None's count runs out. The scan must take the path that owns its result."""
+    rng = np.random.default_rng(19)
+    index = VectorIndex(16)
+    index.add([kb_chunk_range(1)[0] | n for n in range(1, 201)], unit_rows(rng, 200, 16))
+    query = unit_rows(rng, 1, 16)[0]
+    index.nearest(query, 5)
+    before = sys.getrefcount(None)
+    for _ in range(2_000):
+        index.nearest(query, 5)
+    assert abs(sys.getrefcount(None) - before) < 100
 
 
 def test_exact_cosines_leave_out_vectors_of_another_dimension() -> None:
