@@ -12,11 +12,10 @@ written into the repository. Then, through ``KnowledgeBases`` as the daemon uses
   bands, or a question of 6 to 14 words with stop words), scoped to the KB as a linked
   conversation's search is: vector alone (the int8 shortlist in worker threads,
   re-scored with the fine codes, as the daemon runs it), bm25 alone (on the history
-  thread), and hybrid (the KB's id and its bm25 candidates read in one trip while the
-  query is embedded, then the vector scan, fused, hits read back with the float32
-  vectors of those shown); hybrid twice, first
-  with every query embedded by the fake router (a loopback round trip), then with the
-  query embeddings cached;
+  thread), and hybrid (the linked KB's id read while the query is embedded, then its
+  bm25 candidates beside the vector scan, fused, hits read back with the float32
+  vectors of those shown); hybrid twice, first with every query embedded by the fake
+  router (a loopback round trip), then with the query embeddings cached;
 - RSS of this process (imports, the KB loaded, searches done) and its peak;
 - recall@10 of the vector side against exact float32 search over every vector (loaded
   for that after the memory is measured).

@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 KB_NAME_MAX = 100  # characters in a KB's name
 DEFAULT_SEARCH_LIMIT = 5  # hits of a search that names no limit
 MAX_SEARCH_LIMIT = 50
+# The KBs a search covers: these ids, the ids a call on the history thread reads, or all (None)
+Scope = builtins.list[int] | Callable[[HistoryStore], builtins.list[int]] | None
 
 
 def kb_name(name: object) -> str:
@@ -224,13 +226,11 @@ class KnowledgeBases:
         limit: int | None = None,
     ) -> SearchResult:
         """Hybrid search of the KBs linked to ``conversation``, or of the KBs named, or of all."""
-        scope: Callable[[HistoryStore], builtins.list[int] | None]
+        scope: Scope = None
         if conversation is not None:
             scope = partial(_linked_ids, conversation)
         elif kbs is not None:
             scope = partial(_named_ids, [kb_name(name) for name in kbs])
-        else:
-            scope = _every_kb
         wanted = DEFAULT_SEARCH_LIMIT if limit is None else max(1, min(MAX_SEARCH_LIMIT, limit))
         return await self._search(query, scope, wanted)
 
@@ -240,27 +240,31 @@ class KnowledgeBases:
             return None
         return asyncio.create_task(self.embedder.query(query, self.query_timeout))
 
-    async def _search(
-        self, query: str, scope: Callable[[HistoryStore], builtins.list[int] | None], limit: int
-    ) -> SearchResult:
-        """Hybrid search of the KBs ``scope`` gives (None: all), read in the keywords' trip.
+    async def _search(self, query: str, scope: Scope, limit: int) -> SearchResult:
+        """Hybrid search of the KBs in ``scope``.
 
-        The query's vector is asked for first; the KBs and the bm25 candidates are read
-        while it comes, and the vector scan starts only after both: it wants every core,
-        and bm25 beside it slowed it by about as much as bm25 takes (docs/DESIGN.md).
+        The query's vector is asked for first; the KBs in scope are read while it comes,
+        then their bm25 candidates on the history thread while the vector is scanned as
+        soon as it is there (docs/DESIGN.md).
         """
         terms = query_terms(query)
         phrases = fts_phrases(terms)
         embedding = self._embedding(query)  # the query's vector needs no KB: asked for at once
         try:
-            kb_ids, keywords = await self.history.run(partial(_scoped_keywords, scope, phrases))
+            kb_ids = await self.history.run(scope) if callable(scope) else scope
         except BaseException:
             await _dropped(embedding)
             raise
         if kb_ids == []:
             await _dropped(embedding)
             return SearchResult([], "bm25", "no knowledge base is linked")
-        nearest, vector, note = await self._nearest(kb_ids, embedding)
+        bm25 = asyncio.ensure_future(self.history.run(partial(_keywords, kb_ids, phrases)))
+        try:
+            nearest, vector, note = await self._nearest(kb_ids, embedding)
+            keywords = await bm25
+        except BaseException:
+            await _dropped(bm25)
+            raise
         found = {chunk_id for chunk_id, _ in keywords}
         similar = [chunk_id for chunk_id, cosine in nearest if cosine >= MIN_VECTOR_SIMILARITY or chunk_id in found]
         ranked = reciprocal_rank_fusion([chunk_id for chunk_id, _ in keywords], similar)
@@ -349,7 +353,7 @@ class KnowledgeBases:
             return Injection(None)
         if ctx_max > 0 and ctx_used >= CONTEXT_LIMIT * ctx_max:
             return self._skipped(conversation, Injection(None, skipped_reason=too_full(ctx_used, ctx_max)))
-        found = await self._search(query, lambda _: kb_ids, top_k)
+        found = await self._search(query, kb_ids, top_k)
         if not found.hits:
             return Injection(None, search=found.mode, note=found.note)
         injection = fit_block(found.hits, ctx_used, ctx_max)
@@ -370,12 +374,8 @@ class KnowledgeBases:
 
 # Calls made on the history thread: module functions bound with partial, so each call
 # carries its own arguments rather than a closure over the caller's variables.
-def _scoped_keywords(
-    scope: Callable[[HistoryStore], list[int] | None], phrases: Sequence[str], store: HistoryStore
-) -> tuple[list[int] | None, list[tuple[int, float]]]:
-    """The KBs a search covers and their bm25 candidates: one trip."""
-    kb_ids = scope(store)
-    return kb_ids, (store.kb.search(phrases, kb_ids, CANDIDATES) if kb_ids != [] else [])
+def _keywords(kb_ids: list[int] | None, phrases: Sequence[str], store: HistoryStore) -> list[tuple[int, float]]:
+    return store.kb.search(phrases, kb_ids, CANDIDATES)
 
 
 def _linked_ids(conversation: int, store: HistoryStore) -> list[int]:
@@ -389,10 +389,6 @@ def _named_ids(names: Sequence[str], store: HistoryStore) -> list[int]:
     if missing is not None:
         raise NotFound(f"there is no knowledge base {missing!r}; kb_list shows the ones there are")
     return [ids[name] for name in names]
-
-
-def _every_kb(store: HistoryStore) -> None:
-    return None
 
 
 def _chunks_and_vectors(

@@ -448,6 +448,30 @@ async def test_a_slow_embedder_falls_back_to_bm25_within_the_bound(
 
 
 @pytest.mark.asyncio
+async def test_a_search_cancelled_while_its_query_is_embedded_leaves_nothing_running(
+    kbs: KnowledgeBases, docs: Path, router: FakeRouter
+) -> None:
+    await kbs.add("House", [str(docs)])
+    router.embed_delay = 30.0
+    before = asyncio.all_tasks()
+    requests = len(router.embedding_requests)
+    search = asyncio.create_task(kbs.search("volcano Iceland", kbs=["House"]))
+    async with asyncio.timeout(60):  # only against a hang
+        while len(router.embedding_requests) == requests:  # the embedding is under way
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    started = asyncio.all_tasks() - before - {search}
+    assert started  # the embedding at least
+    search.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await search
+    assert all(task.done() for task in started)
+    router.embed_delay = 0.0
+    found = await kbs.search("volcano Iceland", kbs=["House"])
+    assert found.mode == "hybrid" and found.hits[0].document == "report.pdf"
+
+
+@pytest.mark.asyncio
 async def test_query_embeddings_are_cached(kbs: KnowledgeBases, docs: Path, router: FakeRouter) -> None:
     await kbs.add("House", [str(docs)])
     requests = len(router.embedding_requests)
