@@ -19,7 +19,7 @@ def server(mode: str) -> str:
     return f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\n'
 
 
-HEAVY = ("httpx", "PIL", "pypdf", "numpy", "mcp", "mcphost")
+HEAVY = ("httpx", "PIL", "pypdf", "numpy", "simsimd", "mcp", "mcphost")
 
 
 def test_the_daemon_imports_no_heavy_library_to_start() -> None:
