@@ -262,8 +262,9 @@ class KnowledgeBases:
         try:
             nearest, vector, note = await self._nearest(kb_ids, embedding)
             keywords = await bm25
-        except BaseException:
+        except BaseException:  # cancelled: neither the keywords nor the vector are wanted
             await _dropped(bm25)
+            await _dropped(embedding)
             raise
         found = {chunk_id for chunk_id, _ in keywords}
         similar = [chunk_id for chunk_id, cosine in nearest if cosine >= MIN_VECTOR_SIMILARITY or chunk_id in found]
