@@ -118,8 +118,8 @@ SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
 # parts of concurrent searches queue for them (they would only share the cores anyway).
 _SCAN_POOL = ThreadPoolExecutor(max_workers=max(1, SCAN_THREADS - 1), thread_name_prefix="kb-scan")
 # Candidates re-scored with the fine codes per candidate wanted, and at least
-# MIN_SHORTLIST: the true top k sits within a few code errors (~5e-4 each) of the
-# approximate k-th score, and that band holds a handful of vectors unless many are
+# MIN_SHORTLIST: the true top k sits within a few code errors (~5e-4 each, the vector's
+# and the query's) of the approximate k-th score, and that band holds a handful of vectors unless many are
 # near-duplicates of each other.
 SHORTLIST_FACTOR = 2
 MIN_SHORTLIST = 64
