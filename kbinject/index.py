@@ -184,9 +184,9 @@ class KbIndex:
         """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, cosine) best first.
 
         ``index`` is the snapshot of ``current`` the caller checked ``vector``'s dimension
-        against. The search runs in a worker thread (numpy releases the GIL); its cosines
-        are within ~1e-4 of the float32 ones (vectors.py): the exact ones of the hits
-        shown come from ``rescored``.
+        against. The search runs in a worker thread (simsimd and numpy release the GIL);
+        its cosines are within ~1e-4 of the float32 ones (vectors.py): the exact ones of
+        the hits shown come from ``rescored``.
         """
         return await asyncio.to_thread(index.nearest, vector, CANDIDATES, kb_ids)
 
