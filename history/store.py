@@ -14,6 +14,7 @@ that into a protocol error is the daemon's business, not the store's.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -243,6 +244,7 @@ class HistoryStore:
         files: list[dict[str, Any]],
         model: str | None,
         title: str = "",
+        *,
         attachments: Sequence[NewAttachment] = (),
         conversation_model: str | None = None,
         default_model: str | None = None,
@@ -263,14 +265,19 @@ class HistoryStore:
                 number = 1
                 if model is None:
                     model = conversation_model or default_model
-            elif not self._is_live(cid):
-                raise LookupError(f"conversation {cid} not found")
+                # the row as inserted, with its columns' defaults (not read back)
+                conversation = Conversation(id=cid, title=title, model=conversation_model, settings={}, ctx_used=0,
+                                            created_at=now, updated_at=now, turns=1, system_prompt=system_prompt)
             else:
-                number = self._conn.execute(sql.NEXT_TURN, (cid,)).fetchone()[0]
+                # one read says it is live, its next turn's number and its model
+                found = self._conversation(cid)
+                if found is None:
+                    raise LookupError(f"conversation {cid} not found")
+                number = found.turns + 1
                 if model is None:
-                    conversation = self._conversation(cid)
-                    model = (conversation.model if conversation else None) or default_model
+                    model = found.model or default_model
                 self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
+                conversation = dataclasses.replace(found, updated_at=now, turns=number)
             self._conn.execute(
                 sql.INSERT_TURN,
                 (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
@@ -284,8 +291,6 @@ class HistoryStore:
                      a.pages, a.full_text, now)
                     for a in attachments
                 ])
-            conversation = self._conversation(cid)
-        assert conversation is not None
         # the row as just written (not read back: its JSON would be decoded again)
         turn = Turn(
             conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
@@ -299,9 +304,9 @@ class HistoryStore:
         one call, so the daemon stores a question and reads its conversation in one trip to
         this thread."""
         conversation, turn = self.start_turn(cid, *args, **kwargs)
-        if cid is None:  # created here: nothing earlier to read but its files and the KBs linked to all
+        if cid is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
-                                  has_attachments=self.has_attachments(conversation.id),
+                                  has_attachments=bool(kwargs.get("attachments")),
                                   kb_ids=self.kb.linked_ids(conversation.id), known=known)
         else:
             found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)

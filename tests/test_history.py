@@ -259,24 +259,28 @@ def test_start_turn_numbers_turns_and_touches_conversation(store: HistoryStore) 
     assert conversation.updated_at > before.updated_at
 
 
+@pytest.mark.parametrize("with_file", [True, False])
 @pytest.mark.parametrize("new", [True, False])
-def test_begin_turn_returns_what_it_stored_and_what_a_read_gives(store: HistoryStore, new: bool) -> None:
-    """begin_turn builds the turn and, for a conversation it creates, the context without
-    reading them back: both must be what reading them gives."""
+def test_begin_turn_returns_what_it_stored_and_what_a_read_gives(
+    store: HistoryStore, new: bool, with_file: bool
+) -> None:
+    """begin_turn builds the turn and, for a conversation it creates, the conversation and
+    the context without reading them back: all must be what reading them gives."""
     kb, _ = store.kb.ensure("everywhere")
     store.kb.set_link("everywhere", None, True)  # linked to every conversation, new ones included
     doc = NewAttachment(name="a.txt", path="/a.txt", kind="text", content_type="text/plain", size_bytes=2,
                         sha256="ab" * 32, full_text="hi")
     cid = None if new else ask(store, None, "one", "1").conversation_id
-    files = [{"name": "a.txt", "kind": "text"}]
+    files = [{"name": "a.txt", "kind": "text"}] if with_file else []
     messages = [{"role": "user", "content": [{"type": "text", "text": "two"}]}]
-    turn, context = store.begin_turn(cid, "two", messages, files, "m", "Two", attachments=[doc],
-                                     conversation_model="own")
+    turn, context = store.begin_turn(cid, "two", messages, files, "m", "Two", attachments=[doc] if with_file else [],
+                                     conversation_model="own", system_prompt="Answer in French.")
     assert turn == store.turn(context.conversation.id, turn.turn)
     assert context == store.turn_context(context.conversation.id, before=turn.turn)
-    assert context.has_attachments and context.kb_ids == [kb.id]
+    assert context.has_attachments == with_file and context.kb_ids == [kb.id]
     assert context.conversation == store.get_conversation(context.conversation.id)
     assert context.conversation.updated_at == turn.created_at and context.conversation.turns == turn.turn
+    assert context.conversation.system_prompt == ("Answer in French." if new else None)
 
 
 def test_start_turn_on_missing_conversation_writes_nothing(store: HistoryStore) -> None:
