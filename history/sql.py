@@ -5,10 +5,10 @@ transactions. The knowledge-base statements live in kb.py and the search ones in
 search.py, each beside the only code that uses them.
 """
 
-# A conversation's turns are numbered 1, 2, ... (NEXT_TURN) and never deleted one by one,
-# so the highest number is the count: one index seek, where count(*) walks every turn of
-# the conversation (0.1 ms at 2,000 turns, on every turn's way to the model and per row
-# of a listing).
+# A conversation's turns are numbered 1, 2, ... (``start_turn`` numbers the next one this
+# count plus one) and never deleted one by one, so the highest number is the count: one
+# index seek, where count(*) walks every turn of the conversation (0.1 ms at 2,000 turns,
+# on every turn's way to the model and per row of a listing).
 CONVERSATION_SELECT = """
 SELECT c.id, c.title, c.model, c.system_prompt, c.settings, c.ctx_used, c.created_at, c.updated_at,
        coalesce((SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = c.id), 0) AS turn_count
@@ -59,7 +59,6 @@ WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
 SELECT_TURN_ROW = f"""
 SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
 """
-NEXT_TURN = "SELECT coalesce(max(turn), 0) + 1 FROM turns WHERE conversation_id = ?"
 ATTACHMENT_COLUMNS = """
 a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
 a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text
