@@ -249,26 +249,24 @@ async def open_connection(
     on_ready: Callable[[Connection], Awaitable[None]], stop: asyncio.Event,
 ) -> str:
     """Connect, list the tools, hand the connection to ``on_ready``, and hold it until
-    ``stop`` is set (returns "") or the server goes away (returns why)."""
+    ``stop`` is set (returns "", also when it comes while the server starts) or the server
+    goes away (returns why)."""
     fault = Fault()
     streams = bounded_stdio(spec, fault) if spec.transport == "stdio" else http_streams(spec, call_timeout)
     try:
         async with streams as (read, write), ClientSession(read, write, message_handler=_ignore) as session:
-            with anyio.fail_after(start_timeout):
-                await session.initialize()
-                tools = await _list_tools(session)
-            await on_ready(Connection(spec, session, tools))
-            async with anyio.create_task_group() as waiting:
-                async def closed() -> None:
-                    await fault.closed.wait()
-                    waiting.cancel_scope.cancel()
-
+            async with anyio.create_task_group() as held:
                 async def stopped() -> None:
                     await stop.wait()
-                    waiting.cancel_scope.cancel()
+                    held.cancel_scope.cancel()
 
-                waiting.start_soon(closed)
-                waiting.start_soon(stopped)
+                held.start_soon(stopped)  # a stop ends a start under way too: the daemon may be stopping
+                with anyio.fail_after(start_timeout):
+                    await session.initialize()
+                    tools = await _list_tools(session)
+                await on_ready(Connection(spec, session, tools))
+                await fault.closed.wait()
+                held.cancel_scope.cancel()
             return "" if stop.is_set() else fault.describe("exited")
     except Exception as exc:  # the SDK's task groups may wrap what happened in a group
         raise ConnectionLost(_failure(_unwrap(exc), fault, start_timeout)) from None

@@ -50,6 +50,9 @@ BACKOFF_FIRST = 1.0  # seconds before a failed server is tried again
 BACKOFF_MAX = 300.0
 START_SLACK = 5.0  # seconds beyond start_timeout for spawning the process
 STOP_WAIT = 10.0  # seconds a new start waits for the one before to stop its process (about 2 s)
+# seconds a task given up on (cancelled) gets to stop its process: stdin closed, SIGTERM, SIGKILL,
+# STOP_GRACE (1 s) apart, in a cleanup the cancel does not cut short
+KILL_WAIT = 4.0
 State = Literal["idle", "starting", "ready", "failed", "stopped"]
 
 
@@ -185,6 +188,8 @@ class ServerHandle:
         raise ToolError(f"the MCP server {self.spec.name} failed: {why}; it is restarted on a later turn")
 
     async def stop(self) -> None:
+        """Stop the server, started or starting; its process is gone when this returns (the
+        daemon must not leave it behind), unless even SIGKILL did not end it."""
         self.state = "stopped"
         self._stop.set()
         if self._task is not None:
@@ -192,6 +197,7 @@ class ServerHandle:
                 await asyncio.wait_for(asyncio.shield(self._task), STOP_WAIT)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
                 self._task.cancel()
+                await asyncio.wait({self._task}, timeout=KILL_WAIT)
 
 
 class _Sdk:

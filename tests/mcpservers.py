@@ -77,6 +77,7 @@ def build_good():  # type: ignore[no-untyped-def]
 
 
 def hang() -> None:
+    note_start()
     for _line in sys.stdin:
         pass
     time.sleep(3600)

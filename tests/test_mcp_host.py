@@ -465,6 +465,34 @@ async def test_ctrl_c_stops_mcp_list_with_130(hosting: Any, router: FakeRouter) 
     assert err.decode() == "[stopped]\n"
 
 
+@pytest.mark.parametrize("stop_wait", [600.0, 0.0])
+async def test_a_server_still_starting_stops_with_the_daemon(
+    tmp_path: Path, router: FakeRouter, monkeypatch: pytest.MonkeyPatch, stop_wait: float
+) -> None:
+    """Stopping the daemon ends a server's start at once and stops its process: the daemon
+    neither waits out a start that would take 10 minutes nor leaves the process behind, even
+    when it gives up waiting (0) and cancels what holds the server."""
+    monkeypatch.setattr(mcphost.host, "STOP_WAIT", stop_wait)
+    starts = tmp_path / "starts"
+    write_config(tmp_path, {"hang": server("hang", starts)}, "start_timeout = 600\n")
+    daemon = RunningDaemon(hosted_config(router, monkeypatch))
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        async with asyncio.timeout(60):
+            await wire.send({"type": "mcp_servers"})  # starts the server; the answer waits for it
+            while not starts.exists() or not starts.read_text().strip():
+                await asyncio.sleep(0.05)
+            assert (await server_state(wire, "hang"))["state"] == "starting"
+            await daemon.stop()
+    finally:
+        await wire.close()
+        await daemon.stop()
+    pid = int(starts.read_text().split()[0])
+    with pytest.raises(ProcessLookupError):  # gone, and reaped
+        os.kill(pid, 0)
+
+
 async def test_mcp_list_shows_servers_and_their_tools(hosting: Any, router: FakeRouter) -> None:
     await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
     code, out, err = await mcp_list()
