@@ -60,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(args)
     setup_logging(args.verbose)
     # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
-    from daemon.server import serve
+    from daemon.server import new_event_loop, serve
 
     for warning in unknown_variables(os.environ):
         logger.warning("%s", warning)
     try:
         config = load_config()
-        asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(serve(config))
     except (StartupError, ConfigError) as exc:
         logger.error("cannot start: %s", exc.message)
         return EXIT_STARTUP  # systemd does not restart it in a loop (RestartPreventExitStatus)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,11 +12,18 @@ import pytest_asyncio
 
 from core import Config, load_config
 from core.wire import Wire
-from daemon.server import Server
+from daemon.server import Server, new_event_loop
 from selfcheck.fakerouter import FakeRouter
 from tests.contract import watch
 
 EVENT_TIMEOUT = 30.0  # seconds for any one event: a hang fails the test instead of stalling the suite
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every test runs on the daemon's own event loop (uvloop's, where it is installed)."""
+    return {"daemon": new_event_loop}
 
 
 @pytest.fixture(autouse=True)

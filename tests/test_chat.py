@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
-from tests.test_client import ROOT, cli
+from tests.test_client import ROOT, cli, piped
 
 pytestmark = pytest.mark.asyncio
 
@@ -223,11 +223,15 @@ async def test_progress_shows_on_a_terminal(term: list[Terminal], router: FakeRo
 
 async def test_piped_text_is_the_first_message(daemon: RunningDaemon, router: FakeRouter) -> None:
     # no terminal to read more from (a new session has none): the reply, then the end
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "assistant.py"), "chat", "summarise", cwd=ROOT, start_new_session=True,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(b"a page of notes\n"), WAIT)
+    notes = piped("a page of notes\n")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "assistant.py"), "chat", "summarise", cwd=ROOT, start_new_session=True,
+            stdin=notes, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+    finally:
+        os.close(notes)
+    out, err = await asyncio.wait_for(proc.communicate(), WAIT)
     assert proc.returncode == 0, err.decode()
     assert router.requests[-1]["messages"][-1]["content"] == "a page of notes\n\nsummarise"
     assert out.decode() == "You said: a page of notes\n\nsummarise\n"

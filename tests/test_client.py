@@ -18,15 +18,30 @@ pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def piped(text: str) -> int:
+    """The read end of a pipe holding ``text``, as a shell's ``|`` gives a command (the loop's
+    own subprocess pipes may be socketpairs, uvloop's are, and the client reads no socket)."""
+    data = text.encode()
+    assert len(data) < 65536, "more than a pipe holds unread"
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    return read_end
+
+
 async def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> tuple[int, str, str]:
     """Run the client; ``stdin`` is piped to it (else it reads /dev/null, which it never waits on)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "assistant.py"), *args,
-        cwd=ROOT, env={**os.environ, **(env or {})},
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 60)
+    source = piped(stdin) if stdin is not None else asyncio.subprocess.DEVNULL
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "assistant.py"), *args,
+            cwd=ROOT, env={**os.environ, **(env or {})},
+            stdin=source, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+    finally:
+        if stdin is not None:
+            os.close(source)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
 
 

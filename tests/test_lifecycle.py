@@ -107,6 +107,15 @@ async def test_socket_is_private_and_removed_on_exit(spawned: list[DaemonProcess
     assert "stopped" in err
 
 
+async def test_the_daemon_runs_on_uvloop(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
+    """uvloop is a dependency on Linux: the daemon runs on it, and so does this suite."""
+    proc = await start(spawned, tmp_path)
+    code, err = await proc.stop()
+    assert code == 0, err
+    assert "loop uvloop)" in err
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == "uvloop"
+
+
 async def test_socket_directory_is_created_private(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
     sock = Path(f"/tmp/asst-sub-{os.getpid()}") / "deeper" / "a.sock"
     try:
