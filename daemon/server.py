@@ -202,7 +202,7 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The daemon's event loop: uvloop's where it is installed (a dependency on Linux), else
     asyncio's own. uvloop's loop and transports are C: the daemon's part of a question's way
-    to its first token is 0.15-0.2 ms shorter on it (docs/DESIGN.md, "The event loop")."""
+    to its first token is 0.1-0.2 ms shorter on it (docs/DESIGN.md, "The event loop")."""
     try:
         import uvloop
     except ImportError:
