@@ -443,7 +443,7 @@ class RouterClient:
         then does not compete with the request on its way.  Cancel the consuming task or
         ``aclose()`` the generator to stop early; either closes the HTTP response.
         """
-        from .transport import SENT  # loaded with httpx
+        from .transport import AHEAD, SENT  # loaded with httpx
 
         url = f"{self._base}/chat/completions"
         body: dict[str, Any] = {"model": model, "messages": messages, **params}
@@ -456,7 +456,9 @@ class RouterClient:
         end: StreamEnd | None = None
         try:
             on_sent = _once(sent) if sent is not None else None
-            extensions = {SENT: on_sent} if on_sent is not None else None
+            extensions: dict[str, Any] = {AHEAD: True}  # the connection connect_ahead opened
+            if on_sent is not None:
+                extensions[SENT] = on_sent
             async with self._client.stream("POST", url, json=body, extensions=extensions) as response:
                 if on_sent is not None:
                     on_sent()  # a transport that does not know the extension (the tests' mocks)

@@ -18,16 +18,19 @@ exceptions, so ``RouterClient`` maps them as it would httpx's transport's: conne
 refused or unresolvable is ``ConnectError``, each timeout its ``*Timeout``, a
 server that stops mid-body ``RemoteProtocolError``.
 
-One request extension: ``SENT``, a callable the transport calls once the request has
+Two request extensions: ``SENT``, a callable the transport calls once the request has
 been written, before the answer is awaited (``RouterClient.stream_chat`` tells the
-client the request left then, so that the client's work does not compete with it).
+client the request left then, so that the client's work does not compete with it);
+and ``AHEAD``, true on the request a connection was opened ahead for.
 
 ``connect_ahead(url)`` opens the connection for a request about to be made while the
 caller does other work: the daemon calls it just before it stores a question, so the
 connect (and an https handshake) overlaps that trip to the history thread instead of
 following it (0.3-0.4 ms of the first token, bench/bench_ttft.py). The next request to
-that host and port takes it; one not taken within ``SPARE_FOR`` seconds is closed,
-so a turn refused after it holds no server connection for long.
+that host and port marked ``AHEAD`` takes it, not one made on the way (a knowledge-base
+query's embedding, a context size asked for): the chat request would connect after
+them. One not taken within ``SPARE_FOR`` seconds is closed, so a turn refused after it
+holds no server connection for long.
 
 Closing the response (httpx does when ``async with client.stream(...)`` exits, on a
 cancel too) closes the connection, so the server sees the client go and stops
@@ -45,9 +48,10 @@ from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["SENT", "OneShotTransport"]
+__all__ = ["AHEAD", "SENT", "OneShotTransport"]
 
 SENT = "sent"  # the request extension called once the request is written
+AHEAD = "ahead"  # the request extension that takes the connection opened ahead (connect_ahead)
 READ_SIZE = 65536  # bytes asked of the socket at a time
 MAX_HEADERS = 100  # header lines in one response; a server sending more is broken
 # StreamReader's line limit: a status, header or chunk-size line longer than this is refused
@@ -69,8 +73,8 @@ class OneShotTransport(httpx.AsyncBaseTransport):
 
         The connect, and for https the TLS handshake, then happen while the caller does
         other work (the daemon stores the question meanwhile). The next request to that
-        host and port takes the connection if it comes within ``SPARE_FOR`` seconds;
-        otherwise it is closed. Only for a server named by its IP address, as the
+        host and port with the ``AHEAD`` extension takes the connection if it comes within
+        ``SPARE_FOR`` seconds; otherwise it is closed. Only for a server named by its IP address, as the
         default router_url is: resolving a name here would block.
         """
         target = self._targets.get(url)
@@ -153,7 +157,11 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         port = url.port or (443 if tls else 80)
         try:
             async with asyncio.timeout(timeout):
-                if self._spare is not None and (opened := await self._take_spare((url.host, port))) is not None:
+                if (
+                    self._spare is not None
+                    and request.extensions.get(AHEAD)
+                    and (opened := await self._take_spare((url.host, port))) is not None
+                ):
                     return opened
                 return await asyncio.open_connection(url.host, port, ssl=tls, limit=LINE_LIMIT)
         except TimeoutError:

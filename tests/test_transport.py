@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from core import transport as transport_module
-from core.transport import OneShotTransport
+from core.transport import AHEAD, OneShotTransport
 
 pytestmark = pytest.mark.asyncio
 
@@ -233,10 +233,25 @@ async def test_a_connection_opened_ahead_carries_the_next_request(server: RawSer
     async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
         transport.connect_ahead(server.url + "/v1")
         await server.until(lambda: server.accepted == 1)  # open before any request is made
-        assert (await http.post(server.url + "/v1/chat/completions", json={"q": 1})).status_code == 204
+        sent = await http.post(server.url + "/v1/chat/completions", json={"q": 1}, extensions={AHEAD: True})
+        assert sent.status_code == 204
         assert server.accepted == 1 and len(server.requests) == 1 and server.unused == 0
-        assert (await http.get(server.url)).status_code == 204  # the next one connects afresh
+        assert (await http.get(server.url, extensions={AHEAD: True})).status_code == 204  # afresh
         assert server.accepted == 2 and server.unused == 0
+
+
+async def test_a_request_made_on_the_way_leaves_the_connection_opened_ahead(server: RawServer) -> None:
+    """A knowledge-base query's embedding, asked for after connect_ahead and before the chat
+    request, connects itself: the chat request is the one the connection was opened for."""
+    transport = OneShotTransport()
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+        transport.connect_ahead(server.url + "/v1")
+        await server.until(lambda: server.accepted == 1)
+        assert (await http.post(server.url + "/v1/embeddings", json={"input": "q"})).status_code == 204
+        assert server.accepted == 2 and len(server.requests) == 1
+        sent = await http.post(server.url + "/v1/chat/completions", json={"q": 1}, extensions={AHEAD: True})
+        assert sent.status_code == 204
+        assert server.accepted == 2 and len(server.requests) == 2 and server.unused == 0
 
 
 async def test_a_connection_opened_ahead_and_not_used_is_closed(server: RawServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,7 +279,7 @@ async def test_a_connection_opened_ahead_elsewhere_is_not_used(server: RawServer
         async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
             transport.connect_ahead(other.url)
             await other.until(lambda: other.accepted == 1)
-            assert (await http.get(server.url)).status_code == 204
+            assert (await http.get(server.url, extensions={AHEAD: True})).status_code == 204
             assert server.accepted == 1 and other.requests == []
         await other.until(lambda: other.unused == 1)  # closed with the client
     finally:
@@ -279,7 +294,7 @@ async def test_a_refused_connection_opened_ahead_leaves_the_error_to_the_request
         async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
             transport.connect_ahead(url)
             with pytest.raises(httpx.ConnectError):
-                await client.get(url)
+                await client.get(url, extensions={AHEAD: True})
 
 
 async def test_a_server_named_by_a_host_name_is_not_connected_ahead(server: RawServer) -> None:
