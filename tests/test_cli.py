@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -48,6 +49,43 @@ async def test_a_question_may_be_stdin_alone(daemon: RunningDaemon, router: Fake
     assert code == 0, err
     assert question_sent(router) == "# Notes\n\nwhat do they say?"
     assert out.strip() == "You said: # Notes\n\nwhat do they say?"
+
+
+async def run_with_socket_stdin(*args: str, text: bytes | None) -> tuple[int, str, str]:
+    """The client with one end of a socketpair for stdin, as Node's child_process gives it:
+    ``text`` written and the socket closed, or (None) the socket left open and silent."""
+    parent, child = socket_pair()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *ASSISTANT, *args, cwd=ROOT, stdin=child.fileno(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        child.close()
+        if text is not None:
+            parent.sendall(text)
+            parent.close()
+        out, err = await asyncio.wait_for(proc.communicate(), 60)  # only a hang's guard
+    finally:
+        parent.close()
+        child.close()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+async def test_text_piped_through_a_socket_is_read(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, _out, err = await run_with_socket_stdin("ask", "summarise", text=b"some text\n")
+    assert code == 0, err
+    assert question_sent(router) == "some text\n\nsummarise"
+
+
+async def test_a_silent_socket_on_stdin_is_not_waited_on(daemon: RunningDaemon, router: FakeRouter) -> None:
+    # Node's exec makes a stdin socket and never closes it: the client goes on without it
+    code, out, err = await run_with_socket_stdin("ask", "hello", text=None)
+    assert code == 0, err
+    assert question_sent(router) == "hello" and out.strip() == "You said: hello"
 
 
 async def test_files_without_a_question(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def piped(text: str) -> int:
     """The read end of a pipe holding ``text``, as a shell's ``|`` gives a command (the loop's
-    own subprocess pipes may be socketpairs, uvloop's are, and the client reads no socket)."""
+    own subprocess pipes may be socketpairs, uvloop's are; test_cli.py tries those)."""
     data = text.encode()
     assert len(data) < 65536, "more than a pipe holds unread"
     read_end, write_end = os.pipe()

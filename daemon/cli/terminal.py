@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import shutil
 import signal
 import stat
@@ -42,6 +43,9 @@ EXIT_ERROR = 1  # the daemon answered with an error
 EXIT_USAGE = 2  # argparse's own
 EXIT_NO_DAEMON = 3  # no daemon answers, or the socket path cannot be one
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+# seconds a socket on stdin has to show text (or its end) before the client goes on without
+# it: a parent writes what it pipes as it starts the client, which takes longer than this to start
+SOCKET_GRACE = 0.1
 ERASE_LINE = "\r\x1b[K"
 
 
@@ -161,16 +165,25 @@ class Interrupts:
 
 
 def piped_stdin() -> str | None:
-    """The text piped or redirected into the client; None when stdin is a terminal, absent or
-    something else (a socket, /dev/null), which is never waited on."""
+    """The text piped or redirected into the client; None when stdin is a terminal, absent,
+    a device (/dev/null), or a socket with nothing to say, none of which is waited on.
+
+    A socket is how some parents pipe (Node's ``child_process`` and uvloop's subprocesses
+    hand a socketpair): it is read when it has text, or has ended, within ``SOCKET_GRACE``
+    seconds, so text given that way is part of the question; a socket left open and silent
+    (Node's ``exec`` never closes the stdin it makes) is not waited on.
+    """
     stream = sys.stdin
     try:
         if stream is None or stream.isatty():
             return None
-        mode = os.fstat(stream.fileno()).st_mode
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISSOCK(mode) and not select.select([fd], [], [], SOCKET_GRACE)[0]:
+            return None
     except (OSError, ValueError):
         return None
-    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
         return None
     return stream.buffer.read().decode("utf-8", "replace")
 
