@@ -9,6 +9,7 @@ and combines them (docs/DESIGN.md, "Context sizes").
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -101,7 +102,8 @@ def listed_modalities(entry: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 def positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    """A size a server stated; None unless it is a finite number above 0 (not NaN or Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         return None
     return int(value)
 

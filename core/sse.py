@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RouterContextOverflow, RouterError
+from .jsontext import SURROGATE_ESCAPE, without_lone_surrogates
 
 __all__ = [
     "ChatAccumulator",
@@ -140,7 +142,9 @@ class Usage:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    """A count or a measure a server sent; None unless it is a finite number, not negative
+    (a Python server may send NaN or Infinity, which no event could carry)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         return None
     return float(value)
 
@@ -366,6 +370,8 @@ class ChatAccumulator:
             raise error_from_body(body, prefix="the model server failed mid-reply")
         if not isinstance(chunk, dict):
             raise RouterError(f"the model server sent a chunk that is not a JSON object: {data[:120]!r}")
+        if "\\u" in data and SURROGATE_ESCAPE.search(data):
+            chunk = without_lone_surrogates(chunk)  # a lone one could be neither sent on nor stored
         try:
             return self.feed(chunk)
         except (AttributeError, TypeError, ValueError) as exc:  # a field of the wrong shape
@@ -377,7 +383,9 @@ class ChatAccumulator:
             raise error_from_body(chunk, prefix="the model server failed mid-reply")
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            prompt, completion = _count(usage.get("prompt_tokens") or 0), _count(usage.get("completion_tokens") or 0)
+            if prompt is not None and completion is not None:  # else none at all: the daemon estimates
+                self.usage = Usage(prompt, completion)
         if "timings" in chunk:
             # the last chunk's; earlier ones carry them only with timings_per_token
             self.timings = Timings.from_json(chunk["timings"]) or self.timings

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .jsontext import strict_loads
 from .seams import HistoryRunner
 
 __all__ = [
@@ -135,8 +136,8 @@ def parse_arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
     if raw is None or not raw.strip():
         return {}  # models send "" for a call without arguments
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        value = strict_loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise ToolError(f"the arguments are not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(value, dict):
         raise ToolError(f"the arguments must be a JSON object, not {type(value).__name__}")

@@ -11,12 +11,14 @@ reference the canvas is written against; keep the two in step.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.errors import AssistantError, BadRequest, UnknownType
+from core.jsontext import strict_loads, without_lone_surrogates
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "sequence_key",
     "validate",
 ]
+
+logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 1 << 20  # a request line over 1 MiB is refused
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
@@ -146,22 +150,11 @@ def _valid(kind: FieldKind, value: Any) -> bool:
     raise AssertionError(kind)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-# made once: json.loads and json.dumps with options make a new decoder or encoder per call
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-_ECHO_CHECK = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
-
-
 def decode_line(line: bytes) -> dict[str, Any]:
     """Decode one request line into a JSON object, or raise ``BadRequest``."""
     try:
-        obj = _DECODER.decode(line.decode(json.detect_encoding(line), "surrogatepass"))
-        # a lone surrogate (\ud800) is valid JSON but no text, and a number too large for a
-        # float (1e400) reads as infinity, which JSON cannot carry back: neither could be echoed
-        _ECHO_CHECK.encode(obj).encode()
+        # strictly: a lone surrogate (\ud800) or a number beyond a float (1e400) could not be echoed
+        obj = strict_loads(line.decode(json.detect_encoding(line), "surrogatepass"))
     except (UnicodeError, ValueError) as exc:
         raise BadRequest(f"the line is not valid JSON text ({exc}); send one JSON object per line") from None
     except RecursionError:
@@ -217,7 +210,12 @@ def sequence_key(request: Request) -> str | None:
 def encode_event(event: dict[str, Any]) -> bytes:
     """One event as a JSON line (UTF-8, no ASCII escaping: the canvas reads UTF-8)."""
     # allow_nan=False: NaN and Infinity are not JSON, and a JavaScript canvas cannot parse them
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    text = json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate from outside, not caught where it came in
+        logger.warning("a %s event carried a lone surrogate; sent as U+FFFD", event.get("type"))
+        return encode_event(without_lone_surrogates(event))
 
 
 def error_event(exc: AssistantError, **extra: Any) -> dict[str, Any]:

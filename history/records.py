@@ -9,6 +9,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
+from core.jsontext import strict_loads
+
 TurnStatus = Literal["running", "complete", "cancelled", "error", "interrupted"]
 TURN_STATUSES: tuple[TurnStatus, ...] = (
     "running",
@@ -292,8 +294,8 @@ def parse_arguments(raw: Any) -> Any:
         return raw
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
-        except ValueError:
+            value = strict_loads(raw)  # NaN or "\ud800" could not be sent in an event
+        except (ValueError, RecursionError):
             return raw
         if isinstance(value, dict):
             return value

@@ -287,6 +287,17 @@ async def test_router_error_carries_the_servers_message(wire: Wire, router: Fake
     assert turn["status"] == "error" and turn["text"] == "hi"
 
 
+async def test_a_reply_with_lone_surrogates_is_streamed_and_stored(wire: Wire, router: FakeRouter) -> None:
+    # a server that cuts an emoji between its UTF-16 halves sends each as an escape of its own
+    router.script(Reply(chunks=["Hello \ud83d", "\ude00 world"]))
+    events = await wire.ask("hi")
+    assert events[-1]["type"] == "done", events[-1]
+    deltas = "".join(e["text"] for e in events if e["type"] == "delta")
+    assert deltas == events[-1]["text"] == "Hello \ufffd\ufffd world"
+    turn = (await wire.request({"type": "open", "conversation": events[0]["conversation"]}))["turns"][0]
+    assert turn["status"] == "complete" and turn["reply"] == "Hello \ufffd\ufffd world"
+
+
 async def test_router_failing_mid_reply_keeps_the_partial(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(chunks=["half ", "an ", "answer", "never"], drop_after=3))
     events = await wire.ask("explain")
@@ -585,3 +596,5 @@ async def test_an_oversize_id_is_not_echoed(wire: Wire) -> None:
 async def test_events_are_strict_json() -> None:
     with pytest.raises(ValueError):
         encode_event({"type": "status", "uptime": float("inf")})
+    # a lone surrogate that got past where it came in is sent as U+FFFD, not a failed event
+    assert encode_event({"type": "delta", "text": "a\ud800b"}) == '{"type":"delta","text":"a\ufffdb"}\n'.encode()

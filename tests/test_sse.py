@@ -273,6 +273,47 @@ def test_odd_timings_are_left_out() -> None:
 
 
 @pytest.mark.asyncio
+async def test_numbers_json_cannot_carry_are_left_out() -> None:
+    # a Python server's json.dumps writes NaN and Infinity; no event could carry them on
+    events = await collect([
+        chunk({"content": "Hi"}), "",
+        'data: {"choices": [], "usage": {"prompt_tokens": Infinity, "completion_tokens": NaN}, '
+        '"timings": {"prompt_n": Infinity, "cache_n": 3, "prompt_ms": NaN, "predicted_per_second": Infinity}}', "",
+        chunk({}, "stop"), "", "data: [DONE]",
+    ])
+    end = events[-1]
+    assert isinstance(end, StreamEnd) and end.usage is None  # the daemon estimates instead
+    assert end.timings is not None and end.timings.to_json() == {
+        "prompt_n": None, "cache_n": 3, "prompt_ms": None, "predicted_n": None, "predicted_per_second": None
+    }
+
+
+def test_odd_usage_is_no_usage() -> None:
+    acc = ChatAccumulator()
+    acc.feed({"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 2}})
+    assert acc.usage is None
+    acc.feed({"choices": [], "usage": {"prompt_tokens": 7}})  # a count left out is none
+    assert acc.usage == Usage(7, 0)
+
+
+@pytest.mark.asyncio
+async def test_lone_surrogates_from_the_server_become_replacement_characters() -> None:
+    # a server that cuts text between UTF-16 halves sends each half as an escape of its own
+    events = await collect([
+        chunk({"content": "Hi \ud83d"}), "", chunk({"content": "\ude00 there \ud83d\ude00"}), "",
+        chunk({"tool_calls": [{"index": 0, "id": "c\udc00", "function": {"name": "f", "arguments": '{"q": "\ud800'}}]}),
+        "", chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"}'}}]}, "tool_calls"), "", "data: [DONE]",
+    ])
+    texts = [e.text for e in events if isinstance(e, ContentDelta)]
+    assert texts == ["Hi \ufffd", "\ufffd there \U0001f600"]  # a pair in one string stays whole
+    end = events[-1]
+    assert isinstance(end, StreamEnd)
+    assert end.tool_calls == [ToolCall("c\ufffd", "f", '{"q": "\ufffd"}')]
+    for text in (*texts, end.text, end.tool_calls[0].arguments):
+        text.encode()  # each can be sent on and stored
+
+
+@pytest.mark.asyncio
 async def test_stream_stops_reading_at_done() -> None:
     async def lines() -> AsyncIterator[str]:
         yield chunk({"content": "a"})
@@ -363,7 +404,6 @@ async def test_vllm_style_400_through_the_client() -> None:
     "chunk",
     [
         '{"choices": [{"index": 0, "delta": "oops"}]}',
-        '{"choices": [], "usage": {"prompt_tokens": "many"}}',
         '{"choices": [{"index": 0, "delta": {"tool_calls": [7]}}]}',
     ],
 )

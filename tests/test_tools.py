@@ -183,6 +183,32 @@ async def test_bad_calls_become_error_results_not_failed_turns(
     assert words in tool_messages(router.requests[-1])[0]["content"]
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"query": "first", "max_results": NaN}',
+        '{"query": "first", "max_results": Infinity}',
+        '{"query": "first", "max_results": 1e400}',
+        '{"query": "first", "max_results": "\\ud800"}',  # a lone surrogate: valid JSON, no text
+        '{"query": "\\udc00"}',
+    ],
+)
+async def test_arguments_json_cannot_carry_are_refused_and_the_turn_is_kept(
+    wire: Wire, router: FakeRouter, arguments: str
+) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(call("conversation_search", arguments), Reply(text="recovered"))
+    events = await wire.ask("second", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False and tool["arguments"] == arguments  # shown as the model sent them
+    assert "not valid JSON" in tool_messages(router.requests[-1])[0]["content"]
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert opened["type"] == "conversation", opened
+    assert [t["status"] for t in opened["turns"]] == ["complete", "complete"]
+    assert opened["turns"][1]["reply"].endswith("recovered")
+
+
 async def test_at_most_eight_rounds_then_the_model_must_answer(wire: Wire, router: FakeRouter) -> None:
     cid = (await wire.ask("first"))[0]["conversation"]
     router.script(*[call("conversation_search", {"query": "first"}, f"c{i}") for i in range(9)])
