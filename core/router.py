@@ -516,7 +516,7 @@ class RouterClient:
         try:
             ordered = sorted(items or (), key=lambda item: int(item.get("index", 0)))
             vectors = [[float(x) for x in item["embedding"]] for item in ordered]
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # an index of Infinity
             raise RouterError(f"the embedding server at {url} answered without embeddings: {response.text[:200]}") from None
         if len(vectors) != len(inputs):
             raise RouterError(f"the embedding server at {url} returned {len(vectors)} vectors for {len(inputs)} inputs")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -562,6 +563,19 @@ async def test_failing_and_slow_embedder(client: RouterClient, fake: FakeRouter)
     fake.embed_delay = 30
     with pytest.raises(RouterUnreachable, match="within 0.2 s"):
         await client.embed("e", ["x"], timeout=0.2)
+
+
+@pytest.mark.asyncio
+async def test_an_embedding_answer_json_cannot_carry_is_the_servers_error() -> None:
+    # a Python server's json.dumps writes Infinity; int() of it overflows
+    body = b'{"data": [{"index": Infinity, "embedding": [0.5, 0.5]}]}'
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+    client = RouterClient(Config(router_url="http://router.test/v1"), transport=transport)
+    try:
+        with pytest.raises(RouterError, match="answered without embeddings"):
+            await client.embed("e", ["x"])
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.asyncio
