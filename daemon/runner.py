@@ -100,6 +100,7 @@ class TurnState:
     question: dict[str, Any]  # the question as the router gets it (images inline)
     kb: tuple[str, str]  # the question as typed and the kb_injection mode: what the KB search uses
     model_id: str = ""  # the model the turn was stored with (``model`` may still be the default)
+    model_final: bool = True  # False: ``model`` is the default as listed, not yet asked about for this turn
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
     reasoning: str = ""
     usage: Usage | None = None
@@ -169,8 +170,10 @@ class TurnRunner:
             self._validate(text, files, cid, system)
             await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
             # the model as far as it is known before the question is stored: named on the ask,
-            # the conversation's own (read for files), else the default
-            model = await self.router.model_info(chosen or (conv.model if conv else None))
+            # the conversation's own (read for files), else the default, which the conversation's
+            # own may override: that one is not loaded (llama-swap would start it for nothing)
+            final = chosen is not None or cid is None or known is not None
+            model = await self.router.model_info(chosen or (conv.model if conv else None), load=final)
         except (RouterUnreachable, RouterError) as exc:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
@@ -182,19 +185,12 @@ class TurnRunner:
                 await self._read(cid, where)  # the refusal names the turn it would have been
             raise
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
-        final = chosen is not None or cid is None or known is not None
         self.router.connect_ahead()  # the connection opens while the question is stored
         state = await self._store_start(cid, text, prepared, model, chosen, final, system)
         slot.state = state
         self._claim(state.conversation, slot)
         where["conversation"], where["turn"] = state.conversation, state.turn
         emit(self._user_event(state.conversation, state.turn, text, prepared))
-        if state.model.id != state.model_id:  # the conversation has a model of its own
-            try:
-                state.model = await self.router.model_info(state.model_id)
-            except AssistantError as exc:
-                await self._fail(state, exc, emit)
-                return
         await self._run(state, slot, emit)
         if cid is None and state.reply and self.config.auto_title:
             question = text or " ".join(p.name for p in prepared)
@@ -288,6 +284,7 @@ class TurnRunner:
         conv = known.conversation
         mcp = self.config.mcp.chosen(conv.settings.get("mcp_servers")) if self.mcp else ()
         return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
+                         model_final=final,
                          messages=[stored], question=question, kb=(text, injection_mode(conv.settings)),
                          known=known, mcp=mcp)
 
@@ -324,6 +321,10 @@ class TurnRunner:
         try:
             if slot.stop is not None:
                 raise asyncio.CancelledError  # cancelled while it was starting
+            if not state.model_final or state.model.id != state.model_id:
+                # the model stored with the turn, the conversation's own or the default: as the router
+                # tells of it (llama-swap loads it to say)
+                state.model = await self.router.model_info(state.model_id)
             finish_reason = await self._converse(state, emit)
         except asyncio.CancelledError:
             foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down

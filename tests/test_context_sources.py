@@ -65,6 +65,50 @@ async def test_llama_swap_is_asked_only_for_the_model_a_turn_uses(serve: Serve) 
         assert sizes(models) == {"fake-text": (4096, "assumed"), "fake-vision": (8192, "upstream")}
 
 
+async def test_llama_swap_loads_only_a_conversations_own_model(config: Config) -> None:
+    """After a restart (nothing known of any model), a question in a conversation loads that
+    conversation's model alone, not the default first; and a cancel while it loads keeps the turn."""
+    with FakeRouter(mode="llama-swap") as fake:
+        settings = dataclasses.replace(config, router_url=fake.url)
+
+        async def session() -> tuple[RunningDaemon, Wire]:
+            daemon = RunningDaemon(settings)
+            await daemon.start()
+            return daemon, await daemon.connect()
+
+        daemon, wire = await session()
+        own = (await wire.ask("hello", model="fake-vision"))[0]["conversation"]
+        default = (await wire.ask("hello"))[0]["conversation"]
+        await wire.close()
+        await daemon.stop()
+        daemon, wire = await session()
+        try:
+            asked = fake.hits.copy()
+            events = await wire.ask("again", conversation=own)
+            assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
+            assert fake.hits["/upstream/fake-vision/props"] == asked["/upstream/fake-vision/props"] + 1
+            assert fake.hits["/upstream/fake-text/props"] == asked["/upstream/fake-text/props"]  # not loaded
+            events = await wire.ask("again", conversation=default)  # on the default: asked about it
+            assert events[-1]["type"] == "done"
+            assert fake.hits["/upstream/fake-text/props"] == asked["/upstream/fake-text/props"] + 1
+        finally:
+            await wire.close()
+            await daemon.stop()
+        daemon, wire = await session()
+        try:
+            fake.props_delay = 30.0  # the model takes long to load: the turn is cancelled meanwhile
+            rid = await wire.send({"type": "ask", "text": "once more", "conversation": own})
+            assert (await wire.until(rid, ("user",)))[-1]["type"] == "user"
+            await wire.request({"type": "cancel", "conversation": own})
+            events = await wire.until(rid)
+            assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "cancelled"
+            turns = (await wire.request({"type": "open", "conversation": own}))["turns"]
+            assert [(t["text"], t["status"]) for t in turns][-1] == ("once more", "cancelled")
+        finally:
+            await wire.close()
+            await daemon.stop()
+
+
 async def test_ollama_is_asked_with_its_show_api(serve: Serve) -> None:
     models = [FakeModel("qwen3:8b", n_ctx=8192, n_ctx_train=40960), FakeModel("llama3.2:1b", n_ctx_train=131072)]
     async with serve("ollama", models) as (fake, wire):
