@@ -60,6 +60,7 @@ from urllib.parse import quote
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
+from .jsontext import without_lone_surrogates
 from .models import (
     CtxSource,
     Facts,
@@ -492,7 +493,8 @@ class RouterClient:
             content = answer["choices"][0]["message"].get("content")
         except (KeyError, IndexError, TypeError, AttributeError):
             raise RouterError(f"the model server at {url} answered without a message: {response.text[:200]}") from None
-        return content if isinstance(content, str) else ""
+        # a lone surrogate (a server cutting text between UTF-16 halves) could not be stored
+        return without_lone_surrogates(content) if isinstance(content, str) else ""
 
     # -- embeddings -------------------------------------------------------------
 

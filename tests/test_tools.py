@@ -261,6 +261,21 @@ async def test_compaction_summarises_old_turns_and_keeps_them(wire: Wire, router
     assert "Earlier: questions about the first topics." in router.requests[-1]["messages"][0]["content"]
 
 
+async def test_a_summary_with_a_lone_surrogate_is_kept_as_text(wire: Wire, router: FakeRouter) -> None:
+    # a server that cuts text between UTF-16 halves, in a plain (not streamed) answer
+    router.script_complete(Reply(text="Earlier: topics \ud83d and more."))
+    cid = None
+    for n in range(10):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        fields = {"model": "fake-small"} if cid is None else {"conversation": cid}
+        events = await wire.ask(f"question {n} about topic{n} " + "filler " * 40, **fields)
+        assert events[-1]["type"] == "done", events[-1]
+        cid = of_type(events, "user")[0]["conversation"]
+        if "compacting" in [e["stage"] for e in of_type(events, "progress")]:
+            break
+    assert "Earlier: topics \ufffd and more." in router.requests[-1]["messages"][0]["content"]
+
+
 async def test_a_context_overflow_from_the_router_compacts_and_retries(wire: Wire, router: FakeRouter) -> None:
     cid = (await wire.ask("one " * 50))[0]["conversation"]  # a 4096 context: no compaction of its own
     for n in range(3):
