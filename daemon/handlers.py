@@ -23,7 +23,7 @@ from core.errors import (
 )
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, HistoryStore, SearchHit
+from history import AsyncHistory, Conversation, HistoryStore, SearchHit, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from .connection import Emit
@@ -176,7 +176,7 @@ class Handlers:
         limit: int = request.get("limit", DEFAULT_SEARCH_LIMIT)
         if not query.strip():
             raise BadRequest("search needs words in 'query'")
-        if len(query.split()) > MAX_SEARCH_WORDS:
+        if len(search_words(query)) > MAX_SEARCH_WORDS:
             raise BadRequest(f"search takes at most {MAX_SEARCH_WORDS} words; keep the ones that matter")
         if cid is not None:
             await self._conversation(cid)

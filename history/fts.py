@@ -102,8 +102,12 @@ def quoted_phrases(query: str) -> list[str]:
     and a NUL inside a quoted phrase would end it early ("unterminated string").
     Repeated tokens are kept once: they would only repeat the same filter.
     """
-    tokens = query.replace("\x00", " ").split()
-    return list(dict.fromkeys('"' + token.replace('"', '""') + '"' for token in tokens))
+    return list(dict.fromkeys('"' + token.replace('"', '""') + '"' for token in search_words(query)))
+
+
+def search_words(query: str) -> list[str]:
+    """The words of a query as they are searched, repeats too: split at whitespace and NULs."""
+    return query.replace("\x00", " ").split()
 
 
 def quote_fts(query: str) -> str:

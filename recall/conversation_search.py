@@ -27,7 +27,7 @@ from core.tools import (
     one_line,
     string_argument,
 )
-from history import SearchHit
+from history import SearchHit, search_words
 
 __all__ = ["DEFAULT_RESULTS", "MAX_RESULTS", "ConversationSearch"]
 
@@ -84,7 +84,7 @@ class ConversationSearch(Tool):
         query = string_argument(arguments, "query")
         if query is None or not query.strip():
             raise ToolError("query must be some keywords to search for")
-        if len(query.split()) > MAX_QUERY_WORDS:
+        if len(search_words(query)) > MAX_QUERY_WORDS:
             raise ToolError(f"search with a few keywords (at most {MAX_QUERY_WORDS}): every word must match")
         limit = max_results_argument(arguments, DEFAULT_RESULTS, MAX_RESULTS)
         role = string_argument(arguments, "role_filter") or "all"

@@ -538,8 +538,9 @@ def test_manifest_keeps_the_newest_when_there_are_many(monkeypatch: pytest.Monke
 @pytest.mark.asyncio
 async def test_a_query_of_too_many_words_is_refused(history: AsyncHistory) -> None:
     cid, _ = await add_turn(history, None, "a", "b")
-    result = await call(ConversationSearch(), context(history, cid, turn=2), query=" ".join(["word"] * 33))
-    assert not result.ok and "at most 32" in result.content
+    for query in (" ".join(f"w{n}" for n in range(33)), "\x00".join(f"w{n}" for n in range(33))):
+        result = await call(ConversationSearch(), context(history, cid, turn=2), query=query)
+        assert not result.ok and "at most 32" in result.content
 
 
 def test_estimates_count_other_scripts_heavier() -> None:
