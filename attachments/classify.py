@@ -163,10 +163,16 @@ def _text_mime(name: str) -> str:
     return "text/plain"
 
 
+def _pdf_magic(head: bytes) -> bool:
+    """Whether ``head`` starts a PDF: ``%PDF-`` first, or after something (readers allow up to
+    1 KiB before it) in a file that is not text: a log or a note that mentions ``%PDF-`` is text."""
+    return head.startswith(PDF_MAGIC) or PDF_MAGIC in head[:PDF_MAGIC_WINDOW] and not looks_like_text(head)
+
+
 def classify(name: str, head: bytes) -> Classified:
     """Classify a file by its ``name`` (base name) and its first bytes; raise UnsupportedKind."""
     suffix = suffix_of(name)
-    if suffix == "pdf" or PDF_MAGIC in head[:PDF_MAGIC_WINDOW] and suffix not in TEXT_SUFFIXES:
+    if suffix == "pdf" or suffix not in TEXT_SUFFIXES and _pdf_magic(head):
         return Classified("pdf", "application/pdf")
     if suffix in TEXT_SUFFIXES or name in TEXT_NAMES or name.lower() in TEXT_NAMES:
         return Classified("text", _text_mime(name))

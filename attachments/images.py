@@ -71,7 +71,9 @@ MAX_IMAGE_PIXELS = 64_000_000
 # longest side sent to the model; larger images are scaled down (see the docstring)
 MAX_SIDE = 2048
 # the formats chat takes (docs/DESIGN.md, "Attachments"), as Pillow names them
-ACCEPTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
+ACCEPTED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "MPO"})
+# a JPEG: MPO is one with more pictures after the first (phones' cameras), which is sent
+JPEG_FORMATS = frozenset({"JPEG", "MPO"})
 # formats every OpenAI-compatible server decodes, so they may go as they are
 PASS_THROUGH_FORMATS = frozenset({"PNG", "JPEG"})
 # modes those servers decode without surprises
@@ -245,7 +247,7 @@ def _reencode(image: Image.Image) -> tuple[bytes, str, Image.Image]:
     else:
         converted = image if image.mode == "RGB" else image.convert("RGB")
     buffer = io.BytesIO()
-    if not transparent and source_format in ("JPEG", "WEBP"):
+    if not transparent and (source_format in JPEG_FORMATS or source_format == "WEBP"):
         converted.save(buffer, "JPEG", quality=JPEG_QUALITY)
         return buffer.getvalue(), "image/jpeg", converted
     converted.save(buffer, "PNG", compress_level=6)
@@ -267,7 +269,7 @@ def encode_image(data: bytes, name: str) -> EncodedImage:
     with _open_checked(data, name) as image:
         width, height = image.size
         try:
-            if image.format == "JPEG" and not pass_through:
+            if image.format in JPEG_FORMATS and not pass_through:
                 image.draft(None, (MAX_SIDE, MAX_SIDE))  # decode at 1/2, 1/4 or 1/8 where that suffices
             image.load()
         except _bomb_errors():

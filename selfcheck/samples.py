@@ -83,6 +83,12 @@ def make_gif(path: Path, size: tuple[int, int] = (64, 48)) -> Path:
     return path
 
 
+def make_mpo(path: Path, size: tuple[int, int] = (64, 48)) -> Path:
+    """A real MPO of two ``size`` pictures: the JPEG a phone's camera writes with a second one."""
+    picture(size, "", "orange").save(path, "MPO", save_all=True, append_images=[picture(size, "", "purple")])
+    return path
+
+
 def make_corrupt_png(path: Path) -> Path:
     """A PNG whose header is right but whose image data is cut off half-way."""
     buffer = io.BytesIO()

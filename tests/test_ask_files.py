@@ -15,7 +15,7 @@ import pytest
 from core import Config
 from core.wire import Wire, of_type
 from selfcheck.fakerouter import FakeRouter
-from selfcheck.samples import Scan, make_pdf, make_png, make_sparse
+from selfcheck.samples import Scan, make_mpo, make_pdf, make_png, make_sparse
 from tests.conftest import RunningDaemon
 
 pytestmark = pytest.mark.asyncio
@@ -103,6 +103,18 @@ async def test_an_image_is_sent_and_kept_as_a_reference(
     await wire.ask("still there?", conversation=cid)
     assert images_of(router.requests[-1], index=0) == []
     assert "[image cat.png is no longer available]" in text_of(router.requests[-1], index=0)
+
+
+async def test_a_phones_mpo_photo_and_a_log_that_mentions_pdf(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    photo = make_mpo(tmp_path / "photo.jpg", (40, 30))  # a JPEG with a second picture after it
+    log = tmp_path / "app.log.1"
+    log.write_text("saved report %PDF-1.7 to disk\n")  # text, whatever it mentions
+    events = await wire.ask("what is this?", files=[str(photo), str(log)], model="fake-vision")
+    assert events[-1]["type"] == "done", events[-1]
+    assert [(f["name"], f["kind"]) for f in user_of(events)["files"]] == [("photo.jpg", "image"), ("app.log.1", "text")]
+    [url] = images_of(router.requests[-1])
+    assert url.startswith("data:image/jpeg;base64,")  # the first picture, as a plain JPEG
+    assert "saved report %PDF-1.7 to disk" in text_of(router.requests[-1])
 
 
 async def test_pdf_text_page_and_blank_page(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
