@@ -30,7 +30,7 @@ from .imagecache import configure_image_cache, decodes
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
-from .refs import image_ref, resolve_image_refs, user_content
+from .refs import attached_image, image_ref, resolve_image_refs, user_content
 
 __all__ = [
     "FULL_TEXT_CAP",
@@ -43,6 +43,7 @@ __all__ = [
     "ImageAttachment",
     "Kind",
     "Prepared",
+    "attached_image",
     "budget_chars",
     "classify",
     "configure_image_cache",

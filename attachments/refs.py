@@ -33,12 +33,25 @@ from core.files import check_path, sha256_file
 from . import pdf
 from .extract import Prepared
 from .imagecache import load_image
+from .images import EncodedImage
 
-__all__ = ["image_ref", "resolve_image_refs", "user_content"]
+__all__ = ["attached_image", "image_ref", "resolve_image_refs", "user_content"]
 
 logger = logging.getLogger(__name__)
 
 _RefKey = tuple[str, str, int | None]
+
+
+async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | None:
+    """An image attached earlier, as it was sent then (re-encoded alike; the cache keeps it);
+    None when the file has changed. Raises ``FileRefused`` when it cannot be read.
+
+    An image is at most 20 MB: it is read once, and hashed before anything is decoded (a
+    replaced file is never decoded).
+    """
+    await asyncio.to_thread(check_path, path)
+    loaded = await load_image(path, name, expected=sha256)
+    return loaded[0] if loaded is not None else None
 
 
 def image_ref(name: str, path: str, sha256: str, page: int | None = None) -> dict[str, Any]:
@@ -119,13 +132,10 @@ class _Resolver:
                     return _unavailable(ref)
                 encoded = await pdf.render_pdf_page(path, name, page, self.limit)
             else:
-                # an image is at most 20 MB: read it once, and hash it before decoding anything
-                # (a replaced file is never decoded; the one that was sent comes from the cache)
-                await asyncio.to_thread(check_path, path)
-                loaded = await load_image(path, name, expected=sha256)
-                if loaded is None:
+                image = await attached_image(path, name, sha256)
+                if image is None:
                     return _unavailable(ref)
-                encoded = loaded[0]
+                encoded = image
         except FileRefused as refused:
             logger.debug("image ref %s: %s", path, refused.message)
             return _unavailable(ref)

@@ -61,6 +61,7 @@ class ToolContext:
     # what the turn already read from history, so the offer needs no trip of its own (None: ask)
     has_attachments: bool | None = None
     kb_ids: list[int] | None = None
+    image_chars: int = 0  # what showing one image takes of max_chars
 
 
 @dataclass

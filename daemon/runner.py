@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
-from core import estimate_messages, estimate_tools
+from core import BUDGET_CHARS_PER_TOKEN, estimate_messages, estimate_tools
 from core.config import Config
 from core.errors import (
     AssistantError,
@@ -360,7 +360,7 @@ class TurnRunner:
         # compaction's summary request can offer the same tools (the top of the cached prompt)
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=0, kb_injection=state.kb[1],
+            max_chars=0, image_chars=self.config.image_tokens * BUDGET_CHARS_PER_TOKEN, kb_injection=state.kb[1],
             has_attachments=(known is not None and known.has_attachments) or has_files(state.messages[0]),
             kb_ids=known.kb_ids if known else None,
         )
@@ -461,7 +461,7 @@ class TurnRunner:
                 message.update(server=server, tool=own)
             state.messages.append(message)
             for_prompt.extend(router_messages([message]))
-            images.extend(result.images)
+            images.extend(image for image in result.images if image not in images)  # one showing is enough
             if result.images and call.name not in showing:
                 showing.append(call.name)
             emit({"type": "tool", **where, "name": call.name, "server": server, "tool": own,

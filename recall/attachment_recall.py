@@ -3,7 +3,8 @@
 ``list`` shows the conversation's files; ``read`` returns one of them:
 documents from the full text stored when they were attached (never cut to the turn's
 budget), paged so that a read fits what is left of the context; images re-read from
-where they were attached, checked against the hash taken then.
+where they were attached, checked against the hash taken then, and shown as they were
+sent then (a WebP or a large photo re-encoded alike), when the context has room for one.
 
 Scoped by construction: the store is only ever asked with ``ctx.conversation``, and
 ``HistoryStore.attachment`` matches the id together with it, so an id from another
@@ -19,16 +20,11 @@ a ``PAGE_MARKER`` line before each, so offsets run over that text; a page withou
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import hashlib
-import os
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER
+from attachments import PAGE_BREAK, PAGE_MARKER, attached_image
 from core.errors import FileRefused
-from core.files import open_regular
 from core.tools import (
     Tool,
     ToolContext,
@@ -52,7 +48,7 @@ SCANNED_PAGE = (
     "[page {n} has no text layer: it is probably a scanned image, which cannot be read as "
     "text; ask the user what it shows, or to attach it as an image]"
 )
-# An image re-read is refused over this much base64 (a 7.5 MB file): its data URL goes
+# An image shown again is refused over this much base64 (as sent: within 2048 px): its data URL goes
 # whole into every later request of the turn's tool rounds.
 MAX_IMAGE_BASE64 = 10 * 1024 * 1024
 # Characters kept free in a text read for the JSON around the text.
@@ -85,18 +81,6 @@ def _whole_document(pages: list[str]) -> str:
     return "\n\n".join(
         PAGE_MARKER.format(n=n) + "\n" + _page_text(pages, n) for n in range(1, len(pages) + 1)
     )
-
-
-def _read_unchanged(path: str, size: int) -> bytes | None:
-    """The file's bytes, or None when its size is no longer ``size`` (never reading more).
-
-    The path may hold anything by now: ``open_regular`` refuses a FIFO or a device
-    without blocking on it.
-    """
-    with open_regular(path) as handle:
-        if os.fstat(handle.fileno()).st_size != size:
-            return None
-        return handle.read(size + 1)
 
 
 class AttachmentRecall(Tool):
@@ -257,20 +241,20 @@ class AttachmentRecall(Tool):
                 f"{attachment.name} is an image and this model cannot see images; tell the user, "
                 "who can switch to a vision model to look at it"
             )
-        # base64 makes 4 characters of every 3 bytes
-        encoded_size = (attachment.size_bytes + 2) // 3 * 4
-        if encoded_size > MAX_IMAGE_BASE64:
-            raise ToolError(self._too_large(attachment, encoded_size))
+        if ctx.image_chars > ctx.max_chars:
+            raise ToolError(
+                f"there is no room left in the context to show {attachment.name} again; answer from what you have"
+            )
+        # as it was sent when attached (a WebP or a large photo re-encoded alike), not the file's bytes
         try:
-            data = await asyncio.to_thread(_read_unchanged, attachment.path, attachment.size_bytes)
-        except (OSError, FileRefused):
+            image = await attached_image(attachment.path, attachment.name, attachment.sha256)
+        except FileRefused:
             raise ToolError(GONE) from None
-        if data is None or hashlib.sha256(data).hexdigest() != attachment.sha256:
+        if image is None:
             raise ToolError(GONE)
-        encoded = base64.b64encode(data).decode("ascii")
-        if len(encoded) > MAX_IMAGE_BASE64:  # the file grew without changing? never, but be sure
-            raise ToolError(self._too_large(attachment, len(encoded)))
-        url = f"data:{attachment.content_type};base64,{encoded}"
+        url = image.data_url
+        if len(url) > MAX_IMAGE_BASE64:
+            raise ToolError(self._too_large(attachment, len(url)))
         body = {
             "id": attachment.id,
             "filename": attachment.name,
@@ -283,7 +267,7 @@ class AttachmentRecall(Tool):
         return ToolResult(
             content=json_content(body),
             ok=True,
-            summary=f"showed {attachment.name} ({len(data):,} bytes)",
+            summary=f"showed {attachment.name} ({image.width}x{image.height})",
             images=[{"type": "image_url", "image_url": {"url": url}}],
         )
 

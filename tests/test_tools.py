@@ -17,7 +17,7 @@ import pytest
 from core import Config
 from core.wire import Wire, of_type, reply_text
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from selfcheck.samples import make_pdf, make_png
+from selfcheck.samples import make_pdf, make_png, make_webp
 from tests.conftest import RunningDaemon
 
 pytestmark = pytest.mark.asyncio
@@ -147,6 +147,40 @@ async def test_a_recalled_image_is_shown_to_a_vision_model(wire: Wire, router: F
     assert last["role"] == "user"
     assert any(p["type"] == "image_url" and p["image_url"]["url"].startswith("data:image/png") for p in last["content"])
     assert "data:image" not in tool_messages(router.requests[-1])[0]["content"]
+
+
+def shown_images(request: dict[str, Any]) -> list[str]:
+    """The data URLs of the images a tool round shows (the last message, after the tool results)."""
+    last = request["messages"][-1]
+    if last["role"] != "user" or not isinstance(last["content"], list):
+        return []
+    return [p["image_url"]["url"] for p in last["content"] if p["type"] == "image_url"]
+
+
+async def test_a_recalled_image_is_shown_as_it_was_sent_and_once_a_round(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    photo = make_webp(tmp_path / "photo.webp", (30, 20))  # re-encoded when attached: servers take no WebP
+    cid = await ask_with_file(wire, photo, model="fake-vision")
+    [sent] = [p["image_url"]["url"] for p in router.requests[-1]["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert sent.startswith("data:image/jpeg;base64,")
+    reads = [{"id": f"c{n}", "name": "attachment_recall", "arguments": '{"action": "read", "attachment_id": 1}'}
+             for n in range(4)]
+    router.script(Reply(tool_calls=reads), Reply(text="a photo"))
+    events = await wire.ask("look again, closely", conversation=cid)
+    assert [t["ok"] for t in of_type(events, "tool")] == [True] * 4
+    assert shown_images(router.requests[-1]) == [sent]  # as first sent, and one showing for four reads
+
+
+async def test_an_image_is_not_shown_again_without_room_for_it(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    image = make_png(tmp_path / "chart.png", (30, 20))
+    cid = await ask_with_file(wire, image, model="fake-small")  # 1500 tokens: the image took half
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="from memory"))
+    events = await wire.ask("look again", conversation=cid)
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is False and "no room left" in tool["summary"]
+    assert shown_images(router.requests[-1]) == []
+    assert events[-1]["type"] == "done"
 
 
 async def test_conversation_search_finds_earlier_turns(wire: Wire, router: FakeRouter) -> None:
