@@ -171,14 +171,14 @@ class ContextBuilder:
             raise self._too_big(model, budget, own, current)
         system = entry.system
         if system is None or entry.system_prompt != instructions:  # settings changed it
-            system = await self._system(entry, cid, turn, instructions)
+            system = await self._system(entry, cid, instructions)
         through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
         if through is not None:
             # after an overflow the server cannot take the conversation as it is: a transcript
             made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
                                        in_place=not force)
             entry.fold(made)
-            system = await self._system(entry, cid, turn, instructions)
+            system = await self._system(entry, cid, instructions)
         earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid, fixed)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
@@ -344,14 +344,14 @@ class ContextBuilder:
             return conversation.system_prompt
         return self.config.system_prompt
 
-    async def _system(self, entry: Replayed, cid: int, turn: int, instructions: str) -> list[dict[str, Any]]:
+    async def _system(self, entry: Replayed, cid: int, instructions: str) -> list[dict[str, Any]]:
         """Make (and hold in ``entry``) the one system message (none if it would be empty): the system prompt, then the
         file manifest and the summary, which change only when a compaction is made."""
         parts = [instructions] if instructions else []
         compaction = entry.compaction
         if compaction is not None:
             attachments = await self.history.run(lambda s: s.attachments(cid))
-            manifest = attachment_manifest(attachments, {*(t.n for t in entry.turns), turn})
+            manifest = attachment_manifest(attachments, compaction.through_turn)
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])

@@ -1,13 +1,16 @@
 """The attachment manifest: what attachment_recall can fetch, named in the system prompt.
 
-Once a file's turn has left the prompt (compacted, or never replayed), the model no
-longer knows the file existed, and a tool it has no reason to call goes unused. The
-manifest lists those files (name, kind, pages, id) so the model can ask for them.
+Once a file's turn has been folded into a compaction's summary, the model no longer
+knows the file existed, and a tool it has no reason to call goes unused. The manifest
+lists those files (name, kind, pages, id) so the model can ask for them. It depends on
+the compaction alone, so the system message it is part of stays the same bytes until the
+next compaction, whenever and however often it is built (after a restart too): a file of
+a later turn that was never answered is not named in it (``action='list'`` shows it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from history import Attachment
 
@@ -34,13 +37,10 @@ def _describe(attachment: Attachment) -> str:
     return f"- id {attachment.id}: {attachment.name} ({kind}; turn {attachment.turn})"
 
 
-def attachment_manifest(attachments: Sequence[Attachment], inline_turns: Collection[int]) -> str | None:
-    """The system-prompt block naming the attachments whose turn is not in the prompt.
-
-    ``inline_turns`` are the turns the prompt carries whole (their files inline); None
-    when every attachment is among them.
-    """
-    missing = [a for a in attachments if a.turn not in inline_turns]
+def attachment_manifest(attachments: Sequence[Attachment], through_turn: int) -> str | None:
+    """The system-prompt block naming the attachments of the turns a compaction folded (up to
+    ``through_turn``); None when they had none."""
+    missing = [a for a in attachments if a.turn <= through_turn]
     if not missing:
         return None
     shown = missing[-MAX_MANIFEST_FILES:]

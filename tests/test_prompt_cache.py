@@ -309,6 +309,53 @@ async def test_after_a_compaction_the_next_turns_reuse_it(wire: Wire, router: Fa
     assert all(len(r["messages"]) == 2 for r in summaries)
 
 
+async def test_the_system_message_is_the_same_after_a_restart(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    """The file list a compaction puts in the system message depends on the compaction alone:
+    a restart (or an evicted replay cache) builds the same bytes, so the server reuses its cache.
+    Here a later turn's file is never answered (the router refused that turn)."""
+    notes, later = tmp_path / "notes.txt", tmp_path / "later.txt"
+    notes.write_text("marmosets " * 40)
+    later.write_text("tamarins " * 10)
+
+    async def ask(wire: Wire, text: str, **fields: Any) -> list[dict[str, Any]]:
+        router.script_complete(Reply(text="Earlier: questions about monkeys."))
+        router.script(Reply(text="Answer: " + "word " * 60))
+        return await wire.ask(text, **fields)
+
+    daemon = RunningDaemon(config)
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        events = await ask(wire, "question 0 " + "filler " * 40, model=SMALL, files=[str(notes)])
+        cid = of_type(events, "user")[0]["conversation"]
+        for n in range(1, 8):
+            events = await ask(wire, f"question {n} " + "filler " * 40, conversation=cid)
+            if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+                break
+        else:
+            raise AssertionError("no compaction")
+        router.script(Reply(status=500, error="refused"))
+        refused = await wire.ask("look at this", conversation=cid, files=[str(later)])
+        assert refused[-1]["type"] == "error"
+        await ask(wire, "and now?", conversation=cid)
+        warm = turn_requests(router)[-1]["messages"][0]
+        assert warm["role"] == "system" and "notes.txt" in warm["content"] and "later.txt" not in warm["content"]
+    finally:
+        await wire.close()
+        await daemon.stop()
+    daemon = RunningDaemon(config)
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        await ask(wire, "one more", conversation=cid)
+        assert turn_requests(router)[-1]["messages"][0] == warm
+    finally:
+        await wire.close()
+        await daemon.stop()
+
+
 async def test_a_summary_is_asked_as_the_conversations_next_message(wire: Wire, router: FakeRouter) -> None:
     """With room for it, the summary request extends the conversation the server holds, so a
     compaction costs the server the last exchange and the request, not a re-read of it all."""

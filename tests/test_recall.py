@@ -503,30 +503,30 @@ def attachment(id: int, turn: int, name: str, kind: str, **fields: Any) -> Attac
     return Attachment(id=id, turn=turn, name=name, kind=kind, **{**defaults, **fields})
 
 
-def test_manifest_lists_the_files_no_longer_inline() -> None:
+def test_manifest_lists_the_files_of_the_folded_turns() -> None:
     files = [
         attachment(1, 1, "report.pdf", "pdf", pages=14),
         attachment(2, 2, "photo.png", "image"),
-        attachment(3, 3, "notes.md", "text"),
-        attachment(4, 5, "scan.pdf", "pdf", pages=1, has_text=False),
+        attachment(4, 3, "scan.pdf", "pdf", pages=1, has_text=False),
+        attachment(3, 5, "notes.md", "text"),
     ]
-    block = attachment_manifest(files, inline_turns={3})
+    block = attachment_manifest(files, through_turn=4)
     assert block is not None
     lines = block.splitlines()
     assert "attachment_recall" in lines[0]
     assert lines[1:] == [
         "- id 1: report.pdf (PDF, 14 pages; turn 1)",
         "- id 2: photo.png (image, image/png; turn 2)",
-        "- id 4: scan.pdf (PDF, 1 page, no text layer; turn 5)",
+        "- id 4: scan.pdf (PDF, 1 page, no text layer; turn 3)",
     ]
-    assert attachment_manifest(files, inline_turns={1, 2, 3, 5}) is None
-    assert attachment_manifest([], inline_turns=set()) is None
+    assert attachment_manifest(files[3:], through_turn=4) is None
+    assert attachment_manifest([], through_turn=9) is None
 
 
 def test_manifest_keeps_the_newest_when_there_are_many(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("recall.manifest.MAX_MANIFEST_FILES", 2)
     files = [attachment(i, i, f"f{i}.txt", "text") for i in range(1, 6)]
-    block = attachment_manifest(files, inline_turns=set())
+    block = attachment_manifest(files, through_turn=5)
     assert block is not None
     assert block.splitlines()[1:] == [
         "- id 4: f4.txt (text, 2,048 bytes; turn 4)",
