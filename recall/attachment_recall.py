@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, attached_image
+from attachments import PAGE_BREAK, PAGE_MARKER, attached_image, cut_to_weight, text_weight
 from core.errors import FileRefused
 from core.tools import (
     Tool,
@@ -168,11 +168,11 @@ class AttachmentRecall(Tool):
         if not 0 <= offset < len(source):
             raise ToolError(f"offset {offset} is outside the text (0 to {len(source) - 1})")
         body = self._text_body(attachment, source, offset, self._read_limit(arguments, ctx), page, pages)
-        # JSON escapes (\n, \") lengthen the text: cutting as many characters as the excess
-        # always fits, each character being at least one in JSON
-        excess = len(json_content(body)) - ctx.max_chars
-        if excess > 0 and body["returned_chars"] > excess:
-            body = self._text_body(attachment, source, offset, body["returned_chars"] - excess, page, pages)
+        # JSON escapes (\n, \") lengthen the text: cutting as much weight as the excess always
+        # fits, each character weighing at least as much in JSON
+        excess = text_weight(json_content(body)) - ctx.max_chars
+        if excess > 0 and (weight := text_weight(body["content"])) > excess:
+            body = self._text_body(attachment, source, offset, weight - excess, page, pages)
         where = f" page {page}" if page is not None else ""
         summary = (
             f"read {attachment.name}{where}: {body['returned_chars']:,} of {len(source):,} characters"
@@ -215,7 +215,8 @@ class AttachmentRecall(Tool):
     def _text_body(
         attachment: Attachment, source: str, offset: int, limit: int, page: int | None, pages: int | None
     ) -> dict[str, Any]:
-        chunk = source[offset : offset + limit]
+        # ``limit`` is in budget characters: a character outside ASCII weighs the two tokens it costs
+        chunk = cut_to_weight(source[offset : offset + limit], limit)
         end = offset + len(chunk)
         body: dict[str, Any] = {
             "id": attachment.id,

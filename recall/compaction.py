@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from attachments import cut_to_weight, text_weight
 from core.errors import RouterError
 from core.seams import Completer
 
@@ -88,11 +89,13 @@ def plan_compaction(
 
 
 def _cut(text: str, limit: int) -> str:
-    """``text`` within ``limit`` characters: its head and tail around a note of the cut."""
-    if len(text) <= limit:
+    """``text`` within ``limit`` budget characters (``attachments.text_weight``: a character
+    outside ASCII weighs the two tokens it costs): its head and tail around a note of the cut."""
+    if text_weight(text) <= limit:
         return text
     keep = max(limit - 40, 2)
-    head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :]
+    head = cut_to_weight(text, keep * 2 // 3)
+    tail = cut_to_weight(text[len(head) :][::-1], keep // 3)[::-1]
     return f"{head}\n[… {len(text) - len(head) - len(tail):,} characters left out …]\n{tail}"
 
 
@@ -150,7 +153,7 @@ def transcript(messages: Sequence[dict[str, Any]], max_chars: int | None = None)
     kept: list[str] = []
     size = 0
     for text in reversed(rendered):
-        size += len(text) + 2
+        size += text_weight(text) + 2
         if kept and size > max_chars:
             break
         kept.append(text)

@@ -183,6 +183,33 @@ async def test_an_image_is_not_shown_again_without_room_for_it(wire: Wire, route
     assert events[-1]["type"] == "done"
 
 
+JAPANESE = "東京の天気は晴れです。"  # each character costs about two tokens, not a third of one
+
+
+async def test_reading_back_a_japanese_document_fits_the_context(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    document = tmp_path / "jp.txt"
+    document.write_text((JAPANESE * 40 + "\n") * 60)  # 26,000 characters, ~52,000 tokens
+    cid = await ask_with_file(wire, document, text="read")
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="read it"))
+    events = await wire.ask("again", conversation=cid)
+    [tool] = of_type(events, "tool")
+    assert tool["ok"] is True and events[-1]["type"] == "done", events[-1]  # the server took the round
+    read = json.loads(tool_messages(router.requests[-1])[0]["content"])
+    assert 0 < read["returned_chars"] < 1500 and read["next_offset"] == read["returned_chars"]
+
+
+async def test_a_japanese_conversation_is_summarised_within_the_context(wire: Wire, router: FakeRouter) -> None:
+    cid = None
+    for n in range(6):
+        fields = {"model": "fake-text"} if cid is None else {"conversation": cid}
+        events = await wire.ask(f"{n} " + JAPANESE * 45, **fields)  # ~1,000 tokens a question
+        assert events[-1]["type"] == "done", events[-1]
+        cid = of_type(events, "user")[0]["conversation"]
+    system = router.requests[-1]["messages"][0]["content"]
+    assert "Summary of the conversation so far" in system  # compacted,
+    assert "could not be summarised" not in system  # and the summariser took its request
+
+
 async def test_conversation_search_finds_earlier_turns(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(text="The meeting moved to Thursday at noon."))
     cid = (await wire.ask("when is the meeting?"))[0]["conversation"]
