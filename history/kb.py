@@ -75,7 +75,13 @@ k.id, k.name, k.linked_all, k.created_at,
 (SELECT coalesce(sum(d.chunks), 0) FROM kb_documents AS d WHERE d.kb_id = k.id) AS chunks,
 (SELECT coalesce(sum(d.pages), 0) FROM kb_documents AS d WHERE d.kb_id = k.id) AS pages
 """
-SELECT_KBS = f"SELECT {KB_COLUMNS} FROM kbs AS k ORDER BY k.name"
+# A KB being removed is renamed to REMOVING and its id first (no user's name has a control
+# character), so it is gone from every list at once while its chunks go in batches
+REMOVING = "\x01removing "
+SELECT_KBS = f"SELECT {KB_COLUMNS} FROM kbs AS k WHERE substr(k.name, 1, 1) <> char(1) ORDER BY k.name"
+SELECT_KBS_BEING_REMOVED = "SELECT id FROM kbs WHERE substr(name, 1, 1) = char(1) ORDER BY id"
+SELECT_KB_IDS = "SELECT id FROM kbs WHERE substr(name, 1, 1) <> char(1) ORDER BY id"
+SET_KB_REMOVING = "UPDATE kbs SET name = ?, linked_all = 0 WHERE id = ?"
 SELECT_KB = f"SELECT {KB_COLUMNS} FROM kbs AS k WHERE k.name = ?"
 SELECT_KB_IDS_NAMED = "SELECT name, id FROM kbs WHERE name IN (SELECT value FROM json_each(?))"
 INSERT_KB = "INSERT INTO kbs (name, created_at) VALUES (?, ?)"
@@ -308,6 +314,10 @@ class KnowledgeStore:
         """The KB of that name, None if there is none."""
         return self._kb(name)
 
+    def ids(self) -> list[int]:
+        """The ids of every KB (not one being removed): a search of all, without counts."""
+        return [row[0] for row in self._conn.execute(SELECT_KB_IDS)]
+
     def ids_named(self, names: Sequence[str]) -> dict[str, int]:
         """The ids of the KBs of these names that exist, by name: a search's scope, without counts."""
         return {row[0]: row[1] for row in self._conn.execute(SELECT_KB_IDS_NAMED, (json.dumps(list(names)),))}
@@ -345,23 +355,31 @@ class KnowledgeStore:
             self._conn.execute(DELETE_RANGE_VECTORS, (lo, last))
             return int(self._conn.execute(DELETE_RANGE_CHUNKS, (lo, last)).rowcount)
 
-    def remove(self, name: str) -> KnowledgeBase | None:
-        """Delete a KB with its documents, chunks, vectors and links; None if missing.
-
-        Call ``delete_chunks`` until it returns 0 first when the KB is big: what is
-        left is deleted here in one transaction.
-        """
+    def begin_remove(self, name: str) -> KnowledgeBase | None:
+        """Take a KB out of every list and link, in one transaction; the KB as it was (None if
+        missing). Then ``delete_chunks`` until it returns 0, and ``remove`` the rest: a removal
+        cut short (a stop, a full disk) is finished by ``being_removed`` and the same two."""
         with immediate_transaction(self._conn):
             kb = self._kb(name)
             if kb is None:
                 return None
-            lo, hi = kb_chunk_range(kb.id)
+            self._conn.execute(SET_KB_REMOVING, (f"{REMOVING}{kb.id}", kb.id))
+            self._conn.execute(DELETE_KB_LINKS, (kb.id,))
+        return kb
+
+    def being_removed(self) -> list[int]:
+        """The ids of the KBs whose removal began and did not end."""
+        return [row[0] for row in self._conn.execute(SELECT_KBS_BEING_REMOVED)]
+
+    def remove(self, kb_id: int) -> None:
+        """Delete a KB ``begin_remove`` took out, with what is left of its chunks and vectors."""
+        lo, hi = kb_chunk_range(kb_id)
+        with immediate_transaction(self._conn):
             self._conn.execute(DELETE_RANGE_VECTORS, (lo, hi))
             self._conn.execute(DELETE_RANGE_CHUNKS, (lo, hi))
-            self._conn.execute(DELETE_KB_DOCUMENTS, (kb.id,))
-            self._conn.execute(DELETE_KB_LINKS, (kb.id,))
-            self._conn.execute(DELETE_KB, (kb.id,))
-        return kb
+            self._conn.execute(DELETE_KB_DOCUMENTS, (kb_id,))
+            self._conn.execute(DELETE_KB_LINKS, (kb_id,))
+            self._conn.execute(DELETE_KB, (kb_id,))
 
     def set_link(self, name: str, cid: int | None, linked: bool) -> KnowledgeBase | None:
         """Link (or unlink) a KB to one conversation, or to every one when cid is None.

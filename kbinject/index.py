@@ -136,15 +136,29 @@ class KbIndex:
     async def remove_kb(self, kb: KnowledgeBase) -> KnowledgeBase | None:
         """Delete a KB and everything in it; the record as it was removed (None if gone already).
 
-        The chunks go ``REMOVE_BATCH`` at a time (history/kb.py ``delete_chunks``), so
-        turns keep using the history thread while a big KB is removed.
+        It leaves every list and link at once (history/kb.py ``begin_remove``); its chunks
+        then go ``REMOVE_BATCH`` at a time, so turns keep using the history thread while a
+        big KB is removed. A removal cut short is finished by ``finish_removals``.
         """
         async with self.lock:
-            if self._index is not None:
-                self._index.remove_range(*kb_chunk_range(kb.id))
-            while await self.history.run(lambda s: s.kb.delete_chunks(kb.id, REMOVE_BATCH)):
-                pass
-            return await self.history.run(lambda s: s.kb.remove(kb.name))
+            removed = await self.history.run(lambda s: s.kb.begin_remove(kb.name))
+            if removed is not None:
+                await self._delete(removed.id)
+            return removed
+
+    async def finish_removals(self) -> None:
+        """Finish the KB removals a stop (or a full disk) cut short: at start-up."""
+        async with self.lock:
+            for kb_id in await self.history.run(lambda s: s.kb.being_removed()):
+                logger.info("kb: finishing the removal of knowledge base %d", kb_id)
+                await self._delete(kb_id)
+
+    async def _delete(self, kb_id: int) -> None:
+        if self._index is not None:
+            self._index.remove_range(*kb_chunk_range(kb_id))
+        while await self.history.run(lambda s: s.kb.delete_chunks(kb_id, REMOVE_BATCH)):
+            pass
+        await self.history.run(lambda s: s.kb.remove(kb_id))
 
     async def store(self, ids: Sequence[int], computed: Sequence[Vector | None]) -> int:
         """Store and index the vectors computed for these chunks; how many were stored.

@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 KB_NAME_MAX = 100  # characters in a KB's name
 DEFAULT_SEARCH_LIMIT = 5  # hits of a search that names no limit
 MAX_SEARCH_LIMIT = 50
-# The KBs a search covers: these ids, the ids a call on the history thread reads, or all (None)
-Scope = builtins.list[int] | Callable[[HistoryStore], builtins.list[int]] | None
+# The KBs a search covers: these ids, or the ids a call on the history thread reads
+Scope = builtins.list[int] | Callable[[HistoryStore], builtins.list[int]]
 
 
 def kb_name(name: object) -> str:
@@ -104,7 +104,9 @@ class KnowledgeBases:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the vector index now rather than at the first search (optional, ~0.5 s per 100k)."""
+        """Finish a KB removal a stop cut short, then load the vector index now rather than at
+        the first search (~0.5 s per 100k); after start-up."""
+        await self.index.finish_removals()
         if self.embedder is not None:
             await self.index.ready()
 
@@ -226,7 +228,7 @@ class KnowledgeBases:
         limit: int | None = None,
     ) -> SearchResult:
         """Hybrid search of the KBs linked to ``conversation``, or of the KBs named, or of all."""
-        scope: Scope = None
+        scope: Scope = _all_ids  # (not a KB being removed: its chunks are still there)
         if conversation is not None:
             scope = partial(_linked_ids, conversation)
         elif kbs is not None:
@@ -377,6 +379,10 @@ class KnowledgeBases:
 # carries its own arguments rather than a closure over the caller's variables.
 def _keywords(kb_ids: list[int] | None, phrases: Sequence[str], store: HistoryStore) -> list[tuple[int, float]]:
     return store.kb.search(phrases, kb_ids, CANDIDATES)
+
+
+def _all_ids(store: HistoryStore) -> list[int]:
+    return store.kb.ids()
 
 
 def _linked_ids(conversation: int, store: HistoryStore) -> list[int]:

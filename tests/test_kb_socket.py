@@ -5,11 +5,14 @@ embeddings served by the fake router for real, and a dead embedder."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import socket
+import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +87,67 @@ async def test_kb_add_ingests_a_folder_with_progress(kwire: Wire, router: FakeRo
     again = (await kb_add(kwire, "notes", docs))[-1]
     assert again["unchanged"] == 3 and again["added"] == 0
     assert len(router.embedding_requests) == embedded_before
+
+
+def kb_rows(db_path: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        return [row[0] for row in db.execute("SELECT name FROM kbs")]
+
+
+async def test_a_removal_cut_short_by_a_stop_is_finished_at_the_next_start(
+    config: Config, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon import server
+    from history.kb import KnowledgeStore
+    from kbinject import index
+
+    # a chunk a transaction, each 10 ms longer: the stop comes mid-way
+    monkeypatch.setattr(index, "REMOVE_BATCH", 1)
+    delete_chunks = KnowledgeStore.delete_chunks
+
+    def slowly(store: KnowledgeStore, kb_id: int, limit: int) -> int:
+        time.sleep(0.01)
+        return delete_chunks(store, kb_id, limit)
+
+    monkeypatch.setattr(KnowledgeStore, "delete_chunks", slowly)
+    monkeypatch.setattr(server, "REQUEST_GRACE", 0.01)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(20):
+        (docs / f"n{n}.txt").write_text("\n\n".join(f"para {k} zebra{n}x{k} " + "word " * 150 for k in range(10)))
+    daemon = RunningDaemon(config)
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        added = (await kb_add(wire, "big", docs))[-1]
+        assert added["type"] == "kb" and added["documents"] == 20
+        await wire.send({"type": "kb_remove", "kb": "big"})
+        await asyncio.sleep(0.2)
+        with contextlib.closing(sqlite3.connect(config.db_path)) as db:  # under way, not done
+            assert 0 < db.execute("SELECT count(*) FROM kb_chunks").fetchone()[0] < added["chunks"]
+        other = await daemon.connect()  # already gone from every list
+        assert (await other.request({"type": "kb_list"}))["items"] == []
+        await other.close()
+    finally:
+        await wire.close()
+        await daemon.stop()
+    daemon = RunningDaemon(config)
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        assert (await wire.request({"type": "kb_list"}))["items"] == []
+        again = (await kb_add(wire, "big", docs))[-1]  # added afresh, not found unchanged
+        assert (again["added"], again["unchanged"], again["chunks"]) == (20, 0, added["chunks"])
+        found = await wire.request({"type": "kb_search", "kb": "big", "query": "zebra0x0", "limit": 5})
+        assert found["results"]
+        async with asyncio.timeout(30):  # the removal is finished after the start, in the background
+            while len(await asyncio.to_thread(kb_rows, config.db_path)) > 1:
+                await asyncio.sleep(0.2)
+        with contextlib.closing(sqlite3.connect(config.db_path)) as db:  # the old chunks are gone with it
+            assert db.execute("SELECT count(*) FROM kb_chunks").fetchone()[0] == added["chunks"]
+    finally:
+        await wire.close()
+        await daemon.stop()
 
 
 async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:
