@@ -130,6 +130,7 @@ class Connection:
         self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
         self._barriers: set[asyncio.Task[None]] = set()  # those every later request waits for
         self._sequenced: dict[str, set[asyncio.Task[None]]] = {}  # those later ones of their key wait for
+        self._ingesting: set[asyncio.Task[None]] = set()  # the kb_add among them
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._batching = False  # an event already left in this turn of the loop
@@ -246,10 +247,12 @@ class Connection:
         groups = [self._tasks, self._mine]
         # a kb_link or kb_remove waiting for a kb_add of its KB holds up only that KB's
         # requests: as a barrier it would hold up the whole connection for the whole ingest
-        if request.type in BARRIERS and not queued:
+        if request.type in BARRIERS and not queued & self._ingesting:
             groups.append(self._barriers)
         if key:
             groups.append(self._sequenced.setdefault(key, set()))
+        if request.type == "kb_add":
+            groups.append(self._ingesting)
         for tasks in groups:
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -96,6 +96,26 @@ async def test_kb_add_then_kb_link_back_to_back_finds_the_new_kb(wire: Wire, tmp
     assert linked["type"] == "kb" and linked["linked_all"] is True
 
 
+async def test_kb_link_then_kb_remove_then_kb_list_back_to_back_lists_none(wire: Wire, tmp_path: Path) -> None:
+    # no add of the KB under way: each change is answered before any later line starts
+    notes = tmp_path / "notes.md"
+    notes.write_text("Bread rises when the yeast is warm.\n")
+    added = (await wire.until(await wire.send({"type": "kb_add", "kb": "baking", "paths": [str(notes)]}), ("kb",)))
+    assert added[-1]["type"] == "kb"
+    await wire.send_raw(lines(
+        {"type": "kb_link", "id": "link", "kb": "baking"},
+        {"type": "kb_remove", "id": "remove", "kb": "baking"},
+        {"type": "kb_list", "id": "list"},
+    ))
+    answers: dict[str, dict[str, Any]] = {}
+    while len(answers) < 3:  # in the order they come
+        event = await wire.read()
+        if event.get("id") in ("link", "remove", "list"):
+            answers[event["id"]] = event
+    assert list(answers) == ["link", "remove", "list"]
+    assert answers["list"]["type"] == "kbs" and answers["list"]["items"] == []
+
+
 async def test_delete_then_ask_back_to_back_finds_no_conversation(wire: Wire, router: FakeRouter) -> None:
     cid = await new_conversation(wire)
     await wire.send_raw(lines(
