@@ -165,6 +165,9 @@ class ShuttingDown(AssistantError):
 
     code = "shutting_down"
 
+    def __init__(self, message: str = "the daemon is shutting down; ask again once it is back") -> None:
+        super().__init__(message)
+
 
 class StartupError(AssistantError):
     """The daemon cannot start: its data cannot be opened. The message names the file and

@@ -28,7 +28,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from core.errors import AssistantError, InternalError, LineTooLong
+from core.errors import AssistantError, InternalError, LineTooLong, ShuttingDown
 
 from .protocol import (
     BARRIERS,
@@ -270,13 +270,22 @@ class Connection:
             self.send(event)
 
         echo = {"id": request.id} if request.has_id else {}
+        started = False
         try:
             if earlier:
                 await asyncio.wait(earlier)
+            started = True
             await self._handler(request, emit)
         except AssistantError as exc:
             self.send(error_event(exc, **echo))
         except asyncio.CancelledError:
+            # only a stopping daemon cancels a request: one still waiting for an earlier line,
+            # or cut short, is told why (an ask that started answers for itself)
+            if request.type != "ask":
+                self.send(error_event(ShuttingDown(), **echo))
+            elif not started:
+                cid = request.get("conversation")
+                self.send(error_event(ShuttingDown(), conversation=cid, turn=None if cid else 1, **echo))
             raise
         except Exception:
             logger.exception("request %s failed", request.type)

@@ -32,8 +32,6 @@ __all__ = ["TurnEngine"]
 
 logger = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "the daemon is shutting down; ask again once it is back"
-
 
 class TurnEngine:
     """Runs turns: at most one per conversation, any number across conversations."""
@@ -86,7 +84,7 @@ class TurnEngine:
                 raise request.fault
             if not self._accepting:
                 await self._would_be(cid, where)
-                raise ShuttingDown(SHUTTING_DOWN)
+                raise ShuttingDown()
             if cid is not None and cid in self._slots:
                 # the refused question is no turn, and the running one is not failed by it
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
@@ -97,7 +95,7 @@ class TurnEngine:
             if self._accepting:
                 raise
             await self._would_be(cid, where)
-            emit(error_event(ShuttingDown(SHUTTING_DOWN), **where))  # stopped before it was stored
+            emit(error_event(ShuttingDown(), **where))  # stopped before it was stored
         except Exception:
             logger.exception("ask failed")
             emit(error_event(InternalError(), **where))

@@ -16,7 +16,7 @@ import pytest
 from core import Config, errors
 from core.wire import Wire, of_type
 from daemon.protocol import MAX_LINE_BYTES, REQUESTS
-from selfcheck.fakerouter import FakeRouter, Reply
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests import contract
 from tests.conftest import RunningDaemon
 
@@ -179,6 +179,32 @@ async def test_shutting_down_names_the_turn_it_would_have_been(config: Config, r
     finally:
         await wire.close()
         await running.stop()
+
+
+async def test_requests_cut_short_by_a_stop_are_told_so(config: Config) -> None:
+    with FakeRouter(models=[FakeModel("a"), FakeModel("b")], models_format="bare") as fake:
+        running = RunningDaemon(dataclasses.replace(config, router_url=fake.url, shutdown_grace=0.2))
+        await running.start()
+        wire = await running.connect()
+        try:
+            cid = await new_conversation(wire)
+            fake.props_delay = 30.0  # the settings wait for the new model's size; the ask waits for them
+            await wire.send_raw(lines(
+                {"type": "settings", "id": "s", "conversation": cid, "model": "b"},
+                {"type": "ask", "id": "a", "text": "q", "conversation": cid},
+            ))
+            async with asyncio.timeout(30):
+                while fake.hits["/props"] < 2:
+                    await asyncio.sleep(0.02)
+            assert running.server is not None
+            running.server.request_stop()
+            settings = (await wire.until("s", ("error",)))[-1]
+            asked = (await wire.until("a", ("error",)))[-1]
+        finally:
+            await wire.close()
+            await running.stop()
+    assert settings["code"] == "shutting_down"
+    assert (asked["code"], asked["conversation"], asked["turn"]) == ("shutting_down", cid, None)
 
 
 # -- fields mean what the document says ----------------------------------------------------------
