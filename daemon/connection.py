@@ -133,6 +133,7 @@ class Connection:
         self._ingesting: set[asyncio.Task[None]] = set()  # the kb_add among them
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._oversize = 0  # the size of a batch over the cap still being sent: it may wait whole
         self._batching = False  # an event already left in this turn of the loop
         self.closed = False
 
@@ -158,10 +159,13 @@ class Connection:
         """Whether more than the cap would wait for a client that has not read what it has.
 
         A client that reads gets even one event larger than the cap (``open`` of a long
-        conversation): what counts is data waiting behind unread data.
+        conversation), and the events sent while it reads that one: what counts is data
+        waiting behind unread data, beside the one oversize batch being sent.
         """
         waiting = self._writer.transport.get_write_buffer_size()
-        return waiting > 0 and waiting + self._pending_bytes > MAX_WRITE_BUFFER
+        if waiting <= MAX_WRITE_BUFFER:
+            self._oversize = 0  # sent far enough: the cap alone holds again
+        return waiting > 0 and waiting + self._pending_bytes > MAX_WRITE_BUFFER + self._oversize
 
     def _flush(self) -> None:
         if self.closed or not self._pending:
@@ -175,6 +179,8 @@ class Connection:
         if self._stalled():
             self._drop()
             return
+        if self._pending_bytes > MAX_WRITE_BUFFER:
+            self._oversize = max(self._oversize, self._pending_bytes)
         transport.write(b"".join(self._pending))
         self._pending.clear()
         self._pending_bytes = 0

@@ -15,6 +15,7 @@ from core.wire import Wire, of_type, reply_text
 from daemon import connection
 from daemon.connection import read_lines
 from daemon.protocol import encode_event
+from history import HistoryStore, TurnOutcome
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon
 
@@ -584,6 +585,43 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_cap(
     finally:
         writer.close()
         await other.close()
+
+
+async def test_a_client_that_reads_gets_an_event_over_the_cap_and_the_events_after_it(
+    daemon: RunningDaemon, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(connection, "MAX_WRITE_BUFFER", 64 << 10)
+    reply = "long " * 200_000  # 1 MB: the conversation's open is one event over the cap
+
+    def write_long(store: HistoryStore) -> int:
+        question = {"role": "user", "content": "write a lot"}
+        conversation, turn = store.start_turn(None, "write a lot", [question], [], "fake-text")
+        answer = {"role": "assistant", "content": reply}
+        store.finish(TurnOutcome(conversation.id, turn.turn, [question, answer], reply, "complete"))
+        return conversation.id
+
+    assert daemon.server is not None and daemon.server.engine is not None
+    long = await daemon.server.engine.history.run(write_long)
+    router.script(Reply(chunks=["tick "] * 100, delay=0.005))  # deltas while the open is read
+    reader, writer = await asyncio.open_unix_connection(str(daemon.config.socket_path))
+    try:
+        writer.write(b'{"type":"ask","id":"a","text":"count slowly"}\n')
+        await reader.readuntil(b'"type":"delta"')  # the turn streams
+        await reader.readuntil(b"\n")
+        writer.write(json.dumps({"type": "open", "id": "o", "conversation": long}).encode() + b"\n")
+        data = bytearray()
+        async with asyncio.timeout(60):  # a reader, if a slow one: 64 KiB every 2 ms
+            while b'"type":"done"' not in data or b'"id":"o"' not in data:
+                chunk = await reader.read(64 << 10)
+                assert chunk, "the daemon dropped a client that reads"
+                data += chunk
+                await asyncio.sleep(0.002)
+        events = [json.loads(line) for line in data.split(b"\n") if line.strip()]
+        [opened] = [e for e in events if e.get("id") == "o"]
+        assert opened["type"] == "conversation" and opened["turns"][0]["reply"] == reply
+        assert [e["type"] for e in events if e.get("id") == "a"][-1] == "done"
+    finally:
+        writer.close()
 
 
 async def test_an_oversize_id_is_not_echoed(wire: Wire) -> None:
