@@ -14,7 +14,7 @@ The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, p
 It stands on ``core`` alone (errors, safe file opening, token rates).
 """
 
-from .budget import FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
+from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
 from .classify import Kind, classify, suffix_of
 from .extract import (
     MAX_FILES,
@@ -47,7 +47,6 @@ __all__ = [
     "budget_chars",
     "classify",
     "configure_image_cache",
-    "cut_to_weight",
     "decodes",
     "estimate_files",
     "fair_shares",
@@ -57,7 +56,6 @@ __all__ = [
     "read_text_file",
     "resolve_image_refs",
     "suffix_of",
-    "text_weight",
     "too_many_files",
     "user_content",
 ]

@@ -27,11 +27,8 @@ from core.tokens import BUDGET_CHARS_PER_TOKEN
 __all__ = [
     "DEFAULT_BUDGET_CHARS",
     "FULL_TEXT_CAP",
-    "NON_ASCII_WEIGHT",
     "budget_chars",
-    "cut_to_weight",
     "fair_shares",
-    "text_weight",
 ]
 
 # the budget when the model's context size is unknown: about what an empty 16k
@@ -42,30 +39,6 @@ DEFAULT_BUDGET_CHARS = 24_000
 FULL_TEXT_CAP = 2 * 1024 * 1024
 
 
-# A character outside ASCII (CJK, Cyrillic, emoji, U+FFFD) costs a tokenizer one or two
-# tokens (SmolLM2 on llama-server: two for CJK), where ASCII runs BUDGET_CHARS_PER_TOKEN to one;
-# counted at two tokens, such text is cut before it can overflow the context.
-NON_ASCII_WEIGHT = 2 * BUDGET_CHARS_PER_TOKEN
-
-
-def text_weight(text: str) -> int:
-    """``text``'s length in budget characters: ASCII one each, others NON_ASCII_WEIGHT."""
-    if text.isascii():
-        return len(text)
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return ascii_chars + NON_ASCII_WEIGHT * (len(text) - ascii_chars)
-
-
-def cut_to_weight(text: str, weight: int) -> str:
-    """The longest start of ``text`` whose weight is at most ``weight``."""
-    if text_weight(text[:weight]) <= weight and (len(text) <= weight or text.isascii()):
-        return text[:weight]
-    total = 0
-    for index, char in enumerate(text):
-        total += 1 if char.isascii() else NON_ASCII_WEIGHT
-        if total > weight:
-            return text[:index]
-    return text
 
 
 def budget_chars(ctx_max: int, ctx_used: int) -> int:

@@ -41,10 +41,10 @@ from typing import Any
 
 from core.errors import NoVision, TooManyFiles
 from core.files import check_path, open_regular, read_head, sha256_file
-from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS
+from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
 from . import pdf
-from .budget import FULL_TEXT_CAP, budget_chars, cut_to_weight, fair_shares, text_weight
+from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
 from .classify import Kind, classify
 from .imagecache import encode as encode_probed
 from .imagecache import reserve_pixels

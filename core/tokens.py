@@ -24,9 +24,12 @@ __all__ = [
     "DEFAULT_IMAGE_TOKENS",
     "IMAGE_PART_TYPES",
     "NON_ASCII_TOKENS",
+    "NON_ASCII_WEIGHT",
+    "cut_to_weight",
     "estimate_messages",
     "estimate_text",
     "estimate_tools",
+    "text_weight",
 ]
 
 CHARS_PER_TOKEN = 4  # estimates
@@ -35,6 +38,32 @@ DEFAULT_IMAGE_TOKENS = 765  # an image's flat cost (the image_tokens setting)
 NON_ASCII_TOKENS = 2  # SmolLM2 on llama-server: two tokens a CJK character
 MESSAGE_OVERHEAD = 4  # role and separators a chat template adds per message
 IMAGE_PART_TYPES = ("image_url", "image_ref")
+
+# A character outside ASCII (CJK, Cyrillic, emoji, U+FFFD) costs a tokenizer one or two
+# tokens (SmolLM2 on llama-server: two for CJK), where ASCII runs BUDGET_CHARS_PER_TOKEN to one;
+# counted at two tokens, such text is cut before it can overflow the context: the
+# weight of a text in budget characters (``text_weight``) is what budgets count.
+NON_ASCII_WEIGHT = 2 * BUDGET_CHARS_PER_TOKEN
+
+
+def text_weight(text: str) -> int:
+    """``text``'s length in budget characters: ASCII one each, others NON_ASCII_WEIGHT."""
+    if text.isascii():
+        return len(text)
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return ascii_chars + NON_ASCII_WEIGHT * (len(text) - ascii_chars)
+
+
+def cut_to_weight(text: str, weight: int) -> str:
+    """The longest start of ``text`` whose weight is at most ``weight``."""
+    if text_weight(text[:weight]) <= weight and (len(text) <= weight or text.isascii()):
+        return text[:weight]
+    total = 0
+    for index, char in enumerate(text):
+        total += 1 if char.isascii() else NON_ASCII_WEIGHT
+        if total > weight:
+            return text[:index]
+    return text
 
 
 def estimate_text(text: str) -> int:

@@ -17,6 +17,8 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from core.jsontext import without_lone_surrogates
+from core.tokens import cut_to_weight, text_weight
 from core.tools import Tool, ToolContext, ToolError, ToolResult, one_line
 
 from .records import RemoteTool
@@ -89,13 +91,14 @@ class McpTool(Tool):
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         outcome = await self.handle.call(self.remote.name, arguments)  # ToolError when the server is gone
-        text = outcome.text
+        text = without_lone_surrogates(outcome.text)  # a lone one could be neither sent on nor stored
         if outcome.is_error:
             raise ToolError(f"{self.server}'s {self.remote.name} failed: {text or 'no reason given'}")
+        # in budget characters, as the room left is counted (text outside ASCII weighs more)
         limit = max(min(self.max_result_chars, ctx.max_chars), 200)
-        if len(text) > limit:
+        if text_weight(text) > limit:
             note = CUT_NOTE.format(total=len(text))
-            text = text[: max(limit - len(note), 0)] + note
+            text = cut_to_weight(text, max(limit - len(note), 0)) + note
         images, notes = self._images(outcome.images, ctx)
         if notes:
             text = "\n".join([text, *notes]) if text else "\n".join(notes)

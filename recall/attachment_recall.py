@@ -23,8 +23,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, attached_image, cut_to_weight, text_weight
+from attachments import PAGE_BREAK, PAGE_MARKER, attached_image
 from core.errors import FileRefused
+from core.tokens import cut_to_weight, text_weight
 from core.tools import (
     Tool,
     ToolContext,

@@ -17,9 +17,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from attachments import cut_to_weight, text_weight
 from core.errors import RouterError
 from core.seams import Completer
+from core.tokens import cut_to_weight, text_weight
 
 __all__ = [
     "SUMMARY_INSTRUCTIONS",
@@ -89,7 +89,7 @@ def plan_compaction(
 
 
 def _cut(text: str, limit: int) -> str:
-    """``text`` within ``limit`` budget characters (``attachments.text_weight``: a character
+    """``text`` within ``limit`` budget characters (``core.tokens.text_weight``: a character
     outside ASCII weighs the two tokens it costs): its head and tail around a note of the cut."""
     if text_weight(text) <= limit:
         return text

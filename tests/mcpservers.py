@@ -61,8 +61,8 @@ def build_good():  # type: ignore[no-untyped-def]
         raise ValueError("the disk is on fire")
 
     @server.tool(description="A result far over any cap.")
-    def huge(size: int = 500_000) -> str:
-        return "x" * size
+    def huge(size: int = 500_000, char: str = "x") -> str:
+        return char * size
 
     @server.tool(description="Takes its time.")
     def slow(seconds: float) -> str:

@@ -42,12 +42,12 @@ from attachments import (
     image_ref,
     prepare_files,
     resolve_image_refs,
-    text_weight,
     user_content,
 )
 from attachments import pdf as pdf_module
 from attachments.classify import classify
 from core.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
+from core.tokens import cut_to_weight, text_weight
 from selfcheck.samples import (
     Scan,
     make_bomb_png,
@@ -771,8 +771,6 @@ async def test_empty_file_and_odd_bytes_in_text(tmp_path: Path) -> None:
 
 
 def test_non_ascii_text_weighs_two_tokens_a_character() -> None:
-    from attachments.budget import cut_to_weight
-
     assert text_weight("abc") == 3 and text_weight("漢字") == 12
     assert cut_to_weight("ab漢字cd", 8) == "ab漢"
     assert cut_to_weight("abcdef", 4) == "abcd" and cut_to_weight("漢", 5) == ""

@@ -20,6 +20,7 @@ import pytest_asyncio
 
 import mcphost.host
 from core import Config, load_config
+from core.tokens import text_weight
 from core.wire import Wire, of_type, reply_text
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.conftest import RunningDaemon
@@ -169,6 +170,15 @@ async def test_a_tool_error_and_a_huge_result_come_back_as_results(wire: Wire, r
     assert "cut here: the result had 500000 characters" in big["content"]
     assert len(big["content"]) < 20_000  # what is left of a 4,096-token context, not half a megabyte
     assert (await server_state(wire, "good"))["state"] == "ready"  # a tool's own failure is not the server's
+
+
+async def test_a_japanese_result_is_cut_to_the_room_it_has(wire: Wire, router: FakeRouter) -> None:
+    router.script(call("good__huge", {"size": 50_000, "char": "漢"}), Reply(text="read"))  # ~100,000 tokens
+    events = await wire.ask("try")
+    assert events[-1]["type"] == "done", events[-1]  # the server took the round
+    [big] = tool_messages(router.requests[-1])
+    assert "cut here: the result had 50000 characters" in big["content"]
+    assert text_weight(big["content"]) < 20_000  # what is left of a 4,096-token context, by weight
 
 
 async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need(
