@@ -25,6 +25,7 @@ call any of its tools without asking.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +100,7 @@ def _pairs(value: Any, what: str, source: str) -> tuple[tuple[str, str], ...]:
 
 def _server(name: str, table: Any, source: str) -> McpServerSpec:
     where = f"[mcp.servers.{name}]"
-    if not SERVER_NAME.match(name) or len(name) > MAX_SERVER_NAME:
+    if not SERVER_NAME.fullmatch(name) or len(name) > MAX_SERVER_NAME:
         raise _error(source, f"{where}: a server name is letters and digits, single - or _ between them, "
                              f"at most {MAX_SERVER_NAME} characters")
     if not isinstance(table, dict):
@@ -124,6 +125,8 @@ def _server(name: str, table: Any, source: str) -> McpServerSpec:
     cwd = table.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise _error(source, f"{where}: cwd must be a folder path")
+    if cwd is not None:
+        cwd = os.path.expanduser(cwd)  # as a shell would: the file is the user's
     return McpServerSpec(
         name, command=command, args=_strings(table.get("args", []), f"{where} args", source),
         env=_pairs(table.get("env", {}), f"{where} env", source), cwd=cwd,

@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 import mcp_types
+import pydantic
 from mcp import ClientSession
 from mcp.client.stdio import get_default_environment
 from mcp.shared.exceptions import MCPError
@@ -46,6 +47,7 @@ MAX_GARBAGE_LINES = 20  # lines that are not JSON-RPC before a server is given u
 STDERR_TAIL = 5  # lines of a server's stderr kept for its last error
 STDERR_LINE_CHARS = 300
 STOP_GRACE = 1.0  # seconds a server gets to exit after its stdin closes, then after SIGTERM
+GROUP_POLL = 0.05  # seconds between looks at what is left of a stopped server's process group
 MAX_TOOL_PAGES = 20  # tools/list pages read (a server that pages forever is cut off)
 
 
@@ -82,6 +84,8 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
             start_new_session=True,
         )
     except FileNotFoundError:
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+            raise ConnectionLost(f"cannot run {spec.command!r}: its folder (cwd) {spec.cwd} does not exist") from None
         raise ConnectionLost(f"cannot run {spec.command!r}: no such program (check command and PATH)") from None
     except OSError as exc:
         raise ConnectionLost(f"cannot run {spec.command!r}: {exc.strerror or exc}") from None
@@ -126,6 +130,12 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
                     fault.closed.set()
                     return
 
+    async def exited() -> None:
+        # a child of the server's may hold its stdout open: its exit is the end all the same
+        code = await proc.wait()
+        fault.reason = fault.reason or f"exited (status {code})"
+        fault.closed.set()
+
     async def stderr_tail() -> None:
         while True:
             try:
@@ -143,6 +153,7 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
             tasks.start_soon(from_server)
             tasks.start_soon(to_server)
             tasks.start_soon(stderr_tail)
+            tasks.start_soon(exited)
             try:
                 yield read_recv, write_send
             finally:
@@ -155,7 +166,9 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Close its stdin, then SIGTERM and SIGKILL its process group, each after STOP_GRACE."""
+    """Close its stdin, then SIGTERM and SIGKILL its process group, each after STOP_GRACE; then
+    the rest of the group: what the server started (``npx``, ``uvx`` and shell wrappers run
+    it as a child of theirs) goes with it."""
     if proc.stdin is not None:
         proc.stdin.close()
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
@@ -164,9 +177,27 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
                 os.killpg(proc.pid, sig)
         try:
             await asyncio.wait_for(proc.wait(), STOP_GRACE)
-            return
+            break
         except asyncio.TimeoutError:
             continue
+    await _end_group(proc.pid)
+
+
+async def _end_group(group: int) -> None:
+    """SIGTERM, then SIGKILL after STOP_GRACE, to what is left of a process group."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            return  # nothing left
+        deadline = loop.time() + STOP_GRACE
+        while loop.time() < deadline:
+            await asyncio.sleep(GROUP_POLL)
+            try:
+                os.killpg(group, 0)
+            except (ProcessLookupError, PermissionError):
+                return
 
 
 @contextlib.asynccontextmanager
@@ -193,12 +224,29 @@ class Connection:
         try:
             result = await self.session.call_tool(name, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
-            if "closed" in exc.message.lower() or "timed out" in exc.message.lower():
+            if _connection_lost(exc):
                 raise ConnectionLost(exc.message) from None
             return CallOutcome(text=f"the server refused the call ({exc.message})", is_error=True)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise ConnectionLost(f"the connection closed ({type(exc).__name__})") from None
+        except pydantic.ValidationError as exc:  # an answer that is no tool result: the call's fault
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            return CallOutcome(text=f"the server's answer is not a tool result ({where}: {first['msg']})", is_error=True)
+        except RuntimeError as exc:  # the SDK's check of a result against the tool's output schema
+            return CallOutcome(text=f"the server's answer does not match its tool's schema ({exc})"[:300], is_error=True)
         return outcome(result)
+
+
+def _connection_lost(exc: MCPError) -> bool:
+    """Whether the SDK says the connection is gone (closed, or the call timed out) rather than
+    the server refusing the call: the SDK's own errors, matched whole (a server's error may
+    carry the same code, or the same words)."""
+    if exc.code == mcp_types.CONNECTION_CLOSED:
+        return exc.message == "Connection closed"
+    if exc.code == mcp_types.REQUEST_TIMEOUT:
+        return exc.message.startswith("Request ") and exc.message.endswith(" timed out")
+    return False
 
 
 def outcome(result: Any) -> CallOutcome:
@@ -233,7 +281,11 @@ async def _list_tools(session: ClientSession) -> list[RemoteTool]:
     for _ in range(MAX_TOOL_PAGES):
         params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
         page = await session.list_tools(params=params)
-        tools.extend(RemoteTool(t.name, t.description or "", dict(t.input_schema or {})) for t in page.tools)
+        known = {tool.name for tool in tools}
+        for t in page.tools:
+            if t.name not in known:  # a tool listed twice (or a page repeated) is offered once
+                known.add(t.name)
+                tools.append(RemoteTool(t.name, t.description or "", dict(t.input_schema or {})))
         cursor = page.next_cursor
         if not cursor:
             break

@@ -59,10 +59,20 @@ def offered_names(server: str, tools: list[str]) -> dict[str, str]:
 
 
 def canonical(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with sorted keys, an object schema at its root (what function calling needs)."""
-    fixed = json.loads(json.dumps(schema, sort_keys=True, ensure_ascii=False))
-    if not isinstance(fixed, dict) or fixed.get("type") != "object":
+    """The schema with sorted keys, an object schema at its root (what function calling needs).
+
+    A schema JSON cannot carry (NaN, Infinity: the SDK reads them) becomes the empty one, as
+    does a root that is not an object's; one that only leaves out ``"type"`` gets it.
+    """
+    try:
+        fixed = json.loads(json.dumps(schema, sort_keys=True, ensure_ascii=False, allow_nan=False))
+    except ValueError:
+        fixed = None
+    kind = fixed.get("type", "object") if isinstance(fixed, dict) else None
+    if kind not in ("object", ["object"]):
         return {"properties": {}, "type": "object"}
+    assert isinstance(fixed, dict)
+    fixed["type"] = "object"
     fixed.setdefault("properties", {})
     return dict(sorted(fixed.items()))
 
@@ -94,12 +104,13 @@ class McpTool(Tool):
         text = without_lone_surrogates(outcome.text)  # a lone one could be neither sent on nor stored
         if outcome.is_error:
             raise ToolError(f"{self.server}'s {self.remote.name} failed: {text or 'no reason given'}")
-        # in budget characters, as the room left is counted (text outside ASCII weighs more)
-        limit = max(min(self.max_result_chars, ctx.max_chars), 200)
+        images, notes = self._images(outcome.images, ctx)
+        # in budget characters, as the room left is counted (text outside ASCII weighs more),
+        # less what the images shown take
+        limit = max(min(self.max_result_chars, ctx.max_chars - len(images) * ctx.image_chars), 200)
         if text_weight(text) > limit:
             note = CUT_NOTE.format(total=len(text))
             text = cut_to_weight(text, max(limit - len(note), 0)) + note
-        images, notes = self._images(outcome.images, ctx)
         if notes:
             text = "\n".join([text, *notes]) if text else "\n".join(notes)
         shown = f", {len(images)} image(s)" if images else ""
@@ -113,6 +124,7 @@ class McpTool(Tool):
         own), or a note of each one the model cannot be shown."""
         images: list[dict[str, Any]] = []
         notes: list[str] = []
+        room = ctx.max_chars  # each image shown takes ctx.image_chars of what is left
         for n, (mime, data) in enumerate(found, 1):
             if not ctx.vision:
                 notes.append(f"[image {n} ({mime}) not shown: this model cannot see images]")
@@ -120,7 +132,10 @@ class McpTool(Tool):
                 notes.append(f"[image {n} not shown: {mime} is not an image type models read]")
             elif len(data) > MAX_IMAGE_BASE64:
                 notes.append(f"[image {n} not shown: over {MAX_IMAGE_BASE64 // (1024 * 1024)} MB of base64]")
+            elif ctx.image_chars > room:
+                notes.append(f"[image {n} not shown: no room left in the context for it]")
             else:
+                room -= ctx.image_chars
                 images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
         return images, notes
 

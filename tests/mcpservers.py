@@ -5,7 +5,13 @@
 - ``http PORT``: the same server over streamable HTTP at ``http://127.0.0.1:PORT/mcp``;
 - ``hang``: reads its stdin and never answers (not even ``initialize``);
 - ``garbage``: answers every line with lines that are not JSON-RPC;
-- ``flood``: answers ``initialize`` with one line of 40 MiB and no newline in sight.
+- ``flood``: answers ``initialize`` with one line of 40 MiB and no newline in sight;
+- ``raw MODE``: a hand-written JSON-RPC server with one tool, ``echo``, odd as MODE says:
+  ``nan`` (a second tool's schema holds NaN), ``twice`` (it lists its tools twice),
+  ``closed`` (refuses every call with an error whose words say "closed"), ``video``
+  (answers with a content block of no known type), ``images`` (answers with as many
+  PNGs as ``text`` says), ``child`` (starts a child that outlives it, its pid written to
+  the file ``MCP_TEST_CHILD`` names, and exits when ``echo`` gets "die").
 
 Each writes a line to the file named by ``MCP_TEST_STARTS`` (when set) as it starts,
 so a test can count (re)starts.
@@ -99,8 +105,65 @@ def flood() -> None:
     time.sleep(3600)
 
 
+def raw() -> None:
+    import base64
+    import io
+    import json
+    import subprocess
+
+    mode = sys.argv[2]
+    tools = [{"name": "echo", "description": "Echo.",
+              "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]
+    if mode == "nan":
+        tools.append({"name": "num", "description": "Has NaN.",
+                      "inputSchema": {"type": "object", "properties": {"x": {"type": "number", "default": float("nan")}}}})
+    if mode == "twice":
+        tools = tools * 2
+    if mode == "child":  # as npx, uvx or a shell wrapper leave one: it holds stdout open too
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        with open(os.environ["MCP_TEST_CHILD"], "a") as fh:
+            fh.write(f"{child.pid}\n")
+
+    def send(message: dict) -> None:  # type: ignore[type-arg]
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        sys.stdout.flush()
+
+    def png(side: int) -> str:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.new("RGB", (side, side), "red").save(buffer, "PNG")
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        method, rid = request.get("method"), request.get("id")
+        if rid is None:
+            continue  # a notification
+        if method == "initialize":
+            send({"id": rid, "result": {"protocolVersion": request["params"]["protocolVersion"],
+                                        "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}}})
+        elif method == "tools/list":
+            send({"id": rid, "result": {"tools": tools}})
+        elif method != "tools/call":
+            send({"id": rid, "result": {}})
+        elif mode == "closed":
+            send({"id": rid, "error": {"code": -32602, "message": "Invalid arguments: the issue is closed"}})
+        elif mode == "video":
+            send({"id": rid, "result": {"content": [{"type": "text", "text": "before"}, {"type": "video", "url": "x"}]}})
+        else:
+            text = str((request["params"].get("arguments") or {}).get("text", ""))
+            if mode == "child" and text == "die":
+                os._exit(3)
+            if mode == "images":
+                content = [{"type": "image", "mimeType": "image/png", "data": png(8 + n)} for n in range(int(text))]
+            else:
+                content = [{"type": "text", "text": text.upper()}]
+            send({"id": rid, "result": {"content": content}})
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     note_start()
     print(f"test MCP server {sys.argv[1]} starting", file=sys.stderr, flush=True)
-    {"good": good, "http": http, "hang": hang, "garbage": garbage, "flood": flood}[sys.argv[1]]()
+    {"good": good, "http": http, "hang": hang, "garbage": garbage, "flood": flood, "raw": raw}[sys.argv[1]]()

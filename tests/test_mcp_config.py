@@ -44,6 +44,12 @@ def test_servers_of_both_transports_and_the_limits(tmp_path: Path) -> None:
     assert config.mcp.chosen([]) == ()
 
 
+def test_a_folder_from_home_is_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    [spec] = load(tmp_path, '[mcp.servers.x]\ncommand = "a"\ncwd = "~/notes"\n').mcp.servers
+    assert spec.cwd == str(tmp_path / "notes")
+
+
 def test_no_table_no_servers_and_every_server_by_default(tmp_path: Path) -> None:
     assert load(tmp_path, "").mcp.servers == ()
     config = load(tmp_path, '[mcp.servers.b]\ncommand = "b"\n[mcp.servers.a]\ncommand = "a"\n')
@@ -54,6 +60,7 @@ def test_no_table_no_servers_and_every_server_by_default(tmp_path: Path) -> None
     "text, words",
     [
         ('[mcp.servers."two__parts"]\ncommand = "x"\n', "a server name is"),
+        ('[mcp.servers."files\\n"]\ncommand = "x"\n', "a server name is"),  # a newline after it
         ('[mcp.servers.x]\nargs = ["a"]\n', "needs either command"),
         ('[mcp.servers.x]\ncommand = "a"\nurl = "http://h"\n', "needs either command"),
         ('[mcp.servers.x]\nurl = "ftp://h"\n', "url must start"),

@@ -181,6 +181,70 @@ async def test_a_japanese_result_is_cut_to_the_room_it_has(wire: Wire, router: F
     assert text_weight(big["content"]) < 20_000  # what is left of a 4,096-token context, by weight
 
 
+def raw(mode: str, **env: str) -> str:
+    """The hand-written server of ``tests/mcpservers.py raw``, odd as ``mode`` says."""
+    spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "raw", "{mode}"]\n'
+    if env:
+        spec += "env = { " + ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items()) + " }\n"
+    return spec
+
+
+async def test_odd_tool_lists_are_offered_sound(hosting: Any, router: FakeRouter) -> None:
+    # a schema holding NaN (the SDK reads it; no request could carry it) and a tool listed twice
+    wire = await hosting({"odd": raw("nan"), "twice": raw("twice")}, f"start_timeout = {SLOW_START}\n")
+    events = await wire.ask("hello")
+    assert events[-1]["type"] == "done", events[-1]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "odd__echo", "odd__num", "twice__echo"]
+    num = next(t for t in router.requests[-1]["tools"] if t["function"]["name"] == "odd__num")
+    assert num["function"]["parameters"] == {"properties": {}, "type": "object"}
+
+
+async def test_a_servers_refusal_or_odd_answer_is_the_calls_not_the_servers(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"closed": raw("closed"), "video": raw("video")}, f"start_timeout = {SLOW_START}\n")
+    router.script(call("closed__echo", {"text": "a"}), call("video__echo", {"text": "b"}, "call_2"), Reply(text="ok"))
+    events = await wire.ask("try")
+    refused, odd = of_type(events, "tool")
+    assert refused["ok"] is False and "the issue is closed" in refused["summary"]
+    assert odd["ok"] is False and "not a tool result" in odd["summary"] and len(odd["summary"]) <= 120
+    for name in ("closed", "video"):  # both servers are fine: their tools stay offered
+        assert (await server_state(wire, name))["state"] == "ready"
+
+
+async def test_images_of_a_tool_are_shown_as_the_context_has_room(hosting: Any, router: FakeRouter) -> None:
+    wire = await hosting({"pics": raw("images")}, f"start_timeout = {SLOW_START}\n")
+    router.script(call("pics__echo", {"text": "40"}), Reply(text="seen"))
+    events = await wire.ask("draw", model="fake-vision")  # 8,192 tokens; 40 images would be 30,600
+    assert events[-1]["type"] == "done"
+    shown = [p for p in router.requests[-1]["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert 1 <= len(shown) < 10
+    assert "no room left in the context" in tool_messages(router.requests[-1])[0]["content"]
+
+
+async def test_what_a_server_started_stops_with_it(hosting: Any, router: FakeRouter, tmp_path: Path) -> None:
+    children = tmp_path / "children"
+    limits = f"start_timeout = {SLOW_START}\ncall_timeout = 600\n"
+    wire = await hosting({"wrap": raw("child", MCP_TEST_CHILD=str(children))}, limits)
+    router.script(call("wrap__echo", {"text": "die"}), Reply(text="it died"))
+    # the server exits; its child holds its stdout open. The call ends at once all the same,
+    # not after call_timeout (the deadline only stops a hang)
+    async with asyncio.timeout(60):
+        events = await wire.ask("end it")
+    assert events[-1]["type"] == "done" and of_type(events, "tool")[0]["ok"] is False
+    assert (await server_state(wire, "wrap"))["state"] == "failed"
+    [pid] = [int(line) for line in children.read_text().split()]
+    async with asyncio.timeout(30):  # the child went with its server
+        while os.path.exists(f"/proc/{pid}") and "zombie" not in process_state(pid):
+            await asyncio.sleep(0.05)
+
+
+def process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((line for line in status if line.startswith("State:")), "").lower()
+    except FileNotFoundError:
+        return "zombie"  # gone
+
+
 async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
@@ -312,6 +376,7 @@ async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router:
         ("garbage", server("garbage"), "lines that are not JSON-RPC"),
         ("flood", server("flood"), "a message over 16 MiB"),
         ("missing", 'command = "/nonexistent/mcp-server"\n', "no such program"),
+        ("nowhere", server("good") + 'cwd = "/nonexistent/folder"\n', "(cwd) /nonexistent/folder does not exist"),
     ],
 )
 async def test_a_broken_server_never_fails_the_turn(
