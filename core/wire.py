@@ -16,14 +16,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TERMINAL", "DaemonGone", "Wire", "of_type", "reply_text"]
+__all__ = ["MAX_REQUEST_BYTES", "TERMINAL", "DaemonGone", "Unsendable", "Wire", "of_type", "reply_text"]
 
 TERMINAL = ("done", "error")  # the events that end an ask
 READ_LIMIT = 64 * 1024 * 1024  # the longest event line accepted (an `open` of a long conversation)
+MAX_REQUEST_BYTES = 1 << 20  # the longest request line the daemon reads (1 MiB, newline excluded)
 
 
 class DaemonGone(Exception):
     """No daemon answers on the socket, or it hung up; the message says what to do."""
+
+
+class Unsendable(ValueError):
+    """A request that cannot go to the daemon as it is (over 1 MiB, or text that is not
+    UTF-8); the message says what to do. Nothing was sent."""
 
 
 class Wire:
@@ -54,20 +60,36 @@ class Wire:
         return cls(reader, writer, keep=keep, timeout=timeout)
 
     async def send_raw(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise DaemonGone(f"the connection to the daemon was lost ({exc}); is it stopping? see its log") from None
 
     async def send(self, request: dict[str, Any]) -> Any:
-        """Send a request with a fresh id (unless it has one) and return the id."""
+        """Send a request with a fresh id (unless it has one) and return the id; ``Unsendable``
+        (nothing sent) for one the daemon would refuse unread."""
         if "id" not in request:
             self._next += 1
             request = {**request, "id": f"r{self._next}"}
-        await self.send_raw(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+        try:
+            line = json.dumps(request, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a file name or word the shell passed as undecodable bytes
+            raise Unsendable("a file name or word is not UTF-8 text; rename the file, or retype the words") from None
+        if len(line) > MAX_REQUEST_BYTES:
+            raise Unsendable(
+                f"the request is {len(line):,} bytes, over the {MAX_REQUEST_BYTES:,} the daemon reads; "
+                "send long text as a file (ask -f FILE)"
+            )
+        await self.send_raw(line + b"\n")
         return request["id"]
 
     async def read(self) -> dict[str, Any]:
         """The next event on the connection (kept when ``keep``)."""
-        line = await asyncio.wait_for(self.reader.readline(), self.timeout)
+        try:
+            line = await asyncio.wait_for(self.reader.readline(), self.timeout)
+        except (ConnectionError, OSError) as exc:
+            raise DaemonGone(f"the connection to the daemon was lost ({exc}); is it stopping? see its log") from None
         if not line:
             raise DaemonGone("the daemon closed the connection (is it stopping? see its log)")
         event: dict[str, Any] = json.loads(line)

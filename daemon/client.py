@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.config import default_socket_path, socket_path_problem, unknown_variables
-from core.wire import DaemonGone, Wire
+from core.wire import DaemonGone, Unsendable, Wire
 
 from .cli.render import RENDERERS, describe_kb_add, json_line
 from .cli.terminal import (
@@ -336,7 +336,7 @@ def guarded(terminal: Terminal, run: Callable[[], int]) -> int:
     except DaemonGone as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_NO_DAEMON
-    except UsageError as exc:
+    except (UsageError, Unsendable) as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_USAGE
     except BrokenPipeError:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from core.errors import AssistantError, BadRequest, UnknownType
 from core.jsontext import strict_loads, without_lone_surrogates
+from core.wire import MAX_REQUEST_BYTES
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 1 << 20  # a request line over 1 MiB is refused
+MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the client checks it too)
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")

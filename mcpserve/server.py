@@ -25,7 +25,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from core.version import __version__
-from core.wire import DaemonGone
+from core.wire import DaemonGone, Unsendable
 from daemon.client import connect
 
 __all__ = ["build_server", "serve"]
@@ -46,9 +46,11 @@ class Daemon:
         except DaemonGone as exc:
             raise ToolError(str(exc)) from None
         try:
-            event = await wire.request(request)
-        except DaemonGone as exc:
+            event = await wire.request(request)  # each read within CALL_TIMEOUT
+        except (DaemonGone, Unsendable) as exc:
             raise ToolError(str(exc)) from None
+        except TimeoutError:
+            raise ToolError(f"the daemon did not answer within {CALL_TIMEOUT:g} s; see its log") from None
         finally:
             await wire.close()
         if event["type"] == "error":

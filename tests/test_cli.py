@@ -51,6 +51,27 @@ async def test_a_question_may_be_stdin_alone(daemon: RunningDaemon, router: Fake
     assert out.strip() == "You said: # Notes\n\nwhat do they say?"
 
 
+async def test_a_question_over_the_line_limit_is_a_usage_error(
+    daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.txt"
+    big.write_text("a" * (1 << 20))  # redirected in: the daemon reads 1 MiB a line
+    with big.open("rb") as text:
+        proc = await asyncio.create_subprocess_exec(
+            *ASSISTANT, "ask", "summarise", cwd=ROOT, stdin=text, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "over the 1,048,576 the daemon reads; send long text as a file (ask -f FILE)" in err.decode()
+    assert router.requests == []  # nothing was sent
+
+
+async def test_a_file_name_that_is_not_utf8_is_a_usage_error(daemon: RunningDaemon, tmp_path: Path) -> None:
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9.txt")  # as the shell passes such a name
+    code, _out, err = await cli("ask", "hi", "-f", odd)
+    assert code == 2 and "not UTF-8 text" in err and "Traceback" not in err
+
+
 async def run_with_socket_stdin(*args: str, text: bytes | None) -> tuple[int, str, str]:
     """The client with one end of a socketpair for stdin, as Node's child_process gives it:
     ``text`` written and the socket closed, or (None) the socket left open and silent."""

@@ -81,6 +81,10 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         assert no_turn.is_error and "has no turn 7" in text_of(no_turn)
         no_kb = await session.call_tool("kb_search", {"kb": "work", "query": "x"})
         assert no_kb.is_error and "no knowledge base 'work'" in text_of(no_kb)
+        # a request over the daemon's line limit is refused at once, saying so (not a wait for
+        # an answer that never comes)
+        long = await session.call_tool("search_conversations", {"query": "word " * 250_000})
+        assert long.is_error and "over the 1,048,576 the daemon reads" in text_of(long)
     # read-only: the conversation is as it was
     assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
 
