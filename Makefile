@@ -7,11 +7,21 @@ STAMP := $(VENV)/.installed
 
 PACKAGES := core history attachments recall kbinject daemon mcphost mcpserve selfcheck assistant.py
 
-.PHONY: setup run test selfcheck bench poppler bytecode clean install-units
+.PHONY: setup run test selfcheck bench poppler bytecode clean install-units FORCE
 
 setup: $(STAMP) poppler bytecode
 
-$(STAMP): pyproject.toml
+# the strict editable install links each module file into build/: a module added or removed
+# since the last install needs it again (the service runs the installed `assistant`)
+MODULES := $(VENV)/.modules
+$(MODULES): FORCE
+	@mkdir -p $(VENV)
+	@find $(filter-out assistant.py,$(PACKAGES)) -name '*.py' -not -path '*/__pycache__/*' | sort > $@.new
+	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
+
+FORCE:
+
+$(STAMP): pyproject.toml $(MODULES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# strict: the editable install is a plain path entry (a link tree in build/), where the
