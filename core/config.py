@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -140,14 +142,35 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             raise ValueError(value)
         if kind in (int, float) and isinstance(value, bool):
             raise ValueError(value)
-        return kind(value)
-    except (TypeError, ValueError):
+        if kind is str and not isinstance(value, str):  # a TOML list or number is no text
+            raise ValueError(value)
+        coerced = kind(value)
+        if kind is float and not math.isfinite(coerced):  # "nan" and "inf" read as floats
+            raise ValueError(value)
+        return coerced
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{source}: {key} must be a {kind.__name__}, not {value!r}; fix it and restart") from None
 
 
+def _url_problem(url: str) -> str | None:
+    """What is wrong with a model server's URL, or None."""
+    if not url.startswith(("http://", "https://")):
+        return "must start with http:// or https://"
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 - raises for a port that is no number, or out of range
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if not parsed.hostname:
+        return "names no host"
+    return None
+
+
 def _validate(values: dict[str, Any]) -> None:
-    if not str(values.get("router_url", DEFAULT_ROUTER_URL)).startswith(("http://", "https://")):
-        raise ConfigError("router_url must start with http:// or https://, e.g. http://127.0.0.1:8080/v1")
+    for key, example in (("router_url", "http://127.0.0.1:8080/v1"), ("embedding_url", "http://127.0.0.1:8081/v1")):
+        url = values.get(key, DEFAULT_ROUTER_URL if key == "router_url" else "")
+        if url and (problem := _url_problem(url)):
+            raise ConfigError(f"{key} {problem}, e.g. {example}; fix it and restart")
     compact_at = values.get("compact_at", Config.compact_at)
     if not 0.1 <= compact_at <= 0.95:
         raise ConfigError("compact_at must be between 0.1 and 0.95 (a fraction of the context)")
@@ -159,6 +182,8 @@ def _validate(values: dict[str, Any]) -> None:
     for key in ("request_timeout", "connect_timeout"):
         if values.get(key, 1.0) <= 0:
             raise ConfigError(f"{key} must be a positive number of seconds")
+    if values.get("shutdown_grace", 0.0) < 0:
+        raise ConfigError("shutdown_grace must not be negative (seconds)")
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
@@ -175,7 +200,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         try:
             with path.open("rb") as fh:
                 table = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # TOML is UTF-8
             raise ConfigError(f"cannot read {path}: {exc}; fix the file or move it away") from exc
         if "mcp" in table:  # a table of its own, not overridable from the environment
             try:

@@ -66,6 +66,14 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ({"ASSISTANT_ROUTER_URL": "localhost:8080"}, "must start with http"),
         ({"ASSISTANT_REQUEST_TIMEOUT": "0"}, "positive number"),
         ({"ASSISTANT_AUTO_TITLE": "maybe"}, "auto_title must be a bool"),
+        # accepted once, then every ask failed (or the daemon's stop did)
+        ({"ASSISTANT_REQUEST_TIMEOUT": "nan"}, "request_timeout must be a float, not 'nan'"),
+        ({"ASSISTANT_SHUTDOWN_GRACE": "inf"}, "shutdown_grace must be a float, not 'inf'"),
+        ({"ASSISTANT_SHUTDOWN_GRACE": "-1"}, "shutdown_grace must not be negative"),
+        ({"ASSISTANT_ROUTER_URL": "http://127.0.0.1:808o/v1"}, "router_url is not a URL"),
+        ({"ASSISTANT_ROUTER_URL": "http://[::1"}, "router_url is not a URL"),
+        ({"ASSISTANT_ROUTER_URL": "http://"}, "router_url names no host"),
+        ({"ASSISTANT_EMBEDDING_URL": "http//x"}, "embedding_url must start with http"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, env: dict[str, str], words: str) -> None:
@@ -88,6 +96,22 @@ def test_broken_toml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
     assert str(path) in info.value.message
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('system_prompt = ["be terse"]\n', "system_prompt must be a str, not ['be terse']"),
+        ("api_key = true\n", "api_key must be a str, not True"),
+        (b'model = "\xff"\n', "cannot read"),  # TOML is UTF-8
+    ],
+)
+def test_a_file_value_of_the_wrong_kind_is_named(tmp_path: Path, text: str | bytes, words: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as info:
+        load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
+    assert words in info.value.message
 
 
 def test_assistant_config_naming_a_missing_file_is_an_error(tmp_path: Path) -> None:
