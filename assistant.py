@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     for warning in unknown_variables(os.environ):
         logger.warning("%s", warning)
     try:
-        config = load_config()
+        # --socket serves there, as it makes the client talk there
+        config = load_config({**os.environ, "ASSISTANT_SOCKET": args.socket} if args.socket else None)
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
             runner.run(serve(config))
     except (StartupError, ConfigError) as exc:

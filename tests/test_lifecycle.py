@@ -116,6 +116,17 @@ async def test_the_daemon_runs_on_uvloop(spawned: list[DaemonProcess], config: C
     assert type(asyncio.get_running_loop()).__module__.split(".")[0] == "uvloop"
 
 
+async def test_the_daemon_serves_on_the_socket_given_with_socket(
+    spawned: list[DaemonProcess], config: Config, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "b.sock"
+    await start(spawned, tmp_path, argv=[sys.executable, str(ROOT / "assistant.py"), "--socket", str(elsewhere)])
+    wire = await Wire.open(elsewhere, timeout=EVENT_TIMEOUT)
+    assert (await wire.request({"type": "status"}))["socket"] == str(elsewhere)
+    await wire.close()
+    assert not config.socket_path.exists()
+
+
 async def test_socket_directory_is_created_private(spawned: list[DaemonProcess], config: Config, tmp_path: Path) -> None:
     sock = Path(f"/tmp/asst-sub-{os.getpid()}") / "deeper" / "a.sock"
     try:
