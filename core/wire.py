@@ -16,11 +16,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_REQUEST_BYTES", "TERMINAL", "DaemonGone", "Unsendable", "Wire", "of_type", "reply_text"]
+__all__ = ["MAX_LIST_LIMIT", "MAX_REQUEST_BYTES", "TERMINAL", "DaemonGone", "Unsendable", "Wire", "of_type", "reply_text"]
 
 TERMINAL = ("done", "error")  # the events that end an ask
 READ_LIMIT = 64 * 1024 * 1024  # the longest event line accepted (an `open` of a long conversation)
 MAX_REQUEST_BYTES = 1 << 20  # the longest request line the daemon reads (1 MiB, newline excluded)
+MAX_LIST_LIMIT = 500  # the most items a listing or a search answers with (its ``limit``)
 
 
 class DaemonGone(Exception):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.config import default_socket_path, socket_path_problem, unknown_variables
-from core.wire import DaemonGone, Unsendable, Wire
+from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable, Wire
 
 from .cli.render import RENDERERS, describe_kb_add, json_line
 from .cli.terminal import (
@@ -259,7 +259,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     chat.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
 
     conversations = sub.add_parser("conversations", parents=[common], help="list conversations, newest first")
-    conversations.add_argument("-n", "--limit", type=int, default=20)
+    conversations.add_argument("-n", "--limit", type=limit, default=20)
     for name, text in (("open", "show a conversation"), ("delete", "delete a conversation")):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("conversation_id", type=int, metavar="N")
@@ -282,7 +282,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     search = sub.add_parser("search", parents=[common], help="full-text search of your conversations")
     search.add_argument("words", nargs="+")
     _add_conversation_choice(search)
-    search.add_argument("-n", "--limit", type=int, default=20)
+    search.add_argument("-n", "--limit", type=limit, default=20)
 
     kb = sub.add_parser("kb", help="knowledge bases: add, list, search, remove, link")
     kb_sub = kb.add_subparsers(dest="kb_command", required=True)
@@ -294,7 +294,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     kb_search = kb_sub.add_parser("search", parents=[common], help="search a knowledge base as the model would")
     kb_search.add_argument("name")
     kb_search.add_argument("query", nargs="+", metavar="WORDS")
-    kb_search.add_argument("-n", "--limit", type=int, metavar="N", help="passages to show (default 5)")
+    kb_search.add_argument("-n", "--limit", type=limit, metavar="N", help="passages to show (default 5)")
     kb_remove = kb_sub.add_parser("remove", parents=[common], help="remove a knowledge base")
     kb_remove.add_argument("name")
     kb_link = kb_sub.add_parser("link", parents=[common], help="link a knowledge base to conversations")
@@ -303,6 +303,17 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     kb_link.add_argument("--unlink", action="store_true", help="undo the link")
     sub.add_parser("models", parents=[common], help="list the router's models")
     sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
+
+
+def limit(text: str) -> int:
+    """``-n``: how many items a listing shows, as the daemon takes it (1 to MAX_LIST_LIMIT)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 <= number <= MAX_LIST_LIMIT:
+        raise argparse.ArgumentTypeError(f"{number} is not from 1 to {MAX_LIST_LIMIT}")
+    return number
 
 
 def _quiet_stdout() -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from core.errors import AssistantError, BadRequest, UnknownType
 from core.jsontext import strict_loads, without_lone_surrogates
-from core.wire import MAX_REQUEST_BYTES
+from core.wire import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the client checks it too)
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
-MAX_LIST_LIMIT = 500
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
 FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null"]

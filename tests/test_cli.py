@@ -51,6 +51,37 @@ async def test_a_question_may_be_stdin_alone(daemon: RunningDaemon, router: Fake
     assert out.strip() == "You said: # Notes\n\nwhat do they say?"
 
 
+async def test_a_reply_cut_short_by_another_client_is_not_a_success(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["partial words"], hang=True))
+    proc = await asyncio.create_subprocess_exec(
+        *ASSISTANT, "ask", "tell me", cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.readexactly(13), 60) == b"partial words"
+    other = await daemon.connect()
+    await other.request({"type": "cancel", "conversation": 1})
+    await other.close()
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1 and "[cancelled; the partial reply is kept]" in err.decode()
+
+
+async def test_a_reply_the_locale_cannot_show_is_shown_as_it_can(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(text="café ☕ done"))
+    proc = await asyncio.create_subprocess_exec(
+        *ASSISTANT, "ask", "coffee?", cwd=ROOT, env={**os.environ, "PYTHONIOENCODING": "latin-1"},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+    assert out.decode("latin-1").strip() == "café ? done" and b"Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [("conversations", "-n", "0"), ("search", "x", "-n", "501"), ("kb", "search", "k", "x", "-n", "many")])
+async def test_a_limit_the_daemon_would_refuse_is_a_usage_error(args: tuple[str, ...]) -> None:
+    code, _out, err = await cli(*args, env={"ASSISTANT_SOCKET": "/nonexistent/a.sock"})  # no daemon needed
+    assert code == 2 and "-n/--limit" in err
+
+
 async def test_a_question_over_the_line_limit_is_a_usage_error(
     daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core import Config
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 
@@ -174,6 +176,18 @@ async def test_ask_stats_shows_what_the_server_read_and_reused(daemon: RunningDa
     assert "reply: 50.0 tokens/s" in err
     code, _out, err = await cli("ask", "third question")
     assert "tokens read" not in err  # only when asked for
+
+
+async def test_ask_stats_says_when_the_server_reports_none(config: Config) -> None:
+    with FakeRouter(mode="ollama") as ollama:  # Ollama sends no timings
+        running = RunningDaemon(dataclasses.replace(config, router_url=ollama.url))
+        await running.start()
+        try:
+            code, _out, err = await cli("ask", "--stats", "a question")
+        finally:
+            await running.stop()
+    assert code == 0, err
+    assert "(the model server reported no timings)" in err
 
 
 async def test_control_characters_are_shown_not_obeyed(daemon: RunningDaemon, router: FakeRouter) -> None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import select
 import shutil
@@ -69,6 +70,9 @@ class Terminal:
     """The client's two outputs: ``text`` (the reply, stdout) and ``note`` (stderr, own lines)."""
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
+        for stream in (out, err):  # a character the locale cannot show is a "?", not a traceback
+            if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+                stream.reconfigure(errors="replace")
         self.out = Printable(out)
         self.err = Printable(err)
         self.raw_err = err  # the status line is drawn with \r, which Printable would show

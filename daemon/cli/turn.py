@@ -97,7 +97,11 @@ class Turn:
     def _status(self, event: dict[str, Any]) -> int:
         if event["type"] == "error":
             return EXIT_ERROR
-        return EXIT_INTERRUPTED if event.get("finish_reason") == "cancelled" and self.cancelling else EXIT_OK
+        reason = event.get("finish_reason")
+        if reason == "cancelled" and self.cancelling:
+            return EXIT_INTERRUPTED
+        # cut short by the daemon's stop, or another client's cancel: the reply is not whole
+        return EXIT_ERROR if reason in ("cancelled", "interrupted") else EXIT_OK
 
     def _show(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -126,8 +130,8 @@ class Turn:
             kept = "; the partial reply is kept" if reason == "cancelled" else ""
             self.terminal.note(f"[{reason}{kept}]")
         self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
-        if self.stats and event.get("timings"):
-            self.terminal.note(describe_timings(event["timings"]))
+        if self.stats:  # asked for: said also when the server reports none (Ollama, vLLM)
+            self.terminal.note(describe_timings(event.get("timings") or {}))
         return self._status(event)
 
 
