@@ -195,7 +195,12 @@ async def _run(args: argparse.Namespace, terminal: Terminal) -> int:
         if args.command == "chat":
             from .cli.chat import Chat
 
-            return await Chat(client, args, terminal).run()
+            chat = Chat(client, args, terminal, reconnect=lambda: connect(socket_path(args)))
+            try:
+                return await chat.run()
+            finally:
+                if chat.client is not client:
+                    await chat.client.close()
         if args.command == "kb" and args.kb_command == "add":
             return await _kb_add(client, args, terminal)
         return await _simple(client, await _request_of(client, args), args.json, terminal)

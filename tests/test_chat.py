@@ -241,3 +241,20 @@ async def test_chat_without_a_terminal_or_a_question_is_a_usage_error(daemon: Ru
     code, _, err = await cli("chat")  # stdin is /dev/null, and no terminal to read from
     assert code == 2 and "chat reads from a terminal" in err
     assert router.requests == []
+
+
+async def test_a_restart_of_the_daemon_between_questions_is_not_the_chats_end(
+    term: list[Terminal], daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    await chat.say("first question", "You said: first question")
+    await daemon.stop()
+    await daemon.start()  # systemctl --user restart assistant, while the chat waits for a question
+    chat.type("second question\n")
+    await chat.expect("[reconnected to the daemon]")
+    await chat.expect("You said: second question")
+    turns = (await (wire := await daemon.connect()).request({"type": "open", "conversation": 1}))["turns"]
+    await wire.close()
+    assert [t["text"] for t in turns] == ["first question", "second question"]  # asked once, in its conversation

@@ -18,11 +18,11 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from core.wire import Wire
+from core.wire import DaemonGone, Wire
 
 from .terminal import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Terminal, piped_stdin, reattach_terminal
 from .turn import Turn, chosen_conversation, compose_question, file_paths, set_system
@@ -76,8 +76,12 @@ def read_line(prompt: str) -> str:
 class Chat:
     """One chat session on one connection."""
 
-    def __init__(self, client: Wire, args: argparse.Namespace, terminal: Terminal) -> None:
+    def __init__(
+        self, client: Wire, args: argparse.Namespace, terminal: Terminal,
+        reconnect: Callable[[], Awaitable[Wire]] | None = None,
+    ) -> None:
         self.client = client
+        self.reconnect = reconnect  # a new connection, once the daemon restarted under the chat
         self.args = args
         self.terminal = terminal
         self.conversation: int | None = None
@@ -131,7 +135,18 @@ class Chat:
         if self.staged:
             request["files"], self.staged = self.staged, []
         turn = Turn(self.client, self.terminal, as_json=self.args.json)
-        status = await turn.run(request)
+        try:
+            status = await turn.run(request)
+        except DaemonGone:
+            if turn.sent or self.reconnect is None:
+                raise  # it may have reached the daemon: never asked twice
+            # the daemon went away while the chat waited for a question (a restart): the
+            # question goes to the daemon there now
+            await self.client.close()
+            self.client = await self.reconnect()
+            self.terminal.note("[reconnected to the daemon]")
+            turn = Turn(self.client, self.terminal, as_json=self.args.json)
+            status = await turn.run(request)
         if turn.conversation is not None:
             self.conversation = turn.conversation
         return status

@@ -59,6 +59,7 @@ class Turn:
         self.stream = stream
         self.stats = stats
         self.conversation: int | None = None
+        self.sent = False  # the request went out: it may have reached the daemon
         self.cancelling = False
         self._cancel_sent: asyncio.Future[Any] | None = None
 
@@ -77,6 +78,7 @@ class Turn:
     async def run(self, request: dict[str, Any]) -> int:
         self.conversation = request.get("conversation")
         rid = await self.client.send(request)
+        self.sent = True
         with Interrupts(self._cancel):
             async for event in self.client.stream(rid):
                 if "conversation" in event and event["conversation"] is not None:
