@@ -124,12 +124,13 @@ class TurnState:
         return self.parts[0] if self.parts else ""
 
 
-@dataclass
+@dataclass(eq=False)  # one per ask, told apart by identity (kept in sets)
 class Slot:
     """A conversation's one turn, from the moment its ``ask`` is accepted."""
 
     task: asyncio.Task[Any]
     state: TurnState | None = None  # None until the question is stored
+    storing: bool = False  # the question is on its way to the store: it will be there, whatever happens
     stop: StopReason | None = None  # set by cancel() or shutdown()
     finishing: bool = False  # its outcome is being stored: too late to stop, and it must not be cut
 
@@ -178,6 +179,7 @@ class TurnRunner:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
             prepared = await self._prepare(files, offline, conv, where, emit)
+            slot.storing = True
             await self._store_failed(cid, text, prepared, exc, emit, chosen, system)
             return
         except AssistantError:
@@ -186,6 +188,7 @@ class TurnRunner:
             raise
         prepared = await self._prepare(files, model, conv, where, emit)  # a refusal: nothing stored or sent
         self.router.connect_ahead()  # the connection opens while the question is stored
+        slot.storing = True
         state = await self._store_start(cid, text, prepared, model, chosen, final, system)
         slot.state = state
         self._claim(state.conversation, slot)

@@ -44,7 +44,8 @@ class TurnEngine:
         self.mcp = mcp  # None: no MCP server configured (the SDK is never loaded)
         self.history = history
         self.router = router
-        self._slots: dict[int, Slot] = {}
+        self._slots: dict[int, Slot] = {}  # by conversation: its one turn (a new one's, once stored)
+        self._in_flight: set[Slot] = set()  # every ask's slot, a new conversation's too
         self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
         self._background: set[asyncio.Task[Any]] = set()
         self._accepting = True
@@ -159,10 +160,15 @@ class TurnEngine:
         if self._asks:
             logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(self._asks))
             _done, pending = await asyncio.wait(self._asks, timeout=grace)
-            for cid in list(self._slots):
-                self.cancel(cid, "interrupted")  # stored turns stop and keep what they have
-            started = {slot.task for slot in self._slots.values() if slot.state is not None}
-            for task in pending - started:
+            stored = set()
+            for slot in list(self._in_flight):
+                if slot.state is not None or slot.storing:  # stored, or being stored: it will be
+                    stored.add(slot.task)
+                    if slot.stop is None and not slot.finishing:
+                        slot.stop = "interrupted"  # it stops (once stored) and keeps what it has
+                        if slot.state is not None:
+                            slot.task.cancel()
+            for task in pending - stored:
                 task.cancel()  # still starting: nothing stored yet, the client is told
             if pending:
                 await asyncio.wait(pending)
@@ -179,9 +185,11 @@ class TurnEngine:
         slot = Slot(task=current)
         if cid is not None:
             self._slots[cid] = slot  # before the first await: a second ask is busy at once
+        self._in_flight.add(slot)
         try:
             await self.runner.run(slot, request, cid, emit, where)
         finally:
+            self._in_flight.discard(slot)
             for key in [k for k, v in self._slots.items() if v is slot]:
                 del self._slots[key]
 

@@ -5,9 +5,13 @@ covers every request, event and error code (tests/contract.py checks every line)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 from core import Config, errors
 from core.wire import Wire, of_type
 from daemon.protocol import MAX_LINE_BYTES, REQUESTS
+from history import HistoryStore
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests import contract
 from tests.conftest import RunningDaemon
@@ -179,6 +184,37 @@ async def test_shutting_down_names_the_turn_it_would_have_been(config: Config, r
     finally:
         await wire.close()
         await running.stop()
+
+
+@pytest.mark.parametrize("existing", [True, False])
+async def test_a_stop_while_the_question_is_stored_keeps_the_turn_and_says_so(
+    config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch, existing: bool
+) -> None:
+    running = RunningDaemon(dataclasses.replace(config, shutdown_grace=0.2))
+    await running.start()
+    wire = await running.connect()
+    cid = await new_conversation(wire) if existing else None
+    entered = threading.Event()
+    begin_turn = HistoryStore.begin_turn
+
+    def slowly(store: HistoryStore, *args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        time.sleep(1.0)  # a busy history thread: the stop comes while the question is on its way
+        return begin_turn(store, *args, **kwargs)
+
+    monkeypatch.setattr(HistoryStore, "begin_turn", slowly)
+    try:
+        rid = await wire.send({"type": "ask", "text": "stored?", **({"conversation": cid} if cid else {})})
+        await asyncio.to_thread(entered.wait, 30)
+        await running.stop()
+        events = await wire.until(rid)
+    finally:
+        await wire.close()
+    # the question is stored: the client is told of its turn, ended as interrupted, as stored
+    assert [e["type"] for e in events] == ["user", "done"] and events[-1]["finish_reason"] == "interrupted"
+    with contextlib.closing(sqlite3.connect(config.db_path)) as db:
+        rows = db.execute("SELECT conversation_id, turn, status FROM turns WHERE text = 'stored?'").fetchall()
+    assert rows == [(events[-1]["conversation"], events[-1]["turn"], "interrupted")]
 
 
 async def test_requests_cut_short_by_a_stop_are_told_so(config: Config) -> None:
