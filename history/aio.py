@@ -13,7 +13,8 @@ Cancelling an awaiting caller does not stop its call, queued or running: every c
 sent runs, and its transaction completes (or rolls back) as a whole.
 
 A full disk (SQLite's SQLITE_FULL) is ``DiskFull`` for every caller. A turn's outcome
-that cannot be written is not lost: ``finish`` keeps it in memory, retries it with
+that cannot be written (a full disk, a database another program holds locked past the
+busy timeout) is not lost: ``finish`` keeps it in memory, retries it with
 back-off (``RETRY_FIRST`` doubling to ``RETRY_MAX`` seconds), writes it before anything
 new is started (``ensure_room``) and tries a last time at ``close``; meanwhile
 ``shown`` puts it on the turn as read, so ``open`` never shows it ``running``.
@@ -106,7 +107,8 @@ class AsyncHistory:
         self._thread = thread
         self._store = store
         self._closed = False
-        self._kept: dict[tuple[int, int], TurnOutcome] = {}  # outcomes a full disk kept out, oldest first
+        self._kept: dict[tuple[int, int], TurnOutcome] = {}  # outcomes not written yet, oldest first
+        self._unwritable = ""  # why the last of them could not be written
         self._flushing = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
         self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
@@ -147,26 +149,32 @@ class AsyncHistory:
     # -- a full disk ---------------------------------------------------------------------
 
     async def finish(self, outcome: TurnOutcome) -> bool:
-        """Store how a turn ended; False when a full disk kept it in memory (written later)."""
+        """Store how a turn ended; False when it could not be written (a full disk, a database
+        another program holds locked) and is kept in memory, written later."""
         self._kept.pop(outcome.key, None)  # an older outcome of the same turn is superseded
         try:
             await self.run(lambda s: s.finish(outcome))
-        except DiskFull:
+        except (DiskFull, sqlite3.DatabaseError) as exc:
+            self._unwritable = self._why(exc)
             if not self._kept:
-                logger.warning("the disk holding %s is full: replies are kept in memory until there is room",
-                               self._folder())
+                logger.warning("%s: replies are kept in memory until they can be written", self._unwritable)
             self._kept[outcome.key] = outcome
             if self._retry is None or self._retry.done():
                 self._retry = asyncio.create_task(self._retry_kept())
             return False
         return True
 
+    def _why(self, exc: Exception) -> str:
+        if isinstance(exc, DiskFull):
+            return f"the disk holding {self._folder()} is full"
+        return f"the history database cannot be written now ({exc})"
+
     def kept_message(self) -> str:
         """What a client is told when its turn's outcome was kept in memory."""
         return (
-            f"the disk holding {self._folder()} is full, so this reply is not saved yet: it is kept in memory "
-            "and saved as soon as there is room; free some space now (stopping the daemon while the disk is "
-            "still full loses it)"
+            f"{self._unwritable}, so this reply is not saved yet: it is kept in memory and saved as soon as "
+            "it can be; free some space, or end what holds the database (stopping the daemon before then "
+            "loses it)"
         )
 
     def shown(self, turns: list[Turn]) -> list[Turn]:
@@ -182,8 +190,8 @@ class AsyncHistory:
         first, and the disk must have ``MIN_FREE_BYTES`` free."""
         if self._kept and not await self.flush():
             raise DiskFull(
-                f"the disk holding {self._folder()} is full and {len(self._kept)} reply(ies) wait in memory to "
-                "be saved; free some space, then ask again"
+                f"{self._unwritable} and {len(self._kept)} reply(ies) wait in memory to be saved; free some "
+                "space (or end what holds the database), then ask again"
             )
         if self._store.path == MEMORY or time.monotonic() < self._roomy_until:
             return
@@ -201,7 +209,8 @@ class AsyncHistory:
             for key, outcome in list(self._kept.items()):
                 try:
                     await self.run(lambda s: s.finish(outcome))
-                except DiskFull:
+                except (DiskFull, sqlite3.DatabaseError) as exc:
+                    self._unwritable = self._why(exc)
                     return False
                 if self._kept.get(key) is outcome:
                     del self._kept[key]
@@ -227,8 +236,7 @@ class AsyncHistory:
         if self._retry is not None:
             self._retry.cancel()
         if self._kept and not await self.flush():
-            logger.error("the disk holding %s is still full: %d reply(ies) kept in memory are lost",
-                         self._folder(), len(self._kept))
+            logger.error("%s: %d reply(ies) kept in memory are lost", self._unwritable, len(self._kept))
         self._closed = True
         try:
             await self._thread.submit(self._store.close)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -297,6 +298,46 @@ async def test_a_reply_with_lone_surrogates_is_streamed_and_stored(wire: Wire, r
     assert deltas == events[-1]["text"] == "Hello \ufffd\ufffd world"
     turn = (await wire.request({"type": "open", "conversation": events[0]["conversation"]}))["turns"][0]
     assert turn["status"] == "complete" and turn["reply"] == "Hello \ufffd\ufffd world"
+
+
+async def test_a_reply_another_program_keeps_from_the_database_is_kept_and_saved_later(
+    config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from history import connection as history_connection
+
+    pragmas = tuple(p.replace("busy_timeout = 5000", "busy_timeout = 200") for p in history_connection.CONNECTION_PRAGMAS)
+    monkeypatch.setattr(history_connection, "CONNECTION_PRAGMAS", pragmas)  # a lock is waited on 0.2 s
+    running = RunningDaemon(config)
+    await running.start()
+    wire = await running.connect()
+    try:
+        router.script(Reply(chunks=["partial ", "words"], delay=0.3))
+        rid = await wire.send({"type": "ask", "text": "tell me"})
+        cid = (await wire.until_reply(rid, "partial "))[0]["conversation"]
+        # the sqlite3 tool in a write transaction, while the reply ends
+        other = sqlite3.connect(config.db_path, timeout=0.1, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            end = (await wire.until(rid))[-1]
+            assert end["type"] == "error" and end["code"] == "disk_full", end
+            assert "the history database cannot be written now (database is locked)" in end["message"]
+            opened = await wire.request({"type": "open", "conversation": cid})
+            assert opened["running"] is None  # not shown running: the outcome kept in memory is
+            assert (opened["turns"][0]["status"], opened["turns"][0]["reply"]) == ("complete", "partial words")
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+
+        def stored() -> tuple[str, str]:
+            with contextlib.closing(sqlite3.connect(config.db_path)) as db:
+                return db.execute("SELECT status, reply FROM turns WHERE conversation_id = ?", (cid,)).fetchone()
+
+        async with asyncio.timeout(30):  # written once the lock is gone, unasked
+            while stored() != ("complete", "partial words"):
+                await asyncio.sleep(0.05)
+    finally:
+        await wire.close()
+        await running.stop()
 
 
 async def test_router_failing_mid_reply_keeps_the_partial(wire: Wire, router: FakeRouter) -> None:
