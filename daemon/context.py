@@ -42,7 +42,7 @@ from core import (
     estimate_text,
     estimate_tools,
 )
-from core.errors import AssistantError, ContextOverflow, RouterUnreachable
+from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, RouterError, RouterUnreachable
 from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
@@ -177,8 +177,9 @@ class ContextBuilder:
             # after an overflow the server cannot take the conversation as it is: a transcript
             made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
                                        in_place=not force)
-            entry.fold(made)
-            system = await self._system(entry, cid, instructions)
+            if made is not None:
+                entry.fold(made)
+                system = await self._system(entry, cid, instructions)
         earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid, fixed)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
@@ -276,8 +277,9 @@ class ContextBuilder:
         progress: Progress,
         tools: list[dict[str, Any]] | None,
         in_place: bool = True,
-    ) -> Compaction:
-        """Summarise turns up to ``through`` and store it; a note in its place if the model cannot."""
+    ) -> Compaction | None:
+        """Summarise turns up to ``through`` and store it; a note in its place if the model cannot;
+        None (nothing stored: asked again next turn) when the server could not answer just now."""
         progress("compacting", f"summarising turns 1-{through} to make room")
         previous = entry.compaction
         try:
@@ -285,6 +287,11 @@ class ContextBuilder:
         except RouterUnreachable:
             raise  # no summary and no answer either: the turn fails and says why
         except AssistantError as exc:
+            if busy(exc):
+                # the server cannot answer just now (a model loading, too many requests): no
+                # compaction is stored; this prompt leaves its oldest turns out, the next asks again
+                logger.warning("compaction of conversation %d put off: %s", cid, exc.message)
+                return None
             # the model cannot summarise (it errs, or says nothing): fold the turns all the same,
             # behind a note, so the prompt stays the same from here on instead of losing its
             # oldest turn anew (and asking for a summary again) on every turn
@@ -307,7 +314,10 @@ class ContextBuilder:
         if tools:
             needed += estimate_tools(tools)
         if in_place and needed <= budget.ctx_max:
-            return await summarize_in_place(self.router, model.id, conversation, budget.summary_tokens, tools)
+            try:
+                return await summarize_in_place(self.router, model.id, conversation, budget.summary_tokens, tools)
+            except RouterContextOverflow:
+                pass  # the estimate was low: the transcript below is cut to fit
         # what the summariser may read: its own context less the summary it writes and
         # its instructions, at the cautious characters-per-token of file budgets
         room = max(budget.ctx_max - 3 * budget.summary_tokens, budget.summary_tokens) * BUDGET_CHARS_PER_TOKEN
@@ -358,6 +368,14 @@ class ContextBuilder:
         entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
         return entry.system
+
+
+BUSY_STATUSES = (429, 502, 503, 504)  # a server loading a model, overloaded, or a proxy without it
+
+
+def busy(exc: AssistantError) -> bool:
+    """Whether the model server could not answer just now, rather than could not at all."""
+    return isinstance(exc, RouterError) and exc.status in BUSY_STATUSES
 
 
 def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:

@@ -378,6 +378,43 @@ async def test_a_summary_is_asked_as_the_conversations_next_message(wire: Wire, 
     assert "Earlier: questions 0 to" in router.requests[-1]["messages"][0]["content"]
 
 
+async def grow_until_compacting(wire: Wire, router: FakeRouter, *summaries: Reply) -> tuple[int, list[dict[str, Any]]]:
+    """A conversation asked in until a turn compacts (turns of ~300 tokens in 4,096: the
+    summary is asked in place), ``summaries`` answering its summary requests."""
+    router.script_complete(*summaries)
+    cid = None
+    for n in range(16):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 120))
+        events = await wire.ask(f"question {n} " + "filler " * 80, **({"conversation": cid} if cid else {}))
+        cid = of_type(events, "user")[0]["conversation"]
+        if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+            return cid, events
+    raise AssertionError("no compaction")
+
+
+async def test_an_in_place_summary_the_server_finds_too_long_is_asked_from_a_transcript(
+    wire: Wire, router: FakeRouter
+) -> None:
+    overflow = Reply(status=400, error="request (5000 tokens) exceeds the available context size (4096 tokens)",
+                     error_type="exceed_context_size_error")
+    _cid, events = await grow_until_compacting(wire, router, overflow, Reply(text="Earlier: from a transcript."))
+    assert events[-1]["type"] == "done", events[-1]
+    asked = [r["messages"][-1]["content"] for r in router.requests if not r.get("stream")]
+    assert len(asked) == 2 and "summary of it so far" in asked[0] and "The turns to summarise" in asked[1]
+    system = router.requests[-1]["messages"][0]["content"]
+    assert "Earlier: from a transcript." in system and "could not be summarised" not in system
+
+
+async def test_a_summary_the_server_is_too_busy_for_is_asked_again_next_turn(wire: Wire, router: FakeRouter) -> None:
+    cid, events = await grow_until_compacting(wire, router, Reply(status=503, error="Loading model"))
+    assert events[-1]["type"] == "done", events[-1]  # its oldest turns left out of this prompt
+    assert "Summary of the conversation" not in router.requests[-1]["messages"][0]["content"]  # nothing stored
+    router.script_complete(Reply(text="Earlier: at last."))
+    await wire.ask("and now?", conversation=cid)
+    system = router.requests[-1]["messages"][0]["content"]
+    assert "Earlier: at last." in system and "could not be summarised" not in system
+
+
 async def test_the_title_request_does_not_cost_the_next_turn(config: Config, router: FakeRouter) -> None:
     running = RunningDaemon(dataclasses.replace(config, auto_title=True))
     await running.start()
