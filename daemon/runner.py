@@ -484,6 +484,7 @@ class TurnRunner:
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = state.round_start = len(state.reply)
         separate = bool(state.reply)  # a later round's text starts a new paragraph
+        state.usage = None  # an earlier round's: one that ends without its own is estimated instead
         async for event in self._stream(state, prompt.messages, tools, prompt.max_tokens, sent):
             if isinstance(event, ContentDelta):
                 text = ROUND_SEPARATOR + event.text if separate else event.text

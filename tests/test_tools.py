@@ -270,6 +270,24 @@ async def test_arguments_json_cannot_carry_are_refused_and_the_turn_is_kept(
     assert opened["turns"][1]["reply"].endswith("recovered")
 
 
+async def test_a_turn_cut_in_a_later_round_is_not_stored_with_an_earlier_rounds_usage(
+    wire: Wire, router: FakeRouter
+) -> None:
+    first = await wire.ask("first " + "words " * 200)
+    cid = first[0]["conversation"]
+    router.script(
+        Reply(chunks=["Checking."], tool_calls=[{"id": "c1", "name": "conversation_search",
+                                                 "arguments": json.dumps({"query": "words"})}]),
+        Reply(chunks=["The ", "answer ", "is"], drop_after=2),  # the second round is cut mid-reply
+    )
+    events = await wire.ask("second", conversation=cid)
+    assert events[-1]["type"] == "error"
+    opened = await wire.request({"type": "open", "conversation": cid})
+    # the round that ended the turn reported none: estimated, not the first round's figures
+    assert opened["turns"][1]["usage"] == {"prompt_tokens": None, "completion_tokens": None}
+    assert opened["ctx_used"] > first[-1]["ctx_used"]
+
+
 async def test_at_most_eight_rounds_then_the_model_must_answer(wire: Wire, router: FakeRouter) -> None:
     cid = (await wire.ask("first"))[0]["conversation"]
     router.script(*[call("conversation_search", {"query": "first"}, f"c{i}") for i in range(9)])
