@@ -7,6 +7,7 @@ history and the router's model list.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -83,7 +84,13 @@ class Handlers:
     async def on_open(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
         conv = await self._conversation(cid)
+        before = self.engine.running_turn(cid)
         turns = self.history.shown(await self.history.run(lambda s: s.turns(cid)))  # with any kept in memory
+        # a turn stored running that runs no more was cut by a crash the start could not mark
+        # (a full disk then): it is shown as the next start will store it
+        live = {before, self.engine.running_turn(cid)}
+        turns = [dataclasses.replace(t, status="interrupted") if t.status == "running" and t.turn not in live else t
+                 for t in turns]
         emit({
             "type": "conversation",
             "conversation": conv.id,

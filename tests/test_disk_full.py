@@ -200,6 +200,8 @@ async def test_start_up_on_a_full_disk_after_a_crash_serves_what_it_can(
         wire = await daemon.connect()
         opened = await wire.request({"type": "open", "conversation": cid})
         assert [t["text"] for t in opened["turns"]] == ["Remember this", "cut by a crash"]
+        # not shown running (nothing runs it): shown as the next start will store it
+        assert opened["running"] is None and opened["turns"][1]["status"] == "interrupted"
         listed = await wire.request({"type": "conversations"})
         assert [c["conversation"] for c in listed["items"]] == [cid]
         refused = await wire.ask("More?", conversation=cid)
