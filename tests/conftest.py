@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -90,6 +91,22 @@ class RunningDaemon:
 
     async def connect(self) -> Wire:
         return await Wire.open(self.config.socket_path, timeout=EVENT_TIMEOUT)
+
+
+@contextlib.asynccontextmanager
+async def serving(config: Config) -> AsyncIterator[tuple[RunningDaemon, Wire]]:
+    """A daemon on ``config`` and a connection to it, stopped at the end: for a test that
+    stops and starts its own (a restart is two of these in turn)."""
+    running = RunningDaemon(config)
+    await running.start()
+    try:
+        client = await running.connect()
+        try:
+            yield running, client
+        finally:
+            await client.close()
+    finally:
+        await running.stop()
 
 
 @pytest_asyncio.fixture

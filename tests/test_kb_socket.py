@@ -24,7 +24,7 @@ from core import Config
 from core.wire import Wire, of_type
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -115,10 +115,7 @@ async def test_a_removal_cut_short_by_a_stop_is_finished_at_the_next_start(
     docs.mkdir()
     for n in range(20):
         (docs / f"n{n}.txt").write_text("\n\n".join(f"para {k} zebra{n}x{k} " + "word " * 150 for k in range(10)))
-    daemon = RunningDaemon(config)
-    await daemon.start()
-    wire = await daemon.connect()
-    try:
+    async with serving(config) as (daemon, wire):
         added = (await kb_add(wire, "big", docs))[-1]
         assert added["type"] == "kb" and added["documents"] == 20
         await wire.send({"type": "kb_remove", "kb": "big"})
@@ -128,13 +125,7 @@ async def test_a_removal_cut_short_by_a_stop_is_finished_at_the_next_start(
         other = await daemon.connect()  # already gone from every list
         assert (await other.request({"type": "kb_list"}))["items"] == []
         await other.close()
-    finally:
-        await wire.close()
-        await daemon.stop()
-    daemon = RunningDaemon(config)
-    await daemon.start()
-    wire = await daemon.connect()
-    try:
+    async with serving(config) as (_daemon, wire):  # started again
         assert (await wire.request({"type": "kb_list"}))["items"] == []
         again = (await kb_add(wire, "big", docs))[-1]  # added afresh, not found unchanged
         assert (again["added"], again["unchanged"], again["chunks"]) == (20, 0, added["chunks"])
@@ -142,12 +133,9 @@ async def test_a_removal_cut_short_by_a_stop_is_finished_at_the_next_start(
         assert found["results"]
         async with asyncio.timeout(30):  # the removal is finished after the start, in the background
             while len(await asyncio.to_thread(kb_rows, config.db_path)) > 1:
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.05)
         with contextlib.closing(sqlite3.connect(config.db_path)) as db:  # the old chunks are gone with it
             assert db.execute("SELECT count(*) FROM kb_chunks").fetchone()[0] == added["chunks"]
-    finally:
-        await wire.close()
-        await daemon.stop()
 
 
 async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:

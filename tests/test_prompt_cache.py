@@ -23,7 +23,7 @@ from core.wire import Wire, of_type
 from selfcheck.fakeprompt import render_prompt, text_tokens
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_png
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -324,10 +324,7 @@ async def test_the_system_message_is_the_same_after_a_restart(
         router.script(Reply(text="Answer: " + "word " * 60))
         return await wire.ask(text, **fields)
 
-    daemon = RunningDaemon(config)
-    await daemon.start()
-    wire = await daemon.connect()
-    try:
+    async with serving(config) as (_daemon, wire):
         events = await ask(wire, "question 0 " + "filler " * 40, model=SMALL, files=[str(notes)])
         cid = of_type(events, "user")[0]["conversation"]
         for n in range(1, 8):
@@ -342,18 +339,9 @@ async def test_the_system_message_is_the_same_after_a_restart(
         await ask(wire, "and now?", conversation=cid)
         warm = turn_requests(router)[-1]["messages"][0]
         assert warm["role"] == "system" and "notes.txt" in warm["content"] and "later.txt" not in warm["content"]
-    finally:
-        await wire.close()
-        await daemon.stop()
-    daemon = RunningDaemon(config)
-    await daemon.start()
-    wire = await daemon.connect()
-    try:
+    async with serving(config) as (_daemon, wire):  # started again: the same system message
         await ask(wire, "one more", conversation=cid)
         assert turn_requests(router)[-1]["messages"][0] == warm
-    finally:
-        await wire.close()
-        await daemon.stop()
 
 
 async def test_a_summary_is_asked_as_the_conversations_next_message(wire: Wire, router: FakeRouter) -> None:
