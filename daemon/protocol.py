@@ -51,7 +51,7 @@ BARRIERS = frozenset({"settings", "cancel", "delete", "kb_link", "kb_remove"})
 # Requests about one knowledge base run one after the other on a connection, in the order sent.
 KB_SEQUENCED = frozenset({"kb_add", "kb_link", "kb_remove"})
 # an ``updated_at`` as the daemon writes it (history.records.TIMESTAMP_FORMAT)
-TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
+TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")  # ASCII digits only
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,16 @@ def request_id(obj: dict[str, Any]) -> Any:
     """The request's ``id``, echoed on every event that answers it; ``BadRequest`` if too large
     (a large id would ride on every delta of a reply)."""
     value = obj.get("id")
-    if value is not None and len(json.dumps(value, ensure_ascii=False)) > MAX_ID_CHARS:
+    if value is not None and len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > MAX_ID_CHARS:
         raise BadRequest(f"the request's id is over {MAX_ID_CHARS} characters as JSON; use a short one, such as a number")
+    return value
+
+
+def _whole(kind: FieldKind, value: Any) -> Any:
+    """An integer field's value written with a zero fraction (``50.0``, ``1e1``: JSON Schema's
+    integers too) as the integer it is."""
+    if kind in ("int", "limit") and isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
@@ -190,7 +198,7 @@ def validate(obj: dict[str, Any]) -> Request:
             # absent, or an explicit null, which reads as absent
             if fspec.required:
                 fault = f"{kind}: the field {name!r} is required"
-        elif name in obj and not _valid(fspec.kind, value):
+        elif name in obj and not _valid(fspec.kind, value := _whole(fspec.kind, value)):
             fault = f"{kind}: {name!r} must be {_KIND_NAMES[fspec.kind]}, not {json.dumps(value)[:60]}"
         elif name in obj:
             request.args[name] = value

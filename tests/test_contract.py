@@ -301,6 +301,26 @@ async def test_kb_progress_says_why_nothing_was_added(wire: Wire, tmp_path: Path
     assert [e["detail"] for e in kb] == ["no knowledge-base passage matched the question"]
 
 
+async def test_what_the_schema_takes_the_daemon_takes(wire: Wire) -> None:
+    cid = await new_conversation(wire)
+    # an integer written with a zero fraction is one to JSON Schema, and so to the daemon
+    listed = await wire.request({"type": "conversations", "limit": 50.0})
+    assert listed["type"] == "conversations" and [c["conversation"] for c in listed["items"]] == [cid]
+    assert (await wire.request({"type": "open", "conversation": float(cid)}))["type"] == "conversation"
+    # an id is measured as compact JSON: this one is 231 characters so, 310 with spaces
+    rid = list(range(80))
+    assert (await wire.request({"type": "status", "id": rid}))["id"] == rid
+    # a KB name with whitespace around it is the name, as the schema's pattern says
+    refused = await wire.request({"type": "cancel", "kb": "\tnotes ", "conversation": None})
+    assert refused["type"] == "cancelled"
+
+
+async def test_a_before_in_other_digits_is_no_updated_at(wire: Wire) -> None:
+    before = "٢٠٢٦-١١-٢٩T٢٠:٠٤:٣٠.٤٥٤٧٥٣Z"  # Arabic-Indic digits: not what updated_at is
+    refused = await wire.request({"type": "conversations", "before": before})
+    assert refused["code"] == "bad_request"
+
+
 @pytest.mark.parametrize("rid", [None, 0, "", False])
 async def test_every_id_is_echoed_null_included(wire: Wire, rid: Any) -> None:
     assert (await wire.request({"type": "status", "id": rid}))["id"] == rid
