@@ -76,7 +76,8 @@ k.id, k.name, k.linked_all, k.created_at,
 (SELECT coalesce(sum(d.pages), 0) FROM kb_documents AS d WHERE d.kb_id = k.id) AS pages
 """
 # A KB being removed is renamed to REMOVING and its id first (no user's name has a control
-# character), so it is gone from every list at once while its chunks go in batches
+# character), so it is gone from every list at once while its chunks go in batches (a hit
+# read back for a search that began before is dropped too: SELECT_CHUNK)
 REMOVING = "\x01removing "
 SELECT_KBS = f"SELECT {KB_COLUMNS} FROM kbs AS k WHERE substr(k.name, 1, 1) <> char(1) ORDER BY k.name"
 SELECT_KBS_BEING_REMOVED = "SELECT id FROM kbs WHERE substr(name, 1, 1) = char(1) ORDER BY id"
@@ -201,7 +202,7 @@ SELECT {CHUNK_COLUMNS}
 FROM kb_chunks AS c
 JOIN kb_documents AS d ON d.id = c.document_id
 JOIN kbs AS k ON k.id = d.kb_id
-WHERE c.id = ?
+WHERE c.id = ? AND substr(k.name, 1, 1) <> char(1)
 """
 SELECT_DOCUMENT_CHUNKS = f"""
 SELECT {CHUNK_COLUMNS}

@@ -248,7 +248,7 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
     """Extract a text or PDF file into a document of chunks; raises FileRefused."""
     if staged.kind == "pdf":
         text = await read_pdf_text(staged.path, staged.name)
-        chunks = chunk_pages(text.page_texts)
+        chunks = await in_ingest_thread(chunk_pages, text.page_texts)  # a long PDF: most of a second
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:

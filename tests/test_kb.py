@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -336,6 +337,38 @@ async def test_hybrid_search_finds_the_right_chunk(kbs: KnowledgeBases, docs: Pa
 
     code = (await kbs.search("frobnicate the widget")).hits[0]
     assert code.document == "tool.py"
+
+
+@pytest.mark.asyncio
+async def test_a_kb_whose_removal_began_gives_no_hits(
+    kbs: KnowledgeBases, history: AsyncHistory, docs: Path, tmp_path: Path
+) -> None:
+    """A search that read its scope before a removal began reads its hits after: none of the
+    KB being removed comes back (its chunks are deleted in batches, after)."""
+    await kbs.add("House", [str(docs)])
+    ids = [row[0] for row in db_rows(tmp_path / "data" / "history.db", "SELECT id FROM kb_chunks")]
+    assert len(await history.run(lambda s: s.kb.chunks(ids))) == len(ids)
+    await history.run(lambda s: s.kb.begin_remove("House"))
+    assert await history.run(lambda s: s.kb.chunks(ids)) == []
+    assert (await kbs.search("When do the nightly backups run?")).hits == []
+
+
+@pytest.mark.asyncio
+async def test_a_pdfs_pages_are_chunked_off_the_event_loop(
+    kbs: KnowledgeBases, docs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kbinject import ingest
+
+    threads: list[str] = []
+    chunk_pages = ingest.chunk_pages
+
+    def watched(pages: list[str]) -> Any:
+        threads.append(threading.current_thread().name)
+        return chunk_pages(pages)
+
+    monkeypatch.setattr(ingest, "chunk_pages", watched)
+    await kbs.add("House", [str(docs / "papers")])
+    assert threads and threading.main_thread().name not in threads  # a 2,000-page PDF took 0.9 s
 
 
 @pytest.mark.asyncio
