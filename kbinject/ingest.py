@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from attachments import Kind, classify, read_pdf_text, read_text_file, suffix_of
+from attachments import FULL_TEXT_CAP, Kind, classify, read_pdf_text, read_text_file, suffix_of
 from core.files import check_path, describe_mode, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
@@ -44,8 +44,11 @@ __all__ = [
     "stage",
 ]
 
-WHOLE_HASH_BYTES = 16 * 1024 * 1024  # files up to this are hashed whole
-EDGE_BYTES = 1024 * 1024  # a larger file is fingerprinted by its size, head and tail
+WHOLE_HASH_BYTES = 16 * 1024 * 1024  # files up to this (and every PDF) are hashed whole
+# a larger text file is fingerprinted by its size, its head (every byte its indexed text can
+# come from: FULL_TEXT_CAP characters of up to 4 bytes) and its last megabyte
+HEAD_BYTES = 4 * FULL_TEXT_CAP
+EDGE_BYTES = 1024 * 1024
 INGEST_THREADS = 2  # its own threads: ingest never starves the turns' file work
 _INGEST_POOL = ThreadPoolExecutor(max_workers=INGEST_THREADS, thread_name_prefix="kb-ingest")
 T = TypeVar("T")
@@ -214,19 +217,20 @@ def stage(found: Found) -> Staged:
     return Staged(found.path, name, kind, info.st_size, info.st_mtime_ns)
 
 
-def file_hash(path: str, size: int) -> str:
-    """A SHA-256 that changes with the file (blocking); raises FileRefused.
+def file_hash(path: str, size: int, kind: str = "text") -> str:
+    """A SHA-256 that changes with what is indexed of the file (blocking); raises FileRefused.
 
-    Up to WHOLE_HASH_BYTES the whole file is hashed; a larger one (of which only the
-    first 2 Mi characters are indexed anyway) by its size and its first and last
-    megabyte, so re-adding a 10 GB log costs milliseconds, not minutes.
+    Up to WHOLE_HASH_BYTES, and a PDF of any size (its text may come from anywhere in it),
+    the whole file is hashed; a larger text file (of which only the first 2 Mi characters
+    are indexed) by its size, its first HEAD_BYTES and its last megabyte, so re-adding a
+    10 GB log costs a fraction of a second, not minutes, and an edit of its indexed part is seen.
     """
-    if size <= WHOLE_HASH_BYTES:
+    if size <= WHOLE_HASH_BYTES or kind == "pdf":
         return sha256_file(path)
     digest = hashlib.sha256(f"{size}:".encode())
     with open_regular(path) as handle:
-        digest.update(handle.read(EDGE_BYTES))
-        handle.seek(max(size - EDGE_BYTES, 0))
+        digest.update(handle.read(HEAD_BYTES))
+        handle.seek(max(size - EDGE_BYTES, HEAD_BYTES))
         digest.update(handle.read(EDGE_BYTES))
     return digest.hexdigest()
 

@@ -204,7 +204,7 @@ class Ingest:
             if known is not None and (known.size_bytes, known.mtime_ns) == (staged.size, staged.mtime_ns):
                 result.unchanged += 1
                 return
-            sha256 = await in_ingest_thread(file_hash, file.path, staged.size)
+            sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
                 await self.history.run(lambda s: s.kb.set_mtime(known.id, staged.mtime_ns))

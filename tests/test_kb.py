@@ -1165,6 +1165,26 @@ def test_a_large_file_is_fingerprinted_not_read_whole(tmp_path: Path) -> None:
         fh.seek(size - 10)
         fh.write(b"new tail\n!")
     assert file_hash(str(big), size) != first  # a changed tail is a changed file
+    second = file_hash(str(big), size)
+    with big.open("r+b") as fh:  # an edit within what is indexed (the first 2 Mi characters)
+        fh.seek(int(1.5 * 1024 * 1024))
+        fh.write(b"edited")
+    assert file_hash(str(big), size) != second
+
+
+def test_a_large_pdf_is_hashed_whole(tmp_path: Path) -> None:
+    from kbinject.ingest import WHOLE_HASH_BYTES, file_hash
+
+    big = tmp_path / "big.pdf"
+    with big.open("wb") as fh:
+        fh.write(b"%PDF-1.4\n")
+        fh.truncate(WHOLE_HASH_BYTES * 2)
+    size = big.stat().st_size
+    first = file_hash(str(big), size, "pdf")
+    with big.open("r+b") as fh:  # a PDF's text may come from anywhere in it
+        fh.seek(size // 2)
+        fh.write(b"edited")
+    assert file_hash(str(big), size, "pdf") != first
 
 
 def test_the_daemon_imports_without_numpy() -> None:
