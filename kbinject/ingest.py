@@ -18,6 +18,7 @@ a document cut there is marked ``truncated``). Images are not indexed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import stat
@@ -54,6 +55,8 @@ _INGEST_POOL = ThreadPoolExecutor(max_workers=INGEST_THREADS, thread_name_prefix
 T = TypeVar("T")
 
 MAX_FILES_PER_ADD = 50_000  # a slip (adding ~ instead of ~/notes) stops here, reported
+MAX_ENTRIES_PER_ADD = 4 * MAX_FILES_PER_ADD  # entries looked at, files or not: the walk's bound
+MAX_SKIPPED_NOTES = 1_000  # entries the walk leaves out are named up to this, then counted
 SKIPPED_DIR_NAMES = frozenset({"node_modules", "__pycache__", "site-packages"})
 
 
@@ -95,18 +98,28 @@ class _Walk:
         self.dirs: set[tuple[int, int]] = set()
         self.files: set[tuple[int, int]] = set()
         self.full = False
+        self.entries = 0
+        self.unlisted = 0  # entries left out beyond MAX_SKIPPED_NOTES
+
+    def skip(self, path: str, reason: str) -> None:
+        if len(self.out.skipped) < MAX_SKIPPED_NOTES:
+            self.out.skipped.append(FileNote(path, reason))
+        else:
+            self.unlisted += 1
+
+    def stop(self, path: str, reason: str) -> None:
+        """The add takes no more: said once."""
+        if not self.full:
+            self.full = True
+            self.out.errors.append(FileNote(path, reason))
 
     def file(self, path: str, info: os.stat_result) -> None:
         key = (info.st_dev, info.st_ino)
         if key in self.files:
             return  # a hard link or symlink to a file already taken
         if len(self.out.files) >= MAX_FILES_PER_ADD:
-            if not self.full:
-                self.full = True
-                self.out.errors.append(FileNote(path, (
-                    f"only the first {MAX_FILES_PER_ADD} files are added at once; "
-                    "add the remaining folders separately"
-                )))
+            self.stop(path, f"only the first {MAX_FILES_PER_ADD} files are added at once; "
+                            "add the remaining folders separately")
             return
         self.files.add(key)
         self.out.files.append(Found(path, info.st_size, info.st_mtime_ns))
@@ -128,16 +141,26 @@ class _Walk:
             return []
         subfolders = []
         for entry in entries:
+            self.entries += 1
+            if self.entries > MAX_ENTRIES_PER_ADD:
+                self.stop(entry.path, f"only the first {MAX_ENTRIES_PER_ADD} entries are looked at in one add; "
+                                      "add the folders that matter separately")
+                return []
             if entry.name.startswith("."):
                 continue
             if not _is_text(entry.path):
                 shown = entry.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                self.out.skipped.append(FileNote(shown, "a name that is not UTF-8; rename the file to index it"))
+                self.skip(shown, "a name that is not UTF-8; rename the file to index it")
                 continue
             try:
                 info = entry.stat()  # follows a symlink
-            except OSError:
-                self.out.skipped.append(FileNote(entry.path, "a symlink to nothing"))
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    self.skip(entry.path, "a symlink to nothing")
+                elif exc.errno == errno.ELOOP:
+                    self.skip(entry.path, "a symlink loop")
+                else:  # not allowed in: the file is there, and would be indexed
+                    self.out.errors.append(FileNote(entry.path, f"cannot be read ({exc.strerror}); check its permissions"))
                 continue
             if stat.S_ISDIR(info.st_mode):
                 key = (info.st_dev, info.st_ino)
@@ -148,7 +171,7 @@ class _Walk:
             elif stat.S_ISREG(info.st_mode):
                 self.file(entry.path, info)
             else:  # never opened: reading a FIFO would wait forever, a device may act
-                self.out.skipped.append(FileNote(entry.path, f"{describe_mode(info.st_mode)}, not a regular file"))
+                self.skip(entry.path, f"{describe_mode(info.st_mode)}, not a regular file")
         return subfolders
 
 
@@ -195,6 +218,8 @@ def collect(paths: Sequence[str]) -> Collected:
             walk.file(path, info)
         else:
             out.errors.append(FileNote(path, f"{describe_mode(info.st_mode)}, not a regular file or folder"))
+    if walk.unlisted:
+        out.skipped.append(FileNote("", f"and {walk.unlisted} more entries left out for the same kinds of reason"))
     return out
 
 

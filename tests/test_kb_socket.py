@@ -138,6 +138,24 @@ async def test_a_removal_cut_short_by_a_stop_is_finished_at_the_next_start(
             assert db.execute("SELECT count(*) FROM kb_chunks").fetchone()[0] == added["chunks"]
 
 
+async def test_what_a_folder_holds_besides_files_is_named_up_to_a_bound(kwire: Wire, tmp_path: Path) -> None:
+    from kbinject.ingest import MAX_SKIPPED_NOTES
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("a file worth keeping\n")
+    os.symlink(folder / "aloop", folder / "aloop")  # a symlink to itself: a loop
+    for n in range(MAX_SKIPPED_NOTES + 200):
+        os.symlink(folder / f"gone{n}", folder / f"link{n:05}")  # to nothing
+    result = (await kb_add(kwire, "odd", folder))[-1]
+    assert result["type"] == "kb" and result["documents"] == 1
+    reasons = {note["path"]: note["reason"] for note in result["skipped"]}
+    assert reasons[str(folder / "aloop")] == "a symlink loop"
+    assert reasons[str(folder / "link00000")] == "a symlink to nothing"
+    assert len(result["skipped"]) == MAX_SKIPPED_NOTES + 1  # the rest counted in one note
+    assert result["skipped"][-1]["reason"] == "and 201 more entries left out for the same kinds of reason"
+
+
 async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:
     await kb_add(kwire, "notes", docs)
     listed = await kwire.request({"type": "kb_list"})
