@@ -278,6 +278,45 @@ async def test_files_gone_from_a_folder_added_again_are_removed(kbs: KnowledgeBa
 
 
 @pytest.mark.asyncio
+async def test_a_gone_folders_documents_go_a_batch_at_a_time(
+    kbs: KnowledgeBases, docs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from history.kb import KnowledgeStore
+    from kbinject import pipeline
+
+    await kbs.add("House", [str(docs)])
+    for name in ("guide.md", "notes.txt"):
+        (docs / name).unlink()
+    monkeypatch.setattr(pipeline, "REMOVE_BATCH", 1)  # a document a transaction, then
+    transactions: list[list[str]] = []
+    remove_documents = KnowledgeStore.remove_documents
+
+    def counted(store: KnowledgeStore, kb_id: int, paths: Any) -> list[int]:
+        transactions.append(list(paths))
+        return remove_documents(store, kb_id, paths)
+
+    monkeypatch.setattr(KnowledgeStore, "remove_documents", counted)
+    result = await kbs.add("House", [str(docs)])
+    assert result.removed == 2 and sorted(map(len, transactions)) == [1, 1]
+
+
+def test_a_file_that_cannot_be_looked_at_is_not_gone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kbinject import pipeline
+
+    lstat = os.lstat
+
+    def guarded(path: Any) -> os.stat_result:
+        if "locked" in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return lstat(path)
+
+    monkeypatch.setattr(pipeline.os, "lstat", guarded)  # a folder made unreadable (root reads anything)
+    assert pipeline._missing([str(tmp_path / "locked" / "a.txt"), str(tmp_path / "gone.txt")]) == [
+        str(tmp_path / "gone.txt")
+    ]
+
+
+@pytest.mark.asyncio
 async def test_bad_paths_and_unreadable_files_are_reported_and_the_rest_goes_on(
     kbs: KnowledgeBases, docs: Path, tmp_path: Path
 ) -> None:
