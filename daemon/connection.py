@@ -122,10 +122,12 @@ class Connection:
         writer: asyncio.StreamWriter,
         handler: Handler,
         tasks: set[asyncio.Task[None]],
+        adding: Callable[[str], bool] = lambda _kb: False,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._handler = handler
+        self._adding = adding  # whether an add to the KB named holds it, from any connection
         self._tasks = tasks  # the server's set, so shutdown can wait for them
         self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
         self._barriers: set[asyncio.Task[None]] = set()  # those every later request waits for
@@ -251,9 +253,11 @@ class Connection:
         queued = set(self._sequenced.get(key, ())) if key else set()  # earlier ones of its KB still running
         task = asyncio.create_task(self._run(request, self._barriers | queued), name=f"request-{request.type}")
         groups = [self._tasks, self._mine]
-        # a kb_link or kb_remove waiting for a kb_add of its KB holds up only that KB's
-        # requests: as a barrier it would hold up the whole connection for the whole ingest
-        if request.type in BARRIERS and not queued & self._ingesting:
+        # a kb_link or kb_remove waiting for a kb_add of its KB (this connection's, or another's)
+        # holds up only that KB's requests: as a barrier it would hold up the whole connection
+        # for the whole ingest
+        waits = bool(queued & self._ingesting) or (key is not None and self._adding(request.get("kb")))
+        if request.type in BARRIERS and not waits:
             groups.append(self._barriers)
         if key:
             groups.append(self._sequenced.setdefault(key, set()))

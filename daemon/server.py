@@ -155,7 +155,8 @@ class Server:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._handlers is not None
-        connection = Connection(reader, writer, self._handlers, self._requests)
+        assert self._kbs is not None
+        connection = Connection(reader, writer, self._handlers, self._requests, adding=self._kbs.adding)
         self._connections.add(connection)
         try:
             await connection.serve()

@@ -200,6 +200,13 @@ class KnowledgeBases:
             raise BadRequest("paths must be a list of absolute paths of files or folders")
         return await self.ingest.add(name, paths, progress, sent)
 
+    def adding(self, kb: str) -> bool:
+        """Whether an add to ``kb`` (or its removal) holds the KB now, from any connection."""
+        try:
+            return self.ingest.lock(kb_name(kb)).locked()
+        except BadRequest:
+            return False
+
     def cancel(self, kb: str, sent: float | None = None) -> bool:
         """Stop the adds to ``kb`` (each keeps the files it stored whole), and those sent before
         ``sent`` (see ``Ingest.cancel``); False when none runs."""

@@ -156,6 +156,23 @@ async def test_what_a_folder_holds_besides_files_is_named_up_to_a_bound(kwire: W
     assert result["skipped"][-1]["reason"] == "and 201 more entries left out for the same kinds of reason"
 
 
+async def test_a_remove_waiting_for_another_connections_add_holds_up_nothing_else(
+    kwire: Wire, router: FakeRouter, docs: Path, config: Config
+) -> None:
+    router.embed_delay = 3.0  # the add sits in its embedding phase
+    added = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})
+    await kwire.until(added, ("progress",))  # under way
+    other = await Wire.open(config.socket_path, timeout=60)
+    try:
+        await other.send_raw(json.dumps({"type": "kb_remove", "id": "rm", "kb": "notes"}).encode() + b"\n"
+                             + json.dumps({"type": "kb_list", "id": "list"}).encode() + b"\n")
+        first = await other.read()
+        assert first["id"] == "list"  # answered while the remove waits for the add
+        assert (await other.until("rm", ("kb", "error")))[-1]["type"] == "kb"
+    finally:
+        await other.close()
+
+
 async def test_list_link_and_remove(kwire: Wire, docs: Path) -> None:
     await kb_add(kwire, "notes", docs)
     listed = await kwire.request({"type": "kb_list"})
