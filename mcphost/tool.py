@@ -101,9 +101,10 @@ class McpTool(Tool):
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         outcome = await self.handle.call(self.remote.name, arguments)  # ToolError when the server is gone
-        text = without_lone_surrogates(outcome.text)  # a lone one could be neither sent on nor stored
+        text = outcome.text
         if outcome.is_error:
-            raise ToolError(f"{self.server}'s {self.remote.name} failed: {text or 'no reason given'}")
+            reason = without_lone_surrogates(text[:2000]) or "no reason given"
+            raise ToolError(f"{self.server}'s {self.remote.name} failed: {reason}")
         images, notes = self._images(outcome.images, ctx)
         # in budget characters, as the room left is counted (text outside ASCII weighs more),
         # less what the images shown take
@@ -111,6 +112,7 @@ class McpTool(Tool):
         if text_weight(text) > limit:
             note = CUT_NOTE.format(total=len(text))
             text = cut_to_weight(text, max(limit - len(note), 0)) + note
+        text = without_lone_surrogates(text)  # once cut (16 MiB took 0.1 s): a lone one could not be stored
         if notes:
             text = "\n".join([text, *notes]) if text else "\n".join(notes)
         shown = f", {len(images)} image(s)" if images else ""
