@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.wire import Wire
+from history.fts import INDEX_TOKEN, MAX_QUERY_TOKENS, quoted_phrases
 from selfcheck.fakerouter import FakeRouter, Reply
 
 pytestmark = pytest.mark.asyncio
@@ -60,6 +61,18 @@ async def test_nasty_queries_never_break(wire: Wire, query: str) -> None:
     await wire.ask("some text with NOT and x:y in it")
     event = await wire.request({"type": "search", "query": query})
     assert event["type"] == "results"
+
+
+async def test_a_word_of_many_tokens_is_searched_by_its_first_ones(wire: Wire) -> None:
+    # the index splits at what is not a letter or digit: this one "word" is a phrase of 100
+    # tokens, each a walk of its matches; the search looks up MAX_QUERY_TOKENS of them in all
+    word = "-".join(f"w{n}" for n in range(100))
+    cid = (await wire.ask(f"the code is {word} today"))[0]["conversation"]
+    found = await wire.request({"type": "search", "query": word})
+    assert [g["conversation"] for g in found["conversations"]] == [cid]
+    phrases = quoted_phrases(f"{word} {word}x and more")
+    assert sum(len(INDEX_TOKEN.findall(p)) for p in phrases) == MAX_QUERY_TOKENS
+    assert quoted_phrases("state-of-the-art tools") == ['"state-of-the-art"', '"tools"']  # short words as typed
 
 
 async def test_deleted_conversations_are_not_found(wire: Wire) -> None:
