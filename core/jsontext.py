@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from typing import Any
 
-__all__ = ["SURROGATE_ESCAPE", "strict_loads", "without_lone_surrogates"]
+__all__ = ["SURROGATE_ESCAPE", "json_parts", "strict_loads", "without_lone_surrogates"]
 
 # where a lone surrogate can come from in JSON text: its escape (raw UTF-8 cannot carry one)
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -49,3 +50,49 @@ def without_lone_surrogates(value: Any) -> Any:
     if isinstance(value, list):
         return [without_lone_surrogates(v) for v in value]
     return value
+
+
+# A data URL is sent as it is once it is this long: its base64 needs no JSON escaping, and
+# encoding it again on every turn is the most of a request's cost (8 photos: 80 MB, 0.3 s)
+SPLICE_MIN = 64 * 1024
+
+
+def json_parts(body: dict[str, Any]) -> list[bytes]:
+    """``body`` as compact UTF-8 JSON (as httpx's ``json=`` writes it), in parts: each long
+    data URL of its messages' image parts a part of its own, its bytes never passed through
+    the JSON encoder. ``b"".join`` of them is the JSON text."""
+    urls: list[bytes] = []
+    placeholder = f"\x00{secrets.token_hex(8)}\x00"  # no data URL, and no text of the body, holds it
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        body = {**body, "messages": [_with_placeholders(m, placeholder, urls) for m in messages]}
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    pieces = text.split(json.dumps(placeholder)[1:-1]) if urls else [text]
+    parts = [pieces[0].encode()]
+    for url, piece in zip(urls, pieces[1:], strict=True):
+        parts += [url, piece.encode()]
+    return parts
+
+
+def _with_placeholders(message: Any, placeholder: str, urls: list[bytes]) -> Any:
+    """The message with each long data URL of its image parts the placeholder (its bytes
+    noted in ``urls``)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message  # text alone: as it is, not copied
+    parts = []
+    for part in content:
+        url = part.get("image_url", {}).get("url") if isinstance(part, dict) else None
+        if isinstance(url, str) and len(url) >= SPLICE_MIN and url.startswith("data:") and url.isascii():
+            encoded = url.encode("ascii")
+            if not encoded.translate(None, _AS_IS):  # nothing JSON would escape (a data URL's base64)
+                urls.append(encoded)
+                part = {**part, "image_url": {**part["image_url"], "url": placeholder}}
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+# the printable ASCII that JSON writes as it is; translate(None, _AS_IS) leaves what it would not
+_AS_IS = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
+
+

@@ -52,7 +52,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
@@ -60,7 +60,7 @@ from urllib.parse import quote
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
-from .jsontext import without_lone_surrogates
+from .jsontext import json_parts, without_lone_surrogates
 from .models import (
     CtxSource,
     Facts,
@@ -460,7 +460,10 @@ class RouterClient:
             extensions: dict[str, Any] = {AHEAD: True}  # the connection connect_ahead opened
             if on_sent is not None:
                 extensions[SENT] = on_sent
-            async with self._client.stream("POST", url, json=body, extensions=extensions) as response:
+            parts, headers = json_request(body)
+            async with self._client.stream(
+                "POST", url, content=_pieces(parts), headers=headers, extensions=extensions
+            ) as response:
                 if on_sent is not None:
                     on_sent()  # a transport that does not know the extension (the tests' mocks)
                 if response.status_code >= 400:
@@ -536,7 +539,11 @@ class RouterClient:
         client = self._client
         limits = client.timeout if timeout is None else httpx.Timeout(timeout[0], connect=timeout[1])
         try:
-            response = await client.request(method, url, json=payload, timeout=limits)
+            if payload is None:
+                response = await client.request(method, url, timeout=limits)
+            else:
+                parts, headers = json_request(payload)
+                response = await client.request(method, url, content=_pieces(parts), headers=headers, timeout=limits)
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, url, timeout=limits) from exc
         if response.status_code >= 400:
@@ -578,3 +585,15 @@ class RouterClient:
         if isinstance(exc, httpx.TimeoutException):
             return RouterUnreachable(f"the model server at {url} timed out ({type(exc).__name__}); check it")
         return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")
+
+
+def json_request(body: dict[str, Any]) -> tuple[list[bytes], dict[str, str]]:
+    """A JSON body in parts (``core.jsontext.json_parts``: long data URLs not encoded again on
+    every turn) and the headers it goes with (its length given: the body is not chunked)."""
+    parts = json_parts(body)
+    return parts, {"Content-Type": "application/json", "Content-Length": str(sum(map(len, parts)))}
+
+
+async def _pieces(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part

@@ -237,9 +237,15 @@ def _head(request: httpx.Request) -> bytes:
 
 
 async def _send(request: httpx.Request, writer: asyncio.StreamWriter, timeout: float | None) -> None:
-    body = await request.aread()
+    # a body of one piece leaves with the head in one write; one of several (a prompt's long
+    # data URLs, core.jsontext.json_parts) piece by piece, never joined into one copy
+    assert isinstance(request.stream, httpx.AsyncByteStream)
+    parts = [part async for part in request.stream]
     try:
-        writer.write(_head(request) + body)
+        if len(parts) == 1:
+            writer.write(_head(request) + parts[0])
+        else:
+            writer.writelines([_head(request), *parts])
         async with asyncio.timeout(timeout):
             await writer.drain()
     except TimeoutError:

@@ -4,6 +4,7 @@ prompt, image references in history, every refusal, the budget, ``estimate``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sqlite3
@@ -103,6 +104,38 @@ async def test_an_image_is_sent_and_kept_as_a_reference(
     await wire.ask("still there?", conversation=cid)
     assert images_of(router.requests[-1], index=0) == []
     assert "[image cat.png is no longer available]" in text_of(router.requests[-1], index=0)
+
+
+async def test_a_large_photo_goes_out_as_it_is_and_its_replay_the_same(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    photo = tmp_path / "noise.png"  # 1 MB that does not compress: its data URL is sent in a piece of its own
+    Image.frombytes("RGB", (600, 600), os.urandom(600 * 600 * 3)).save(photo)
+    events = await wire.ask("what is this?", files=[str(photo)], model="fake-vision")
+    assert events[-1]["type"] == "done", events[-1]
+    [url] = images_of(router.requests[-1])
+    assert url == "data:image/png;base64," + base64.b64encode(photo.read_bytes()).decode()
+    await wire.ask("and again?", conversation=user_of(events)["conversation"])
+    assert images_of(router.requests[-1], index=0) == [url]  # replayed, byte for byte
+
+
+async def test_a_body_in_parts_is_the_json_of_the_body() -> None:
+    from core.jsontext import SPLICE_MIN, json_parts
+
+    big = "data:image/png;base64," + "A" * SPLICE_MIN
+    quoted = "data:image/png;base64," + "A" * SPLICE_MIN + '"'  # would need escaping: encoded as usual
+    body = {"model": "m", "stream": True, "messages": [
+        {"role": "system", "content": "text with \x00 and \u2603"},
+        {"role": "user", "content": [{"type": "text", "text": "look"},
+                                     {"type": "image_url", "image_url": {"url": big}},
+                                     {"type": "image_url", "image_url": {"url": quoted}}]},
+    ]}
+    parts = json_parts(body)
+    assert big.encode() in parts and len(parts) == 3  # the one long data URL spliced in
+    assert json.loads(b"".join(parts)) == body
+    assert b"".join(parts) == json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 async def test_a_phones_mpo_photo_and_a_log_that_mentions_pdf(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
