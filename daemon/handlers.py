@@ -114,6 +114,9 @@ class Handlers:
         if not await self.history.run(lambda s: s.delete_conversation(cid)):
             raise NotFound(f"conversation {cid} does not exist")
         emit({"type": "deleted", "conversation": cid})
+        # its search rows go after, a batch at a time, while other work goes on (not holding
+        # up this connection's later lines, as a delete does until it is answered)
+        self.engine.spawn(unindex_deleted(self.history, cid))
 
     async def on_models(self, request: Request, emit: Emit) -> None:
         models = await self.router.models()
@@ -310,3 +313,9 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
         }
         for c in order
     ]
+
+
+async def unindex_deleted(history: AsyncHistory, cid: int) -> None:
+    """Drop a deleted conversation's search rows, a batch a trip to the history thread."""
+    while await history.run(lambda s: s.unindex_deleted(cid)):
+        pass

@@ -24,7 +24,7 @@ from history import AsyncHistory
 from kbinject import KbSettings, KnowledgeBases
 
 from .connection import Connection
-from .handlers import Handlers
+from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
 from .notify import sd_notify
 from .turns import TurnEngine
@@ -81,7 +81,7 @@ class Server:
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
             # so is the MCP SDK, in a worker thread, when servers are configured
             warm = [self._mcp.warm()] if self._mcp is not None else []
-            for work in (self._kbs.start(), self._check_router(), self._check_store(), *warm):
+            for work in (self._kbs.start(), self._check_router(), self._check_store(), self._unindex_deleted(), *warm):
                 task = asyncio.create_task(work)
                 task.add_done_callback(_log_failure)
                 self._background.add(task)
@@ -152,6 +152,12 @@ class Server:
                 "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",
                 self.config.router_url,
             )
+
+    async def _unindex_deleted(self) -> None:
+        """Drop the search rows of conversations whose delete a stop cut short."""
+        assert self._history is not None
+        for cid in await self._history.run(lambda s: s.deleted_but_indexed()):
+            await unindex_deleted(self._history, cid)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._handlers is not None

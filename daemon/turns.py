@@ -51,7 +51,7 @@ class TurnEngine:
         self._accepting = True
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self._spawn, claim=self._claim, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self.spawn, claim=self._claim, mcp=mcp,
         )
 
     @property
@@ -206,7 +206,10 @@ class TurnEngine:
         """A new conversation's turn is stored: from now on ``cid`` is busy with ``slot``."""
         self._slots[cid] = slot
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` as background work (a title, a checkpoint, a deleted conversation's search
+        rows): logged if it fails, waited for by ``settle``, cancelled at shutdown once the turns
+        have ended."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background_done)

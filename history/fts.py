@@ -50,6 +50,7 @@ CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(
 """
 INSERT_FTS_ROW = "INSERT INTO message_fts (rowid, body, role) VALUES (?, ?, ?)"
 DELETE_FTS_RANGE = "DELETE FROM message_fts WHERE rowid BETWEEN ? AND ?"
+SELECT_FTS_BATCH_END = "SELECT max(rowid) FROM (SELECT rowid FROM message_fts WHERE rowid BETWEEN ? AND ? LIMIT ?)"
 # The role a compaction summary is indexed under (conversation_search shows it).
 SUMMARY_ROLE = "summary"
 DELETE_FTS_ROW = "DELETE FROM message_fts WHERE rowid = ?"
@@ -231,9 +232,14 @@ def index_summary(
     conn.execute(INSERT_FTS_ROW, (rowid, summary, SUMMARY_ROLE))
 
 
-def unindex_conversation(conn: sqlite3.Connection, conversation_id: int) -> None:
-    """Drop every `message_fts` row of a conversation (one rowid range)."""
-    conn.execute(DELETE_FTS_RANGE, conversation_rowid_range(conversation_id))
+def unindex_conversation(conn: sqlite3.Connection, conversation_id: int, limit: int) -> int:
+    """Drop up to ``limit`` of a conversation's `message_fts` rows, the first by rowid; how many
+    went (FTS5 tokenizes each row again to drop it: a long conversation goes a batch at a time)."""
+    lo, hi = conversation_rowid_range(conversation_id)
+    last = conn.execute(SELECT_FTS_BATCH_END, (lo, hi, limit)).fetchone()[0]
+    if last is None:
+        return 0
+    return int(conn.execute(DELETE_FTS_RANGE, (lo, last)).rowcount)
 
 
 _json_list = json_column(list)

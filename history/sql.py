@@ -24,6 +24,13 @@ LIST_CONVERSATIONS_BEFORE = (
     + LIST_ORDER
 )
 IS_LIVE_CONVERSATION = "SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL"
+DELETED_BUT_INDEXED = """
+SELECT c.id FROM conversations AS c
+WHERE c.deleted_at IS NOT NULL
+  -- its search rows' rowid range (fts.conversation_rowid_range)
+  AND EXISTS (SELECT 1 FROM message_fts WHERE rowid BETWEEN c.id << 32 AND (c.id << 32) | 4294967295)
+ORDER BY c.id
+"""
 INSERT_CONVERSATION = """
 INSERT INTO conversations (title, model, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?)
 """

@@ -56,6 +56,7 @@ from .records import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
+UNINDEX_BATCH = 500  # search rows of a deleted conversation dropped a transaction (5,000 turns: 0.7 s at once)
 DEFAULT_CONVERSATION_HITS = 5
 DEFAULT_ALL_HITS = 20
 
@@ -221,14 +222,24 @@ class HistoryStore:
             return self._conversation(cid)
 
     def delete_conversation(self, cid: int) -> bool:
-        """Soft-delete it and drop its search rows; False if missing or already gone."""
+        """Soft-delete it (gone from every list and search at once); False if missing or already
+        gone. Its search rows are dropped after, by ``unindex_deleted``."""
         with self._transaction():
             deleted = self._conn.execute(sql.SOFT_DELETE_CONVERSATION, (self._now(), cid))
-            if deleted.rowcount == 0:
-                return False
-            unindex_conversation(self._conn, cid)
-        self._phrases.forget()
-        return True
+        return deleted.rowcount > 0
+
+    def unindex_deleted(self, cid: int, limit: int | None = None) -> int:
+        """Drop up to ``limit`` (UNINDEX_BATCH) search rows of a deleted conversation; how many
+        went (0: none left)."""
+        with self._transaction():
+            dropped = unindex_conversation(self._conn, cid, limit or UNINDEX_BATCH)
+        if dropped:
+            self._phrases.forget()
+        return dropped
+
+    def deleted_but_indexed(self) -> list[int]:
+        """Deleted conversations whose search rows a stop kept from being dropped."""
+        return [row[0] for row in self._conn.execute(sql.DELETED_BUT_INDEXED)]
 
     # -- turns ---------------------------------------------------------------------
 

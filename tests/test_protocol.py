@@ -18,7 +18,7 @@ from daemon.connection import read_lines
 from daemon.protocol import encode_event
 from history import HistoryStore, TurnOutcome
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -476,6 +476,45 @@ async def test_cancel_right_after_ask_stops_it_as_soon_as_it_is_stored(wire: Wir
     assert [t["status"] for t in turns] == ["complete", "cancelled"]
     assert turns[1]["text"] == "second"
     assert len(router.requests) == 1  # the second question never reached the router
+
+
+async def test_a_deleted_conversations_search_rows_go_after_the_answer_and_after_a_stop(
+    config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon import server
+    from history import store as history_store
+
+    monkeypatch.setattr(history_store, "UNINDEX_BATCH", 1)  # a row a trip, each 50 ms: the stop comes mid-way
+    monkeypatch.setattr(server, "REQUEST_GRACE", 0.01)
+    unindex = HistoryStore.unindex_deleted
+
+    def slowly(store: HistoryStore, cid: int, limit: int | None = None) -> int:
+        time.sleep(0.05)
+        return unindex(store, cid, limit)
+
+    monkeypatch.setattr(HistoryStore, "unindex_deleted", slowly)
+
+    def rows(cid: int) -> int:
+        lo = cid << 32
+        with contextlib.closing(sqlite3.connect(config.db_path)) as db:
+            return db.execute("SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ?", (lo, lo | 0xFFFFFFFF)).fetchone()[0]
+
+    async with serving(config) as (_daemon, wire):
+        cid = (await wire.ask("the otter " + "word " * 5))[0]["conversation"]
+        for n in range(10):
+            await wire.ask(f"otter {n}", conversation=cid)
+        before = rows(cid)
+        assert before == 22
+        await wire.send({"type": "delete", "id": "d", "conversation": cid})
+        assert (await wire.until("d", ("deleted",)))[-1]["type"] == "deleted"  # answered at once
+        found = await wire.request({"type": "search", "query": "otter"})
+        assert found["conversations"] == []  # gone from search before its rows are
+        assert (await wire.request({"type": "conversations"}))["items"] == []
+    assert 0 < rows(cid) < before  # the stop came while they went
+    async with serving(config) as (_daemon, wire):  # the next start drops the rest
+        async with asyncio.timeout(30):
+            while rows(cid):
+                await asyncio.sleep(0.05)
 
 
 async def test_delete_right_after_ask_leaves_nothing_behind(wire: Wire, router: FakeRouter) -> None:
