@@ -1,9 +1,12 @@
-"""JSON text from outside (a client's line, a model's tool-call arguments), decoded strictly.
+"""JSON at the daemon's edges.
 
-Python's json module reads more than JSON: ``NaN`` and ``Infinity``, a number too large
-for a float (``1e400``, read as infinity), and a lone surrogate escape (``"\\ud800"``), which
-is valid JSON but no text. None of these can be written back out as JSON or UTF-8 (an
-event, a row in SQLite), so a value holding one is refused here, where it comes in.
+- ``strict_loads``: JSON text from outside (a client's line, a model's tool-call arguments),
+  decoded strictly. Python's json module reads more than JSON: ``NaN`` and ``Infinity``, a
+  number too large for a float (``1e400``, read as infinity), and a lone surrogate escape
+  (``"\\ud800"``), which is valid JSON but no text. None of these can be written back out as
+  JSON or UTF-8 (an event, a row in SQLite), so a value holding one is refused where it comes in.
+- ``without_lone_surrogates``: what the model server sends, made text (U+FFFD for a lone half).
+- ``json_parts``: a request's body as JSON in pieces, long data URLs not encoded again.
 """
 
 from __future__ import annotations
@@ -82,12 +85,16 @@ def _with_placeholders(message: Any, placeholder: str, urls: list[bytes]) -> Any
         return message  # text alone: as it is, not copied
     parts = []
     for part in content:
-        url = part.get("image_url", {}).get("url") if isinstance(part, dict) else None
-        if isinstance(url, str) and len(url) >= SPLICE_MIN and url.startswith("data:") and url.isascii():
+        image = part.get("image_url") if isinstance(part, dict) else None
+        url = image.get("url") if isinstance(image, dict) else None
+        if (
+            isinstance(image, dict) and isinstance(url, str) and len(url) >= SPLICE_MIN
+            and url.startswith("data:") and url.isascii()
+        ):
             encoded = url.encode("ascii")
             if not encoded.translate(None, _AS_IS):  # nothing JSON would escape (a data URL's base64)
                 urls.append(encoded)
-                part = {**part, "image_url": {**part["image_url"], "url": placeholder}}
+                part = {**part, "image_url": {**image, "url": placeholder}}
         parts.append(part)
     return {**message, "content": parts}
 
