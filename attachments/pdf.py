@@ -181,17 +181,24 @@ async def run_tool(args: list[str], *, name: str, timeout: float, max_output: in
     Raises FileRefused when the tool times out or fails.
     """
     tool = args[0].rsplit("/", 1)[-1]
+    starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    ))
     try:
-        process = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await asyncio.shield(starting)
     except OSError as exc:
         raise FileRefused(
             f"{name}: {tool} could not be started ({exc.strerror}); check the poppler-utils installation"
         ) from None
+    except asyncio.CancelledError:
+        # cancelled while the tool was being started: once it is, it is stopped and reaped,
+        # not left running behind a turn that was cancelled
+        with contextlib.suppress(OSError):
+            await asyncio.shield(_reap(await starting, []))
+        raise
     assert process.stdout is not None and process.stderr is not None
     # output past the cap is useless: stop the tool instead of reading it all
     out_reader = asyncio.create_task(_collect(process.stdout, max_output, lambda: _kill(process)))

@@ -698,6 +698,30 @@ async def test_cancelling_kills_the_rendering_and_leaves_nothing(
         os.kill(pid, 0)
 
 
+@pytest.mark.asyncio
+async def test_a_cancel_while_a_tool_starts_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+    create = asyncio.create_subprocess_exec
+
+    async def slowly(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        process = await create(*args, **kwargs)
+        started.append(process.pid)
+        await asyncio.sleep(0.5)  # the cancel comes while the start is not yet returned
+        return process
+
+    monkeypatch.setattr(pdf_module.asyncio, "create_subprocess_exec", slowly)
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    task = asyncio.ensure_future(pdf_module.run_tool([sleep, "60"], name="x.pdf", timeout=60, max_output=100))
+    async with asyncio.timeout(20):
+        while not started:
+            await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):  # stopped and reaped, not left running
+        os.kill(started[0], 0)
+
+
 @needs_poppler
 @pytest.mark.asyncio
 async def test_a_refusal_during_extraction_stops_the_other_files(
