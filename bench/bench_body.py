@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A chat request's body with photos: the event loop's time to make it, httpx's ``json=``
-against ours (``core.router.json_request``: each long data URL a piece of its own).
+against ours (``core.router.json_content``: each long data URL a piece of its own).
 
 A prompt replays every image of its conversation on every turn, as a data URL of the file
 as it was sent (a PNG photo within 2048 px goes as it is). ``--images`` such URLs of
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from benchlib import header, median, ms, p90
 
-from core.router import _pieces, json_request
+from core.router import json_content
 
 URL = "http://127.0.0.1:8080/v1/chat/completions"
 
@@ -43,8 +43,7 @@ def httpx_json(body: dict[str, Any]) -> float:
 
 def ours(body: dict[str, Any]) -> float:
     started = time.perf_counter()
-    parts, headers = json_request(body)
-    httpx.Request("POST", URL, content=_pieces(parts), headers=headers)
+    httpx.Request("POST", URL, **json_content(body))
     return time.perf_counter() - started
 
 
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             (theirs if make is httpx_json else mine).append(make(body))
     print(f"body: {args.images} data URLs of {args.size:g} MB; {args.runs} samples each way")
     print(f"httpx json=          median {ms(median(theirs))}  p90 {ms(p90(theirs))}")
-    print(f"json_request pieces  median {ms(median(mine))}  p90 {ms(p90(mine))}")
+    print(f"json_content pieces  median {ms(median(mine))}  p90 {ms(p90(mine))}")
     return 0
 
 

@@ -460,10 +460,7 @@ class RouterClient:
             extensions: dict[str, Any] = {AHEAD: True}  # the connection connect_ahead opened
             if on_sent is not None:
                 extensions[SENT] = on_sent
-            parts, headers = json_request(body)
-            async with self._client.stream(
-                "POST", url, content=_pieces(parts), headers=headers, extensions=extensions
-            ) as response:
+            async with self._client.stream("POST", url, **json_content(body), extensions=extensions) as response:
                 if on_sent is not None:
                     on_sent()  # a transport that does not know the extension (the tests' mocks)
                 if response.status_code >= 400:
@@ -539,11 +536,8 @@ class RouterClient:
         client = self._client
         limits = client.timeout if timeout is None else httpx.Timeout(timeout[0], connect=timeout[1])
         try:
-            if payload is None:
-                response = await client.request(method, url, timeout=limits)
-            else:
-                parts, headers = json_request(payload)
-                response = await client.request(method, url, content=_pieces(parts), headers=headers, timeout=limits)
+            body = json_content(payload) if payload is not None else {}
+            response = await client.request(method, url, **body, timeout=limits)
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, url, timeout=limits) from exc
         if response.status_code >= 400:
@@ -587,11 +581,12 @@ class RouterClient:
         return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")
 
 
-def json_request(body: dict[str, Any]) -> tuple[list[bytes], dict[str, str]]:
-    """A JSON body in parts (``core.jsontext.json_parts``: long data URLs not encoded again on
-    every turn) and the headers it goes with (its length given: the body is not chunked)."""
+def json_content(body: dict[str, Any]) -> dict[str, Any]:
+    """httpx's ``content`` and ``headers`` for a JSON body sent in pieces (``core.jsontext.
+    json_parts``: long data URLs not encoded again on every turn), its length given: not chunked."""
     parts = json_parts(body)
-    return parts, {"Content-Type": "application/json", "Content-Length": str(sum(map(len, parts)))}
+    headers = {"Content-Type": "application/json", "Content-Length": str(sum(map(len, parts)))}
+    return {"content": _pieces(parts), "headers": headers}
 
 
 async def _pieces(parts: list[bytes]) -> AsyncIterator[bytes]:

@@ -74,8 +74,8 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         The connect, and for https the TLS handshake, then happen while the caller does
         other work (the daemon stores the question meanwhile). The next request to that
         host and port with the ``AHEAD`` extension takes the connection if it comes within
-        ``SPARE_FOR`` seconds; otherwise it is closed. Only for a server named by its IP address, as the
-        default router_url is: resolving a name here would block.
+        ``SPARE_FOR`` seconds; otherwise it is closed. Only for a server named by its IP
+        address, as the default router_url is: resolving a name here would block.
         """
         target = self._targets.get(url)
         if target is None:
