@@ -254,7 +254,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
             started = time.perf_counter()
             await kbs.start()
             load = time.perf_counter() - started
-            index = kbs.index.current
+            index = kbs.index.of(dim)
             assert index is not None
             kb = await kbs.get(KB_NAME)
             kb_ids = [1]
@@ -297,7 +297,7 @@ async def vector_recall(
     kbs: KnowledgeBases, history: AsyncHistory, dim: int, queries: list[np.ndarray], kb_ids: list[int]
 ) -> float:
     """The share of the exact top RECALL_AT (every float32 vector, one product) the daemon's search finds."""
-    index = kbs.index.current
+    index = kbs.index.of(dim)
     assert index is not None and kbs.embedder is not None
     model = kbs.embedder.model
     rows: list[tuple[int, bytes]] = []

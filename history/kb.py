@@ -140,19 +140,24 @@ SELECT_CHUNK_BATCH_END = """
 SELECT max(id) FROM (SELECT id FROM kb_chunks WHERE id BETWEEN ? AND ? ORDER BY id LIMIT ?)
 """
 
+# A chunk is pending while it has no vector of the model in the dimension the model gives
+# now (NULL: not known yet, any dimension will do): after the model behind the name
+# changed, the vectors of the old one are embedded again.
 SELECT_PENDING = """
 SELECT c.id, c.text FROM kb_chunks AS c
 WHERE c.id BETWEEN ? AND ?
-  AND NOT EXISTS (SELECT 1 FROM kb_vectors AS v WHERE v.chunk_id = c.id AND v.model = ?)
+  AND NOT EXISTS (SELECT 1 FROM kb_vectors AS v WHERE v.chunk_id = c.id AND v.model = ? AND v.dim = coalesce(?, v.dim))
 ORDER BY c.id
 LIMIT ?
 """
 COUNT_PENDING = """
 SELECT count(*) FROM kb_chunks AS c
 WHERE c.id BETWEEN ? AND ?
-  AND NOT EXISTS (SELECT 1 FROM kb_vectors AS v WHERE v.chunk_id = c.id AND v.model = ?)
+  AND NOT EXISTS (SELECT 1 FROM kb_vectors AS v WHERE v.chunk_id = c.id AND v.model = ? AND v.dim = coalesce(?, v.dim))
 """
-COUNT_VECTORS = "SELECT count(*) FROM kb_vectors WHERE model = ? AND chunk_id BETWEEN ? AND ?"
+COUNT_VECTORS = """
+SELECT count(*) FROM kb_vectors WHERE model = ? AND dim = coalesce(?, dim) AND chunk_id BETWEEN ? AND ?
+"""
 # Stored only while the chunk still exists: its document may have been replaced while
 # the embedder worked on it.
 INSERT_VECTOR = """
@@ -166,7 +171,6 @@ WHERE model = ? AND dim = ? AND chunk_id > ?
 ORDER BY chunk_id
 LIMIT ?
 """
-DELETE_OTHER_DIMS = "DELETE FROM kb_vectors WHERE model = ? AND dim != ?"
 # The ids come as one JSON array: one statement (one plan, cached) whatever their number,
 # each id a primary-key lookup.
 SELECT_VECTORS_OF = """
@@ -527,21 +531,24 @@ class KnowledgeStore:
 
     # -- vectors ---------------------------------------------------------------------
 
-    def pending_chunks(self, model: str, kb_id: int, after: int, limit: int) -> list[tuple[int, str]]:
-        """(id, text) of up to ``limit`` chunks of a KB past id ``after`` with no vector of ``model``."""
+    def pending_chunks(
+        self, model: str, dim: int | None, kb_id: int, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        """(id, text) of up to ``limit`` chunks of a KB past id ``after`` with no vector of
+        ``model`` of ``dim`` dimensions (None: of any)."""
         lo, hi = kb_chunk_range(kb_id)
-        rows = self._conn.execute(SELECT_PENDING, (max(lo, after + 1), hi, model, limit))
+        rows = self._conn.execute(SELECT_PENDING, (max(lo, after + 1), hi, model, dim, limit))
         return [(row[0], row[1]) for row in rows]
 
-    def count_pending(self, model: str, kb_id: int) -> int:
-        """Chunks of a KB without a vector of ``model``."""
+    def count_pending(self, model: str, dim: int | None, kb_id: int) -> int:
+        """Chunks of a KB without a vector of ``model`` of ``dim`` dimensions (None: of any)."""
         lo, hi = kb_chunk_range(kb_id)
-        return int(self._conn.execute(COUNT_PENDING, (lo, hi, model)).fetchone()[0])
+        return int(self._conn.execute(COUNT_PENDING, (lo, hi, model, dim)).fetchone()[0])
 
-    def count_vectors(self, model: str, kb_id: int) -> int:
-        """Chunks of a KB with a vector of ``model``."""
+    def count_vectors(self, model: str, dim: int | None, kb_id: int) -> int:
+        """Chunks of a KB with a vector of ``model`` of ``dim`` dimensions (None: of any)."""
         lo, hi = kb_chunk_range(kb_id)
-        return int(self._conn.execute(COUNT_VECTORS, (model, lo, hi)).fetchone()[0])
+        return int(self._conn.execute(COUNT_VECTORS, (model, dim, lo, hi)).fetchone()[0])
 
     def put_vectors(self, model: str, dim: int, rows: Sequence[tuple[int, bytes]]) -> list[int]:
         """Store vectors of chunks that still exist; the ids stored."""
@@ -567,10 +574,6 @@ class KnowledgeStore:
         listed = "[" + ",".join(str(int(chunk_id)) for chunk_id in ids) + "]"
         return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS_OF, (model, listed))]
 
-    def drop_other_dims(self, model: str, dim: int) -> int:
-        """Delete ``model``'s vectors whose dimension is not ``dim`` (the model behind the name changed)."""
-        with immediate_transaction(self._conn):
-            return int(self._conn.execute(DELETE_OTHER_DIMS, (model, dim)).rowcount)
 
 
 def _weighed(phrases: Sequence[str], held: dict[str, int]) -> list[str]:

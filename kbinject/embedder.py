@@ -60,6 +60,7 @@ BATCH_TIMEOUT = 120.0  # seconds one ingest request may take (a CPU server on a 
 # down to one refused chunk, then halving it twice, fails 8 requests in a row.
 MAX_FAILED_REQUESTS = 12
 MIN_HALVED_CHARS = 200  # a refused chunk is halved while it is at least this long
+DIMENSION_PROBE = "dimension"  # embedded to learn the size of the model's vectors
 
 
 class EmbedderFailed(Exception):
@@ -79,6 +80,28 @@ class BatchEmbedder:
         self._cache: OrderedDict[str, Vector] = OrderedDict()
         self._retry_at = 0.0
         self._failures = 0
+        # the dimension of the vectors the model gave last (None: not asked since the start);
+        # it changes when another model is served under the name
+        self.dim: int | None = None
+
+    async def dimension(self) -> int:
+        """The dimension of the model's vectors now, asked for with a one-word text (the model
+        behind the name may have been swapped since the last vector); ``EmbedderFailed``."""
+        self.dim = None
+        await self.documents([DIMENSION_PROBE])
+        if self.dim is None:
+            raise EmbedderFailed("the embedding server returned no valid vector")
+        return self.dim
+
+    def _saw(self, vectors: Sequence[Vector | None]) -> None:
+        dims = {int(v.shape[0]) for v in vectors if v is not None}
+        if len(dims) != 1:
+            return  # none, or a server that mixes sizes in one answer: nothing to learn from it
+        dim = dims.pop()
+        if self.dim is not None and dim != self.dim:
+            logger.warning("kb: %s now gives vectors of %d dimensions instead of %d", self.model, dim, self.dim)
+            self._cache.clear()  # the old model's query vectors
+        self.dim = dim
 
     # -- ingest -------------------------------------------------------------------------
 
@@ -107,7 +130,9 @@ class BatchEmbedder:
             return [None]
         self._failures = 0
         self._retry_at = 0.0  # it works again: queries may use it at once
-        return [_normalised(vector) for vector in raw]
+        vectors = [_normalised(vector) for vector in raw]
+        self._saw(vectors)
+        return vectors
 
     # -- queries ------------------------------------------------------------------------
 
@@ -138,6 +163,7 @@ class BatchEmbedder:
         vector = _normalised(raw[0]) if raw else None
         if vector is None:
             return None, "the embedding server returned an empty or invalid vector"
+        self._saw([vector])
         self._cache[key] = vector
         if len(self._cache) > QUERY_CACHE_SIZE:
             self._cache.popitem(last=False)

@@ -54,21 +54,32 @@ REMOVE_BATCH = 2_000  # chunks deleted per transaction when a KB is removed (~80
 
 
 class KbIndex:
-    """The chunk vectors of one embedding model ("" = none): loaded once, kept in step, searched."""
+    """The chunk vectors of one embedding model ("" = none): loaded once, kept in step, searched.
+
+    A chunk has at most one vector of the model (the store's key), but the model behind
+    the name may change size: the vectors of each dimension are indexed on their own, and
+    a query searches those of its own. So a model swapped for another, or a server that
+    answers one batch with another model, loses nothing: a chunk whose vector is not of the
+    size the model gives now is embedded again by the next add (history/kb.py, pending).
+    """
 
     def __init__(self, history: AsyncHistory, model: str) -> None:
         self.history = history
         self.model = model
-        self.dim_changes = 0  # times the model's dimension changed (every vector dropped)
         self.lock = asyncio.Lock()  # held by the load and by every write of chunks or vectors
-        self._index: VectorIndex | None = None  # None until loaded, or while no vector exists
+        self._indexes: dict[int, VectorIndex] = {}  # by dimension; empty until loaded
         self._loaded = False
         self._task: asyncio.Task[None] | None = None
 
+    def of(self, dim: int) -> VectorIndex | None:
+        """The index of the vectors of ``dim`` dimensions as it stands (None before the load,
+        or while there is none of that size)."""
+        return self._indexes.get(dim)
+
     @property
-    def current(self) -> VectorIndex | None:
-        """The index as it stands (None before the load, or while there is no vector)."""
-        return self._index
+    def dims(self) -> builtins.list[int]:
+        """The dimensions indexed, most vectors first."""
+        return sorted(self._indexes, key=lambda dim: -len(self._indexes[dim]))
 
     # -- loading --------------------------------------------------------------------------
 
@@ -97,24 +108,20 @@ class KbIndex:
             if self._loaded:
                 return
             dims = await self.history.run(lambda s: s.kb.vector_dims(model))
-            if not dims:
-                self._index, self._loaded = None, True
-                return
-            dim = max(dims, key=lambda d: dims[d])  # others are stale: dropped at the next add
-            index = vectors.VectorIndex(dim, capacity=dims[dim])
-            after = 0
-            while True:
-                rows = await self.history.run(partial(_vectors_page, model, dim, after))
-                if not rows:
-                    break
-                after = rows[-1][0]
-                good = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == dim * 4]
-                if good:
-                    matrix = vectors.vectors_from_blobs([blob for _, blob in good], dim)
-                    index.add([chunk_id for chunk_id, _ in good], matrix, replace=False)
-            self._index, self._loaded = index, True
-        logger.info("kb: %d vectors of %s (%d dimensions) loaded in %.2f s",
-                    len(index), model, dim, time.monotonic() - started)
+            indexes = {}
+            for dim, count in dims.items():
+                index = indexes[dim] = vectors.VectorIndex(dim, capacity=count)
+                after = 0
+                while rows := await self.history.run(partial(_vectors_page, model, dim, after)):
+                    after = rows[-1][0]
+                    good = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == dim * 4]
+                    if good:
+                        matrix = vectors.vectors_from_blobs([blob for _, blob in good], dim)
+                        index.add([chunk_id for chunk_id, _ in good], matrix, replace=False)
+            self._indexes, self._loaded = indexes, True
+        for dim, index in indexes.items():
+            logger.info("kb: %d vectors of %s (%d dimensions) loaded in %.2f s",
+                        len(index), model, dim, time.monotonic() - started)
 
     # -- writes that add or remove vectors ----------------------------------------------
 
@@ -122,16 +129,16 @@ class KbIndex:
         """Store a document (replacing one at its path); its new chunk ids."""
         async with self.lock:
             _, ids, replaced = await self.history.run(lambda s: s.kb.put_document(kb_id, document))
-            if self._index is not None and replaced:
-                self._index.remove(replaced)
+            if replaced:
+                self._remove(replaced)
         return ids
 
     async def remove_documents(self, kb_id: int, paths: Sequence[str]) -> None:
         """Remove these documents of a KB, their chunks and vectors."""
         async with self.lock:
             removed = await self.history.run(lambda s: s.kb.remove_documents(kb_id, paths))
-            if self._index is not None and removed:
-                self._index.remove(removed)
+            if removed:
+                self._remove(removed)
 
     async def remove_kb(self, kb: KnowledgeBase) -> KnowledgeBase | None:
         """Delete a KB and everything in it; the record as it was removed (None if gone already).
@@ -154,8 +161,9 @@ class KbIndex:
                 await self._delete(kb_id)
 
     async def _delete(self, kb_id: int) -> None:
-        if self._index is not None:
-            self._index.remove_range(*kb_chunk_range(kb_id))
+        for index in self._indexes.values():
+            index.remove_range(*kb_chunk_range(kb_id))
+        self._drop_empty()
         while await self.history.run(lambda s: s.kb.delete_chunks(kb_id, REMOVE_BATCH)):
             pass
         await self.history.run(lambda s: s.kb.remove(kb_id))
@@ -163,32 +171,41 @@ class KbIndex:
     async def store(self, ids: Sequence[int], computed: Sequence[Vector | None]) -> int:
         """Store and index the vectors computed for these chunks; how many were stored.
 
-        A vector of another dimension than the index's means the model changed: every
-        stored vector of the old dimension is dropped and the index starts afresh.
+        Each replaces the chunk's vector of the model, whatever its size was.
         """
         from .vectors import VectorIndex, np, vector_blob  # numpy: first needed here (module docstring)
 
         model = self.model
-        pairs = [(chunk_id, v) for chunk_id, v in zip(ids, computed) if v is not None]
-        if not pairs:
+        by_dim: dict[int, builtins.list[tuple[int, Vector]]] = {}
+        for chunk_id, vector in zip(ids, computed):
+            if vector is not None:
+                by_dim.setdefault(int(vector.shape[0]), []).append((chunk_id, vector))
+        if not by_dim:
             return 0
-        dim = int(pairs[-1][1].shape[0])
-        pairs = [(chunk_id, v) for chunk_id, v in pairs if v.shape[0] == dim]
         await self.ready()
+        stored = 0
         async with self.lock:
-            if self._index is None or self._index.dim != dim:
-                if self._index is not None:
-                    logger.warning("kb: %s now returns %d dimensions instead of %d; every chunk is embedded again",
-                                   model, dim, self._index.dim)
-                    await self.history.run(lambda s: s.kb.drop_other_dims(model, dim))
-                    self.dim_changes += 1
-                self._index = VectorIndex(dim)
-            blobs = [(chunk_id, vector_blob(v)) for chunk_id, v in pairs]
-            stored = set(await self.history.run(lambda s: s.kb.put_vectors(model, dim, blobs)))
-            kept = [(chunk_id, v) for chunk_id, v in pairs if chunk_id in stored]
-            if kept:
-                self._index.add([chunk_id for chunk_id, _ in kept], np.stack([v for _, v in kept]))
-        return len(kept)
+            for dim, pairs in by_dim.items():
+                blobs = [(chunk_id, vector_blob(v)) for chunk_id, v in pairs]
+                put = set(await self.history.run(lambda s: s.kb.put_vectors(model, dim, blobs)))
+                kept = [(chunk_id, v) for chunk_id, v in pairs if chunk_id in put]
+                if not kept:
+                    continue
+                kept_ids = [chunk_id for chunk_id, _ in kept]
+                self._remove(kept_ids)  # a vector of another size it had is replaced
+                index = self._indexes.setdefault(dim, VectorIndex(dim))
+                index.add(kept_ids, np.stack([v for _, v in kept]), replace=False)
+                stored += len(kept)
+        return stored
+
+    def _remove(self, ids: Sequence[int]) -> None:
+        """Forget these chunks' vectors, of whatever size."""
+        for index in self._indexes.values():
+            index.remove(ids)
+        self._drop_empty()
+
+    def _drop_empty(self) -> None:
+        self._indexes = {dim: index for dim, index in self._indexes.items() if len(index)}
 
     # -- search ---------------------------------------------------------------------------
 
@@ -197,8 +214,7 @@ class KbIndex:
     ) -> builtins.list[tuple[int, float]]:
         """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, cosine) best first.
 
-        ``index`` is the snapshot of ``current`` the caller checked ``vector``'s dimension
-        against. The search runs in a worker thread (simsimd and numpy release the GIL);
+        ``index`` is the one of ``vector``'s dimension (``of``), as the caller took it. The search runs in a worker thread (simsimd and numpy release the GIL);
         its cosines are within ~1e-4 of the float32 ones (vectors.py): the exact ones of
         the hits shown come from ``rescored``.
         """

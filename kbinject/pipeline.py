@@ -54,6 +54,9 @@ T = TypeVar("T")
 
 INGEST_CONCURRENCY = 4  # files extracted at once (each PDF runs pdftotext and pdfinfo)
 PROGRESS_INTERVAL = 0.2  # seconds between two progress callbacks of one phase
+# times one add goes round its KB again because the model changed size under way (a
+# server that keeps switching models must not hold the add forever)
+MAX_DIMENSION_RESTARTS = 2
 
 
 class _Throttle:
@@ -145,8 +148,9 @@ class Ingest:
         assert final is not None
         result.documents, result.chunks = final.documents, final.chunks
         if self.embedder is not None:
-            model = self.embedder.model
-            result.pending = await self.history.run(lambda s: s.kb.count_pending(model, record.id))
+            result.pending = await self.history.run(
+                partial(_count_pending, self.embedder.model, self.embedder.dim, record.id)
+            )
         result.cancelled = stop.is_set()
         return result
 
@@ -159,7 +163,9 @@ class Ingest:
             if record is None:
                 raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
             await self._embed_kb(record.id, total, _Throttle(progress), asyncio.Event())
-            total.pending += await self.history.run(partial(_count_pending, self.embedder.model, record.id))
+            total.pending += await self.history.run(
+                partial(_count_pending, self.embedder.model, self.embedder.dim, record.id)
+            )
 
     # -- reading --------------------------------------------------------------------------
 
@@ -262,41 +268,48 @@ class Ingest:
     # -- embedding ------------------------------------------------------------------------
 
     async def _embed_kb(self, kb_id: int, result: AddResult, report: _Throttle, stop: asyncio.Event) -> None:
-        """Embed every chunk of the KB without a vector, in batches, until ``stop``; a failure is
-        noted, not raised."""
+        """Embed every chunk of the KB without a vector of the size the model gives now, in
+        batches, until ``stop``; a failure is noted, not raised."""
         assert self.embedder is not None
         embedder = self.embedder
         model = embedder.model
-        total = await self.history.run(lambda s: s.kb.count_pending(model, kb_id))
-        if not total:
-            return
-        report(KbProgress(0, total, "embedding", f"embedding {total} chunks"))
-        after = 0
-        done = 0
-        changes = self.index.dim_changes
-        while not stop.is_set():
-            batch = await self.history.run(partial(_pending_page, model, kb_id, after))
-            if not batch and changes != self.index.dim_changes:
-                # the model's dimension changed under way: the chunks before the cursor lost
-                # their vectors too, so go round once more from the start
-                changes, after = self.index.dim_changes, 0
-                continue
-            if not batch:
-                break
-            after = batch[-1][0]
-            try:
-                vectors = await _until(stop, embedder.documents([text for _, text in batch]))
-            except EmbedderFailed as exc:
-                result.embedding_error = (
-                    f"{exc.message}; the chunks are searchable by keywords and will be embedded on the next add"
-                )
-                logger.warning("kb: embedding stopped: %s", exc.message)
+        try:
+            dim = embedder.dim
+            await self.index.ready()
+            if self.index.dims:
+                # vectors are stored: the model is asked the size of its vectors now, so the
+                # chunks a model since swapped for another embedded are found pending
+                dim = await _until(stop, embedder.dimension())
+                if dim is None:
+                    return
+            total = await self.history.run(partial(_count_pending, model, dim, kb_id))
+            if not total:
                 return
-            if vectors is None:
-                return  # cancelled: the batch stays pending
-            result.embedded += await self.index.store([chunk_id for chunk_id, _ in batch], vectors)
-            done += len(batch)
-            report(KbProgress(min(done, total), total, "embedding", f"embedded {done} of {total} chunks"))
+            report(KbProgress(0, total, "embedding", f"embedding {total} chunks"))
+            after = 0
+            done = 0
+            restarts = 0
+            while not stop.is_set():
+                batch = await self.history.run(partial(_pending_page, model, dim, kb_id, after))
+                if not batch and dim != embedder.dim and restarts < MAX_DIMENSION_RESTARTS:
+                    # the model changed size under way: the chunks before the cursor have
+                    # vectors of the old size, so go round once more from the start
+                    dim, after, restarts = embedder.dim, 0, restarts + 1
+                    continue
+                if not batch:
+                    break
+                after = batch[-1][0]
+                vectors = await _until(stop, embedder.documents([text for _, text in batch]))
+                if vectors is None:
+                    return  # cancelled: the batch stays pending
+                result.embedded += await self.index.store([chunk_id for chunk_id, _ in batch], vectors)
+                done += len(batch)
+                report(KbProgress(min(done, total), total, "embedding", f"embedded {done} of {total} chunks"))
+        except EmbedderFailed as exc:
+            result.embedding_error = (
+                f"{exc.message}; the chunks are searchable by keywords and will be embedded on the next add"
+            )
+            logger.warning("kb: embedding stopped: %s", exc.message)
 
 
 async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
@@ -315,16 +328,16 @@ async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
 
 # Store calls made in loops: module functions bound with partial, so each call carries
 # its own arguments rather than a closure over the loop's variables.
-def _pending_page(model: str, kb_id: int, after: int, store: HistoryStore) -> list[tuple[int, str]]:
-    return store.kb.pending_chunks(model, kb_id, after, BATCH_SIZE)
+def _pending_page(model: str, dim: int | None, kb_id: int, after: int, store: HistoryStore) -> list[tuple[int, str]]:
+    return store.kb.pending_chunks(model, dim, kb_id, after, BATCH_SIZE)
 
 
 def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
     return store.kb.get(name)
 
 
-def _count_pending(model: str, kb_id: int, store: HistoryStore) -> int:
-    return store.kb.count_pending(model, kb_id)
+def _count_pending(model: str, dim: int | None, kb_id: int, store: HistoryStore) -> int:
+    return store.kb.count_pending(model, dim, kb_id)
 
 
 def _missing(paths: Sequence[str]) -> list[str]:

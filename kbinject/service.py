@@ -119,8 +119,8 @@ class KnowledgeBases:
     async def _info(self, kb: KnowledgeBase) -> KbInfo:
         if self.embedder is None:
             return KbInfo.from_record(kb)
-        model = self.embedder.model
-        embedded = await self.history.run(lambda s: s.kb.count_vectors(model, kb.id))
+        model, dim = self.embedder.model, self.embedder.dim
+        embedded = await self.history.run(lambda s: s.kb.count_vectors(model, dim, kb.id))
         return KbInfo.from_record(kb, embedded)
 
     async def list(self) -> builtins.list[KbInfo]:
@@ -312,13 +312,16 @@ class KnowledgeBases:
             await _dropped(embedding)
             return [], None, f"the vector index could not be loaded ({type(exc).__name__}); keyword search only"
         vector, note = await embedding
-        index = self.index.current
-        if vector is None or index is None:
-            return [], vector, note
-        if index.dim != vector.shape[0]:
+        if vector is None:
+            return [], None, note
+        index = self.index.of(vector.shape[0])
+        if index is None:
+            held = self.index.dims
+            if not held:
+                return [], vector, note
             return [], None, (
-                f"the embedding model now gives {vector.shape[0]} dimensions, the index holds {index.dim}; "
-                "keyword search only until the knowledge bases are added again"
+                f"the embedding model now gives vectors of {vector.shape[0]} dimensions and the passages have "
+                f"{held[0]}; keyword search only until kb_add embeds the knowledge bases again"
             )
         nearest = await self.index.nearest(index, vector, kb_ids)
         return nearest, vector, note

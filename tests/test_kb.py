@@ -45,7 +45,7 @@ from kbinject import (
     vectors,
 )
 from kbinject import index as kb_index
-from kbinject.embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
+from kbinject.embedder import BATCH_SIZE, DIMENSION_PROBE, BatchEmbedder, EmbedderFailed
 from kbinject.injection import too_full
 from kbinject.search import (
     MIN_VECTOR_SIMILARITY,
@@ -232,17 +232,19 @@ async def test_long_documents_are_embedded_in_batches_of_bounded_chunks(
 async def test_adding_unchanged_files_again_costs_nothing(kbs: KnowledgeBases, docs: Path, router: FakeRouter) -> None:
     first = await kbs.add("House", [str(docs)])
     requests = len(router.embedding_requests)
+    probe = {"path": "/v1/embeddings", "model": EMBED_MODEL, "input": [DIMENSION_PROBE]}
 
     again = await kbs.add("House", [str(docs)])
     assert (again.added, again.updated, again.unchanged, again.new_chunks, again.embedded) == (0, 0, 4, 0, 0)
     assert (again.documents, again.chunks) == (first.documents, first.chunks)
-    assert len(router.embedding_requests) == requests
+    # nothing embedded again: the model is only asked the size of its vectors, with one word
+    assert router.embedding_requests[requests:] == [probe]
 
     # touched but the same bytes: hashed, recognised, still nothing to embed
     os.utime(docs / "notes.txt", ns=(1_000_000_000, 1_000_000_000))
     touched = await kbs.add("House", [str(docs / "notes.txt")])
     assert (touched.unchanged, touched.updated) == (1, 0)
-    assert len(router.embedding_requests) == requests
+    assert router.embedding_requests[requests:] == [probe, probe]
 
 
 @pytest.mark.asyncio
@@ -257,12 +259,12 @@ async def test_a_changed_file_replaces_its_chunks(
     result = await kbs.add("House", [str(docs)])
     assert (result.updated, result.unchanged, result.new_chunks, result.embedded) == (1, 3, 1, 1)
     assert [request["input"] for request in router.embedding_requests[requests:]] == [
-        ["Garden notes.\n\nThe courgettes took over the whole bed."]
+        [DIMENSION_PROBE], ["Garden notes.\n\nThe courgettes took over the whole bed."]
     ]
     assert "notes.txt" not in doc_names((await kbs.search("tomatoes basil")).hits)
     assert doc_names((await kbs.search("courgettes")).hits)[:1] == ["notes.txt"]
     # the old chunk's row, index entry and vector are gone
-    kbs_index = kbs.index.current
+    kbs_index = kbs.index.of(EMBED_DIM)
     assert kbs_index is not None and len(kbs_index) == result.chunks
     vectors = await history.run(lambda s: s.kb.vector_dims(EMBED_MODEL))
     assert vectors == {EMBED_DIM: result.chunks}
@@ -579,7 +581,7 @@ async def test_vectors_are_loaded_once_and_kept_in_step(
     await fresh.add("House", [str(extra)])
     assert (await fresh.search("beehive swarmed queen")).hits[0].document == "extra.md"
     assert len(loads) == 1
-    index = fresh.index.current
+    index = fresh.index.of(EMBED_DIM)
     assert index is not None and len(index) == (await fresh.get("House")).chunks
 
 
@@ -872,7 +874,7 @@ async def test_list_and_remove(
     assert [i.name for i in await kbs.list()] == ["Bees"]
     assert (await kbs.search("volcano")).hits == []
     assert doc_names((await kbs.search("beehive")).hits) == ["bees.md"]
-    index = kbs.index.current
+    index = kbs.index.of(EMBED_DIM)
     assert index is not None and len(index) == 1
     with pytest.raises(NotFound):
         await kbs.remove("House")

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from core import Config
 from core.wire import Wire, of_type
+from kbinject.embedder import DIMENSION_PROBE
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf
 from tests.conftest import RunningDaemon, serving
@@ -82,11 +83,11 @@ async def test_kb_add_ingests_a_folder_with_progress(kwire: Wire, router: FakeRo
     assert [n["path"] for n in result["errors"]] == [str(docs.parent / "missing.txt")]
     assert any(n["path"].endswith("photo.png") for n in result["skipped"])
     assert result["embedded"] == result["chunks"] and router.embedding_requests
-    # adding again costs nothing
+    # adding again embeds nothing: the model is only asked the size of its vectors
     embedded_before = len(router.embedding_requests)
     again = (await kb_add(kwire, "notes", docs))[-1]
-    assert again["unchanged"] == 3 and again["added"] == 0
-    assert len(router.embedding_requests) == embedded_before
+    assert again["unchanged"] == 3 and again["added"] == 0 and again["embedded"] == 0
+    assert [r["input"] for r in router.embedding_requests[embedded_before:]] == [[DIMENSION_PROBE]]
 
 
 def kb_rows(db_path: Path) -> list[str]:
@@ -255,6 +256,41 @@ async def test_the_kb_search_tool(kwire: Wire, router: FakeRouter, docs: Path) -
     found = json.loads([m for m in router.requests[-1]["messages"] if m["role"] == "tool"][0]["content"])
     text = json.dumps(found)
     assert "Replace the filter yearly." in text and "manual.pdf" in text and '"page": 2' in text
+
+
+async def test_an_embedding_model_swapped_for_another_size_is_embedded_again_by_kb_add(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    notes = (await kb_add(kwire, "notes", docs))[-1]
+    tides = (await kb_add(kwire, "tides", docs / "sub"))[-1]
+    router.embed_dim = 32  # another model served under the same name, nothing asked since
+    again = (await kb_add(kwire, "notes", docs))[-1]
+    assert (again["unchanged"], again["embedded"], again["pending"]) == (3, notes["chunks"], 0)
+    found = await kwire.request({"type": "kb_search", "kb": "notes", "query": "why do honey bees dance"})
+    assert found["search"] == "hybrid" and found["note"] is None
+    assert found["results"][0]["file"] == "bees.md" and found["results"][0]["similarity_kind"] == "cosine"
+    listed = {item["kb"]: item for item in (await kwire.request({"type": "kb_list"}))["items"]}
+    assert listed["notes"]["embedded"] == notes["chunks"]
+    assert listed["tides"]["embedded"] == 0  # vectors of the old size until its own add
+    assert (await kb_add(kwire, "tides", docs / "sub"))[-1]["embedded"] == tides["chunks"]
+
+
+async def test_one_add_answered_by_a_model_of_another_size_loses_no_other_vectors(
+    kwire: Wire, router: FakeRouter, docs: Path, tmp_path: Path
+) -> None:
+    notes = (await kb_add(kwire, "notes", docs))[-1]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "pears.txt").write_text("Pear trees need a pollinator planted nearby.\n")
+    router.embed_dim = 32  # the server answers one add with another model (a router's mix-up)
+    assert (await kb_add(kwire, "odd", odd))[-1]["embedded"] == 1
+    router.embed_dim = 256
+    found = await kwire.request({"type": "kb_search", "kb": "notes", "query": "how often is the filter replaced"})
+    assert found["search"] == "hybrid" and found["results"][0]["similarity_kind"] == "cosine"
+    listed = {item["kb"]: item for item in (await kwire.request({"type": "kb_list"}))["items"]}
+    assert listed["notes"]["embedded"] == notes["chunks"]  # not dropped with the odd ones
+    again = (await kb_add(kwire, "odd", odd))[-1]  # its passage is embedded again, at the usual size
+    assert (again["unchanged"], again["embedded"], again["pending"]) == (1, 1, 0)
 
 
 async def test_a_dead_embedder_falls_back_to_keywords(kwire: Wire, router: FakeRouter, docs: Path) -> None:
