@@ -99,12 +99,14 @@ class Wire:
         return event
 
     async def stream(self, request_id: Any) -> AsyncIterator[dict[str, Any]]:
-        """The events answering ``request_id`` as they come (those already read first)."""
+        """The events answering ``request_id`` as they come (those already read first); an
+        error with no id read meanwhile (the daemon refusing the connection itself,
+        ``forbidden``) answers it too."""
         for event in [e for e in self.events if e.get("id") == request_id]:
             yield event
         while True:
             event = await self.read()
-            if event.get("id") == request_id:
+            if event.get("id") == request_id or ("id" not in event and event.get("type") == "error"):
                 yield event
 
     async def until(self, request_id: Any, types: tuple[str, ...] = TERMINAL) -> list[dict[str, Any]]:
@@ -155,3 +157,4 @@ def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def reply_text(events: list[dict[str, Any]]) -> str:
     return "".join(e["text"] for e in of_type(events, "delta"))
+

@@ -274,6 +274,21 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
     assert out.decode().strip() == (
         '{"type":"error","code":"forbidden","message":"this daemon serves only its own user"}'
     )
+    # our own client, run by that user, says so too (not "the daemon closed the connection")
+    # imported first, by root: another user may not enter root's home, where Python is
+    as_nobody = (
+        "import os, sys, assistant, daemon.cli.turn, daemon.cli.render, daemon.cli.terminal\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        "sys.exit(assistant.main(sys.argv[1:]))\n"
+    )
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", as_nobody, "ask", "hello", cwd=ROOT,
+        env={**os.environ, "ASSISTANT_SOCKET": str(config.socket_path), "HOME": "/nonexistent"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(client.communicate(), READY_TIMEOUT)
+    assert client.returncode == 1 and out == b""
+    assert "this daemon serves only its own user" in err.decode(), err
 
 
 async def test_sigterm_lets_a_short_turn_finish(
