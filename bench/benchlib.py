@@ -401,9 +401,10 @@ def history_messages(question: str, reply: str) -> list[dict[str, str]]:
 
 
 def write_history(
-    db_path: Path, conversations: int, turns: int, model: str = FAKE_MODEL
+    db_path: Path, conversations: int, turns: int, model: str = FAKE_MODEL, filler: int = 0
 ) -> dict[int, list[dict[str, str]]]:
-    """Fill history.db through ``HistoryStore`` (start_turn/finish_turn, as the daemon does).
+    """Fill history.db through ``HistoryStore`` (start_turn/finish_turn, as the daemon does);
+    each reply is ``filler`` characters longer than its echo of the question.
 
     Returns each conversation's id and its messages as the daemon will replay them.
     """
@@ -417,7 +418,7 @@ def write_history(
             messages: list[dict[str, str]] = []
             for t in range(turns):
                 question = f"Question {t + 1} of conversation {c + 1}: tell me something about topic {t % 17}."
-                reply = "You said: " + question
+                reply = "You said: " + question + " Well, " * (filler // 6)
                 conv, turn = store.start_turn(cid, question, [{"role": "user", "content": question}], [], model, question[:40])
                 cid = conv.id
                 exchange = history_messages(question, reply)

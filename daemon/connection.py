@@ -35,7 +35,7 @@ from .protocol import (
     MAX_LINE_BYTES,
     Request,
     decode_line,
-    encode_event,
+    event_parts,
     error_event,
     request_id,
     sequence_key,
@@ -143,9 +143,9 @@ class Connection:
         """Queue one event; dropped silently once the client is gone."""
         if self.closed:
             return
-        data = encode_event(event)
-        self._pending.append(data)
-        self._pending_bytes += len(data)
+        parts = event_parts(event)
+        self._pending += parts
+        self._pending_bytes += sum(map(len, parts))
         if self._stalled():
             self._drop()  # within one turn of the loop: a stalled client cannot hold more
         elif not self._batching:
@@ -183,7 +183,7 @@ class Connection:
             return
         if self._pending_bytes > MAX_WRITE_BUFFER:
             self._oversize = max(self._oversize, self._pending_bytes)
-        transport.write(b"".join(self._pending))
+        transport.writelines(self._pending)  # uvloop's writes them as they are (writev), no joined copy
         self._pending.clear()
         self._pending_bytes = 0
 

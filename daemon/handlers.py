@@ -28,7 +28,7 @@ from history import AsyncHistory, Conversation, HistoryStore, SearchHit, search_
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from .connection import Emit
-from .protocol import Request
+from .protocol import Request, encode_list
 from .turns import TurnEngine
 
 __all__ = ["Handlers"]
@@ -91,6 +91,8 @@ class Handlers:
         live = {before, self.engine.running_turn(cid)}
         turns = [dataclasses.replace(t, status="interrupted") if t.status == "running" and t.turn not in live else t
                  for t in turns]
+        # encoded in a worker thread, turn by turn: a conversation of 40 MB held the loop 0.3 s
+        shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit({
             "type": "conversation",
             "conversation": conv.id,
@@ -103,7 +105,7 @@ class Handlers:
             "created_at": conv.created_at,
             "updated_at": conv.updated_at,
             "running": self.engine.running_turn(cid),
-            "turns": [t.to_json() for t in turns],
+            "turns": shown,
         })
 
     async def on_delete(self, request: Request, emit: Emit) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -134,6 +135,33 @@ async def test_ask_streams_and_is_stored(wire: Wire, router: FakeRouter) -> None
     [turn] = opened["turns"]
     assert turn["text"] == "hi" and turn["reply"] == "Hello there" and turn["status"] == "complete"
     assert turn["turn"] == 1 and turn["tools"] == [] and turn["files"] == []
+
+
+async def test_open_encodes_the_turns_off_the_event_loop_into_the_same_line(
+    wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from history.records import Turn
+
+    router.script(Reply(chunks=["Grüße, ", "東京 🌸"]), Reply(chunks=["second"]))
+    cid = (await wire.ask("première question"))[0]["conversation"]
+    await wire.ask("and then?", conversation=cid)
+    threads = []
+    to_json = Turn.to_json
+
+    def recorded(turn: Turn) -> dict[str, object]:
+        threads.append(threading.get_ident())
+        return to_json(turn)
+
+    monkeypatch.setattr(Turn, "to_json", recorded)
+    await wire.send({"type": "open", "conversation": cid, "id": "o1"})
+    line = await wire.reader.readline()
+    # a long conversation's turns held the loop while they were encoded (40 MB: 0.3 s)
+    assert len(threads) == 2 and threading.get_ident() not in threads
+    # the line is the one encoding the whole event gives: the turns in their place, before the id
+    event = json.loads(line)
+    assert line == encode_event(event) and list(event)[-2:] == ["turns", "id"]
+    assert [t["reply"] for t in event["turns"]] == ["Grüße, 東京 🌸", "second"]
+    assert "Grüße, 東京 🌸".encode() in line  # UTF-8, not escaped
 
 
 async def test_reasoning_streams_separately(wire: Wire, router: FakeRouter) -> None:
