@@ -24,6 +24,7 @@ from benchlib import (
     median,
     ms,
     p90,
+    statuses,
     temp_dir,
     terminate_on_sigterm,
     verdict,
@@ -52,19 +53,6 @@ async def flood(path: str, line: bytes, megabytes: int) -> tuple[float, bool]:
         with contextlib.suppress(ConnectionError, OSError):
             await writer.wait_closed()
     return time.perf_counter() - started, False
-
-
-async def statuses(client: Wire, until: asyncio.Future[tuple[float, bool]] | None, count: int) -> list[float]:
-    """Time ``status`` round trips: ``count`` of them, or as many as fit until ``until`` is done."""
-    times: list[float] = []
-    while (until is None and len(times) < count) or (until is not None and not until.done()):
-        started = time.perf_counter()
-        rid = await client.send({"type": "status"})
-        async for event in client.stream(rid):
-            if event["type"] == "status":
-                break
-        times.append(time.perf_counter() - started)
-    return times
 
 
 async def run(args: argparse.Namespace, daemon: Daemon) -> bool:

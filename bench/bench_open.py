@@ -20,35 +20,22 @@ import multiprocessing.connection
 import socket
 import sys
 import time
-from typing import Any
 
 from benchlib import (
     Daemon,
-    answer,
     fake_router_process,
     header,
     median,
     ms,
     open_client,
     p90,
+    statuses,
     temp_dir,
     terminate_on_sigterm,
     write_history,
 )
 
-from core.wire import Wire
-
 READ_CHUNK = 1 << 20
-
-
-async def statuses(client: Wire, until: asyncio.Future[Any] | None, count: int) -> list[float]:
-    """Time ``status`` round trips: ``count`` of them, or as many as fit until ``until`` is done."""
-    times: list[float] = []
-    while (until is None and len(times) < count) or (until is not None and not until.done()):
-        started = time.perf_counter()
-        await answer(client, await client.send({"type": "status"}), ("status",))
-        times.append(time.perf_counter() - started)
-    return times
 
 
 def opens(path: str, cid: int, count: int, out: multiprocessing.connection.Connection) -> None:

@@ -9,6 +9,7 @@ every context manager here stops what it started on the way out, failure or not.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import datetime
@@ -394,6 +395,16 @@ async def answer(client: Wire, rid: Any, types: tuple[str, ...]) -> dict[str, An
         if event["type"] in types:
             return event
     raise AssertionError("stream() ends only by raising")  # pragma: no cover
+
+
+async def statuses(client: Wire, until: asyncio.Future[Any] | None, count: int) -> list[float]:
+    """Time ``status`` round trips: ``count`` of them, or as many as fit until ``until`` is done."""
+    times: list[float] = []
+    while (until is None and len(times) < count) or (until is not None and not until.done()):
+        started = time.perf_counter()
+        await answer(client, await client.send({"type": "status"}), ("status",))
+        times.append(time.perf_counter() - started)
+    return times
 
 
 def history_messages(question: str, reply: str) -> list[dict[str, str]]:
