@@ -61,6 +61,7 @@ BATCH_TIMEOUT = 120.0  # seconds one ingest request may take (a CPU server on a 
 MAX_FAILED_REQUESTS = 12
 MIN_HALVED_CHARS = 200  # a refused chunk is halved while it is at least this long
 DIMENSION_PROBE = "dimension"  # embedded to learn the size of the model's vectors
+PROBE_TIMEOUT = 10.0  # seconds kb_add waits for that (llama-swap may be loading the model)
 
 
 class EmbedderFailed(Exception):
@@ -84,13 +85,22 @@ class BatchEmbedder:
         # it changes when another model is served under the name
         self.dim: int | None = None
 
-    async def dimension(self) -> int:
+    async def dimension(self) -> int | None:
         """The dimension of the model's vectors now, asked for with a one-word text (the model
-        behind the name may have been swapped since the last vector); ``EmbedderFailed``."""
-        self.dim = None
-        await self.documents([DIMENSION_PROBE])
-        if self.dim is None:
-            raise EmbedderFailed("the embedding server returned no valid vector")
+        behind the name may have been swapped since the last vector); the last one seen (None:
+        none) when the server cannot say within ``PROBE_TIMEOUT``, or failed recently."""
+        if time.monotonic() < self._retry_at:
+            return self.dim
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                raw = await self.client.embed(self.model, [DIMENSION_PROBE], timeout=PROBE_TIMEOUT)
+        except (TimeoutError, AssistantError) as exc:
+            reason = exc.message if isinstance(exc, AssistantError) else f"no answer within {PROBE_TIMEOUT:g} s"
+            logger.warning("kb: could not ask %s the size of its vectors (%s)", self.model, reason)
+            return self.dim
+        vector = _normalised(raw[0]) if raw else None
+        if vector is not None:
+            self._saw([vector])
         return self.dim
 
     def _saw(self, vectors: Sequence[Vector | None]) -> None:
@@ -144,7 +154,7 @@ class BatchEmbedder:
         timeout = QUERY_TIMEOUT if timeout is None else timeout
         key = text[:QUERY_CHARS]
         cached = self._cache.get(key)
-        if cached is not None:
+        if cached is not None and cached.shape[0] == self.dim:
             self._cache.move_to_end(key)
             return cached, None
         now = time.monotonic()

@@ -68,6 +68,9 @@ class KbIndex:
         self.model = model
         self.lock = asyncio.Lock()  # held by the load and by every write of chunks or vectors
         self._indexes: dict[int, VectorIndex] = {}  # by dimension; empty until loaded
+        # chunks given a vector of another size than the one an index holds for them: gone
+        # from it at ``settle`` (each removal copies the index: once an add, not once a batch)
+        self._moved: dict[int, set[int]] = {}
         self._loaded = False
         self._task: asyncio.Task[None] | None = None
 
@@ -76,10 +79,11 @@ class KbIndex:
         or while there is none of that size)."""
         return self._indexes.get(dim)
 
-    @property
-    def dims(self) -> builtins.list[int]:
-        """The dimensions indexed, most vectors first."""
-        return sorted(self._indexes, key=lambda dim: -len(self._indexes[dim]))
+    def elsewhere(self, dim: int, kb_ids: Sequence[int] | None) -> dict[int, int]:
+        """{dimension: vectors} of these KBs' chunks (None: all) in the indexes of other sizes
+        than ``dim``: vectors a query of ``dim`` cannot be compared with."""
+        counts = {other: index.count_in(kb_ids) for other, index in self._indexes.items() if other != dim}
+        return {other: count for other, count in counts.items() if count}
 
     # -- loading --------------------------------------------------------------------------
 
@@ -192,11 +196,27 @@ class KbIndex:
                 if not kept:
                     continue
                 kept_ids = [chunk_id for chunk_id, _ in kept]
-                self._remove(kept_ids)  # a vector of another size it had is replaced
+                for other, moved in self._moved_from(dim).items():
+                    moved.update(kept_ids)  # a vector of another size they had was replaced
+                    self._moved[other] = moved
                 index = self._indexes.setdefault(dim, VectorIndex(dim))
-                index.add(kept_ids, np.stack([v for _, v in kept]), replace=False)
+                index.add(kept_ids, np.stack([v for _, v in kept]))
+                self._moved.get(dim, set()).difference_update(kept_ids)
                 stored += len(kept)
         return stored
+
+    def _moved_from(self, dim: int) -> dict[int, set[int]]:
+        return {other: self._moved.get(other, set()) for other in self._indexes if other != dim}
+
+    async def settle(self) -> None:
+        """Drop from each index the chunks ``store`` gave a vector of another size (after an add:
+        until then a query of the old size may find them there, and shows them by keywords)."""
+        async with self.lock:
+            for dim, moved in self._moved.items():
+                if dim in self._indexes and moved:
+                    self._indexes[dim].remove(sorted(moved))
+            self._moved = {}
+            self._drop_empty()
 
     def _remove(self, ids: Sequence[int]) -> None:
         """Forget these chunks' vectors, of whatever size."""

@@ -275,12 +275,12 @@ class Ingest:
         model = embedder.model
         try:
             dim = embedder.dim
-            await self.index.ready()
-            if self.index.dims:
-                # vectors are stored: the model is asked the size of its vectors now, so the
-                # chunks a model since swapped for another embedded are found pending
+            if await self.history.run(partial(_all_embedded, model, kb_id)):
+                # the model is asked the size of its vectors now, so the passages a model since
+                # swapped for another embedded are found pending (were any passage without a
+                # vector, its batch would tell, as it comes back)
                 dim = await _until(stop, embedder.dimension())
-                if dim is None:
+                if stop.is_set():
                     return
             total = await self.history.run(partial(_count_pending, model, dim, kb_id))
             if not total:
@@ -294,7 +294,8 @@ class Ingest:
                 if not batch and dim != embedder.dim and restarts < MAX_DIMENSION_RESTARTS:
                     # the model changed size under way: the chunks before the cursor have
                     # vectors of the old size, so go round once more from the start
-                    dim, after, restarts = embedder.dim, 0, restarts + 1
+                    # (the first size seen, when none was known, is not a change)
+                    dim, after, restarts = embedder.dim, 0, restarts + (dim is not None)
                     continue
                 if not batch:
                     break
@@ -310,6 +311,8 @@ class Ingest:
                 f"{exc.message}; the chunks are searchable by keywords and will be embedded on the next add"
             )
             logger.warning("kb: embedding stopped: %s", exc.message)
+        finally:
+            await self.index.settle()
 
 
 async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
@@ -338,6 +341,11 @@ def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
 
 def _count_pending(model: str, dim: int | None, kb_id: int, store: HistoryStore) -> int:
     return store.kb.count_pending(model, dim, kb_id)
+
+
+def _all_embedded(model: str, kb_id: int, store: HistoryStore) -> bool:
+    """Whether the KB has passages, each with a vector of ``model`` of some size."""
+    return not store.kb.count_pending(model, None, kb_id) and bool(store.kb.count_vectors(model, None, kb_id))
 
 
 def _missing(paths: Sequence[str]) -> list[str]:

@@ -314,15 +314,16 @@ class KnowledgeBases:
         vector, note = await embedding
         if vector is None:
             return [], None, note
-        index = self.index.of(vector.shape[0])
-        if index is None:
-            held = self.index.dims
-            if not held:
-                return [], vector, note
-            return [], None, (
-                f"the embedding model now gives vectors of {vector.shape[0]} dimensions and the passages have "
-                f"{held[0]}; keyword search only until kb_add embeds the knowledge bases again"
-            )
+        dim = int(vector.shape[0])
+        index = self.index.of(dim)
+        # passages embedded by a model since swapped for one of another size (kb_add embeds them again)
+        stale = self.index.elsewhere(dim, kb_ids)
+        if stale:
+            old = max(stale, key=lambda d: stale[d])
+            note = (f"{sum(stale.values())} passages have vectors of {old} dimensions and the embedding model "
+                    f"now gives {dim}: they are found by keywords until kb_add embeds their knowledge bases again")
+        if index is None or (stale and not index.count_in(kb_ids)):
+            return [], None if stale else vector, note
         nearest = await self.index.nearest(index, vector, kb_ids)
         return nearest, vector, note
 

@@ -363,6 +363,11 @@ class VectorIndex:
         if state.count:
             self._keep(~np.isin(state.ids[: state.count], np.asarray(ids, dtype=np.int64)))
 
+    def count_in(self, kb_ids: Sequence[int] | None) -> int:
+        """The vectors of these KBs' chunks (None: all)."""
+        state = self._state
+        return state.count if kb_ids is None else int(_in_scope(state, kb_ids).sum())
+
     def remove_range(self, lo: int, hi: int) -> None:
         """Forget every vector whose chunk id is in [lo, hi] (a whole KB)."""
         state = self._state
@@ -398,6 +403,15 @@ class VectorIndex:
         return [(int(state.ids[rows[i]]), float(cosines[i])) for i in order]
 
 
+def _in_scope(state: _Snapshot, kb_ids: Sequence[int]) -> npt.NDArray[np.bool_]:
+    """Which rows are chunks of these KBs."""
+    used_kbs = state.kbs[: state.count]
+    mask = np.zeros(state.count, dtype=bool)
+    for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
+        mask |= used_kbs == kb_id
+    return mask
+
+
 def _shortlisted(
     state: _Snapshot, query: npt.NDArray[np.float32], n: int, kb_ids: Sequence[int] | None
 ) -> tuple[Rows, Matrix]:
@@ -407,10 +421,7 @@ def _shortlisted(
         return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32)
     rows: Rows | None = None
     if kb_ids is not None:
-        used_kbs = state.kbs[: state.count]
-        mask = np.zeros(state.count, dtype=bool)
-        for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
-            mask |= used_kbs == kb_id
+        mask = _in_scope(state, kb_ids)
         if not mask.any():
             return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float32)
         if not mask.all():

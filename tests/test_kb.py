@@ -259,7 +259,7 @@ async def test_a_changed_file_replaces_its_chunks(
     result = await kbs.add("House", [str(docs)])
     assert (result.updated, result.unchanged, result.new_chunks, result.embedded) == (1, 3, 1, 1)
     assert [request["input"] for request in router.embedding_requests[requests:]] == [
-        [DIMENSION_PROBE], ["Garden notes.\n\nThe courgettes took over the whole bed."]
+        ["Garden notes.\n\nThe courgettes took over the whole bed."]
     ]
     assert "notes.txt" not in doc_names((await kbs.search("tomatoes basil")).hits)
     assert doc_names((await kbs.search("courgettes")).hits)[:1] == ["notes.txt"]
@@ -598,6 +598,9 @@ async def test_a_model_that_changes_dimension_is_embedded_again(
     assert (result.embedded, result.pending) == (first.chunks, 0)  # all of them, in the new dimension
     assert await history.run(lambda s: s.kb.vector_dims(EMBED_MODEL)) == {32: first.chunks}
     assert (await kbs.search("courgettes")).mode == "hybrid"
+    # in memory too: the old size's index went once the add was done
+    moved = kbs.index.of(32)
+    assert kbs.index.of(EMBED_DIM) is None and moved is not None and len(moved) == first.chunks
 
 
 # -- injection -------------------------------------------------------------------------

@@ -263,16 +263,35 @@ async def test_an_embedding_model_swapped_for_another_size_is_embedded_again_by_
 ) -> None:
     notes = (await kb_add(kwire, "notes", docs))[-1]
     tides = (await kb_add(kwire, "tides", docs / "sub"))[-1]
+    bees = {"type": "kb_search", "kb": "notes", "query": "why do honey bees dance"}
+    assert (await kwire.request(bees))["search"] == "hybrid"  # its vector cached, of 256 dimensions
     router.embed_dim = 32  # another model served under the same name, nothing asked since
     again = (await kb_add(kwire, "notes", docs))[-1]
     assert (again["unchanged"], again["embedded"], again["pending"]) == (3, notes["chunks"], 0)
-    found = await kwire.request({"type": "kb_search", "kb": "notes", "query": "why do honey bees dance"})
+    found = await kwire.request(bees)  # not the cached vector of the old model
     assert found["search"] == "hybrid" and found["note"] is None
     assert found["results"][0]["file"] == "bees.md" and found["results"][0]["similarity_kind"] == "cosine"
     listed = {item["kb"]: item for item in (await kwire.request({"type": "kb_list"}))["items"]}
     assert listed["notes"]["embedded"] == notes["chunks"]
     assert listed["tides"]["embedded"] == 0  # vectors of the old size until its own add
+    stale = await kwire.request({"type": "kb_search", "kb": "tides", "query": "when do tides rise"})
+    assert stale["search"] == "bm25" and "kb_add" in stale["note"] and stale["results"]
     assert (await kb_add(kwire, "tides", docs / "sub"))[-1]["embedded"] == tides["chunks"]
+    assert (await kwire.request({"type": "kb_search", "kb": "tides", "query": "when do tides rise"}))["note"] is None
+
+
+async def test_a_swapped_embedding_model_that_fails_leaves_the_passages_pending(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    notes = (await kb_add(kwire, "notes", docs))[-1]
+    router.embed_dim = 32
+    stale = await kwire.request({"type": "kb_search", "kb": "notes", "query": "honey bees"})
+    assert stale["search"] == "bm25" and "kb_add" in stale["note"]  # the daemon knows the new size
+    router.embed_fail = True
+    again = (await kb_add(kwire, "notes", docs))[-1]
+    assert (again["embedded"], again["pending"]) == (0, notes["chunks"])  # each refused: left for the next add
+    listed = (await kwire.request({"type": "kb_list"}))["items"]
+    assert listed[0]["embedded"] == 0  # the old size's vectors are not counted
 
 
 async def test_one_add_answered_by_a_model_of_another_size_loses_no_other_vectors(
