@@ -37,7 +37,7 @@ from .cli.terminal import (
     Terminal,
     piped_stdin,
 )
-from .cli.turn import Turn, chosen_conversation, compose_question, file_paths, set_system
+from .cli.turn import Refused, Turn, chosen_conversation, compose_question, file_paths, set_system
 
 __all__ = ["add_client_commands", "add_client_options", "connect", "guarded", "run_client", "socket_path"]
 
@@ -352,6 +352,9 @@ def guarded(terminal: Terminal, run: Callable[[], int]) -> int:
     except DaemonGone as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_NO_DAEMON
+    except Refused as exc:
+        terminal.note(f"assistant: {exc}")
+        return EXIT_ERROR
     except (UsageError, Unsendable) as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_USAGE

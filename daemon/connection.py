@@ -20,6 +20,7 @@ batch rather than one per delta.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ __all__ = ["Connection", "Emit", "Handler"]
 logger = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
+REFUSAL_GRACE = 2.0  # seconds a refused client has to read why before it is hung up on
 MAX_WRITE_BUFFER = 32 * 1024 * 1024
 
 Emit = Callable[[dict[str, Any]], None]
@@ -133,6 +135,7 @@ class Connection:
         self._barriers: set[asyncio.Task[None]] = set()  # those every later request waits for
         self._sequenced: dict[str, set[asyncio.Task[None]]] = {}  # those later ones of their key wait for
         self._ingesting: set[asyncio.Task[None]] = set()  # the kb_add among them
+        self._opens: set[asyncio.Task[None]] = set()  # the open among them: a barrier answers after
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._oversize = 0  # the size of a batch over the cap still being sent: it may wait whole
@@ -207,7 +210,7 @@ class Connection:
         if uid is not None and uid != os.geteuid():
             logger.warning("refused a connection from uid %d", uid)
             self.send({"type": "error", "code": "forbidden", "message": "this daemon serves only its own user"})
-            self.close()
+            await self._turn_away()
             return
         try:
             async for line in read_lines(self._reader):
@@ -231,6 +234,19 @@ class Connection:
             # requests still running go on: a turn is stored even when its client left
             self.close()
 
+    async def _turn_away(self) -> None:
+        """Hang up once the client has read why: closing with its line unread would reset the
+        connection, and its reader would lose the event before it (the write side is closed
+        first, and what it sends read and dropped, for at most ``REFUSAL_GRACE`` seconds)."""
+        self._flush()
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.write_eof()
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(REFUSAL_GRACE):
+                while await self._reader.read(READ_CHUNK):
+                    pass
+        self.close()
+
     def _start(self, line: bytes) -> None:
         try:
             obj = decode_line(line)
@@ -251,7 +267,10 @@ class Connection:
         # in the order sent: after every earlier barrier, and every earlier request of its key
         key = sequence_key(request)
         queued = set(self._sequenced.get(key, ())) if key else set()  # earlier ones of its KB still running
-        task = asyncio.create_task(self._run(request, self._barriers | queued), name=f"request-{request.type}")
+        # a barrier also waits for an earlier open (its turns are encoded in a thread a while):
+        # a canvas must not get the open's conversation after a later delete's or settings' answer
+        earlier = self._barriers | queued | (self._opens if request.type in BARRIERS else set())
+        task = asyncio.create_task(self._run(request, earlier), name=f"request-{request.type}")
         groups = [self._tasks, self._mine]
         # a kb_link or kb_remove waiting for a kb_add of its KB (this connection's, or another's)
         # holds up only that KB's requests: as a barrier it would hold up the whole connection
@@ -263,6 +282,8 @@ class Connection:
             groups.append(self._sequenced.setdefault(key, set()))
         if request.type == "kb_add":
             groups.append(self._ingesting)
+        if request.type == "open":
+            groups.append(self._opens)
         for tasks in groups:
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -91,6 +91,8 @@ class Handlers:
         live = {before, self.engine.running_turn(cid)}
         turns = [dataclasses.replace(t, status="interrupted") if t.status == "running" and t.turn not in live else t
                  for t in turns]
+        # the turn shown running, as read (it may have ended since: the event is one snapshot)
+        running = next((t.turn for t in reversed(turns) if t.status == "running"), None)
         # encoded in a worker thread, turn by turn: a conversation of 40 MB held the loop 0.3 s
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit({
@@ -104,7 +106,7 @@ class Handlers:
             "ctx_max": await self._ctx_max(conv.model),
             "created_at": conv.created_at,
             "updated_at": conv.updated_at,
-            "running": self.engine.running_turn(cid),
+            "running": running,
             "turns": shown,
         })
 

@@ -260,11 +260,17 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
     # open the door wide, so only SO_PEERCRED stands between another user and the daemon
     os.chmod(config.socket_path.parent, 0o755)
     os.chmod(config.socket_path, 0o666)
+    # it asks at once, as a client does: were the daemon to close with that line unread, the
+    # connection would be reset and the refusal lost with it
     code = (
-        "import socket, os, sys\n"
+        "import asyncio, os, sys\n"
         "os.setgid(65534); os.setuid(65534)\n"
-        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-        "print(s.makefile().read())\n"
+        "async def main():\n"
+        "    reader, writer = await asyncio.open_unix_connection(sys.argv[1])\n"
+        "    writer.write(b'{\"type\":\"status\",\"id\":1}\\n')\n"
+        "    await asyncio.sleep(0.2)\n"
+        "    print((await reader.read()).decode())\n"
+        "asyncio.run(main())\n"
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, str(config.socket_path), stdout=asyncio.subprocess.PIPE
@@ -274,21 +280,23 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
     assert out.decode().strip() == (
         '{"type":"error","code":"forbidden","message":"this daemon serves only its own user"}'
     )
-    # our own client, run by that user, says so too (not "the daemon closed the connection")
+    # our own client, run by that user, says so too (not "the daemon closed the connection"),
+    # whether its line reached the daemon before the refusal or after (a few runs of each)
     # imported first, by root: another user may not enter root's home, where Python is
     as_nobody = (
         "import os, sys, assistant, daemon.cli.turn, daemon.cli.render, daemon.cli.terminal\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         "sys.exit(assistant.main(sys.argv[1:]))\n"
     )
-    client = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", as_nobody, "ask", "hello", cwd=ROOT,
-        env={**os.environ, "ASSISTANT_SOCKET": str(config.socket_path), "HOME": "/nonexistent"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(client.communicate(), READY_TIMEOUT)
-    assert client.returncode == 1 and out == b""
-    assert "this daemon serves only its own user" in err.decode(), err
+    for args in [("ask", "hello"), ("ask", "-c", "hello"), ("status",)] * 3:
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", as_nobody, *args, cwd=ROOT,
+            env={**os.environ, "ASSISTANT_SOCKET": str(config.socket_path), "HOME": "/nonexistent"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(client.communicate(), READY_TIMEOUT)
+        assert client.returncode == 1 and out == b"", (args, err)
+        assert "this daemon serves only its own user" in err.decode(), (args, err)
 
 
 async def test_sigterm_lets_a_short_turn_finish(

@@ -164,6 +164,53 @@ async def test_open_encodes_the_turns_off_the_event_loop_into_the_same_line(
     assert "Grüße, 東京 🌸".encode() in line  # UTF-8, not escaped
 
 
+async def test_a_later_barrier_is_answered_after_an_open_still_encoding(
+    wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon import handlers
+
+    cid = (await wire.ask("remember this"))[0]["conversation"]
+    encode_list = handlers.encode_list
+
+    def slowly(items: object) -> object:  # a long conversation's turns take a while to encode
+        time.sleep(0.3)
+        return encode_list(items)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handlers, "encode_list", slowly)
+    lines = [{"type": "open", "conversation": cid, "id": "o"},
+             {"type": "settings", "conversation": cid, "title": "renamed", "id": "s"},
+             {"type": "delete", "conversation": cid, "id": "d"}]
+    await wire.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))  # back to back
+    got = [await wire.read() for _ in lines]
+    # in the order sent: the open shows the conversation as it was before the lines after it
+    assert [(e["id"], e["type"]) for e in got] == [("o", "conversation"), ("s", "settings"), ("d", "deleted")]
+    assert got[0]["title"] != "renamed"
+
+
+async def test_open_says_running_of_the_turn_it_shows_running(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon import handlers
+
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(Reply(chunks=["slow ", "reply"], delay=0.15))
+    rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
+    await wire.until(rid, ("user",))  # stored, running
+    encode_list = handlers.encode_list
+
+    def slowly(items: object) -> object:  # the turn ends while the open encodes its turns
+        time.sleep(0.6)
+        return encode_list(items)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handlers, "encode_list", slowly)
+    other = await daemon.connect()
+    opened = await other.request({"type": "open", "conversation": cid})
+    await other.close()
+    assert (await wire.until(rid))[-1]["type"] == "done"
+    shown = [t["turn"] for t in opened["turns"] if t["status"] == "running"]
+    assert shown == [2] and opened["running"] == 2  # one snapshot: the turn as read, and running
+
+
 async def test_reasoning_streams_separately(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(reasoning=["think ", "hard"], chunks=["answer"]))
     events = await wire.ask("why?")

@@ -17,7 +17,7 @@ from core.wire import Wire
 from .render import describe_timings, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 
-__all__ = ["Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system"]
+__all__ = ["Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system"]
 
 
 def compose_question(words: list[str], piped: str | None) -> str:
@@ -29,8 +29,17 @@ def compose_question(words: list[str], piped: str | None) -> str:
     return f"{piped}\n\n{typed}" if typed else piped
 
 
+class Refused(Exception):
+    """The daemon answered a request the command needs first with an error."""
+
+    def __init__(self, event: dict[str, Any]) -> None:
+        super().__init__(f"error ({event['code']}): {event['message']}")
+
+
 async def latest_conversation(client: Wire) -> int | None:
     event = await client.request({"type": "conversations", "limit": 1})
+    if event["type"] == "error":  # forbidden: another user's daemon
+        raise Refused(event)
     items = event.get("items") or []
     return items[0]["conversation"] if items else None
 
