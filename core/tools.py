@@ -23,6 +23,7 @@ from typing import Any
 
 from .jsontext import strict_loads
 from .seams import HistoryRunner
+from .tokens import estimate_tools
 
 __all__ = [
     "Tool",
@@ -120,6 +121,11 @@ class Tool(ABC):
                 "parameters": self.parameters,
             },
         }
+
+    @property
+    def tokens(self) -> int:
+        """Tokens its definition takes in a prompt."""
+        return estimate_tools([self.definition()])
 
     @abstractmethod
     async def available(self, ctx: ToolContext) -> bool:

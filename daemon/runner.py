@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
-from core import BUDGET_CHARS_PER_TOKEN, estimate_messages, estimate_tools
+from core import BUDGET_CHARS_PER_TOKEN, estimate_messages
 from core.config import Config
 from core.errors import (
     AssistantError,
@@ -373,7 +373,7 @@ class TurnRunner:
             offered += await self._hosted(state, progress)
         definitions = [t.definition() for t in offered] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
-        tool_tokens = estimate_tools([t.definition() for t in offered if t.server is not None])
+        tool_tokens = sum(t.tokens for t in offered if t.server is not None)
         prompt = await self.context.build(
             state.conversation, state.turn, state.model, [state.question], progress, state.kb, known=known,
             tools=definitions, tool_tokens=tool_tokens,

@@ -33,7 +33,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.mcpconfig import McpServerSpec, McpSettings
-from core.tokens import estimate_tools
 from core.tools import ToolError
 
 from .records import CallOutcome
@@ -222,6 +221,7 @@ class McpHost:
         self.settings = settings
         self._sdk = _Sdk()
         self.handles = {spec.name: ServerHandle(spec, settings, self._sdk) for spec in settings.servers}
+        self._made: dict[str, tuple[Connection, list[McpTool]]] = {}  # each server's tools, as offered
 
     async def warm(self) -> None:
         """Load the SDK ahead of the first need (after readiness: start-up does not wait)."""
@@ -237,11 +237,8 @@ class McpHost:
         ready = await asyncio.gather(*(h.ensure() for h in handles))
         tools: list[McpTool] = []
         for handle, up in zip(handles, ready):
-            connection = handle.connection
-            if up and connection is not None:
-                names = offered_names(handle.spec.name, [t.name for t in connection.tools])
-                tools.extend(McpTool(handle, t, names[t.name], self.settings.max_result_chars)
-                             for t in connection.tools)
+            if up and handle.connection is not None:
+                tools += self._tools_of(handle, handle.connection)
         tools.sort(key=lambda t: t.name)
         notes = [f"MCP server {h.spec.name} is not available ({h.last_error or h.state})"
                  for h, up in zip(handles, ready) if not up]
@@ -250,6 +247,15 @@ class McpHost:
             notes.append(f"offering {len(kept)} of {len(tools)} MCP tools: their descriptions would take "
                          f"more than {room} tokens ({self.settings.tools_share:.0%} of the context)")
         return kept, "; ".join(notes) or None
+
+    def _tools_of(self, handle: ServerHandle, connection: Connection) -> list[McpTool]:
+        """A server's tools as offered: made once a connection (a restarted server lists anew)."""
+        made = self._made.get(handle.spec.name)
+        if made is None or made[0] is not connection:
+            names = offered_names(handle.spec.name, [t.name for t in connection.tools])
+            tools = [McpTool(handle, t, names[t.name], self.settings.max_result_chars) for t in connection.tools]
+            made = self._made[handle.spec.name] = (connection, tools)
+        return made[1]
 
     async def describe(self) -> list[dict[str, Any]]:
         """Every server with its tools, starting those not running (``mcp list``)."""
@@ -277,7 +283,7 @@ def fit_tools(tools: list[McpTool], room: int) -> list[McpTool]:
     kept: list[McpTool] = []
     used = 0
     for tool in tools:
-        used += estimate_tools([tool.definition()])
+        used += tool.tokens
         if used > room:
             break
         kept.append(tool)

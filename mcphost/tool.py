@@ -18,7 +18,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from core.jsontext import without_lone_surrogates
-from core.tokens import cut_to_weight, text_weight
+from core.tokens import cut_to_weight, estimate_tools, text_weight
 from core.tools import Tool, ToolContext, ToolError, ToolResult, one_line
 
 from .records import RemoteTool
@@ -91,6 +91,17 @@ class McpTool(Tool):
         self.description = f"{description} (MCP server {self.server})"
         self.parameters = canonical(remote.input_schema)
         self.max_result_chars = max_result_chars
+        # made once (McpHost keeps a server's tools while its connection lasts): the schema's
+        # canonical form and the definition's tokens cost ~35 µs a tool, on every turn
+        self._definition = super().definition()
+        self._tokens = estimate_tools([self._definition])
+
+    def definition(self) -> dict[str, Any]:
+        return self._definition
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
 
     @property
     def own_name(self) -> str:

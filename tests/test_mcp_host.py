@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 import mcphost.host
+from mcphost.tool import McpTool
 from core import Config, load_config
 from core.tokens import text_weight
 from core.wire import Wire, of_type, reply_text
@@ -95,6 +96,20 @@ def call(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> Reply
     return Reply(tool_calls=[{"id": call_id, "name": name, "arguments": json.dumps(arguments)}])
 
 
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The offered names of the hosted tools made (McpTool), in order."""
+    names: list[str] = []
+    init = McpTool.__init__
+
+    def counted(tool: McpTool, *args: Any) -> None:
+        names.append(args[2])
+        init(tool, *args)
+
+    monkeypatch.setattr(McpTool, "__init__", counted)
+    return names
+
+
 def tool_names(request: dict[str, Any]) -> list[str]:
     return [t["function"]["name"] for t in request.get("tools") or []]
 
@@ -108,7 +123,9 @@ async def server_state(wire: Wire, name: str) -> dict[str, Any]:
     return next(s for s in status["mcp"] if s["name"] == name)
 
 
-async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(wire: Wire, router: FakeRouter) -> None:
+async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(
+    wire: Wire, router: FakeRouter, made: list[str]
+) -> None:
     cid = (await wire.ask("hello"))[0]["conversation"]
     first = router.requests[-1]["tools"]
     assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
@@ -121,6 +138,8 @@ async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(wire
     assert router.timings[-1]["cache_n"] > 0
     state = await server_state(wire, "good")
     assert state["state"] == "ready" and state["tools"] == len(GOOD_TOOLS) and state["last_error"] is None
+    # made once while the server runs, not on every turn (~35 µs a tool, before the first token)
+    assert sorted(made) == GOOD_TOOLS
 
 
 async def test_a_call_comes_back_as_a_tool_message_is_stored_and_shown(wire: Wire, router: FakeRouter) -> None:
@@ -246,7 +265,7 @@ def process_state(pid: int) -> str:
 
 
 async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need(
-    wire: Wire, router: FakeRouter, tmp_path: Path
+    wire: Wire, router: FakeRouter, tmp_path: Path, made: list[str]
 ) -> None:
     router.script(call("good__die", {}), Reply(text="it died"))
     events = await wire.ask("kill it")
@@ -263,6 +282,7 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
     assert tool_messages(router.requests[-1])[-1]["content"] == "5"
     assert len((tmp_path / "starts").read_text().split()) == 2
     assert (await server_state(wire, "good"))["starts"] == 2
+    assert sorted(made) == sorted(GOOD_TOOLS * 2)  # the restarted server's list, made anew
 
 
 # The good server, but slow to go: it ignores SIGTERM and lingers after its stdin closes, so
