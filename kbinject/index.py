@@ -196,17 +196,14 @@ class KbIndex:
                 if not kept:
                     continue
                 kept_ids = [chunk_id for chunk_id, _ in kept]
-                for other, moved in self._moved_from(dim).items():
-                    moved.update(kept_ids)  # a vector of another size they had was replaced
-                    self._moved[other] = moved
+                for other in self._indexes:
+                    if other != dim:  # a vector of that size they had was replaced
+                        self._moved.setdefault(other, set()).update(kept_ids)
+                self._moved.get(dim, set()).difference_update(kept_ids)  # back to this size
                 index = self._indexes.setdefault(dim, VectorIndex(dim))
                 index.add(kept_ids, np.stack([v for _, v in kept]))
-                self._moved.get(dim, set()).difference_update(kept_ids)
                 stored += len(kept)
         return stored
-
-    def _moved_from(self, dim: int) -> dict[int, set[int]]:
-        return {other: self._moved.get(other, set()) for other in self._indexes if other != dim}
 
     async def settle(self) -> None:
         """Drop from each index the chunks ``store`` gave a vector of another size (after an add:
@@ -234,9 +231,10 @@ class KbIndex:
     ) -> builtins.list[tuple[int, float]]:
         """The ``CANDIDATES`` chunks of ``index`` nearest ``vector``, (id, cosine) best first.
 
-        ``index`` is the one of ``vector``'s dimension (``of``), as the caller took it. The search runs in a worker thread (simsimd and numpy release the GIL);
-        its cosines are within ~1e-4 of the float32 ones (vectors.py): the exact ones of
-        the hits shown come from ``rescored``.
+        ``index`` is the one of ``vector``'s dimension (``of``), as the caller took it. The
+        search runs in a worker thread (simsimd and numpy release the GIL); its cosines are
+        within ~1e-4 of the float32 ones (vectors.py): the exact ones of the hits shown come
+        from ``rescored``.
         """
         return await asyncio.to_thread(index.nearest, vector, CANDIDATES, kb_ids)
 
