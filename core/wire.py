@@ -157,4 +157,3 @@ def of_type(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def reply_text(events: list[dict[str, Any]]) -> str:
     return "".join(e["text"] for e in of_type(events, "delta"))
-

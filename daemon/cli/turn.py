@@ -17,7 +17,9 @@ from core.wire import Wire
 from .render import describe_timings, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 
-__all__ = ["Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system"]
+__all__ = [
+    "Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system",
+]
 
 
 def compose_question(words: list[str], piped: str | None) -> str:
