@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from benchlib import (
-    _die_with_parent,
+    die_with_parent,
     header,
     router_process,
     temp_dir,
@@ -196,7 +196,7 @@ def make_queries(count: int) -> list[str]:
 
 def _embedding_router(conn: multiprocessing.connection.Connection, dim: int) -> None:
     """Child process: a FakeRouter serving ``dim``-dimensional embeddings; stops on a message."""
-    _die_with_parent()
+    die_with_parent()
     from selfcheck.fakerouter import FakeRouter
 
     with FakeRouter() as fake:

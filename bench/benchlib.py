@@ -102,7 +102,7 @@ def verdict(ok: bool) -> str:
 # -- processes ---------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask the kernel to SIGTERM this process when its parent dies (Linux only)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -159,7 +159,7 @@ def fake_router_process() -> Iterator[str]:
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     try:
         assert proc.stdout is not None
@@ -187,7 +187,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 def _scripted_router(conn: multiprocessing.connection.Connection, chunks: list[str], repeat: int) -> None:
     """Child process: a FakeRouter with ``repeat`` copies of one long reply queued; stops on a message."""
-    _die_with_parent()
+    die_with_parent()
     from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 
     # a context the reply fits in, with room to spare: the fake ends a reply that fills its
@@ -296,7 +296,7 @@ class Daemon:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             self._wait_ready(self._notify, timeout)
         except BaseException:

@@ -590,7 +590,9 @@ class FakeRouter:
             for part in message["content"]
         )
 
-    def _next_reply(self, body: dict[str, Any], stream: bool) -> Reply:
+    def next_reply(self, body: dict[str, Any], stream: bool) -> Reply:
+        """The reply to a chat request: the next one scripted, else an echo of the question (a
+        subclass may answer otherwise: bench/crash_audit.py's slow router)."""
         with self._cond:
             queue = self._stream_queue if stream else self._complete_queue
             if queue:
@@ -625,7 +627,7 @@ class FakeRouter:
         overflow = self._overflow(body)
         if overflow is not None:
             return await _send(writer, 400, overflow, request)
-        reply = self._next_reply(body, stream)
+        reply = self.next_reply(body, stream)
         if reply.status >= 400:
             kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")
             return await _send(writer, reply.status, _error_body(reply.status, reply.error or "fake error", kind), request)
