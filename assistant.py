@@ -26,11 +26,21 @@ from mcpserve import add_mcp_commands, run_mcp
 logger = logging.getLogger("assistant")
 
 
+class OneLine(logging.Formatter):
+    """A record on one line, its traceback folded in: journald makes each line of stderr an
+    entry of its own, and a traceback's lines would be read as unrelated events."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", " | ")
+
+
 def setup_logging(verbose: bool) -> None:
     """One line per event on stderr; journald adds its own timestamps."""
     under_journald = bool(os.environ.get("JOURNAL_STREAM"))
     fmt = "%(levelname)s %(name)s: %(message)s" if under_journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine(fmt) if under_journald else logging.Formatter(fmt))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.INFO if verbose else logging.WARNING)
 

@@ -1,9 +1,10 @@
 """How much extracted text goes to the model, and how several files share it.
 
 Text blocks share half the free context, ``(ctx_max - ctx_used) / 2`` tokens at
-3 characters a token, or 24000 characters when ``ctx_max`` is unknown (0); the
-other half stays for the question's own words and the reply (docs/DESIGN.md,
-"Attachments").  Three characters a token is deliberately pessimistic (English
+3 characters a token, or 24000 characters when ``ctx_max`` is unknown (0: a caller
+that knows no size; the daemon always passes the size known or assumed, ``assumed_ctx``
+for a router that does not say); the other half stays for the question's own words
+and the reply (docs/DESIGN.md, "Attachments").  Three characters a token is deliberately pessimistic (English
 runs near four), so the budget errs towards leaving room for the reply.  The
 budget counts the extracted text itself; block headers, page markers' notes and
 image labels are small and not counted.
@@ -37,8 +38,6 @@ DEFAULT_BUDGET_CHARS = 24_000
 # the full text kept per document for attachment_recall: 2 Mi characters (about half a
 # million tokens, beyond any local context; more only costs memory and disk)
 FULL_TEXT_CAP = 2 * 1024 * 1024
-
-
 
 
 def budget_chars(ctx_max: int, ctx_used: int) -> int:

@@ -187,7 +187,8 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
 
 def _no_vision(model: str) -> NoVision:
     """The refusal of images (files or PDF pages) for a model that cannot see them."""
-    return NoVision(f"{model} cannot see images")
+    return NoVision(f"{model} cannot see images; ask a model that can (the models request lists them), "
+                    "or leave the image out")
 
 
 def _pages_to_show(text: pdf.PdfText, *, model: str, vision: bool) -> tuple[list[int], list[int]]:

@@ -23,7 +23,7 @@ from core import Config, load_config
 from core.wire import Wire, of_type, reply_text
 from daemon.server import Server
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from selfcheck.samples import make_pdf, make_png
+from selfcheck.samples import Scan, make_pdf, make_png
 
 EVENT_TIMEOUT = 30.0  # seconds for any one event: a hang fails the check instead of stalling it
 
@@ -219,11 +219,14 @@ async def _image_ref(ctx: Context) -> None:
     expect("[image cat.png is no longer available]" in _sent_text(ctx, index=0), "no unavailable notice")
 
 
-@check("an image for a text-only model is refused: '<model> cannot see images'")
+@check("an image, or a PDF needing page images, for a text-only model is refused: '<model> cannot see images'")
 async def _no_vision(ctx: Context) -> None:
     image = make_png(ctx.scratch / "v.png")
-    error = (await ctx.wire.ask("see", files=[str(image)], model="fake-text"))[-1]
-    expect(error.get("code") == "no_vision" and error["message"] == "fake-text cannot see images", f"{error}")
+    scanned = make_pdf(ctx.scratch / "scanned.pdf", [Scan("a receipt")])
+    for file in (image, scanned):
+        error = (await ctx.wire.ask("see", files=[str(file)], model="fake-text"))[-1]
+        expect(error.get("code") == "no_vision" and error["message"].startswith("fake-text cannot see images; "),
+               f"{file.name}: {error}")
     expect(ctx.router.requests == [], "something was sent to the model")
 
 

@@ -175,7 +175,9 @@ async def test_an_image_on_a_text_model_is_refused(wire: Wire, router: FakeRoute
     cat = make_png(tmp_path / "cat.png")
     events = await wire.ask("see?", files=[str(cat)])
     assert events[-1]["code"] == "no_vision"
-    assert events[-1]["message"] == "fake-text cannot see images"
+    assert events[-1]["message"] == (
+        "fake-text cannot see images; ask a model that can (the models request lists them), or leave the image out"
+    )
     assert router.requests == []
 
 

@@ -168,6 +168,27 @@ async def test_a_regular_file_at_the_socket_path_is_not_removed(spawned: list[Da
     assert config.socket_path.read_text() == "mine"
 
 
+async def test_under_journald_a_traceback_is_one_line_of_its_record() -> None:
+    code = (
+        "import logging, assistant\n"
+        "assistant.setup_logging(False)\n"
+        "try:\n"
+        "    {}['missing']\n"
+        "except KeyError:\n"
+        "    logging.getLogger('daemon.runner').exception('turn 2 of conversation 7 failed')\n"
+    )
+    for journald, lines in (("1", 1), ("", 4)):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, cwd=ROOT, env={**os.environ, "JOURNAL_STREAM": journald},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+        text = err.decode()
+        assert "turn 2 of conversation 7 failed" in text and "KeyError: 'missing'" in text
+        # journald makes each line an entry: under it, one line; on a terminal, the usual traceback
+        assert len(text.splitlines()) == lines, text
+
+
 async def test_sigterm_lets_a_turn_finish_briefly_then_stores_it(
     spawned: list[DaemonProcess], config: Config, router: FakeRouter, tmp_path: Path
 ) -> None:
