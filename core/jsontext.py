@@ -16,7 +16,7 @@ import re
 import secrets
 from typing import Any
 
-__all__ = ["SURROGATE_ESCAPE", "json_parts", "strict_loads", "without_lone_surrogates"]
+__all__ = ["SURROGATE_ESCAPE", "compact_json", "json_parts", "strict_loads", "without_lone_surrogates"]
 
 # where a lone surrogate can come from in JSON text: its escape (raw UTF-8 cannot carry one)
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -30,6 +30,13 @@ def _no_constant(name: str) -> Any:
 # made once: json.loads and json.dumps with options make a new decoder or encoder per call
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _ECHO_CHECK = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as compact JSON, UTF-8 as it is (an event, a request's body); ``ValueError``
+    for NaN or Infinity, which are not JSON (a JavaScript client cannot read them)."""
+    return _COMPACT.encode(value)
 
 
 def strict_loads(text: str) -> Any:
@@ -69,7 +76,7 @@ def json_parts(body: dict[str, Any]) -> list[bytes]:
     messages = body.get("messages")
     if isinstance(messages, list):
         body = {**body, "messages": [_with_placeholders(m, placeholder, urls) for m in messages]}
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = compact_json(body)
     pieces = text.split(json.dumps(placeholder)[1:-1]) if urls else [text]
     parts = [pieces[0].encode()]
     for url, piece in zip(urls, pieces[1:], strict=True):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.errors import AssistantError, BadRequest, UnknownType
-from core.jsontext import strict_loads, without_lone_surrogates
+from core.jsontext import compact_json, strict_loads, without_lone_surrogates
 from core.wire import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from history import MAX_CONVERSATION_ID
 
@@ -172,7 +172,7 @@ def request_id(obj: dict[str, Any]) -> Any:
     """The request's ``id``, echoed on every event that answers it; ``BadRequest`` if too large
     (a large id would ride on every delta of a reply)."""
     value = obj.get("id")
-    if value is not None and len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > MAX_ID_CHARS:
+    if value is not None and len(compact_json(value)) > MAX_ID_CHARS:
         raise BadRequest(f"the request's id is over {MAX_ID_CHARS} characters as JSON; use a short one, such as a number")
     return value
 
@@ -230,8 +230,7 @@ class Encoded:
 
 def encode_json(value: Any) -> bytes:
     """A value as compact UTF-8 JSON (no ASCII escaping: the canvas reads UTF-8)."""
-    # allow_nan=False: NaN and Infinity are not JSON, and a JavaScript canvas cannot parse them
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = compact_json(value)
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate from outside, not caught where it came in
