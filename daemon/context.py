@@ -43,6 +43,7 @@ from core import (
     estimate_tools,
 )
 from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, RouterError, RouterUnreachable
+from core.jsontext import FrozenJSON
 from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
 from kbinject import KnowledgeBases
@@ -256,7 +257,10 @@ class ContextBuilder:
         if skip:
             logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
                            cid, skip, model.id)
-        return [m for t in turns[skip:] for m in await t.for_router(model.vision)], own + total
+        earlier: list[dict[str, Any]] = []
+        for t in turns[skip:]:  # held text as it is: no coroutine per turn (~0.2 us each, 2,000 turns)
+            earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
+        return earlier, own + total
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -365,7 +369,7 @@ class ContextBuilder:
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
-        entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+        entry.system = [FrozenJSON({"role": "system", "content": "\n\n".join(parts)})] if parts else []
         entry.system_prompt = instructions
         return entry.system
 

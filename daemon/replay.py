@@ -22,6 +22,7 @@ from typing import Any
 
 from attachments import resolve_image_refs
 from core import IMAGE_PART_TYPES, fit_message
+from core.jsontext import FrozenJSON
 from history import Compaction
 
 __all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
@@ -51,7 +52,7 @@ class ReplayedTurn:
     n: int
     stored: Messages  # whole exchanges, oversize text cut; image references as stored
     tokens: int
-    sent: Messages | None  # the router's form; None when it has images, resolved per prompt
+    sent: Messages | None  # the router's form, encoded once; None when it has images, resolved per prompt
 
     async def for_router(self, vision: bool) -> Messages:
         if self.sent is not None:
@@ -68,7 +69,7 @@ class Replayed:
     vision: bool
     upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
     turns: list[ReplayedTurn] = field(default_factory=list)
-    system: Messages | None = None  # the system message, made once per compaction
+    system: Messages | None = None  # the system message, made (and encoded) once per compaction
     system_prompt: str | None = None  # the conversation's system prompt ``system`` was made from
 
     @property
@@ -127,6 +128,7 @@ class ReplayCache:
             if n <= entry.upto or n <= entry.after:
                 continue
             stored = [fit_message(m, replay_tokens) for m in messages]
-            sent = None if has_images(stored) else router_messages(stored)
+            # encoded once (core.jsontext.json_parts splices the text into every request)
+            sent: Messages | None = None if has_images(stored) else [FrozenJSON(m) for m in router_messages(stored)]
             entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored), sent))
         entry.upto = max(entry.upto, upto)

@@ -138,6 +138,34 @@ async def test_a_body_in_parts_is_the_json_of_the_body() -> None:
     assert b"".join(parts) == json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+async def test_frozen_messages_are_spliced_as_they_were_encoded() -> None:
+    from core.jsontext import SPLICE_MIN, FrozenJSON, json_parts
+
+    big = "data:image/png;base64," + "A" * SPLICE_MIN
+    plain = [
+        {"role": "system", "content": "text with \x00 and \u2603"},
+        {"role": "user", "content": "a question"},
+        {"role": "assistant", "content": "an answer, \"quoted\""},
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": big}}]},
+        {"role": "assistant", "content": "seen"},
+        {"role": "user", "content": "and now?"},
+    ]
+    frozen = [FrozenJSON(m) for m in plain]
+    # runs of frozen messages between plain ones, at the start, in the middle and at the end
+    messages = [frozen[0], frozen[1], frozen[2], plain[3], frozen[4], plain[5]]
+    body = {"model": "m", "messages": messages, "stream": True}
+    parts = json_parts(body)
+    assert big.encode() in parts  # the plain message's data URL still spliced
+    assert b"".join(parts) == json.dumps({**body, "messages": plain}, ensure_ascii=False, separators=(",", ":")).encode()
+    assert b"".join(json_parts({"model": "m", "messages": frozen[:3]})) == json.dumps(
+        {"model": "m", "messages": plain[:3]}, ensure_ascii=False, separators=(",", ":")).encode()
+    with pytest.raises(TypeError):
+        frozen[1]["content"] = "changed"  # its text could not follow
+    with pytest.raises(TypeError):
+        frozen[1].update(content="changed")
+    assert frozen[1] == plain[1] and {**frozen[1], "content": "copied"}["content"] == "copied"
+
+
 async def test_a_phones_mpo_photo_and_a_log_that_mentions_pdf(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     photo = make_mpo(tmp_path / "photo.jpg", (40, 30))  # a JPEG with a second picture after it
     log = tmp_path / "app.log.1"
