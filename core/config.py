@@ -55,6 +55,8 @@ class Config:
     request_timeout: float = 300.0  # seconds between two chunks of a reply
     connect_timeout: float = 5.0
     image_tokens: int = DEFAULT_IMAGE_TOKENS  # flat token cost of one image in estimates
+    # the [models."<id>"] tables' image_tokens: a model's own image cost (image_cost)
+    model_image_tokens: Mapping[str, int] = dataclasses.field(default_factory=dict)
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
@@ -70,11 +72,24 @@ class Config:
     def embeddings_base(self) -> str:
         return self.embedding_url or self.router_url
 
+    def image_cost(self, model: str) -> int:
+        """The tokens one image counts for ``model`` in estimates: its ``[models]`` table's
+        ``image_tokens`` (named by its id, or by the file name of a GGUF path without
+        ``.gguf``, as llama-server names a model without ``--alias``), else ``image_tokens``."""
+        own = self.model_image_tokens
+        if own:
+            for name in (model, model.rsplit("/", 1)[-1].removesuffix(".gguf")):
+                if name in own:
+                    return own[name]
+        return self.image_tokens
+
 
 # Keys a user may set; the paths come from their own variables.
 _SETTABLE = tuple(
-    f.name for f in dataclasses.fields(Config) if f.name not in ("socket_path", "data_dir", "config_path", "mcp")
+    f.name for f in dataclasses.fields(Config)
+    if f.name not in ("socket_path", "data_dir", "config_path", "mcp", "model_image_tokens")
 )
+MODEL_KEYS = ("image_tokens",)  # what a [models."<id>"] table may set
 
 
 # ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
@@ -152,6 +167,27 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: {key} must be a {kind.__name__}, not {value!r}; fix it and restart") from None
 
 
+def _model_tables(tables: Any, source: str) -> dict[str, int]:
+    """The ``[models."<id>"]`` tables: each model's ``image_tokens``."""
+    example = 'e.g. [models."qwen2.5-vl-7b"] with image_tokens = 1200'
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{source}: models must be a table of tables, one per model id ({example}); fix it and restart")
+    costs: dict[str, int] = {}
+    for model, table in tables.items():
+        where = f'[models."{model}"]'
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: {where} must be a table ({example}); fix it and restart")
+        for key, value in table.items():
+            if key not in MODEL_KEYS:
+                raise ConfigError(f"{source}: unknown key {key!r} in {where}; known keys: {', '.join(MODEL_KEYS)}; "
+                                  "fix it and restart")
+            cost = _coerce("image_tokens", value, f"{source} {where}")
+            if cost < 0:
+                raise ConfigError(f"{source}: {where} image_tokens must not be negative; fix it and restart")
+            costs[model] = cost
+    return costs
+
+
 def _url_problem(url: str) -> str | None:
     """What is wrong with a model server's URL, or None."""
     if not url.startswith(("http://", "https://")):
@@ -207,9 +243,11 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
                 values["mcp"] = parse_mcp(table.pop("mcp"), str(path))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if "models" in table:  # per-model tables, file only like [mcp]
+            values["model_image_tokens"] = _model_tables(table.pop("models"), str(path))
         for key, value in table.items():
             if key not in _SETTABLE:
-                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}, [mcp]")
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}, [mcp], [models]")
             values[key] = _coerce(key, value, str(path))
     for key in _SETTABLE:
         var = f"ASSISTANT_{key.upper()}"

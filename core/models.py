@@ -1,7 +1,7 @@
 """What a model server says of its models, read from its answers: pure functions, no I/O.
 
 ``ModelInfo`` is what the daemon knows of one model (input modalities, context size and
-where that size came from, tool support). The functions read the facts out of the
+where that size came from, tool support, and the image cost the configuration gives it). The functions read the facts out of the
 answers of ``/v1/models`` entries, llama-server's ``/props`` (also behind llama-swap's
 ``/upstream/<model>/props``) and Ollama's ``/api/show``; ``router.RouterClient`` asks
 and combines them (docs/DESIGN.md, "Context sizes").
@@ -53,6 +53,7 @@ class ModelInfo:
     # server then drops `tools` silently, so offering them only costs prompt tokens
     tools: bool = True
     ctx_source: CtxSource = "assumed"
+    image_tokens: int = Config.image_tokens  # what one image counts in estimates (Config.image_cost)
 
     @property
     def vision(self) -> bool:
@@ -64,6 +65,7 @@ class ModelInfo:
             "input_modalities": list(self.input_modalities),
             "ctx_max": self.ctx_max,
             "ctx_source": self.ctx_source,
+            "image_tokens": self.image_tokens,
         }
 
 

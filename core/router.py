@@ -282,7 +282,7 @@ class RouterClient:
         if n_ctx <= 0:
             raise ValueError(f"a context size must be positive, not {n_ctx}")
         self._learned[model] = n_ctx
-        current = next((m for m in self._models if m.id == model), None) or ModelInfo(model)
+        current = next((m for m in self._models if m.id == model), None) or self._info(model)
         override = self._config.ctx_max
         if override and override <= n_ctx:
             return replace(current, ctx_max=override, ctx_source="config")
@@ -316,7 +316,7 @@ class RouterClient:
                 continue
             modalities, listed = listed_modalities(entry), listed_context(entry)
             ctx_max, source = self._size(entry["id"], listed, "models")
-            models.append(ModelInfo(entry["id"], modalities or ("text",), ctx_max, ctx_source=source))
+            models.append(self._info(entry["id"], modalities or ("text",), ctx_max, source))
             if modalities is None or (listed is None and not self._config.ctx_max):
                 missing[entry["id"]] = Missing(modalities is None, listed is None and not self._config.ctx_max)
         self._models, self._missing = models, missing
@@ -329,6 +329,14 @@ class RouterClient:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
             # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0], may_load=False)
+
+    def _info(
+        self, model: str, modalities: tuple[str, ...] = ("text",), ctx_max: int | None = None,
+        source: CtxSource = "assumed",
+    ) -> ModelInfo:
+        """A model as first listed: with the image cost the configuration gives it."""
+        return ModelInfo(model, modalities, ctx_max or self._config.assumed_ctx, ctx_source=source,
+                         image_tokens=self._config.image_cost(model))
 
     def _size(self, model: str, found: int | None, source: CtxSource, guess: bool = False) -> tuple[int, CtxSource]:
         """ctx_max and its source: the configuration's, else a size the router states, else a
@@ -380,8 +388,8 @@ class RouterClient:
             else:
                 ctx_max, source = self._size(info.id, said[1].ctx, said[0], said[1].guess)
         if missing.modalities and modalities:
-            return ModelInfo(info.id, modalities, ctx_max, tools, source)
-        return ModelInfo(info.id, info.input_modalities, ctx_max, tools, source)
+            return replace(info, input_modalities=modalities, ctx_max=ctx_max, tools=tools, ctx_source=source)
+        return replace(info, ctx_max=ctx_max, tools=tools, ctx_source=source)
 
     async def _is_ollama(self) -> bool:
         """Whether the router is Ollama, whose root says so; asked once per model list."""

@@ -125,13 +125,10 @@ class ContextBuilder:
         self.history = history
         self.router = router
         self.kbs = kbs
-        self.replays = ReplayCache(self.estimate)
+        self.replays = ReplayCache(estimate_messages)
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
-
-    def estimate(self, messages: list[dict[str, Any]]) -> int:
-        return estimate_messages(messages, self.config.image_tokens)
 
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""
@@ -167,7 +164,7 @@ class ContextBuilder:
         entry = await self._replayed(cid, turn, model, budget, known)
         instructions = self.system_prompt(known.conversation if known else None)
         fixed = tool_tokens
-        own = self.estimate([{"role": "system", "content": instructions}, *current]) + fixed
+        own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens) + fixed
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
         system = entry.system
@@ -191,7 +188,7 @@ class ContextBuilder:
         if block:
             question = prompt[-1]
             prompt[-1] = with_passages(question, block)
-            tokens += self.estimate(prompt[-1:]) - self.estimate([question])
+            tokens += estimate_messages(prompt[-1:], model.image_tokens) - estimate_messages([question], model.image_tokens)
         return Prompt(prompt, tokens, budget)
 
     async def _replayed(
@@ -200,14 +197,15 @@ class ContextBuilder:
         """The conversation's replayed turns before ``turn``: those held, and those answered since."""
         compaction = known.compaction if known else None
         after = compaction.through_turn if compaction else 0
-        entry = self.replays.get(cid, after, budget.ctx_max, model.vision, known.known if known else 0)
+        held_for = (budget.ctx_max, model.vision, model.image_tokens)
+        entry = self.replays.get(cid, after, held_for, known.known if known else 0)
         raw = known.earlier if known else []
         if entry is None:
             # what was read is the whole story only when it skipped nothing and nothing was
             # held (a held entry for another context size may have compacted since)
             if (known is not None and known.known > 0) or self.replays.holds(cid):
                 compaction, raw = await self.history.run(lambda s: _earlier(s, cid, turn))
-            entry = self.replays.start(cid, compaction, budget.ctx_max, model.vision)
+            entry = self.replays.start(cid, compaction, held_for)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
 
@@ -247,7 +245,7 @@ class ContextBuilder:
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
         """
-        own = self.estimate([*system, *current]) + fixed
+        own = estimate_messages([*system, *current], model.image_tokens) + fixed
         room = budget.prompt_limit - own
         total = sum(t.tokens for t in turns)
         skip = 0
@@ -314,7 +312,7 @@ class ContextBuilder:
         from a transcript of the folded turns, cut to fit.
         """
         conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
-        needed = self.estimate(conversation) + estimate_text(IN_PLACE_REQUEST) + budget.summary_tokens
+        needed = estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST) + budget.summary_tokens
         if tools:
             needed += estimate_tools(tools)
         if in_place and needed <= budget.ctx_max:

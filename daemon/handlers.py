@@ -132,13 +132,16 @@ class Handlers:
         cid: int | None = request.get("conversation")
         conv = await self._conversation(cid) if cid is not None else None
         ctx_used = conv.ctx_used if conv else 0
+        named = request.get("model") or (conv.model if conv else None)
         try:
-            model = await self.router.model_info(request.get("model") or (conv.model if conv else None))
-            name, vision, ctx_max = model.id, model.vision, model.ctx_max
+            model = await self.router.model_info(named)
+            name, vision, ctx_max, image_tokens = model.id, model.vision, model.ctx_max, model.image_tokens
         except (RouterUnreachable, RouterError):
-            name, vision, ctx_max = "", True, 0  # a meter still works while the router is away
+            # a meter still works while the router is away
+            name, vision, ctx_max = "", True, 0
+            image_tokens = self.config.image_cost(named or self.router.default_model() or "")
         files = await estimate_files(
-            request.get("files", []), image_tokens=self.config.image_tokens, model=name, vision=vision,
+            request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(request.get("text", ""))

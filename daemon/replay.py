@@ -8,7 +8,7 @@ the replayed form of each is made once and held here; a turn reads only the turn
 answered since (``HistoryStore.turn_context(known=...)``).
 
 What is held stays valid while the conversation's latest compaction and the model's
-context size and vision are the same; otherwise the entry is rebuilt from storage.
+context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.
 Turns carrying images are held without their pixels (resolved from their files for each
 prompt), so the cache holds text, and at most ``CACHED_CONVERSATIONS`` conversations.
 """
@@ -29,6 +29,7 @@ __all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
 
 CACHED_CONVERSATIONS = 32
 Messages = list[dict[str, Any]]
+Model = tuple[int, bool, int]  # what an entry is valid for: the context size, vision and image cost
 PRIVATE_MESSAGE_KEYS = ("ok", "summary", "reasoning_content", "server", "tool")  # ours, not the router's
 
 
@@ -67,6 +68,7 @@ class Replayed:
     compaction: Compaction | None  # the latest; its summary stands for the turns it folded
     ctx_max: int
     vision: bool
+    image_tokens: int  # what one image counts in the turns' estimates
     upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
     turns: list[ReplayedTurn] = field(default_factory=list)
     system: Messages | None = None  # the system message, made (and encoded) once per compaction
@@ -86,7 +88,7 @@ class Replayed:
 class ReplayCache:
     """The replayed turns of the conversations asked in lately."""
 
-    def __init__(self, estimate: Callable[[Messages], int], size: int = CACHED_CONVERSATIONS) -> None:
+    def __init__(self, estimate: Callable[[Messages, int], int], size: int = CACHED_CONVERSATIONS) -> None:
         self._estimate = estimate
         self._size = size
         self._entries: OrderedDict[int, Replayed] = OrderedDict()
@@ -99,23 +101,24 @@ class ReplayCache:
     def holds(self, cid: int) -> bool:
         return cid in self._entries
 
-    def get(self, cid: int, after: int, ctx_max: int, vision: bool, known: int) -> Replayed | None:
-        """The entry, when it is still valid and holds every turn up to ``known``.
+    def get(self, cid: int, after: int, model: Model, known: int) -> Replayed | None:
+        """The entry, when it is still valid for ``model`` (ctx_max, vision, image_tokens) and
+        holds every turn up to ``known``.
 
         ``after`` is the latest compaction the store knew of when it was read; the entry may
         know a later one (made by this same turn before a retry).
         """
         entry = self._entries.get(cid)
-        if entry is None or (entry.ctx_max, entry.vision) != (ctx_max, vision):
+        if entry is None or (entry.ctx_max, entry.vision, entry.image_tokens) != model:
             return None
         if entry.after < after or entry.upto < known:
             return None
         self._entries.move_to_end(cid)
         return entry
 
-    def start(self, cid: int, compaction: Compaction | None, ctx_max: int, vision: bool) -> Replayed:
-        """A new, empty entry for ``cid`` (replacing any)."""
-        entry = Replayed(compaction, ctx_max, vision)
+    def start(self, cid: int, compaction: Compaction | None, model: Model) -> Replayed:
+        """A new, empty entry for ``cid`` (replacing any), for ``model`` (ctx_max, vision, image_tokens)."""
+        entry = Replayed(compaction, *model)
         self._entries[cid] = entry
         self._entries.move_to_end(cid)
         while len(self._entries) > self._size:
@@ -130,5 +133,5 @@ class ReplayCache:
             stored = [fit_message(m, replay_tokens) for m in messages]
             # encoded once (core.jsontext.json_parts splices the text into every request)
             sent: Messages | None = None if has_images(stored) else [FrozenJSON(m) for m in router_messages(stored)]
-            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored), sent))
+            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent))
         entry.upto = max(entry.upto, upto)

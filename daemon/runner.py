@@ -363,7 +363,7 @@ class TurnRunner:
         # compaction's summary request can offer the same tools (the top of the cached prompt)
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
-            max_chars=0, image_chars=self.config.image_tokens * BUDGET_CHARS_PER_TOKEN, kb_injection=state.kb[1],
+            max_chars=0, image_chars=state.model.image_tokens * BUDGET_CHARS_PER_TOKEN, kb_injection=state.kb[1],
             has_attachments=(known is not None and known.has_attachments) or has_files(state.messages[0]),
             kb_ids=known.kb_ids if known else None,
         )
@@ -420,11 +420,11 @@ class TurnRunner:
                     end = await self._stream_round(state, prompt, None, emit)
                     state.prompt, state.tools = prompt.messages, None
                 return end.finish_reason
-            self._append(prompt, router_messages(state.messages[-1:]))
+            append(prompt, router_messages(state.messages[-1:]), state.model)
             # the calls of a round share half of what is left of the context
             room = budget_chars(prompt.budget.ctx_max, prompt.tokens)
             ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
-            self._append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit))
+            append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit), state.model)
         raise AssertionError("the last round offers no tools")
 
     async def _hosted(self, state: TurnState, progress: Callable[[str, str], None]) -> list[Tool]:
@@ -436,11 +436,6 @@ class TurnRunner:
         if note:
             progress("tools", note)
         return list(hosted)
-
-    def _append(self, prompt: Prompt, messages: list[dict[str, Any]]) -> None:
-        """Messages added to a round's prompt, counted as they come (estimates add up)."""
-        prompt.messages.extend(messages)
-        prompt.tokens += self.context.estimate(messages)
 
     async def _run_tools(
         self, state: TurnState, offered: list[Tool], calls: list[ToolCall], ctx: ToolContext, emit: Emit
@@ -587,7 +582,7 @@ class TurnRunner:
             # the turn out, so the conversation fills what it did before it
             ctx_used = None
         else:
-            ctx_used = state.prompt_estimate + estimate_messages(messages[1:], self.config.image_tokens)
+            ctx_used = state.prompt_estimate + estimate_messages(messages[1:], state.model.image_tokens)
         known = state.known.conversation.ctx_used if state.known is not None else 0
         state.ctx_used = known if ctx_used is None else ctx_used
         outcome = TurnOutcome(
@@ -623,6 +618,12 @@ def silent(message: dict[str, Any]) -> bool:
 def has_files(question: dict[str, Any]) -> bool:
     """Whether a stored question carries files (its content is a list of parts then)."""
     return isinstance(question.get("content"), list)
+
+
+def append(prompt: Prompt, messages: list[dict[str, Any]], model: ModelInfo) -> None:
+    """Messages added to a round's prompt, counted as they come (estimates add up)."""
+    prompt.messages.extend(messages)
+    prompt.tokens += estimate_messages(messages, model.image_tokens)
 
 
 def add_user_note(prompt: list[dict[str, Any]], note: str) -> None:

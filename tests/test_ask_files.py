@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from core import Config
+from core import Config, load_config
 from core.wire import Wire, of_type
-from selfcheck.fakerouter import FakeRouter
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from selfcheck.samples import Scan, make_mpo, make_pdf, make_png, make_sparse
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -314,6 +314,35 @@ async def test_estimate_counts_staged_text_and_files(wire: Wire, tmp_path: Path)
     assert later["ctx_used"] > 0 and later["files"] == []
     refused = await wire.request({"type": "estimate", "files": [str(cat)]})
     assert refused["code"] == "no_vision"
+
+
+async def test_each_model_counts_images_at_its_own_cost(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    models = [FakeModel("fake-vision", ["text", "image"], 8192), FakeModel("/models/llava-1.5.gguf", ["text", "image"])]
+    config_file = tmp_path / "config" / "assistant" / "config.toml"
+    config_file.parent.mkdir(parents=True)
+    config_file.write_text('image_tokens = 500\n[models.fake-vision]\nimage_tokens = 1200\n')
+    cat = make_png(tmp_path / "cat.png")
+    with FakeRouter(models) as router:
+        monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
+        monkeypatch.setenv("ASSISTANT_AUTO_TITLE", "false")
+        async with serving(load_config()) as (_daemon, wire):
+            listed = await wire.request({"type": "models"})
+            assert {m["id"]: m["image_tokens"] for m in listed["items"]} == {
+                "fake-vision": 1200, "/models/llava-1.5.gguf": 500}
+            used = {}
+            for model in ("fake-vision", "/models/llava-1.5.gguf"):
+                estimate = await wire.request({"type": "estimate", "files": [str(cat)], "model": model})
+                assert estimate["files"] == [{"name": "cat.png", "kind": "image", "tokens": listed_cost(listed, model)}]
+                router.script(Reply(text="a cat", usage=None))  # no usage: ctx_used is our estimate
+                done = (await wire.ask("what is it?", files=[str(cat)], model=model))[-1]
+                assert done["type"] == "done", done
+                used[model] = done["ctx_used"]
+            # the same prompt but for the image's cost
+            assert used["fake-vision"] - used["/models/llava-1.5.gguf"] == 1200 - 500
+
+
+def listed_cost(listed: dict[str, Any], model: str) -> int:
+    return next(m["image_tokens"] for m in listed["items"] if m["id"] == model)
 
 
 async def test_estimate_counts_a_file_that_reports_no_size(wire: Wire) -> None:

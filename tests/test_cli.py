@@ -190,6 +190,9 @@ async def test_version_and_global_options_on_either_side(daemon: RunningDaemon, 
         code, out, err = await cli(*args, env=elsewhere)
         assert code == 0, (args, err)
     assert out.startswith('{"type": "models"')
+    code, out, _ = await cli("models")
+    assert code == 0 and out.splitlines() == [
+        "* fake-text  ctx 4096  inputs text", "  fake-vision  ctx 8192  inputs text, image (an image counts 765)"]
 
 
 # -- exit statuses and manners --------------------------------------------------------------

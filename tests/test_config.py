@@ -114,6 +114,34 @@ def test_a_file_value_of_the_wrong_kind_is_named(tmp_path: Path, text: str | byt
     assert words in info.value.message
 
 
+def test_models_tables_give_a_model_its_own_image_cost(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('image_tokens = 500\n[models."qwen2.5-vl-7b"]\nimage_tokens = 1200\n'
+                    '[models.gemma-3-4b]\nimage_tokens = 256\n')
+    config = load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path), "ASSISTANT_IMAGE_TOKENS": "600"})
+    assert config.image_cost("qwen2.5-vl-7b") == 1200
+    assert config.image_cost("/models/gemma-3-4b.gguf") == 256  # llama-server's id without --alias
+    assert config.image_cost("llava") == 600  # the environment's image_tokens wins over the file's
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('models = "qwen"\n', "models must be a table of tables"),
+        ("[models]\nqwen = 3\n", '[models."qwen"] must be a table'),
+        ('[models.qwen]\nctx_max = 4096\n', "unknown key 'ctx_max' in [models.\"qwen\"]; known keys: image_tokens"),
+        ('[models.qwen]\nimage_tokens = "many"\n', "image_tokens must be a int, not 'many'"),
+        ("[models.qwen]\nimage_tokens = -1\n", 'c.toml: [models."qwen"] image_tokens must not be negative'),
+    ],
+)
+def test_a_bad_models_table_is_named(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path)})
+    assert words in info.value.message
+
+
 def test_assistant_config_naming_a_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
         load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(tmp_path / "nope.toml")})

@@ -47,7 +47,8 @@ def _render_models(event: dict[str, Any], out: TextIO) -> None:
     for item in event["items"]:
         star = "*" if item["id"] == event.get("default") else " "
         ctx = item["ctx_max"] or "?"
-        print(f"{star} {item['id']}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}", file=out)
+        images = f" (an image counts {item['image_tokens']})" if "image" in item["input_modalities"] else ""
+        print(f"{star} {item['id']}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}{images}", file=out)
 
 
 def _render_status(event: dict[str, Any], out: TextIO) -> None:
