@@ -7,7 +7,7 @@
   JSON or UTF-8 (an event, a row in SQLite), so a value holding one is refused where it comes in.
 - ``without_lone_surrogates``: what the model server sends, made text (U+FFFD for a lone half).
 - ``json_parts``: a request's body as JSON in pieces, long data URLs not encoded again.
-- ``FrozenJSON``: a message encoded once (a replayed turn's): ``json_parts`` splices its text.
+- ``FrozenJSON``: a message encoded once (a replayed turn's): ``json_parts`` splices its bytes.
 """
 
 from __future__ import annotations
@@ -69,16 +69,17 @@ SPLICE_MIN = 64 * 1024
 
 
 class FrozenJSON(dict[str, Any]):
-    """A JSON object (a replayed message) with its compact JSON made once: a prompt replays
-    the same earlier turns on every turn, and ``json_parts`` splices their text instead of
-    encoding them again (400 messages: ~0.1 ms before every first token).  Read-only, so
-    the text cannot go stale; its values must not be changed either."""
+    """A JSON object (a replayed message) with its compact UTF-8 JSON made once: a prompt
+    replays the same earlier turns on every turn, and ``json_parts`` splices their bytes
+    instead of encoding them again (200 turns of 1,500-character replies: 3.4 ms before
+    every first token, ``bench/bench_body.py``).  Read-only, so the bytes cannot go stale;
+    its values must not be changed either."""
 
     __slots__ = ("json",)
 
     def __init__(self, value: dict[str, Any]) -> None:
         super().__init__(value)
-        self.json = compact_json(value)
+        self.json = compact_json(value).encode()
 
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a FrozenJSON object is read-only; copy it to change it")
@@ -87,54 +88,49 @@ class FrozenJSON(dict[str, Any]):
 
 
 def json_parts(body: dict[str, Any]) -> list[bytes]:
-    """``body`` as compact UTF-8 JSON (as httpx's ``json=`` writes it), in parts: each long
-    data URL of its messages' image parts a part of its own, its bytes never passed through
-    the JSON encoder, and each ``FrozenJSON`` message its own text, not encoded again.
+    """``body`` as compact UTF-8 JSON (as httpx's ``json=`` writes it), in parts: each run
+    of ``FrozenJSON`` messages its bytes as made, and each long data URL of the other
+    messages' image parts its own bytes, neither passed through the JSON encoder again.
     ``b"".join`` of them is the JSON text."""
-    urls: list[bytes] = []
-    frozen: list[str] = []  # the text of each run of frozen messages, in order
-    token = secrets.token_hex(8)  # no data URL, and no text of the body, holds the placeholders
-    placeholder, run_placeholder = f"\x00{token}\x00", f"\x00{token}+\x00"
+    spliced: list[tuple[bytes, bool]] = []  # in the body's order: the bytes, and whether they are a string's
+    marker = f"\x00{secrets.token_hex(8)}\x00"  # no data URL, and no text of the body, holds it
     messages = body.get("messages")
     if isinstance(messages, list):
-        body = {**body, "messages": _with_placeholders(messages, placeholder, run_placeholder, urls, frozen)}
-    text = compact_json(body)
-    if frozen:
-        runs = text.split(compact_json(run_placeholder))
-        text = "".join(piece for pair in zip(runs, [*frozen, ""]) for piece in pair)
-    pieces = text.split(json.dumps(placeholder)[1:-1]) if urls else [text]
+        body = {**body, "messages": _with_markers(messages, marker, spliced)}
+    pieces = compact_json(body).split(compact_json(marker))  # each marker, quoted, where its bytes go
     parts = [pieces[0].encode()]
-    for url, piece in zip(urls, pieces[1:], strict=True):
-        parts += [url, piece.encode()]
+    for (data, string), piece in zip(spliced, pieces[1:], strict=True):
+        if string:
+            parts[-1] += b'"'
+            parts += [data, b'"' + piece.encode()]
+        else:
+            parts += [data, piece.encode()]
     return parts
 
 
-def _with_placeholders(
-    messages: list[Any], placeholder: str, run_placeholder: str, urls: list[bytes], frozen: list[str]
-) -> list[Any]:
-    """The messages with each run of ``FrozenJSON`` ones ``run_placeholder`` (their text
-    noted in ``frozen``) and each long data URL of the others' image parts ``placeholder``
-    (its bytes noted in ``urls``)."""
+def _with_markers(messages: list[Any], marker: str, spliced: list[tuple[bytes, bool]]) -> list[Any]:
+    """The messages with each run of ``FrozenJSON`` ones one ``marker`` and each long data
+    URL of the others' image parts ``marker``; what they stand for noted in ``spliced``."""
     out: list[Any] = []
-    run: list[str] = []
+    run: list[bytes] = []
     for message in messages:
         if isinstance(message, FrozenJSON):
             run.append(message.json)
             continue
         if run:
-            frozen.append(",".join(run))
-            out.append(run_placeholder)
+            spliced.append((b",".join(run), False))
+            out.append(marker)
             run = []
-        out.append(_with_url_placeholders(message, placeholder, urls))
+        out.append(_with_url_markers(message, marker, spliced))
     if run:
-        frozen.append(",".join(run))
-        out.append(run_placeholder)
+        spliced.append((b",".join(run), False))
+        out.append(marker)
     return out
 
 
-def _with_url_placeholders(message: Any, placeholder: str, urls: list[bytes]) -> Any:
-    """The message with each long data URL of its image parts the placeholder (its bytes
-    noted in ``urls``)."""
+def _with_url_markers(message: Any, marker: str, spliced: list[tuple[bytes, bool]]) -> Any:
+    """The message with each long data URL of its image parts ``marker`` (its bytes noted
+    in ``spliced``)."""
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
         return message  # text alone: as it is, not copied
@@ -148,8 +144,8 @@ def _with_url_placeholders(message: Any, placeholder: str, urls: list[bytes]) ->
         ):
             encoded = url.encode("ascii")
             if not encoded.translate(None, _AS_IS):  # nothing JSON would escape (a data URL's base64)
-                urls.append(encoded)
-                part = {**part, "image_url": {**image, "url": placeholder}}
+                spliced.append((encoded, True))
+                part = {**part, "image_url": {**image, "url": marker}}
         parts.append(part)
     return {**message, "content": parts}
 
