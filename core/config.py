@@ -55,7 +55,7 @@ class Config:
     request_timeout: float = 300.0  # seconds between two chunks of a reply
     connect_timeout: float = 5.0
     image_tokens: int = DEFAULT_IMAGE_TOKENS  # flat token cost of one image in estimates
-    # the [models."<id>"] tables' image_tokens: a model's own image cost (image_cost)
+    # the [models."<id>"] tables' image_tokens: a model's own image cost (core.models.image_cost)
     model_image_tokens: Mapping[str, int] = dataclasses.field(default_factory=dict)
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
@@ -71,17 +71,6 @@ class Config:
     @property
     def embeddings_base(self) -> str:
         return self.embedding_url or self.router_url
-
-    def image_cost(self, model: str) -> int:
-        """The tokens one image counts for ``model`` in estimates: its ``[models]`` table's
-        ``image_tokens`` (named by its id, or by the file name of a GGUF path without
-        ``.gguf``, as llama-server names a model without ``--alias``), else ``image_tokens``."""
-        own = self.model_image_tokens
-        if own:
-            for name in (model, model.rsplit("/", 1)[-1].removesuffix(".gguf")):
-                if name in own:
-                    return own[name]
-        return self.image_tokens
 
 
 # Keys a user may set; the paths come from their own variables.
@@ -164,7 +153,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             raise ValueError(value)
         return coerced
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{source}: {key} must be a {kind.__name__}, not {value!r}; fix it and restart") from None
+        article = "an" if kind is int else "a"
+        raise ConfigError(f"{source}: {key} must be {article} {kind.__name__}, not {value!r}; fix it and restart") from None
 
 
 def _model_tables(tables: Any, source: str) -> dict[str, int]:
@@ -178,12 +168,16 @@ def _model_tables(tables: Any, source: str) -> dict[str, int]:
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: {where} must be a table ({example}); fix it and restart")
         for key, value in table.items():
+            if isinstance(value, dict):  # [models.qwen2.5-vl] is read as models -> qwen2 -> 5-vl
+                raise ConfigError(f"{source}: {where} holds a table {key!r}: quote a model id with dots in it, "
+                                  f'as in [models."{model}.{key}"]; fix it and restart')
             if key not in MODEL_KEYS:
                 raise ConfigError(f"{source}: unknown key {key!r} in {where}; known keys: {', '.join(MODEL_KEYS)}; "
                                   "fix it and restart")
-            cost = _coerce("image_tokens", value, f"{source} {where}")
+        if "image_tokens" in table:
+            cost = _coerce("image_tokens", table["image_tokens"], f"{source} {where}")
             if cost < 0:
-                raise ConfigError(f"{source}: {where} image_tokens must not be negative; fix it and restart")
+                raise ConfigError(f"{source} {where}: image_tokens must not be negative; fix it and restart")
             costs[model] = cost
     return costs
 

@@ -81,6 +81,9 @@ class FrozenJSON(dict[str, Any]):
         super().__init__(value)
         self.json = compact_json(value).encode()
 
+    def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle make it anew from its items
+        return FrozenJSON, (dict(self),)
+
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a FrozenJSON object is read-only; copy it to change it")
 

@@ -23,6 +23,8 @@ __all__ = [
     "Facts",
     "Missing",
     "ModelInfo",
+    "display_name",
+    "image_cost",
     "listed_context",
     "enough",
     "listed_modalities",
@@ -42,6 +44,22 @@ NUM_CTX_PARAMETER = re.compile(r"^num_ctx\s+(\d+)\s*$", re.MULTILINE)
 CtxSource = Literal["config", "models", "props", "upstream", "ollama", "learned", "assumed"]
 
 
+def display_name(model: str) -> str:
+    """A model id for people: llama-server without --alias names a model by its GGUF path."""
+    return model.rsplit("/", 1)[-1].removesuffix(".gguf")
+
+
+def image_cost(config: Config, model: str) -> int:
+    """The tokens one image counts for ``model`` in estimates: its ``[models]`` table's
+    ``image_tokens``, named by its id or by its ``display_name`` (a GGUF path's file name
+    without ``.gguf``), else ``image_tokens``."""
+    own = config.model_image_tokens
+    for name in (model, display_name(model)) if own else ():
+        if name in own:
+            return own[name]
+    return config.image_tokens
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """A model the router serves: what input it takes, its context size and where that came from."""
@@ -53,7 +71,7 @@ class ModelInfo:
     # server then drops `tools` silently, so offering them only costs prompt tokens
     tools: bool = True
     ctx_source: CtxSource = "assumed"
-    image_tokens: int = Config.image_tokens  # what one image counts in estimates (Config.image_cost)
+    image_tokens: int = Config.image_tokens  # what one image counts in estimates (image_cost)
 
     @property
     def vision(self) -> bool:

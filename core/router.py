@@ -67,6 +67,7 @@ from .models import (
     Missing,
     ModelInfo,
     enough,
+    image_cost,
     listed_context,
     listed_modalities,
     ollama_facts,
@@ -336,7 +337,7 @@ class RouterClient:
     ) -> ModelInfo:
         """A model as first listed: with the image cost the configuration gives it."""
         return ModelInfo(model, modalities, ctx_max or self._config.assumed_ctx, ctx_source=source,
-                         image_tokens=self._config.image_cost(model))
+                         image_tokens=image_cost(self._config, model))
 
     def _size(self, model: str, found: int | None, source: CtxSource, guess: bool = False) -> tuple[int, CtxSource]:
         """ctx_max and its source: the configuration's, else a size the router states, else a

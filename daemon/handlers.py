@@ -22,6 +22,7 @@ from core.errors import (
     RouterError,
     RouterUnreachable,
 )
+from core.models import image_cost
 from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, HistoryStore, SearchHit, search_words
@@ -139,7 +140,7 @@ class Handlers:
         except (RouterUnreachable, RouterError):
             # a meter still works while the router is away
             name, vision, ctx_max = "", True, 0
-            image_tokens = self.config.image_cost(named or self.router.default_model() or "")
+            image_tokens = image_cost(self.config, named or self.router.default_model() or "")
         files = await estimate_files(
             request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,

@@ -55,6 +55,7 @@ from core.router import (
     ToolCall,
     Usage,
 )
+from core.models import display_name
 from core.tools import Tool, Toolbox, ToolContext
 from history import (
     AsyncHistory,
@@ -76,7 +77,7 @@ from .titles import make_title, provisional_title, title_prompt
 if TYPE_CHECKING:
     from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
 
-__all__ = ["Slot", "StopReason", "TurnRunner", "TurnState", "display_name"]
+__all__ = ["Slot", "StopReason", "TurnRunner", "TurnState"]
 
 logger = logging.getLogger(__name__)
 
@@ -635,11 +636,6 @@ def add_user_note(prompt: list[dict[str, Any]], note: str) -> None:
         last["content"] = [*last["content"], {"type": "text", "text": note}]
     else:
         last["content"] = f"{last['content']}\n\n{note}"
-
-
-def display_name(model: str) -> str:
-    """A model id for people: llama-server without --alias names a model by its GGUF path."""
-    return model.rsplit("/", 1)[-1].removesuffix(".gguf")
 
 
 def rejects_tools(exc: RouterError) -> bool:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from core import Config, load_config
+from core import router as router_module
 from core.wire import Wire
 from daemon.server import Server, new_event_loop
 from selfcheck.fakerouter import FakeRouter
@@ -50,6 +53,25 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def protocol_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every request a test sends and every event it reads keeps to docs/protocol.schema.json."""
     watch(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def bodies_as_encoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every request body the daemon makes in pieces (``core.jsontext.json_parts``: spliced
+    replayed turns and data URLs) is the JSON of the body as it is when sent: a message changed
+    in place after its JSON was made once would send stale text."""
+    real = router_module.json_parts
+    stale: list[str] = []
+
+    def checked(body: dict[str, Any]) -> list[bytes]:
+        parts = real(body)
+        if b"".join(parts) != json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode():
+            stale.append(json.dumps(body)[:300])
+        return parts
+
+    monkeypatch.setattr(router_module, "json_parts", checked)
+    yield
+    assert not stale, f"a request body differs from the JSON of its messages: {stale[0]}"
 
 
 @pytest.fixture

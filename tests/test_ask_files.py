@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import os
+import pickle
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,8 @@ async def test_frozen_messages_are_spliced_as_they_were_encoded() -> None:
     with pytest.raises(TypeError):
         frozen[1].update(content="changed")
     assert frozen[1] == plain[1] and {**frozen[1], "content": "copied"}["content"] == "copied"
+    for copied in (copy.copy(frozen[2]), copy.deepcopy(frozen[2]), pickle.loads(pickle.dumps(frozen[2]))):
+        assert isinstance(copied, FrozenJSON) and copied == plain[2] and copied.json == frozen[2].json
 
 
 async def test_a_phones_mpo_photo_and_a_log_that_mentions_pdf(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:

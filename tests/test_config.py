@@ -9,6 +9,7 @@ import pytest
 
 from core import ConfigError, load_config
 from core.config import socket_path_problem, unknown_variables
+from core.models import image_cost
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -61,7 +62,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "env, words",
     [
-        ({"ASSISTANT_KB_TOP_K": "three"}, "kb_top_k must be a int"),
+        ({"ASSISTANT_KB_TOP_K": "three"}, "kb_top_k must be an int"),
         ({"ASSISTANT_COMPACT_AT": "2"}, "compact_at must be between"),
         ({"ASSISTANT_ROUTER_URL": "localhost:8080"}, "must start with http"),
         ({"ASSISTANT_REQUEST_TIMEOUT": "0"}, "positive number"),
@@ -119,9 +120,9 @@ def test_models_tables_give_a_model_its_own_image_cost(tmp_path: Path) -> None:
     path.write_text('image_tokens = 500\n[models."qwen2.5-vl-7b"]\nimage_tokens = 1200\n'
                     '[models.gemma-3-4b]\nimage_tokens = 256\n')
     config = load_config({"HOME": str(tmp_path), "ASSISTANT_CONFIG": str(path), "ASSISTANT_IMAGE_TOKENS": "600"})
-    assert config.image_cost("qwen2.5-vl-7b") == 1200
-    assert config.image_cost("/models/gemma-3-4b.gguf") == 256  # llama-server's id without --alias
-    assert config.image_cost("llava") == 600  # the environment's image_tokens wins over the file's
+    assert image_cost(config, "qwen2.5-vl-7b") == 1200
+    assert image_cost(config, "/models/gemma-3-4b.gguf") == 256  # llama-server's id without --alias
+    assert image_cost(config, "llava") == 600  # the environment's image_tokens wins over the file's
 
 
 @pytest.mark.parametrize(
@@ -130,8 +131,10 @@ def test_models_tables_give_a_model_its_own_image_cost(tmp_path: Path) -> None:
         ('models = "qwen"\n', "models must be a table of tables"),
         ("[models]\nqwen = 3\n", '[models."qwen"] must be a table'),
         ('[models.qwen]\nctx_max = 4096\n', "unknown key 'ctx_max' in [models.\"qwen\"]; known keys: image_tokens"),
-        ('[models.qwen]\nimage_tokens = "many"\n', "image_tokens must be a int, not 'many'"),
-        ("[models.qwen]\nimage_tokens = -1\n", 'c.toml: [models."qwen"] image_tokens must not be negative'),
+        ('[models.qwen]\nimage_tokens = "many"\n', 'c.toml [models."qwen"]: image_tokens must be an int, not \'many\''),
+        ("[models.qwen]\nimage_tokens = -1\n", 'c.toml [models."qwen"]: image_tokens must not be negative'),
+        # a dotted id unquoted is a table in a table
+        ("[models.qwen2.5-vl]\nimage_tokens = 9\n", 'quote a model id with dots in it, as in [models."qwen2.5-vl"]'),
     ],
 )
 def test_a_bad_models_table_is_named(tmp_path: Path, text: str, words: str) -> None:

@@ -26,7 +26,7 @@ from core import Config, load_config
 from core.errors import AssistantError, RouterError
 from core.router import RouterClient
 from core.wire import Wire, of_type, reply_text
-from daemon.runner import display_name
+from core.models import display_name
 from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon
 from tests.e2e.conftest import Sent
