@@ -68,6 +68,12 @@ def without_lone_surrogates(value: Any) -> Any:
 SPLICE_MIN = 64 * 1024
 
 
+# Stands in a body for what is spliced in: no data URL holds it, and no text can but by chance
+# (2^-64), since it is drawn anew by each process and never shown
+_MARKER = f"\x00{secrets.token_hex(8)}\x00"
+_QUOTED_MARKER = compact_json(_MARKER)
+
+
 class FrozenJSON(dict[str, Any]):
     """A JSON object (a replayed message) with its compact UTF-8 JSON made once: a prompt
     replays the same earlier turns on every turn, and ``json_parts`` splices their bytes
@@ -96,11 +102,10 @@ def json_parts(body: dict[str, Any]) -> list[bytes]:
     messages' image parts its own bytes, neither passed through the JSON encoder again.
     ``b"".join`` of them is the JSON text."""
     spliced: list[tuple[bytes, bool]] = []  # in the body's order: the bytes, and whether they are a string's
-    marker = f"\x00{secrets.token_hex(8)}\x00"  # no data URL, and no text of the body, holds it
     messages = body.get("messages")
     if isinstance(messages, list):
-        body = {**body, "messages": _with_markers(messages, marker, spliced)}
-    pieces = compact_json(body).split(compact_json(marker))  # each marker, quoted, where its bytes go
+        body = {**body, "messages": _with_markers(messages, _MARKER, spliced)}
+    pieces = compact_json(body).split(_QUOTED_MARKER)  # each marker, quoted, where its bytes go
     parts = [pieces[0].encode()]
     for (data, string), piece in zip(spliced, pieces[1:], strict=True):
         if string:
