@@ -6,9 +6,12 @@ stream with its default reply, an echo of the question in word chunks, so each
 request is answered identically.  Each sample is a pair, in alternating order:
 
 - direct: a streaming POST to ``/v1/chat/completions`` with the daemon's very
-  request body, through the client the daemon uses (httpx on ``core.transport``),
-  timed until the first content chunk; so the overhead is what the daemon adds, not
-  a difference between HTTP clients (httpx's own transport takes ~1 ms longer);
+  request body, through the client the daemon uses (httpx on ``core.transport``, the
+  URL parsed once as the daemon's is), timed until the first content chunk; so the
+  overhead is what the daemon adds, not a difference between HTTP clients (httpx's own
+  transport takes ~1 ms longer). The body goes as httpx's ``json=`` encodes it: a
+  client sending the prompt encodes it; the daemon splices its replayed turns' JSON,
+  made once (``core.jsontext.FrozenJSON``), which is its own saving;
 - daemon: an ``ask`` line on the socket, timed until the first ``delta`` event.
 
 The direct body is the daemon's last request in that conversation (the fake serves
@@ -79,13 +82,13 @@ class Samples:
         return median(self.daemon) - median(self.direct)
 
 
-async def direct_ttft(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, float]:
+async def direct_ttft(http: httpx.AsyncClient, url: httpx.URL, body: dict[str, Any]) -> tuple[float, float]:
     """Seconds from the POST to the first content chunk (the body is read to its end), and
     the wall-clock time of the POST."""
     first: float | None = None
     wall = time.time()
     started = time.perf_counter()
-    async with http.stream("POST", f"{url}/chat/completions", json=body) as response:
+    async with http.stream("POST", url, json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
@@ -154,17 +157,18 @@ async def measure(
     samples: Samples | None, runs: int, http: httpx.AsyncClient, url: str, client: Wire, convs: Conversations
 ) -> None:
     """``runs`` pairs (direct, daemon); ``samples`` None is a warm-up (it also learns each body)."""
+    chat = httpx.URL(f"{url}/chat/completions")  # parsed once, as the daemon's router client does
     for i in range(runs):
         cid = convs.ids[i % len(convs.ids)]
         body = convs.bodies.get(cid)
         direct: tuple[float, float] | None = None
         if body is not None and i % 2 == 0:  # alternate which path goes first: neither always meets a warmer cache
-            direct = await direct_ttft(http, url, body)
+            direct = await direct_ttft(http, chat, body)
             direct_arrived = (await last_request(http, url))[1]
         through, reply, asked = await daemon_ttft(client, DEFAULT_QUESTION, cid)
         actual, daemon_arrived = await last_request(http, url)
         if body is not None and direct is None:
-            direct = await direct_ttft(http, url, actual)
+            direct = await direct_ttft(http, chat, actual)
             direct_arrived = (await last_request(http, url))[1]
         if body is not None and actual != body:
             convs.mismatches += 1
