@@ -1,10 +1,11 @@
 """What a model server says of its models, read from its answers: pure functions, no I/O.
 
 ``ModelInfo`` is what the daemon knows of one model (input modalities, context size and
-where that size came from, tool support, and the image cost the configuration gives it). The functions read the facts out of the
-answers of ``/v1/models`` entries, llama-server's ``/props`` (also behind llama-swap's
-``/upstream/<model>/props``) and Ollama's ``/api/show``; ``router.RouterClient`` asks
-and combines them (docs/DESIGN.md, "Context sizes").
+where that size came from, tool support, and the image cost the configuration gives it).
+The functions read the facts out of the answers of ``/v1/models`` entries, llama-server's
+``/props`` (also behind llama-swap's ``/upstream/<model>/props``) and Ollama's
+``/api/show``; ``router.RouterClient`` asks and combines them (docs/DESIGN.md, "Context
+sizes").
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ class ContextBuilder:
         if block:
             question = prompt[-1]
             prompt[-1] = with_passages(question, block)
-            tokens += estimate_messages(prompt[-1:], model.image_tokens) - estimate_messages([question], model.image_tokens)
+            cost = model.image_tokens
+            tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
         return Prompt(prompt, tokens, budget)
 
     async def _replayed(
@@ -312,7 +313,8 @@ class ContextBuilder:
         from a transcript of the folded turns, cut to fit.
         """
         conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
-        needed = estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST) + budget.summary_tokens
+        needed = (estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST)
+                  + budget.summary_tokens)
         if tools:
             needed += estimate_tools(tools)
         if in_place and needed <= budget.ctx_max:

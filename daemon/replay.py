@@ -131,7 +131,7 @@ class ReplayCache:
             if n <= entry.upto or n <= entry.after:
                 continue
             stored = [fit_message(m, replay_tokens) for m in messages]
-            # encoded once (core.jsontext.json_parts splices the text into every request)
+            # encoded once (core.jsontext.json_parts splices the bytes into every request)
             sent: Messages | None = None if has_images(stored) else [FrozenJSON(m) for m in router_messages(stored)]
             entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent))
         entry.upto = max(entry.upto, upto)

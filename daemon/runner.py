@@ -44,6 +44,7 @@ from core.errors import (
     RouterError,
     RouterUnreachable,
 )
+from core.models import display_name
 from core.router import (
     ContentDelta,
     ModelInfo,
@@ -55,7 +56,6 @@ from core.router import (
     ToolCall,
     Usage,
 )
-from core.models import display_name
 from core.tools import Tool, Toolbox, ToolContext
 from history import (
     AsyncHistory,
