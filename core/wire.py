@@ -89,6 +89,8 @@ class Wire:
         """The next event on the connection (kept when ``keep``)."""
         try:
             line = await asyncio.wait_for(self.reader.readline(), self.timeout)
+        except TimeoutError:
+            raise  # no answer in time is not a lost connection (TimeoutError is an OSError)
         except (ConnectionError, OSError) as exc:
             raise DaemonGone(f"the connection to the daemon was lost ({exc}); is it stopping? see its log") from None
         if not line:

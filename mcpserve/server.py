@@ -3,21 +3,25 @@
 Read-only tools, each one request to the daemon over its socket (the client's
 ``connect``, a fresh connection per call, so calls in flight never share a reader):
 
-- ``search_conversations``: the ``search`` request, over every conversation;
-- ``list_conversations``: ``conversations``, newest first;
-- ``read_conversation``: ``open``, the whole conversation or one turn of it;
+- ``search_conversations``: the ``search`` request, over every conversation or one;
+- ``list_conversations``: ``conversations``, newest first, a page at a time;
+- ``read_conversation``: ``open``, the whole conversation or one turn of it (its texts
+  from an offset, for a turn too long to pass whole);
 - ``list_knowledge_bases``: ``kb_list``;
 - ``kb_search``: ``kb_search`` over one named knowledge base.
 
 Nothing here writes: no ``ask``, ``delete``, ``settings`` or ``kb_add``. An MCP client
 that runs this runs it as the user, with the user's socket; it sees what the user sees.
 A daemon refusal (``not_found``, ``bad_request``) comes back to the client as a tool
-error with the daemon's message; a daemon that is not running, likewise.
+error with the daemon's message and code; a daemon that is not running (``no_daemon``),
+one that does not answer (``timeout``), likewise. An answer stays within
+``MAX_RESULT_CHARS``, and stays JSON: its longest texts are cut, each saying so.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +34,14 @@ from daemon.client import connect
 
 __all__ = ["build_server", "serve"]
 
-MAX_RESULT_CHARS = 200_000  # one answer to the client; a long conversation is cut, with a note
+MAX_RESULT_CHARS = 100_000  # one answer to the client, as much as the daemon's own MCP host passes to a model
+MIN_CUT = 200  # texts are not cut shorter than this to fit an answer: ask for fewer items instead
 CALL_TIMEOUT = 60.0  # seconds for the daemon to answer one request
+# the daemon's advice names its protocol's requests; a client of this server has these tools
+FOR_THIS_CLIENT = (
+    ("list them with the conversations request", "list them with list_conversations"),
+    ("kb_list shows the ones there are", "list_knowledge_bases shows the ones there are"),
+)
 
 
 class Daemon:
@@ -41,29 +51,73 @@ class Daemon:
         self.socket = socket
 
     async def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The daemon's answer; every failure a ``ToolError`` that ends in its stable code."""
         try:
             wire = await connect(self.socket, timeout=CALL_TIMEOUT)
         except DaemonGone as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(f"{exc} (no_daemon)") from None
         try:
             event = await wire.request(request)  # each read within CALL_TIMEOUT
-        except (DaemonGone, Unsendable) as exc:
-            raise ToolError(str(exc)) from None
+        except DaemonGone as exc:
+            raise ToolError(f"{exc} (no_daemon)") from None
+        except Unsendable:
+            raise ToolError("the request is too long to send to the daemon; shorten the query (too_long)") from None
         except TimeoutError:
-            raise ToolError(f"the daemon did not answer within {CALL_TIMEOUT:g} s; see its log") from None
+            raise ToolError(f"the daemon did not answer within {CALL_TIMEOUT:g} s; see its log (timeout)") from None
+        except ValueError:  # a line over the client's limit, or not JSON
+            raise ToolError("the daemon's answer could not be read (too long, or not JSON); "
+                            "read one turn at a time with read_conversation (bad_answer)") from None
         finally:
             await wire.close()
         if event["type"] == "error":
-            raise ToolError(f"{event.get('message')} ({event.get('code')})")
+            message = str(event.get("message"))
+            for said, meant in FOR_THIS_CLIENT:
+                message = message.replace(said, meant)
+            raise ToolError(f"{message} ({event.get('code')})")
         return event
 
 
-def as_text(value: Any) -> str:
-    """JSON for the client, cut (with a note) when it is too long to pass on whole."""
+def as_text(value: Any, more: Callable[[int], str]) -> str:
+    """JSON for the client within ``MAX_RESULT_CHARS``: when too long, its longest texts are cut
+    (each says so, and a ``note`` says how to read on: ``more(cap)``, ``cap`` the length they were
+    cut to), so it stays JSON; ``ToolError`` when even texts of ``MIN_CUT`` characters do not fit."""
     text = json.dumps(value, ensure_ascii=False)
-    if len(text) > MAX_RESULT_CHARS:
-        text = text[:MAX_RESULT_CHARS] + f"\n[... cut: the answer had {len(text)} characters; ask for one turn]"
+    cap = max(_texts(value), default=0)
+    while len(text) > MAX_RESULT_CHARS:
+        cap = int(cap * min(0.8, MAX_RESULT_CHARS / len(text)))
+        if cap < MIN_CUT:
+            raise ToolError(f"the answer is too long to pass on ({len(text):,} characters); {more(0)} (too_long)")
+        cut = _cut(value, cap)
+        if isinstance(cut, dict):
+            cut["note"] = f"texts over {cap:,} characters were cut; {more(cap)}"
+        text = json.dumps(cut, ensure_ascii=False)
     return text
+
+
+def fewer(what: str) -> Callable[[int], str]:
+    return lambda _cap: f"ask for fewer {what} (a smaller limit)"
+
+
+def _texts(value: Any) -> list[int]:
+    """The lengths of the strings in ``value``."""
+    if isinstance(value, str):
+        return [len(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _texts(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _texts(v)]
+    return []
+
+
+def _cut(value: Any, cap: int) -> Any:
+    """``value`` with each string over ``cap`` characters cut there, saying how long it was."""
+    if isinstance(value, str):
+        return value if len(value) <= cap else f"{value[:cap]} [... cut at {cap:,} of {len(value):,} characters]"
+    if isinstance(value, dict):
+        return {k: _cut(v, cap) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v, cap) for v in value]
+    return value
 
 
 def _answer(event: dict[str, Any]) -> dict[str, Any]:
@@ -79,42 +133,54 @@ def build_server(socket: Path) -> MCPServer:
     )
 
     @server.tool(structured_output=False)
-    async def search_conversations(query: str, limit: int = 10) -> str:
-        """Full-text search over all of the user's conversations with their local assistant. Returns the
-        matching conversations (best first), each with its hits: turn, role, an excerpt with the matched
-        words in [brackets]. Read a hit with read_conversation."""
-        limit = max(1, min(limit, 100))
-        return as_text(_answer(await daemon.request({"type": "search", "query": query, "limit": limit})))
+    async def search_conversations(query: str, limit: int = 10, conversation: int | None = None) -> str:
+        """Full-text search over the user's conversations with their local assistant (or only the one
+        `conversation` names). Returns the matching conversations (best first), each with its hits: turn,
+        role, an excerpt with the matched words in [brackets]; `more` is true when there are more hits than
+        `limit` (up to 500). Read a hit with read_conversation."""
+        request: dict[str, Any] = {"type": "search", "query": query, "limit": max(1, min(limit, 500))}
+        if conversation is not None:
+            request["conversation"] = conversation
+        return as_text(_answer(await daemon.request(request)), fewer("hits"))
 
     @server.tool(structured_output=False)
-    async def list_conversations(limit: int = 20) -> str:
-        """The user's conversations, most recently active first: id, title, last activity, number of turns."""
-        limit = max(1, min(limit, 500))
-        return as_text(_answer(await daemon.request({"type": "conversations", "limit": limit})))
+    async def list_conversations(limit: int = 20, before: str | None = None) -> str:
+        """The user's conversations, most recently active first: id, title, last activity (updated_at),
+        number of turns. For the next page, pass the updated_at of the last one listed as `before`."""
+        request: dict[str, Any] = {"type": "conversations", "limit": max(1, min(limit, 500))}
+        if before is not None:
+            request["before"] = before
+        return as_text(_answer(await daemon.request(request)), fewer("conversations"))
 
     @server.tool(structured_output=False)
-    async def read_conversation(conversation: int, turn: int | None = None) -> str:
+    async def read_conversation(conversation: int, turn: int | None = None, offset: int = 0) -> str:
         """Read one conversation (its title, model and every turn: question, files, reply, tool calls), or
-        only one turn of it when `turn` is given (1-based)."""
+        only one turn of it when `turn` is given (1-based). Long texts are cut to fit the answer, and say
+        so; `offset` (with `turn`) reads that turn's question and reply from that character on."""
         opened = _answer(await daemon.request({"type": "open", "conversation": conversation}))
-        if turn is not None:
-            chosen = [t for t in opened["turns"] if t["turn"] == turn]
-            if not chosen:
-                raise ToolError(f"conversation {conversation} has no turn {turn}; it has {len(opened['turns'])}")
-            opened["turns"] = chosen
-        return as_text(opened)
+        if turn is None:
+            return as_text(opened, lambda _cap: "read one turn at a time (turn)")
+        chosen = [t for t in opened["turns"] if t["turn"] == turn]
+        if not chosen:
+            raise ToolError(f"conversation {conversation} has no turn {turn}; it has {len(opened['turns'])} (not_found)")
+        offset = max(offset, 0)
+        if offset:
+            chosen[0].update({key: (chosen[0][key] or "")[offset:] for key in ("text", "reply")})
+            opened["offset"] = offset
+        opened["turns"] = chosen
+        return as_text(opened, lambda cap: f"read this turn on with offset={offset + cap}")
 
     @server.tool(structured_output=False)
     async def list_knowledge_bases() -> str:
         """The user's knowledge bases: name, documents, passages (chunks), pages, and where they are linked."""
-        return as_text(_answer(await daemon.request({"type": "kb_list"})))
+        return as_text(_answer(await daemon.request({"type": "kb_list"})), lambda _cap: "each is listed all the same")
 
     @server.tool(structured_output=False)
     async def kb_search(kb: str, query: str, limit: int = 5) -> str:
         """Search one of the user's knowledge bases (hybrid: vectors and keywords) for passages relevant to
         `query`. Each result names the document, chunk and page, its similarity, and the passage."""
-        limit = max(1, min(limit, 50))
-        return as_text(_answer(await daemon.request({"type": "kb_search", "kb": kb, "query": query, "limit": limit})))
+        request = {"type": "kb_search", "kb": kb, "query": query, "limit": max(1, min(limit, 50))}
+        return as_text(_answer(await daemon.request(request)), fewer("passages"))
 
     return server
 

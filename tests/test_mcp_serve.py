@@ -76,7 +76,8 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         assert hits["kb"] == "home" and "tomatoes" in hits["results"][0]["content"]
 
         missing = await session.call_tool("read_conversation", {"conversation": 99})
-        assert missing.is_error and "conversation 99 does not exist" in text_of(missing)
+        assert missing.is_error and text_of(missing).endswith(
+            ": conversation 99 does not exist; list them with list_conversations (not_found)")  # this client's tools
         no_turn = await session.call_tool("read_conversation", {"conversation": cid, "turn": 7})
         assert no_turn.is_error and "has no turn 7" in text_of(no_turn)
         no_kb = await session.call_tool("kb_search", {"kb": "work", "query": "x"})
@@ -84,7 +85,7 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         # a request over the daemon's line limit is refused at once, saying so (not a wait for
         # an answer that never comes)
         long = await session.call_tool("search_conversations", {"query": "word " * 250_000})
-        assert long.is_error and "over the 1,048,576 the daemon reads" in text_of(long)
+        assert long.is_error and text_of(long).endswith("shorten the query (too_long)")
     # read-only: the conversation is as it was
     assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
 
@@ -137,6 +138,56 @@ async def test_kb_search_request_answers_one_named_kb(wire: Wire, router: FakeRo
     assert refused["type"] == "error" and refused["code"] == "bad_request"
     missing = await wire.request({"type": "kb_search", "kb": " garden ", "query": "tomatoes"})
     assert missing["code"] == "not_found" and "no knowledge base 'garden'; kb_list" in missing["message"]
+
+
+async def test_mcp_serve_cuts_long_texts_and_keeps_json(daemon: RunningDaemon, wire: Wire, router: FakeRouter) -> None:
+    reply = "".join(f"line {n:06d} of a very long answer.\n" for n in range(9_000))  # 315,000 characters
+    router.script(Reply(chunks=[reply[i:i + 50_000] for i in range(0, len(reply), 50_000)]))
+    cid = (await wire.ask("write it all out"))[0]["conversation"]
+    for n in range(3):  # later conversations, for the pages
+        await wire.ask(f"conversation {n + 2}")
+    async with stdio_client(serve_params(daemon)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        whole = json.loads(text_of(await session.call_tool("read_conversation", {"conversation": cid})))
+        [turn] = whole["turns"]
+        assert turn["text"] == "write it all out"  # short texts whole: the answer is JSON still
+        assert turn["reply"].startswith(reply[:1000]) and "[... cut at" in turn["reply"] and "note" in whole
+        # one turn, read on from where each answer was cut, gives the reply whole
+        got, offset = "", 0
+        for _ in range(20):
+            one = json.loads(text_of(await session.call_tool(
+                "read_conversation", {"conversation": cid, "turn": 1, "offset": offset})))
+            part = one["turns"][0]["reply"]
+            if "note" not in one:
+                got += part
+                break
+            offset = int(one["note"].rsplit("offset=", 1)[1])
+            got += part[:offset - len(got)]
+        assert got == reply
+
+        first = json.loads(text_of(await session.call_tool("list_conversations", {"limit": 2})))
+        rest = json.loads(text_of(await session.call_tool(
+            "list_conversations", {"limit": 2, "before": first["items"][-1]["updated_at"]})))
+        assert [c["conversation"] for c in first["items"] + rest["items"]] == [cid + 3, cid + 2, cid + 1, cid]
+
+        scoped = json.loads(text_of(await session.call_tool(
+            "search_conversations", {"query": "conversation", "conversation": cid + 2})))
+        assert [c["conversation"] for c in scoped["conversations"]] == [cid + 2]
+
+
+async def test_a_daemon_that_does_not_answer_is_told_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpserve import server
+
+    path = tmp_path / "silent.sock"
+    accepted: list[asyncio.StreamWriter] = []
+    silent = await asyncio.start_unix_server(lambda _reader, writer: accepted.append(writer), path=str(path))
+    monkeypatch.setattr(server, "CALL_TIMEOUT", 0.3)
+    async with silent:  # it accepts, and never answers
+        with pytest.raises(server.ToolError) as refused:
+            await server.Daemon(path).request({"type": "status"})
+        for writer in accepted:
+            writer.close()
+    assert str(refused.value) == "the daemon did not answer within 0.3 s; see its log (timeout)"
 
 
 async def test_mcp_list_without_servers_says_how_to_add_one(daemon: RunningDaemon) -> None:
