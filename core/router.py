@@ -66,6 +66,7 @@ from .models import (
     Facts,
     Missing,
     ModelInfo,
+    display_name,
     enough,
     image_cost,
     listed_context,
@@ -199,6 +200,7 @@ class RouterClient:
         self._learned: dict[str, int] = {}  # model -> the size an overflow error named
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
+        self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -328,10 +330,22 @@ class RouterClient:
         # An empty list (a server still loading) is asked again next time rather than cached.
         self._fetched_at = time.monotonic() if models else None
         logger.debug("router lists %d models: %s", len(models), ", ".join(m.id for m in models))
+        self._tell_unlisted(models)
         if len(models) == 1:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
             # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0], may_load=False)
+
+    def _tell_unlisted(self, models: list[ModelInfo]) -> None:
+        """Say once in the log which ``[models."ID"]`` tables name no model the router lists (a typo
+        would otherwise leave that model's image cost the default without a word)."""
+        if not models:
+            return  # a server still loading lists nothing yet
+        names = {name for m in models for name in (m.id, display_name(m.id))}
+        for unlisted in sorted(set(self._config.model_image_tokens) - names - self._told):
+            self._told.add(unlisted)
+            logger.warning('[models."%s"] names no model the router lists (it has: %s); check the id',
+                           unlisted, ", ".join(m.id for m in models))
 
     def _info(
         self, model: str, modalities: tuple[str, ...] = ("text",), ctx_max: int | None = None,

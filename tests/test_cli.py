@@ -202,6 +202,8 @@ async def test_exit_statuses(daemon: RunningDaemon, config: Config, tmp_path: Pa
     assert (await cli("ask", "fine"))[0] == 0
     code, _, err = await cli("open", "99")
     assert code == 1 and "error (not_found)" in err
+    code, _, err = await cli("ask", "--cid", "99", "hello?")  # no such conversation: its turn is null, not shown
+    assert code == 1 and err.startswith("assistant: error (not_found) in conversation 99: conversation 99 does not")
     code, _, err = await cli("ask")
     assert code == 2 and "ask needs a question" in err
     code, _, err = await cli("ask", "--no-such-flag", "x")

@@ -141,6 +141,21 @@ async def test_back_to_back_streams_survive_a_server_that_closes_after_each(
 
 
 @pytest.mark.asyncio
+async def test_a_models_table_for_an_unlisted_id_is_said_once(fake: FakeRouter, caplog: pytest.LogCaptureFixture) -> None:
+    config = Config(router_url=fake.url, model_image_tokens={"fake-vison": 1200, "fake-vision": 900})
+    router_client = RouterClient(config)
+    try:
+        for _ in range(2):
+            models = await router_client.models(refresh=True)
+    finally:
+        await router_client.aclose()
+    assert [m.image_tokens for m in models] == [765, 900]
+    told = [r.getMessage() for r in caplog.records if "names no model" in r.getMessage()]
+    assert told == ['[models."fake-vison"] names no model the router lists (it has: fake-text, fake-vision); '
+                    "check the id"]
+
+
+@pytest.mark.asyncio
 async def test_llama_format_models(client: RouterClient, fake: FakeRouter) -> None:
     models = await client.models()
     assert models == [

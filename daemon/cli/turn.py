@@ -128,7 +128,9 @@ class Turn:
             self.terminal.note(f"[tool {event.get('name')}: {event.get('summary')}]")
 
     def _finish(self, event: dict[str, Any]) -> int:
-        where = f"conversation {event.get('conversation') or 'new'}, turn {event.get('turn') or '-'}"
+        where = f"conversation {event.get('conversation') or 'new'}"
+        if event.get("turn"):
+            where += f", turn {event['turn']}"
         if event["type"] == "error":
             self.terminal.clear_status()
             self.terminal.end_text()
