@@ -86,7 +86,15 @@ class Handlers:
         cid: int = request.get("conversation")
         conv = await self._conversation(cid)
         before = self.engine.running_turn(cid)
-        turns = self.history.shown(await self.history.run(lambda s: s.turns(cid)))  # with any kept in memory
+        if request.has("turn"):  # that turn alone
+            n: int = request.get("turn")
+            one = await self.history.run(lambda s: s.turn(cid, n))
+            if one is None:
+                raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
+            read = [one]
+        else:
+            read = await self.history.run(lambda s: s.turns(cid))
+        turns = self.history.shown(read)  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
         live = {before, self.engine.running_turn(cid)}

@@ -72,7 +72,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
-    "open": {"conversation": S("int", required=True)},
+    "open": {"conversation": S("int", required=True), "turn": S("int")},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
     "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},

@@ -5,8 +5,8 @@ Read-only tools, each one request to the daemon over its socket (the client's
 
 - ``search_conversations``: the ``search`` request, over every conversation or one;
 - ``list_conversations``: ``conversations``, newest first, a page at a time;
-- ``read_conversation``: ``open``, the whole conversation or one turn of it (its texts
-  from an offset, for a turn too long to pass whole);
+- ``read_conversation``: ``open``, the whole conversation or one turn of it (``open``'s
+  ``turn``; its texts from an offset, for a turn too long to pass whole);
 - ``list_knowledge_bases``: ``kb_list``;
 - ``kb_search``: ``kb_search`` over one named knowledge base.
 
@@ -157,17 +157,15 @@ def build_server(socket: Path) -> MCPServer:
         """Read one conversation (its title, model and every turn: question, files, reply, tool calls), or
         only one turn of it when `turn` is given (1-based). Long texts are cut to fit the answer, and say
         so; `offset` (with `turn`) reads that turn's question and reply from that character on."""
-        opened = _answer(await daemon.request({"type": "open", "conversation": conversation}))
         if turn is None:
+            opened = _answer(await daemon.request({"type": "open", "conversation": conversation}))
             return as_text(opened, lambda _cap: "read one turn at a time (turn)")
-        chosen = [t for t in opened["turns"] if t["turn"] == turn]
-        if not chosen:
-            raise ToolError(f"conversation {conversation} has no turn {turn}; it has {len(opened['turns'])} (not_found)")
+        opened = _answer(await daemon.request({"type": "open", "conversation": conversation, "turn": turn}))
         offset = max(offset, 0)
         if offset:
-            chosen[0].update({key: (chosen[0][key] or "")[offset:] for key in ("text", "reply")})
+            [one] = opened["turns"]
+            one.update({key: (one[key] or "")[offset:] for key in ("text", "reply")})
             opened["offset"] = offset
-        opened["turns"] = chosen
         return as_text(opened, lambda cap: f"read this turn on with offset={offset + cap}")
 
     @server.tool(structured_output=False)

@@ -211,6 +211,25 @@ async def test_open_says_running_of_the_turn_it_shows_running(
     assert shown == [2] and opened["running"] == 2  # one snapshot: the turn as read, and running
 
 
+async def test_open_of_one_turn(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("first"))[0]["conversation"]
+    router.script(Reply(chunks=["slow ", "reply"], delay=0.3))
+    rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
+    await wire.until(rid, ("user",))
+    whole = await wire.request({"type": "open", "conversation": cid})
+    first = await wire.request({"type": "open", "conversation": cid, "turn": 1})
+    assert first["turns"] == whole["turns"][:1] and first["running"] is None
+    assert {k: v for k, v in first.items() if k not in ("turns", "running", "id")} == {
+        k: v for k, v in whole.items() if k not in ("turns", "running", "id")}
+    second = await wire.request({"type": "open", "conversation": cid, "turn": 2})
+    assert [t["status"] for t in second["turns"]] == ["running"] and second["running"] == 2
+    missing = await wire.request({"type": "open", "conversation": cid, "turn": 3})
+    assert (missing["code"], missing["message"]) == ("not_found", f"conversation {cid} has no turn 3; it has 2")
+    bad = await wire.request({"type": "open", "conversation": cid, "turn": 0})
+    assert bad["code"] == "bad_request" and "'turn'" in bad["message"]
+    assert (await wire.until(rid))[-1]["type"] == "done"
+
+
 async def test_reasoning_streams_separately(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(reasoning=["think ", "hard"], chunks=["answer"]))
     events = await wire.ask("why?")
