@@ -196,24 +196,29 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-def _validate(values: dict[str, Any]) -> None:
+def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Refuse values out of range, naming where each came from (the file, or the variable)."""
+
+    def refuse(key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{sources.get(key, 'default')}: {key} {problem}; fix it and restart")
+
     for key, example in (("router_url", "http://127.0.0.1:8080/v1"), ("embedding_url", "http://127.0.0.1:8081/v1")):
         url = values.get(key, DEFAULT_ROUTER_URL if key == "router_url" else "")
         if url and (problem := _url_problem(url)):
-            raise ConfigError(f"{key} {problem}, e.g. {example}; fix it and restart")
+            raise refuse(key, f"{problem}, e.g. {example}")
     compact_at = values.get("compact_at", Config.compact_at)
     if not 0.1 <= compact_at <= 0.95:
-        raise ConfigError("compact_at must be between 0.1 and 0.95 (a fraction of the context)")
+        raise refuse("compact_at", "must be between 0.1 and 0.95 (a fraction of the context)")
     for key in ("ctx_max", "kb_top_k", "image_tokens", "max_reply_tokens"):
         if values.get(key, 0) < 0:
-            raise ConfigError(f"{key} must not be negative")
+            raise refuse(key, "must not be negative")
     if values.get("assumed_ctx", Config.assumed_ctx) < 512:
-        raise ConfigError("assumed_ctx must be at least 512 tokens")
+        raise refuse("assumed_ctx", "must be at least 512 tokens")
     for key in ("request_timeout", "connect_timeout"):
         if values.get(key, 1.0) <= 0:
-            raise ConfigError(f"{key} must be a positive number of seconds")
+            raise refuse(key, "must be a positive number of seconds")
     if values.get("shutdown_grace", 0.0) < 0:
-        raise ConfigError("shutdown_grace must not be negative (seconds)")
+        raise refuse("shutdown_grace", "must not be negative (seconds)")
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
@@ -226,6 +231,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             "to use the default place"
         )
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}  # where each value came from, for the refusals
     if path.is_file():
         try:
             with path.open("rb") as fh:
@@ -242,12 +248,12 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         for key, value in table.items():
             if key not in _SETTABLE:
                 raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}, [mcp], [models]")
-            values[key] = _coerce(key, value, str(path))
+            values[key], sources[key] = _coerce(key, value, str(path)), str(path)
     for key in _SETTABLE:
         var = f"ASSISTANT_{key.upper()}"
         if var in env:
-            values[key] = _coerce(key, env[var], var)
-    _validate(values)
+            values[key], sources[key] = _coerce(key, env[var], var), var
+    _validate(values, sources)
     if "router_url" in values:
         values["router_url"] = values["router_url"].rstrip("/")
     return Config(

@@ -70,7 +70,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
         # accepted once, then every ask failed (or the daemon's stop did)
         ({"ASSISTANT_REQUEST_TIMEOUT": "nan"}, "request_timeout must be a float, not 'nan'"),
         ({"ASSISTANT_SHUTDOWN_GRACE": "inf"}, "shutdown_grace must be a float, not 'inf'"),
-        ({"ASSISTANT_SHUTDOWN_GRACE": "-1"}, "shutdown_grace must not be negative"),
+        ({"ASSISTANT_SHUTDOWN_GRACE": "-1"}, "ASSISTANT_SHUTDOWN_GRACE: shutdown_grace must not be negative"),
         ({"ASSISTANT_ROUTER_URL": "http://127.0.0.1:808o/v1"}, "router_url is not a URL"),
         ({"ASSISTANT_ROUTER_URL": "http://[::1"}, "router_url is not a URL"),
         ({"ASSISTANT_ROUTER_URL": "http://"}, "router_url names no host"),
@@ -103,6 +103,7 @@ def test_broken_toml(tmp_path: Path) -> None:
     "text, words",
     [
         ('system_prompt = ["be terse"]\n', "system_prompt must be a str, not ['be terse']"),
+        ("image_tokens = -5\n", "c.toml: image_tokens must not be negative; fix it and restart"),  # where it is
         ("api_key = true\n", "api_key must be a str, not True"),
         (b'model = "\xff"\n', "cannot read"),  # TOML is UTF-8
     ],
