@@ -29,8 +29,12 @@ class DaemonGone(Exception):
 
 
 class Unsendable(ValueError):
-    """A request that cannot go to the daemon as it is (over 1 MiB, or text that is not
-    UTF-8); the message says what to do. Nothing was sent."""
+    """A request that cannot go to the daemon as it is (``code``: ``too_long``, over 1 MiB, or
+    ``not_text``, text that is not UTF-8); the message says what to do. Nothing was sent."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Wire:
@@ -76,11 +80,13 @@ class Wire:
         try:
             line = json.dumps(request, ensure_ascii=False).encode()
         except UnicodeEncodeError:  # a file name or word the shell passed as undecodable bytes
-            raise Unsendable("a file name or word is not UTF-8 text; rename the file, or retype the words") from None
+            raise Unsendable(
+                "a file name or word is not UTF-8 text; rename the file, or retype the words", "not_text"
+            ) from None
         if len(line) > MAX_REQUEST_BYTES:
             raise Unsendable(
                 f"the request is {len(line):,} bytes, over the {MAX_REQUEST_BYTES:,} the daemon reads; "
-                "send long text as a file (ask -f FILE)"
+                "send long text as a file (ask -f FILE)", "too_long",
             )
         await self.send_raw(line + b"\n")
         return request["id"]

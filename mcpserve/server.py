@@ -60,8 +60,9 @@ class Daemon:
             event = await wire.request(request)  # each read within CALL_TIMEOUT
         except DaemonGone as exc:
             raise ToolError(f"{exc} (no_daemon)") from None
-        except Unsendable:
-            raise ToolError("the request is too long to send to the daemon; shorten the query (too_long)") from None
+        except Unsendable as exc:  # its advice is the command line's
+            what = "too long to send to the daemon; shorten it" if exc.code == "too_long" else "not UTF-8 text; retype it"
+            raise ToolError(f"the query is {what} ({exc.code})") from None
         except TimeoutError:
             raise ToolError(f"the daemon did not answer within {CALL_TIMEOUT:g} s; see its log (timeout)") from None
         except ValueError:  # a line over the client's limit, or not JSON

@@ -85,7 +85,7 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         # a request over the daemon's line limit is refused at once, saying so (not a wait for
         # an answer that never comes)
         long = await session.call_tool("search_conversations", {"query": "word " * 250_000})
-        assert long.is_error and text_of(long).endswith("shorten the query (too_long)")
+        assert long.is_error and text_of(long).endswith("the query is too long to send to the daemon; shorten it (too_long)")
     # read-only: the conversation is as it was
     assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
 
@@ -188,6 +188,15 @@ async def test_a_daemon_that_does_not_answer_is_told_as_such(tmp_path: Path, mon
         for writer in accepted:
             writer.close()
     assert str(refused.value) == "the daemon did not answer within 0.3 s; see its log (timeout)"
+
+
+async def test_a_query_that_is_not_text_is_refused_before_it_is_sent(daemon: RunningDaemon) -> None:
+    from mcpserve import server
+
+    # half an emoji: the SDK's own client cannot send it, a raw JSON-RPC client can (as an escape)
+    with pytest.raises(server.ToolError) as refused:
+        await server.Daemon(daemon.config.socket_path).request({"type": "search", "query": "half \ud83d of it"})
+    assert str(refused.value) == "the query is not UTF-8 text; retype it (not_text)"
 
 
 async def test_mcp_list_without_servers_says_how_to_add_one(daemon: RunningDaemon) -> None:
