@@ -29,7 +29,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from core.version import __version__
-from core.wire import DaemonGone, Unsendable
+from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable
 from daemon.client import connect
 
 __all__ = ["build_server", "serve"]
@@ -139,7 +139,7 @@ def build_server(socket: Path) -> MCPServer:
         `conversation` names). Returns the matching conversations (best first), each with its hits: turn,
         role, an excerpt with the matched words in [brackets]; `more` is true when there are more hits than
         `limit` (up to 500). Read a hit with read_conversation."""
-        request: dict[str, Any] = {"type": "search", "query": query, "limit": max(1, min(limit, 500))}
+        request: dict[str, Any] = {"type": "search", "query": query, "limit": max(1, min(limit, MAX_LIST_LIMIT))}
         if conversation is not None:
             request["conversation"] = conversation
         return as_text(_answer(await daemon.request(request)), fewer("hits"))
@@ -148,7 +148,7 @@ def build_server(socket: Path) -> MCPServer:
     async def list_conversations(limit: int = 20, before: str | None = None) -> str:
         """The user's conversations, most recently active first: id, title, last activity (updated_at),
         number of turns. For the next page, pass the updated_at of the last one listed as `before`."""
-        request: dict[str, Any] = {"type": "conversations", "limit": max(1, min(limit, 500))}
+        request: dict[str, Any] = {"type": "conversations", "limit": max(1, min(limit, MAX_LIST_LIMIT))}
         if before is not None:
             request["before"] = before
         return as_text(_answer(await daemon.request(request)), fewer("conversations"))
