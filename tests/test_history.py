@@ -6,9 +6,10 @@ import asyncio
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -198,19 +199,20 @@ def test_search_never_shows_a_deleted_conversation(store: HistoryStore, db_path:
 def test_timestamps_strictly_increase_under_a_stuck_clock(
     store: HistoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    frozen = datetime(2026, 11, 29, 19, 50, 19, 123456, tzinfo=UTC)
+    moment = datetime(2026, 11, 29, 19, 50, 19, 999999, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    last_of_a_second = moment // timedelta(microseconds=1) * 1000  # in nanoseconds
+    readings = iter([last_of_a_second, last_of_a_second, last_of_a_second - 5 * 10**9])  # stuck, then back
 
-    class StuckClock(datetime):
-        @classmethod
-        def now(cls, tz: tzinfo | None = None) -> StuckClock:
-            return cls.fromtimestamp(frozen.timestamp(), tz)
+    class StuckClock:
+        time_ns = staticmethod(lambda: next(readings))
+        strftime, gmtime = staticmethod(time.strftime), staticmethod(time.gmtime)
 
-    monkeypatch.setattr(history_store, "datetime", StuckClock)
+    monkeypatch.setattr(history_store, "time", StuckClock)
     stamps = [store.create_conversation().updated_at for _ in range(3)]
     assert stamps == [
-        "2026-11-29T19:50:19.123456Z",
-        "2026-11-29T19:50:19.123457Z",
-        "2026-11-29T19:50:19.123458Z",
+        "2026-11-29T19:50:19.999999Z",
+        "2026-11-29T19:50:20.000000Z",  # into the next second, formatted anew
+        "2026-11-29T19:50:20.000001Z",
     ]
     # So the `before` cursor neither skips nor repeats one.
     first = store.list_conversations(limit=1)
