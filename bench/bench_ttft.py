@@ -25,6 +25,8 @@ already stored (written through ``HistoryStore`` before the daemon starts; the
 samples are spread over ``--conversations`` of them, each visited once unrecorded
 first, when the daemon compacts it).  Overhead is the daemon median minus the direct
 median.  Targets: 1 ms for a new conversation and at 200 turns, 2 ms at 2,000.
+``--old-model-list`` runs the daemon with every model list past ``MODELS_TTL``, as a
+question after a minute's pause finds it (the list is fetched again after the request).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ TARGET_LONG = 0.002  # seconds, median, from LONG_HISTORY turns on
 LONG_HISTORY = 2000
 VERBOSE = False
 RUN_TIMEOUT = 90.0  # the whole measurement, whatever --runs says
+# interpreter arguments that run the daemon (the script named next) with every model list old
+OLD_MODEL_LIST = ["-c", "import runpy, sys; import core.router; core.router.MODELS_TTL = 0.0; "
+                  "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"]
 
 
 @dataclass
@@ -235,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         help="case (b) spreads its samples over this many such conversations (default 20)",
     )
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile and print its hot spots")
+    parser.add_argument(
+        "--old-model-list", action="store_true",
+        help="the daemon's model list older than MODELS_TTL at every question (a question after a pause)",
+    )
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     header("bench_ttft: daemon overhead on time to first token")
@@ -245,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         histories = list(write_history(work / "data" / "history.db", args.conversations, args.history))
         print(f"history: {args.conversations} conversations x {args.history} turns written in {time.perf_counter() - built:.2f} s")
         profile = work / "daemon.prof"
-        daemon = stack.enter_context(Daemon(work, url, prefix=profile_prefix(profile) if args.profile else ()))
+        prefix = profile_prefix(profile) if args.profile else OLD_MODEL_LIST if args.old_model_list else ()
+        daemon = stack.enter_context(Daemon(work, url, prefix=prefix))
         results = asyncio.run(run(args, url, daemon, histories))
         report(args, results)
         if args.profile:

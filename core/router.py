@@ -11,7 +11,13 @@ Every httpx failure becomes one of our errors (``raise ... from exc``): no answe
 model is ``RouterContextOverflow``.
 
 Models and their capabilities come from ``GET /models``, cached for
-``MODELS_TTL`` seconds behind a lock so concurrent turns share one fetch.  Entries
+``MODELS_TTL`` seconds behind a lock so concurrent turns share one fetch.  A turn
+(``model_info(..., stale_ok=True)``) does not wait for an older list to be fetched
+again: it takes the model as last known, and the list is fetched in the background
+once that turn's chat request has gone out (a question after a minute's pause would
+otherwise wait for one or two round trips to the server, 1-3 ms, before it is even
+stored).  Only a model the old list lacks, or has not been asked about, is looked up
+first.  Entries
 state their input modalities at the top level or under ``architecture`` (recent
 llama-server), and their context as ``meta.n_ctx``, ``context_length`` or
 ``max_model_len``.  What an entry lacks is asked where the router says it:
@@ -201,6 +207,8 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
         self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
+        self._stale_used = False  # a turn took its model from a list past MODELS_TTL
+        self._refreshing: asyncio.Task[None] | None = None  # the list fetched again after such a turn
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -232,6 +240,9 @@ class RouterClient:
         await asyncio.to_thread(load_httpx)
 
     async def aclose(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
 
@@ -247,15 +258,24 @@ class RouterClient:
                 await self._fetch_models()
             return list(self._models)
 
-    async def model_info(self, model: str | None = None, *, load: bool = True) -> ModelInfo:
+    async def model_info(self, model: str | None = None, *, load: bool = True, stale_ok: bool = False) -> ModelInfo:
         """The named model, else the configured one, else the router's first; ``NotFound`` if absent.
 
         What the model list did not say of it is asked of the router first.  With
         ``load=False`` nothing is asked that may load the model (llama-swap's
         pass-through, /props on a router of several models): for a status line,
-        not a turn.
+        not a turn.  With ``stale_ok`` (a turn), a model known from a list past
+        ``MODELS_TTL`` is taken as it was, and the list is fetched again once the
+        turn's chat request has gone out (``stream_chat``).
         """
         wanted = model or self._config.model
+        if stale_ok and self._fetched_at is not None and not self._fresh():
+            info = self._find(wanted)
+            # as it was, unless what it lacks would be asked now (without load, nothing that may
+            # load it: the same as the list gives)
+            if info is not None and (not load or info.id not in self._missing):
+                self._stale_used = True
+                return info
         async with self._lock:
             fetched = not self._fresh()
             if fetched:
@@ -335,6 +355,28 @@ class RouterClient:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
             # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0], may_load=False)
+
+    def _refresh_stale(self, model: str) -> None:
+        """Fetch the model list again in the background if a turn took its model from a stale one;
+        ``model``, the one its chat request went to, is asked about too."""
+        stale, self._stale_used = self._stale_used, False
+        if stale and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh(model), name="router-models")
+
+    async def _refresh(self, model: str) -> None:
+        """The model list fetched again, and what it lacks of ``model`` asked (that model is in
+        use: asking cannot load another), so the next turn finds both fresh."""
+        try:
+            async with self._lock:
+                if not self._fresh():
+                    await self._fetch_models()
+                info = self._find(model)
+                if info is not None and info.id in self._missing:
+                    await self._probe(info, may_load=True)
+        except AssistantError as exc:  # the next turn that needs the list asks again, and says why
+            logger.debug("the model list could not be fetched again: %s", exc.message)
+        except Exception:
+            logger.exception("the model list could not be fetched again")
 
     def _tell_unlisted(self, models: list[ModelInfo]) -> None:
         """Say once in the log which ``[models."ID"]`` tables name no model the router lists (a typo
@@ -478,18 +520,20 @@ class RouterClient:
         if tools:
             body["tools"] = tools
         logger.debug("POST %s model=%s messages=%d tools=%d", url, model, len(messages), len(tools or ()))
+        def went_out() -> None:
+            if sent is not None:
+                sent()
+            self._refresh_stale(model)  # now that the request no longer waits for it
+
         started = False
         end: StreamEnd | None = None
         try:
-            on_sent = _once(sent) if sent is not None else None
-            extensions: dict[str, Any] = {AHEAD: True}  # the connection connect_ahead opened
-            if on_sent is not None:
-                extensions[SENT] = on_sent
+            on_sent = _once(went_out)
+            extensions: dict[str, Any] = {AHEAD: True, SENT: on_sent}  # AHEAD: the connection connect_ahead opened
             client = self._client  # made on first use, with the chat URL
             assert self._chat_url is not None
             async with client.stream("POST", self._chat_url, **json_content(body), extensions=extensions) as response:
-                if on_sent is not None:
-                    on_sent()  # a transport that does not know the extension (the tests' mocks)
+                on_sent()  # a transport that does not know the extension (the tests' mocks)
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response, url)

@@ -175,7 +175,8 @@ class TurnRunner:
             # the conversation's own (read for files), else the default, which the conversation's
             # own may override: that one is not loaded (llama-swap would start it for nothing)
             final = chosen is not None or cid is None or known is not None
-            model = await self.router.model_info(chosen or (conv.model if conv else None), load=final)
+            # as last known when the model list is old: it is fetched again once the question is on its way
+            model = await self.router.model_info(chosen or (conv.model if conv else None), load=final, stale_ok=True)
         except (RouterUnreachable, RouterError) as exc:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=chosen or (conv.model if conv else None) or "", input_modalities=("text", "image"))
@@ -328,7 +329,7 @@ class TurnRunner:
             if not state.model_final or state.model.id != state.model_id:
                 # the model stored with the turn, the conversation's own or the default: as the router
                 # tells of it (llama-swap loads it to say)
-                state.model = await self.router.model_info(state.model_id)
+                state.model = await self.router.model_info(state.model_id, stale_ok=True)
             finish_reason = await self._converse(state, emit)
         except asyncio.CancelledError:
             foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down

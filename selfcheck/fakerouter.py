@@ -98,6 +98,8 @@ HEADER_LIMIT = 64 * 1024  # request line and headers
 BATCH_BYTES = 64 * 1024  # coalesce unpaced SSE events into writes of about this size
 EMBED_DIM = 8
 START_TIMEOUT = 10.0
+HOLD_MAX = 30.0  # seconds a held /models answer waits at most (models_open)
+HOLD_POLL = 0.005
 COMPLETE_DEFAULT = "Fake title"
 ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
 FILL_WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor".split()
@@ -238,6 +240,8 @@ class FakeRouter:
         self.embed_fail = False
         self.embeddings = True  # False: answer /v1/embeddings as llama-server without --embeddings
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
+        self.models_open = threading.Event()  # cleared: /models answers wait until it is set again
+        self.models_open.set()
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.time() when each chat request's body was read
         self.connected: list[float] = []  # and when the connection it came on was accepted
@@ -389,6 +393,7 @@ class FakeRouter:
             self.embed_fail = False
             self.embeddings = True
             self.props_delay = 0.0
+            self.models_open.set()
 
     def _note_disconnect(self) -> None:
         with self._cond:
@@ -464,6 +469,10 @@ class FakeRouter:
         if route[1] != "/health" and self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
             return await _send(writer, 401, _error_body(401, "Invalid API Key", "authentication_error"), request)
         if route == ("GET", "/models"):
+            for _ in range(int(HOLD_MAX / HOLD_POLL)):  # a test holds it with models_open.clear()
+                if self.models_open.is_set():
+                    break
+                await asyncio.sleep(HOLD_POLL)
             return await _send(writer, 200, self._models_body(), request)
         if route == ("GET", "/health"):
             return await _send(writer, 200, {"status": "ok"}, request)

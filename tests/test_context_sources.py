@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from core import Config
+from core import router as router_module
 from core.wire import Wire
 from selfcheck.fakerouter import FakeModel, FakeRouter, RouterMode
 from tests.conftest import RunningDaemon
@@ -142,3 +144,57 @@ async def test_status_without_a_router_names_no_size(wire: Wire, router: FakeRou
     status = await wire.request({"type": "status"})
     assert status["router_reachable"] is False
     assert (status["model"], status["ctx_max"], status["ctx_source"]) == (None, None, None)
+
+
+# -- an old model list ------------------------------------------------------------------
+# A list older than MODELS_TTL (0 here: every list is old) is fetched again once the turn's
+# chat request has gone out, not before: held (models_open cleared), it must not hold the turn.
+
+
+async def until_hits(fake: FakeRouter, path: str, count: int) -> None:
+    """Wait until the fake has been asked ``path`` ``count`` times (the background fetch)."""
+    for _ in range(2000):
+        if fake.hits[path] >= count:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{path} asked {fake.hits[path]} times, not {count}")
+
+
+async def test_a_turn_does_not_wait_for_an_old_model_list(
+    wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await wire.ask("hello")
+    assert first[-1]["type"] == "done"
+    listed = router.hits["/v1/models"]
+    monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
+    router.models_open.clear()  # the list, asked now, answers only once released
+    events = await wire.ask("and again", conversation=first[0]["conversation"])
+    assert events[-1]["type"] == "done" and events[-1]["text"] == "You said: and again"
+    await until_hits(router, "/v1/models", listed + 1)  # asked after the question went out
+    router.models_open.set()
+    # a model the old list lacks is looked up before the turn: the list is fetched for it
+    router.models.append(FakeModel("fake-new", n_ctx=2048))
+    events = await wire.ask("hi new", model="fake-new")
+    assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 2048
+    assert router.requests[-1]["model"] == "fake-new"
+
+
+async def test_llama_swap_the_old_list_is_fetched_again_with_the_model_in_use(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with serve("llama-swap") as (fake, wire):
+        first = await wire.ask("hello", model="fake-vision")
+        assert first[-1]["ctx_max"] == 8192 and fake.hits["/upstream/fake-vision/props"] == 1
+        monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
+        fake.models_open.clear()
+        events = await wire.ask("again", conversation=first[0]["conversation"])
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
+        fake.models_open.set()
+        # the fetch in the background asks again about the model the turn used (loaded: asking
+        # loads nothing), so the next turn finds that known too and waits for neither
+        await until_hits(fake, "/upstream/fake-vision/props", 2)
+        fake.models_open.clear()
+        events = await wire.ask("third", conversation=first[0]["conversation"])
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
+        fake.models_open.set()
+        assert fake.loaded == ["fake-vision"]

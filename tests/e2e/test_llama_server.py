@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from core import Config, load_config
+from core import router as router_module
 from core.errors import AssistantError, RouterError
 from core.router import RouterClient
 from core.wire import Wire, of_type, reply_text
@@ -523,6 +524,34 @@ async def test_the_server_reuses_the_conversation_from_turn_to_turn(config: Conf
         for later in checked:
             assert later["cache_n"] > 0
             assert later["prompt_n"] < later["cache_n"], timings
+    finally:
+        await wire.close()
+        await running.stop()
+
+
+async def test_questions_after_the_model_list_went_old(
+    config: Config, small_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every question finds the model list past MODELS_TTL (as one after a pause does): it is
+    answered with the model as last known while the list and /props are asked again beside
+    its generation, and the server still reuses the conversation from turn to turn."""
+    monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
+    running = await small_daemon(config, small_server)
+    wire = await running.connect()
+    try:
+        cid = None
+        timings = []
+        for n in range(4):
+            events = await wire.ask(f"Question {n}: name a fruit.", **({"conversation": cid} if cid else {}))
+            done = assert_turn(events)
+            cid = done["conversation"]
+            assert done["ctx_max"] == SMALL_CTX
+            compacted = any(e["type"] == "progress" and e["stage"] == "compacting" for e in events)
+            timings.append(None if compacted else done["timings"])
+        checked = [later for later in timings[2:] if later is not None]
+        assert checked, "every later turn compacted: the replies were too long for this test"
+        for later in checked:
+            assert later["cache_n"] > 0 and later["prompt_n"] < later["cache_n"], timings
     finally:
         await wire.close()
         await running.stop()
