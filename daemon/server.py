@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from attachments import configure_image_cache
 from core.config import Config
-from core.errors import StartupError
+from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
 from history import AsyncHistory
 from kbinject import KbSettings, KnowledgeBases
@@ -144,14 +144,19 @@ class Server:
             )
 
     async def _check_router(self) -> None:
-        """Say at once when the model server is not there: the first question would fail."""
+        """Say at once when the model server is not there (the first question would fail); else
+        learn its models now, so that the first question does not wait for the list."""
         assert self._router is not None
         await self._router.warm()  # httpx loads beside the loop, not on it
-        if not await self._router.reachable():
+        try:
+            await self._router.models()
+        except RouterUnreachable:
             logger.warning(
                 "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",
                 self.config.router_url,
             )
+        except AssistantError as exc:  # it answers, but not with a model list
+            logger.warning("%s", exc.message)
 
     async def _unindex_deleted(self) -> None:
         """Drop the search rows of conversations whose delete a stop cut short."""

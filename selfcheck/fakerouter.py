@@ -242,6 +242,7 @@ class FakeRouter:
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.models_open = threading.Event()  # cleared: /models answers wait until it is set again
         self.models_open.set()
+        self.models_answered = 0  # /models answers sent
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.time() when each chat request's body was read
         self.connected: list[float] = []  # and when the connection it came on was accepted
@@ -394,6 +395,7 @@ class FakeRouter:
             self.embeddings = True
             self.props_delay = 0.0
             self.models_open.set()
+            self.models_answered = 0
 
     def _note_disconnect(self) -> None:
         with self._cond:
@@ -473,7 +475,10 @@ class FakeRouter:
                 if self.models_open.is_set():
                     break
                 await asyncio.sleep(HOLD_POLL)
-            return await _send(writer, 200, self._models_body(), request)
+            kept = await _send(writer, 200, self._models_body(), request)
+            with self._cond:
+                self.models_answered += 1
+            return kept
         if route == ("GET", "/health"):
             return await _send(writer, 200, {"status": "ok"}, request)
         if route == ("POST", "/chat/completions"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ from core import Config
 from core import router as router_module
 from core.wire import Wire
 from selfcheck.fakerouter import FakeModel, FakeRouter, RouterMode
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -139,11 +140,12 @@ async def test_a_configured_size_says_so(serve: Serve) -> None:
         assert (status["ctx_max"], status["ctx_source"]) == (2000, "config")
 
 
-async def test_status_without_a_router_names_no_size(wire: Wire, router: FakeRouter) -> None:
-    router.stop()
-    status = await wire.request({"type": "status"})
-    assert status["router_reachable"] is False
-    assert (status["model"], status["ctx_max"], status["ctx_source"]) == (None, None, None)
+async def test_status_without_a_router_names_no_size(config: Config, router: FakeRouter) -> None:
+    router.stop()  # never seen: no model either (one seen before is named: test_contract)
+    async with serving(config) as (_, wire):
+        status = await wire.request({"type": "status"})
+        assert status["router_reachable"] is False
+        assert (status["model"], status["ctx_max"], status["ctx_source"]) == (None, None, None)
 
 
 # -- an old model list ------------------------------------------------------------------
@@ -198,3 +200,44 @@ async def test_llama_swap_the_old_list_is_fetched_again_with_the_model_in_use(
         assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
         fake.models_open.set()
         assert fake.loaded == ["fake-vision"]
+
+
+async def test_the_model_list_is_learned_at_start_so_the_first_question_does_not_wait(
+    config: Config, router: FakeRouter
+) -> None:
+    daemon = RunningDaemon(config)
+    await daemon.start()
+    wire = await daemon.connect()
+    try:
+        for _ in range(2000):  # the start's fetch answered (the daemon may still be reading it)
+            if router.models_answered:
+                break
+            await asyncio.sleep(0.005)
+        router.models_open.clear()
+        events = await wire.ask("first question")
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 4096
+    finally:
+        router.models_open.set()
+        await wire.close()
+        await daemon.stop()
+
+
+@pytest.mark.parametrize(("down", "said"), [
+    (True, "no model server answers at"),
+    (False, "check router_url"),  # it answers, but not with a model list: 404 below a wrong path
+])
+async def test_the_start_says_when_the_router_is_not_a_model_server(
+    config: Config, router: FakeRouter, caplog: pytest.LogCaptureFixture, down: bool, said: str
+) -> None:
+    if down:
+        router.stop()
+    else:
+        config = dataclasses.replace(config, router_url=f"{router.url}/wrong")
+    caplog.set_level(logging.WARNING, logger="daemon.server")
+    async with serving(config) as (_, wire):
+        for _ in range(2000):
+            if any(said in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.005)
+        assert [r.getMessage() for r in caplog.records if said in r.getMessage()], caplog.text
+        assert (await wire.request({"type": "status"}))["type"] == "status"

@@ -515,12 +515,13 @@ async def test_models_lists_capabilities_and_default(wire: Wire) -> None:
     assert by_id["fake-vision"]["ctx_max"] == 8192
 
 
-async def test_models_when_the_router_is_down(wire: Wire, router: FakeRouter) -> None:
-    router.stop()
-    event = await wire.request({"type": "models"})
-    assert event["code"] == "router_unreachable"
-    status = await wire.request({"type": "status"})
-    assert status["router_reachable"] is False
+async def test_models_when_the_router_is_down(config: Config, router: FakeRouter) -> None:
+    router.stop()  # before the start: no list learned (one learned is kept MODELS_TTL)
+    async with serving(config) as (_, wire):
+        event = await wire.request({"type": "models"})
+        assert event["code"] == "router_unreachable"
+        status = await wire.request({"type": "status"})
+        assert status["router_reachable"] is False
 
 
 async def test_history_survives_a_restart(daemon: RunningDaemon, router: FakeRouter) -> None:
