@@ -45,6 +45,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -66,7 +67,9 @@ class OneShotTransport(httpx.AsyncBaseTransport):
     def __init__(self) -> None:
         self._tls: ssl.SSLContext | None = None  # made with the first https request: loading CAs costs ~20 ms
         self._spare: _Spare | None = None  # a connection opened ahead (``connect_ahead``)
-        self._targets: dict[str, tuple[str, int, bool] | tuple[()]] = {}  # url -> where connect_ahead goes
+        self._targets: dict[str, _Target | None] = {}  # url -> where connect_ahead goes
+        # (host, port) -> the socket family and address its last connection made by name reached
+        self._reached: dict[tuple[str, int], tuple[int, Any]] = {}
 
     def connect_ahead(self, url: str) -> None:
         """Open a connection to ``url``'s server now, for a request about to be sent there.
@@ -74,29 +77,33 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         The connect, and for https the TLS handshake, then happen while the caller does
         other work (the daemon stores the question meanwhile). The next request to that
         host and port with the ``AHEAD`` extension takes the connection if it comes within
-        ``SPARE_FOR`` seconds; otherwise it is closed. Only for a server named by its IP
-        address, as the default router_url is: resolving a name here would block.
+        ``SPARE_FOR`` seconds; otherwise it is closed. A server named by a host name
+        (``localhost``) is connected to at the address its last connection made by name
+        reached, once there was one: resolving the name here would block.
         """
-        target = self._targets.get(url)
+        if url not in self._targets:
+            self._targets[url] = _target(url)
+        target = self._targets[url]
         if target is None:
-            target = self._targets[url] = _target(url)
-        if not target:
             return
-        host, port, secure = target
+        reached = target.literal or self._reached.get((target.host, target.port))
+        if reached is None:
+            return
+        family, address = reached
         self._drop_spare()
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
-            sock.connect((host, port))
+            sock.connect(address)
         except BlockingIOError:
             pass  # under way
         except OSError:
             sock.close()  # refused: the request connects itself, and reports it
             return
-        tls = self._context() if secure else None
+        tls = self._context() if target.secure else None
         loop = asyncio.get_running_loop()
-        opening = loop.create_task(_open(sock, (host, port), tls, host), name="router-connect-ahead")
-        self._spare = _Spare((host, port), sock, opening, loop.call_later(SPARE_FOR, self._drop_spare))
+        opening = loop.create_task(_open(sock, address, tls, target.host), name="router-connect-ahead")
+        self._spare = _Spare((target.host, target.port), sock, opening, loop.call_later(SPARE_FOR, self._drop_spare))
 
     async def aclose(self) -> None:
         """Close the connection opened ahead, if one waits (the client closes with the daemon)."""
@@ -163,24 +170,41 @@ class OneShotTransport(httpx.AsyncBaseTransport):
                     and (opened := await self._take_spare((url.host, port))) is not None
                 ):
                     return opened
-                return await asyncio.open_connection(url.host, port, ssl=tls, limit=LINE_LIMIT)
+                reader, writer = await asyncio.open_connection(url.host, port, ssl=tls, limit=LINE_LIMIT)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection within {timeout:g} s", request=request) from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unresolvable, a bad certificate
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # where the name led: the next connection opened ahead goes there
+            self._reached[(url.host, port)] = (sock.family, writer.get_extra_info("peername"))
+        return reader, writer
 
 
-def _target(url: str) -> tuple[str, int, bool] | tuple[()]:
-    """(host, port, https) of a URL whose host is an IP address; () for any other."""
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where ``connect_ahead`` goes for a URL: its host and port as a request names them, and
+    for a host given as an IP address, the socket family and address to connect to."""
+
+    host: str
+    port: int
+    secure: bool
+    literal: tuple[int, Any] | None
+
+
+def _target(url: str) -> _Target | None:
+    """Where to connect ahead for ``url``; None unless it is http or https."""
     parsed = httpx.URL(url)
-    try:
-        host = str(ipaddress.ip_address(parsed.host))
-    except ValueError:
-        return ()
     if parsed.scheme not in ("http", "https"):
-        return ()
+        return None
     secure = parsed.scheme == "https"
-    return host, parsed.port or (443 if secure else 80), secure
+    port = parsed.port or (443 if secure else 80)
+    try:
+        ip = ipaddress.ip_address(parsed.host)
+    except ValueError:
+        return _Target(parsed.host, port, secure, None)
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    return _Target(str(ip), port, secure, (family, (str(ip), port)))
 
 
 async def _open(

@@ -297,12 +297,30 @@ async def test_a_refused_connection_opened_ahead_leaves_the_error_to_the_request
                 await client.get(url, extensions={AHEAD: True})
 
 
-async def test_a_server_named_by_a_host_name_is_not_connected_ahead(server: RawServer) -> None:
+async def test_a_server_named_by_a_host_name_is_connected_ahead_where_the_name_led(server: RawServer) -> None:
     transport = OneShotTransport()
     named = server.url.replace("127.0.0.1", "localhost")
     async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
-        transport.connect_ahead(named)  # resolving would block the loop: nothing is opened
+        transport.connect_ahead(named)  # resolving would block the loop: nothing is opened yet
         transport.connect_ahead("ftp://127.0.0.1:21/")
         await asyncio.sleep(0.1)
         assert server.accepted == 0
-        assert (await http.get(named)).status_code == 204
+        assert (await http.get(named)).status_code == 204  # by name: where it led is kept
+        transport.connect_ahead(named)
+        await server.until(lambda: server.accepted == 2)  # open before the request is made
+        assert (await http.get(named + "/v1/chat", extensions={AHEAD: True})).status_code == 204
+        assert (server.accepted, len(server.requests), server.unused) == (2, 2, 0)
+
+
+async def test_a_connection_ahead_to_where_a_name_once_led_that_fails_connects_by_name(server: RawServer) -> None:
+    transport = OneShotTransport()
+    named = server.url.replace("127.0.0.1", "localhost")
+    port = int(server.url.rsplit(":", 1)[1])
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as http:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))  # bound, not listening: refused, as a server that moved
+            transport._reached[("localhost", port)] = (socket.AF_INET, probe.getsockname())
+            transport.connect_ahead(named)
+            assert (await http.get(named, extensions={AHEAD: True})).status_code == 204
+        assert transport._reached[("localhost", port)][1][1] == port  # where the name leads now
+        assert server.accepted == 1 and len(server.requests) == 1

@@ -534,9 +534,13 @@ async def test_questions_after_the_model_list_went_old(
 ) -> None:
     """Every question finds the model list past MODELS_TTL (as one after a pause does): it is
     answered with the model as last known while the list and /props are asked again beside
-    its generation, and the server still reuses the conversation from turn to turn."""
+    its generation, and the server still reuses the conversation from turn to turn. The
+    router is named `localhost`, as many set it: its connections open ahead all the same."""
     monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
-    running = await small_daemon(config, small_server)
+    named = dataclasses.replace(config, router_url=small_server.v1.replace("127.0.0.1", "localhost"))
+    assert named.router_url != small_server.v1
+    running = RunningDaemon(named)
+    await running.start()
     wire = await running.connect()
     try:
         cid = None
