@@ -26,7 +26,8 @@ samples are spread over ``--conversations`` of them, each visited once unrecorde
 first, when the daemon compacts it).  Overhead is the daemon median minus the direct
 median.  Targets: 1 ms for a new conversation and at 200 turns, 2 ms at 2,000.
 ``--old-model-list`` runs the daemon with every model list past ``MODELS_TTL``, as a
-question after a minute's pause finds it (the list is fetched again after the request).
+question after a minute's pause finds it (the list is fetched again after the request);
+``--daemon-host localhost`` gives the daemon the router by name, as many configure it.
 """
 
 from __future__ import annotations
@@ -244,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         "--old-model-list", action="store_true",
         help="the daemon's model list older than MODELS_TTL at every question (a question after a pause)",
     )
+    parser.add_argument(
+        "--daemon-host", default="",
+        help="the host the daemon's router_url names, e.g. localhost (default: the fake's address, 127.0.0.1)",
+    )
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     header("bench_ttft: daemon overhead on time to first token")
@@ -255,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"history: {args.conversations} conversations x {args.history} turns written in {time.perf_counter() - built:.2f} s")
         profile = work / "daemon.prof"
         prefix = profile_prefix(profile) if args.profile else OLD_MODEL_LIST if args.old_model_list else ()
-        daemon = stack.enter_context(Daemon(work, url, prefix=prefix))
+        named = url.replace("127.0.0.1", args.daemon_host) if args.daemon_host else url
+        daemon = stack.enter_context(Daemon(work, named, prefix=prefix))
         results = asyncio.run(run(args, url, daemon, histories))
         report(args, results)
         if args.profile:
