@@ -203,23 +203,18 @@ async def test_llama_swap_the_old_list_is_fetched_again_with_the_model_in_use(
 
 
 async def test_the_model_list_is_learned_at_start_so_the_first_question_does_not_wait(
-    config: Config, router: FakeRouter
+    wire: Wire, router: FakeRouter
 ) -> None:
-    daemon = RunningDaemon(config)
-    await daemon.start()
-    wire = await daemon.connect()
+    for _ in range(2000):  # the start's fetch answered (the daemon may still be reading it)
+        if router.models_answered:
+            break
+        await asyncio.sleep(0.005)
+    router.models_open.clear()
     try:
-        for _ in range(2000):  # the start's fetch answered (the daemon may still be reading it)
-            if router.models_answered:
-                break
-            await asyncio.sleep(0.005)
-        router.models_open.clear()
         events = await wire.ask("first question")
         assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 4096
     finally:
         router.models_open.set()
-        await wire.close()
-        await daemon.stop()
 
 
 @pytest.mark.parametrize(("down", "said"), [

@@ -504,29 +504,33 @@ async def test_a_long_story_in_a_small_context_leaves_the_conversation_alive(
         await running.stop()
 
 
-async def test_the_server_reuses_the_conversation_from_turn_to_turn(config: Config, small_server: Any) -> None:
-    """llama-server's `timings` say how much of each prompt came from its cache: from the
-    third turn on, only the previous answer and the new question are read (except on a turn
-    that compacted: its new summary changes the top of the prompt, as documented)."""
-    running = await small_daemon(config, small_server)
+async def assert_reused(running: RunningDaemon, thing: str, turns: int) -> None:
+    """``turns`` questions in one conversation: from the third turn on, llama-server's
+    `timings` must show only the previous answer and the new question read, the rest taken
+    from its cache (a turn that compacted is left out: its new summary changes the top of
+    the prompt, as documented)."""
     wire = await running.connect()
     try:
         cid = None
         timings = []
-        for n in range(5):
-            events = await wire.ask(f"Question {n}: name a colour.", **({"conversation": cid} if cid else {}))
+        for n in range(turns):
+            events = await wire.ask(f"Question {n}: name a {thing}.", **({"conversation": cid} if cid else {}))
             done = assert_turn(events)
             cid = done["conversation"]
+            assert done["ctx_max"] == SMALL_CTX
             compacted = any(e["type"] == "progress" and e["stage"] == "compacting" for e in events)
             timings.append(None if compacted else done["timings"])
         checked = [later for later in timings[2:] if later is not None]
         assert checked, "every later turn compacted: the replies were too long for this test"
         for later in checked:
-            assert later["cache_n"] > 0
-            assert later["prompt_n"] < later["cache_n"], timings
+            assert later["cache_n"] > 0 and later["prompt_n"] < later["cache_n"], timings
     finally:
         await wire.close()
         await running.stop()
+
+
+async def test_the_server_reuses_the_conversation_from_turn_to_turn(config: Config, small_server: Any) -> None:
+    await assert_reused(await small_daemon(config, small_server), "colour", 5)
 
 
 async def test_questions_after_the_model_list_went_old(
@@ -541,21 +545,4 @@ async def test_questions_after_the_model_list_went_old(
     assert named.router_url != small_server.v1
     running = RunningDaemon(named)
     await running.start()
-    wire = await running.connect()
-    try:
-        cid = None
-        timings = []
-        for n in range(4):
-            events = await wire.ask(f"Question {n}: name a fruit.", **({"conversation": cid} if cid else {}))
-            done = assert_turn(events)
-            cid = done["conversation"]
-            assert done["ctx_max"] == SMALL_CTX
-            compacted = any(e["type"] == "progress" and e["stage"] == "compacting" for e in events)
-            timings.append(None if compacted else done["timings"])
-        checked = [later for later in timings[2:] if later is not None]
-        assert checked, "every later turn compacted: the replies were too long for this test"
-        for later in checked:
-            assert later["cache_n"] > 0 and later["prompt_n"] < later["cache_n"], timings
-    finally:
-        await wire.close()
-        await running.stop()
+    await assert_reused(running, "fruit", 4)
