@@ -17,7 +17,8 @@ again: it takes the model as last known, and the list is fetched in the backgrou
 once that turn's chat request has gone out (a question after a minute's pause would
 otherwise wait for one or two round trips to the server, 1-3 ms, before it is even
 stored).  Only a model the old list lacks, or has not been asked about, is looked up
-first.  Entries
+first.  What the router said of a model when asked (below) stands through later lists
+that still do not say it: asked again, llama-swap would load that model.  Entries
 state their input modalities at the top level or under ``architecture`` (recent
 llama-server), and their context as ``meta.n_ctx``, ``context_length`` or
 ``max_model_len``.  What an entry lacks is asked where the router says it:
@@ -207,7 +208,7 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
         self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
-        self._stale_used = False  # a turn took its model from a list past MODELS_TTL
+        self._stale_used = False  # a turn took its model from a list past MODELS_TTL; not fetched since
         self._refreshing: asyncio.Task[None] | None = None  # the list fetched again after such a turn
 
     @property
@@ -336,14 +337,19 @@ class RouterClient:
             raise RouterError(f"the model server at {url} did not answer with a model list; check router_url")
         models: list[ModelInfo] = []
         missing: dict[str, Missing] = {}
+        told = {m.id: m for m in self._models if m.id not in self._missing}  # by earlier lists, or when asked
         for entry in entries:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 continue
             modalities, listed = listed_modalities(entry), listed_context(entry)
             ctx_max, source = self._size(entry["id"], listed, "models")
-            models.append(self._info(entry["id"], modalities or ("text",), ctx_max, source))
-            if modalities is None or (listed is None and not self._config.ctx_max):
-                missing[entry["id"]] = Missing(modalities is None, listed is None and not self._config.ctx_max)
+            info = self._info(entry["id"], modalities or ("text",), ctx_max, source)
+            lacks = Missing(modalities is None, listed is None and not self._config.ctx_max)
+            if (lacks.modalities or lacks.ctx) and (known := told.get(info.id)) is not None:
+                info = _what_was_told(info, known, lacks)  # asked again, llama-swap would load it
+            elif lacks.modalities or lacks.ctx:
+                missing[info.id] = lacks
+            models.append(info)
         self._models, self._missing = models, missing
         self._swap = any(isinstance(e, dict) and e.get("owned_by") == LLAMA_SWAP_OWNER for e in entries)
         self._ollama = None
@@ -356,23 +362,19 @@ class RouterClient:
             # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0], may_load=False)
 
-    def _refresh_stale(self, model: str) -> None:
-        """Fetch the model list again in the background if a turn took its model from a stale one;
-        ``model``, the one its chat request went to, is asked about too."""
-        stale, self._stale_used = self._stale_used, False
-        if stale and (self._refreshing is None or self._refreshing.done()):
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh(model), name="router-models")
+    def _refresh_stale(self) -> None:
+        """Fetch the model list again in the background if a turn took its model from a stale one
+        (one fetch at a time: a turn that finds one under way leaves the flag for the next)."""
+        if self._stale_used and (self._refreshing is None or self._refreshing.done()):
+            self._stale_used = False
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh(), name="router-models")
 
-    async def _refresh(self, model: str) -> None:
-        """The model list fetched again, and what it lacks of ``model`` asked (that model is in
-        use: asking cannot load another), so the next turn finds both fresh."""
+    async def _refresh(self) -> None:
+        """The model list fetched again; nothing that may load a model is asked."""
         try:
             async with self._lock:
                 if not self._fresh():
                     await self._fetch_models()
-                info = self._find(model)
-                if info is not None and info.id in self._missing:
-                    await self._probe(info, may_load=True)
         except AssistantError as exc:  # the next turn that needs the list asks again, and says why
             logger.debug("the model list could not be fetched again: %s", exc.message)
         except Exception:
@@ -523,7 +525,7 @@ class RouterClient:
         def went_out() -> None:
             if sent is not None:
                 sent()
-            self._refresh_stale(model)  # now that the request no longer waits for it
+            self._refresh_stale()  # now that the request no longer waits for it
 
         started = False
         end: StreamEnd | None = None
@@ -650,6 +652,17 @@ class RouterClient:
         if isinstance(exc, httpx.TimeoutException):
             return RouterUnreachable(f"the model server at {url} timed out ({type(exc).__name__}); check it")
         return RouterUnreachable(f"the model server at {url} dropped the connection ({reason}); {UNREACHABLE_ADVICE}")
+
+
+def _what_was_told(listed: ModelInfo, known: ModelInfo, lacks: Missing) -> ModelInfo:
+    """A model as a new list gives it, with what an earlier answer told of it where the list is silent."""
+    return replace(
+        listed,
+        input_modalities=known.input_modalities if lacks.modalities else listed.input_modalities,
+        ctx_max=known.ctx_max if lacks.ctx else listed.ctx_max,
+        ctx_source=known.ctx_source if lacks.ctx else listed.ctx_source,
+        tools=known.tools,
+    )
 
 
 def json_content(body: dict[str, Any]) -> dict[str, Any]:

@@ -78,8 +78,12 @@ class OneShotTransport(httpx.AsyncBaseTransport):
         other work (the daemon stores the question meanwhile). The next request to that
         host and port with the ``AHEAD`` extension takes the connection if it comes within
         ``SPARE_FOR`` seconds; otherwise it is closed. A server named by a host name
-        (``localhost``) is connected to at the address its last connection made by name
-        reached, once there was one: resolving the name here would block.
+        (``localhost``) is connected to at the loopback address its last connection made
+        by name reached, once there was one: resolving the name here would block. A name
+        that led elsewhere is not connected to ahead: an address met once may have moved
+        (DHCP, a VPN), and a connect that hangs would cost the request its connect timeout;
+        a loopback one is refused at once when nothing listens there, and the request then
+        connects by name.
         """
         if url not in self._targets:
             self._targets[url] = _target(url)
@@ -175,9 +179,9 @@ class OneShotTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"no connection within {timeout:g} s", request=request) from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unresolvable, a bad certificate
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
-        sock = writer.get_extra_info("socket")
-        if sock is not None:  # where the name led: the next connection opened ahead goes there
-            self._reached[(url.host, port)] = (sock.family, writer.get_extra_info("peername"))
+        sock, peer = writer.get_extra_info("socket"), writer.get_extra_info("peername")
+        if sock is not None and peer and _loopback(peer[0]):  # the next connection opened ahead goes there
+            self._reached[(url.host, port)] = (sock.family, peer)
         return reader, writer
 
 
@@ -204,7 +208,15 @@ def _target(url: str) -> _Target | None:
     except ValueError:
         return _Target(parsed.host, port, secure, None)
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    return _Target(str(ip), port, secure, (family, (str(ip), port)))
+    # the host as a request names it (``[0:0::1]`` as written), the address in its short form
+    return _Target(parsed.host, port, secure, (family, (str(ip), port)))
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 async def _open(

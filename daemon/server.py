@@ -37,6 +37,7 @@ __all__ = ["Server", "new_event_loop", "serve"]
 logger = logging.getLogger(__name__)
 
 REQUEST_GRACE = 1.0  # seconds short requests (a list, an open) get to finish at shutdown
+START_LIST_SECONDS = 5.0  # the model list asked right after start: longer, and the server is said not to answer
 
 
 class Server:
@@ -149,8 +150,10 @@ class Server:
         assert self._router is not None
         await self._router.warm()  # httpx loads beside the loop, not on it
         try:
-            await self._router.models()
-        except RouterUnreachable:
+            # bounded: a server that takes connections and never answers must not hold the
+            # model list's lock from the first question for the list's own 30 s
+            await asyncio.wait_for(self._router.models(), START_LIST_SECONDS)
+        except (RouterUnreachable, TimeoutError):
             logger.warning(
                 "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",
                 self.config.router_url,

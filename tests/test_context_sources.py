@@ -13,6 +13,7 @@ import pytest
 
 from core import Config
 from core import router as router_module
+from daemon import server as server_module
 from core.wire import Wire
 from selfcheck.fakerouter import FakeModel, FakeRouter, RouterMode
 from tests.conftest import RunningDaemon, serving
@@ -181,25 +182,34 @@ async def test_a_turn_does_not_wait_for_an_old_model_list(
     assert router.requests[-1]["model"] == "fake-new"
 
 
-async def test_llama_swap_the_old_list_is_fetched_again_with_the_model_in_use(
+async def test_llama_swap_what_it_said_of_a_model_stands_through_later_lists(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Asking about a model again would load it: an old list is fetched again without asking,
+    and what was said of each model stands, so no model is loaded for nothing and no turn
+    waits (two conversations on two models, their lists fetched while the other's model runs)."""
     async with serve("llama-swap") as (fake, wire):
-        first = await wire.ask("hello", model="fake-vision")
-        assert first[-1]["ctx_max"] == 8192 and fake.hits["/upstream/fake-vision/props"] == 1
+        vision = (await wire.ask("hello", model="fake-vision"))[0]["conversation"]
+        text = (await wire.ask("hello", model="fake-text"))[0]["conversation"]
+        assert fake.loaded == ["fake-vision", "fake-text"]
         monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
         fake.models_open.clear()
-        events = await wire.ask("again", conversation=first[0]["conversation"])
-        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
+        for cid, ctx in ((vision, 8192), (text, 4096), (vision, 8192)):
+            events = await wire.ask("again", conversation=cid)
+            assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == ctx
+        listed = fake.models_answered
         fake.models_open.set()
-        # the fetch in the background asks again about the model the turn used (loaded: asking
-        # loads nothing), so the next turn finds that known too and waits for neither
-        await until_hits(fake, "/upstream/fake-vision/props", 2)
-        fake.models_open.clear()
-        events = await wire.ask("third", conversation=first[0]["conversation"])
-        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 8192
-        fake.models_open.set()
-        assert fake.loaded == ["fake-vision"]
+        for _ in range(2000):
+            if fake.models_answered > listed:
+                break
+            await asyncio.sleep(0.005)
+        events = await wire.ask("once more", conversation=text)
+        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 4096
+        models = await wire.request({"type": "models"})
+        assert sizes(models) == {"fake-text": (4096, "upstream"), "fake-vision": (8192, "upstream")}
+        assert fake.hits["/upstream/fake-vision/props"] == 1 and fake.hits["/upstream/fake-text/props"] == 1
+        # each switch a turn's own: none by a list fetched in the background
+        assert fake.loaded == ["fake-vision", "fake-text", "fake-vision", "fake-text", "fake-vision", "fake-text"]
 
 
 async def test_the_model_list_is_learned_at_start_so_the_first_question_does_not_wait(
@@ -217,15 +227,20 @@ async def test_the_model_list_is_learned_at_start_so_the_first_question_does_not
         router.models_open.set()
 
 
-@pytest.mark.parametrize(("down", "said"), [
-    (True, "no model server answers at"),
-    (False, "check router_url"),  # it answers, but not with a model list: 404 below a wrong path
+@pytest.mark.parametrize(("case", "said"), [
+    ("down", "no model server answers at"),
+    ("silent", "no model server answers at"),  # takes connections, answers nothing in time
+    ("wrong path", "check router_url"),  # it answers, but not with a model list: 404 below a wrong path
 ])
 async def test_the_start_says_when_the_router_is_not_a_model_server(
-    config: Config, router: FakeRouter, caplog: pytest.LogCaptureFixture, down: bool, said: str
+    config: Config, router: FakeRouter, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    case: str, said: str,
 ) -> None:
-    if down:
+    if case == "down":
         router.stop()
+    elif case == "silent":
+        monkeypatch.setattr(server_module, "START_LIST_SECONDS", 0.2)
+        router.models_open.clear()
     else:
         config = dataclasses.replace(config, router_url=f"{router.url}/wrong")
     caplog.set_level(logging.WARNING, logger="daemon.server")
@@ -235,4 +250,5 @@ async def test_the_start_says_when_the_router_is_not_a_model_server(
                 break
             await asyncio.sleep(0.005)
         assert [r.getMessage() for r in caplog.records if said in r.getMessage()], caplog.text
+        router.models_open.set()
         assert (await wire.request({"type": "status"}))["type"] == "status"

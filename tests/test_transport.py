@@ -324,3 +324,11 @@ async def test_a_connection_ahead_to_where_a_name_once_led_that_fails_connects_b
             assert (await http.get(named, extensions={AHEAD: True})).status_code == 204
         assert transport._reached[("localhost", port)][1][1] == port  # where the name leads now
         assert server.accepted == 1 and len(server.requests) == 1
+
+async def test_a_host_given_as_an_ip_address_is_matched_as_a_request_names_it() -> None:
+    """A spare is taken by the (host, port) of the request's URL: an IPv6 address written long
+    must be kept as written, while its connection goes to the address itself."""
+    url = "http://[0:0:0:0:0:0:0:1]:8080/v1"
+    target = transport_module._target(url)
+    assert target is not None and target.host == httpx.URL(url).host
+    assert target.literal == (socket.AF_INET6, ("::1", 8080))
