@@ -81,7 +81,8 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         no_turn = await session.call_tool("read_conversation", {"conversation": cid, "turn": 7})
         assert no_turn.is_error and "has no turn 7" in text_of(no_turn)
         no_kb = await session.call_tool("kb_search", {"kb": "work", "query": "x"})
-        assert no_kb.is_error and "no knowledge base 'work'" in text_of(no_kb)
+        assert no_kb.is_error and text_of(no_kb).endswith(
+            "no knowledge base 'work'; list_knowledge_bases shows the ones there are (not_found)")  # as above
         # a request over the daemon's line limit is refused at once, saying so (not a wait for
         # an answer that never comes)
         long = await session.call_tool("search_conversations", {"query": "word " * 250_000})
