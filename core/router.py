@@ -522,6 +522,7 @@ class RouterClient:
         if tools:
             body["tools"] = tools
         logger.debug("POST %s model=%s messages=%d tools=%d", url, model, len(messages), len(tools or ()))
+
         def went_out() -> None:
             if sent is not None:
                 sent()
