@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the host the daemon's router_url names, e.g. localhost (default: the fake's address, 127.0.0.1)",
     )
     args = parser.parse_args(argv)
+    if args.profile and args.old_model_list:
+        parser.error("--profile and --old-model-list each run the daemon their own way; pick one")
     terminate_on_sigterm()
     header("bench_ttft: daemon overhead on time to first token")
     with contextlib.ExitStack() as stack:
