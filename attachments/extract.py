@@ -359,20 +359,21 @@ async def _probe(item: _Staged) -> Probe | None:
     return probe
 
 
-async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int]:
-    """A staged file's text need (characters) and image count, without rendering anything."""
+async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int, bool]:
+    """A staged file's text need (characters), image count, and whether page images are left
+    out (a PDF with more scanned pages than are shown), without rendering anything."""
     if item.kind == "text":
         if item.size:
-            return item.size, 0
+            return item.size, 0, False
         # a file that says it is empty may not be (/proc and /sys files report 0 bytes):
         # count what ask would read
         read, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
-        return text_weight(read), 0
+        return text_weight(read), 0, False
     if item.kind == "image":
-        return 0, 1
+        return 0, 1, False
     text = await pdf.read_text(item.path, item.name)
-    shown, _ = _pages_to_show(text, model=model, vision=vision)
-    return len(pdf.pdf_body(text, shown)), len(shown)
+    shown, hidden = _pages_to_show(text, model=model, vision=vision)
+    return len(pdf.pdf_body(text, shown)), len(shown), bool(hidden)
 
 
 async def estimate_files(
@@ -384,7 +385,8 @@ async def estimate_files(
     ctx_max: int = 0,
     ctx_used: int = 0,
 ) -> list[dict[str, Any]]:
-    """``[{name, kind, tokens}]`` for the ``estimate`` request: what sending these files would cost.
+    """``[{name, kind, tokens, truncated}]`` for the ``estimate`` request: what sending these files
+    would cost, and whether each would be cut to fit (as its chip would say).
 
     Text is counted at the estimate rate, ``CHARS_PER_TOKEN`` (4) characters a token
     (not the budget's cautious 3: this is a forecast, not a limit), cut to the same shares
@@ -395,12 +397,13 @@ async def estimate_files(
     """
     staged = await _stage_all(paths, model=model, vision=vision)
     counted = await gather_all(_estimate_one(item, model=model, vision=vision) for item in staged)
-    shares = fair_shares([need for need, _ in counted], budget_chars(ctx_max, ctx_used))
+    shares = fair_shares([need for need, _, _ in counted], budget_chars(ctx_max, ctx_used))
     return [
         {
             "name": item.name,
             "kind": item.kind,
             "tokens": math.ceil(share / CHARS_PER_TOKEN) + images * image_tokens,
+            "truncated": share < need or hidden,
         }
-        for item, (_, images), share in zip(staged, counted, shares)
+        for item, (need, images, hidden), share in zip(staged, counted, shares)
     ]

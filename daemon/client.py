@@ -170,7 +170,7 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     request: dict[str, Any] = {"type": args.command}
     if args.command == "conversations":
         request["limit"] = args.limit
-    elif args.command in ("open", "delete"):
+    elif args.command in ("open", "delete", "cancel"):
         request["conversation"] = args.conversation_id
     elif args.command == "search":
         request.update(query=" ".join(args.words), limit=args.limit)
@@ -265,7 +265,8 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
     conversations = sub.add_parser("conversations", parents=[common], help="list conversations, newest first")
     conversations.add_argument("-n", "--limit", type=limit, default=20)
-    for name, text in (("open", "show a conversation"), ("delete", "delete a conversation")):
+    for name, text in (("open", "show a conversation"), ("delete", "delete a conversation"),
+                       ("cancel", "stop a conversation's running reply (what it said is kept)")):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("conversation_id", type=int, metavar="N")
 

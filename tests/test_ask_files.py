@@ -216,6 +216,8 @@ async def test_an_image_on_a_text_model_is_refused(wire: Wire, router: FakeRoute
 async def test_a_long_file_is_cut_to_the_budget(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     log = tmp_path / "big.log"
     log.write_text("line of log text\n" * 5000)  # 85,000 characters; the budget is 6,144
+    staged = await wire.request({"type": "estimate", "files": [str(log)]})
+    assert staged["files"][0]["truncated"] is True  # said before it is sent, as the chip will
     events = await wire.ask("what happened?", files=[str(log)])
     assert user_of(events)["files"] == [{"name": "big.log", "kind": "text", "truncated": True}]
     sent = text_of(router.requests[-1])
@@ -308,8 +310,8 @@ async def test_estimate_counts_staged_text_and_files(wire: Wire, tmp_path: Path)
                                 "model": "fake-vision"})
     assert event["type"] == "estimate"
     assert event["files"] == [
-        {"name": "notes.txt", "kind": "text", "tokens": 1000},
-        {"name": "cat.png", "kind": "image", "tokens": 765},
+        {"name": "notes.txt", "kind": "text", "tokens": 1000, "truncated": False},
+        {"name": "cat.png", "kind": "image", "tokens": 765, "truncated": False},
     ]
     assert event["tokens"] == 10 + 1000 + 765
     assert event["ctx_used"] == 0 and event["ctx_max"] == 8192
@@ -336,7 +338,8 @@ async def test_each_model_counts_images_at_its_own_cost(monkeypatch: pytest.Monk
             used = {}
             for model in ("fake-vision", "/models/llava-1.5.gguf"):
                 estimate = await wire.request({"type": "estimate", "files": [str(cat)], "model": model})
-                assert estimate["files"] == [{"name": "cat.png", "kind": "image", "tokens": listed_cost(listed, model)}]
+                assert estimate["files"] == [
+                    {"name": "cat.png", "kind": "image", "tokens": listed_cost(listed, model), "truncated": False}]
                 router.script(Reply(text="a cat", usage=None))  # no usage: ctx_used is our estimate
                 done = (await wire.ask("what is it?", files=[str(cat)], model=model))[-1]
                 assert done["type"] == "done", done

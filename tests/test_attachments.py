@@ -408,11 +408,13 @@ async def test_estimate_counts_text_images_and_page_images(tmp_path: Path) -> No
     items: list[Path] = [text, image]
     if all(shutil.which(tool) for tool in ("pdftotext", "pdftoppm", "pdfinfo")):
         items.append(make_pdf(tmp_path / "c.pdf", ["hello", None]))
+        items.append(make_pdf(tmp_path / "d.pdf", [None] * 5))  # one scanned page more than are shown
     got = await estimate_files([str(item) for item in items], image_tokens=500)
-    assert got[0] == {"name": "a.txt", "kind": "text", "tokens": 100}
-    assert got[1] == {"name": "b.png", "kind": "image", "tokens": 500}
-    if len(got) == 3:
-        assert got[2]["kind"] == "pdf" and 500 < got[2]["tokens"] < 600
+    assert got[0] == {"name": "a.txt", "kind": "text", "tokens": 100, "truncated": False}
+    assert got[1] == {"name": "b.png", "kind": "image", "tokens": 500, "truncated": False}
+    if len(got) == 4:
+        assert got[2]["kind"] == "pdf" and 500 < got[2]["tokens"] < 600 and got[2]["truncated"] is False
+        assert got[3]["truncated"] is True and got[3]["tokens"] > 4 * 500
     with pytest.raises(NoVision, match="^gemma cannot see images; ask a model that can"):
         await estimate_files([str(image)], model="gemma", vision=False)
     with pytest.raises(FileRefused, match="not an absolute path"):

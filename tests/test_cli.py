@@ -62,7 +62,7 @@ async def test_a_reply_cut_short_by_another_client_is_not_a_success(daemon: Runn
     await other.request({"type": "cancel", "conversation": 1})
     await other.close()
     _out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 1 and "[cancelled; the partial reply is kept]" in err.decode()
+    assert proc.returncode == 1 and "[stopped by another client: cancelled (the partial reply is kept)" in err.decode()
 
 
 async def test_a_reply_the_locale_cannot_show_is_shown_as_it_can(daemon: RunningDaemon, router: FakeRouter) -> None:
@@ -404,3 +404,38 @@ async def test_ctrl_c_stops_a_kb_add_in_the_daemon(
     assert "3 passage(s) not yet embedded: the next add embeds them" in text
     code, out2, _ = await cli("kb", "list")
     assert "docs  3 documents" in out2
+
+
+# -- what a user is told ----------------------------------------------------------------------
+
+
+async def test_a_file_cut_to_fit_is_said_in_ask_open_and_estimate(
+    daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
+) -> None:
+    log = tmp_path / "big.log"
+    log.write_text("line of log text\n" * 5000)  # far over the 6,144 characters files may take here
+    code, out, err = await cli("estimate", "what?", "-f", str(log))
+    assert code == 0 and "big.log (text, cut to fit)" in out, (out, err)
+    code, _, err = await cli("ask", "what failed?", "-f", str(log))
+    assert code == 0 and "[big.log (text, cut to fit): only part of it fits the context" in err, err
+    code, opened, _ = await cli("open", "1")
+    assert "file: big.log (text, cut to fit)" in opened
+    (tmp_path / "small.txt").write_text("short\n")
+    code, _, err = await cli("ask", "and this?", "-f", str(tmp_path / "small.txt"))
+    assert code == 0 and "cut to fit" not in err
+
+
+async def test_cancel_stops_a_reply_whose_ask_was_left_behind(daemon: RunningDaemon, router: FakeRouter) -> None:
+    router.script(Reply(chunks=["left ", "running"], hang=True))
+    left = await daemon.connect()  # a terminal closed on its ask: nobody will press Ctrl-C
+    rid = await left.send({"type": "ask", "text": "a long story"})
+    await left.until_reply(rid, "left running")
+    code, out, err = await cli("cancel", "1")
+    assert code == 0 and out.strip() == "conversation 1: turn 1 stopped; its partial reply is kept", (out, err)
+    code, out, _ = await cli("cancel", "1")
+    assert code == 0 and out.strip() == "conversation 1: nothing was running"
+    code, opened, _ = await cli("open", "1")
+    assert "assistant: left running  [cancelled]" in opened
+    code, _, err = await cli("cancel", "7")
+    assert code == 1 and "not_found" in err
+    await left.close()

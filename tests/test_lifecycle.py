@@ -422,3 +422,21 @@ async def test_the_mode_of_a_folder_the_daemon_did_not_create_is_left_alone(
     finally:
         await spawned.pop().stop()
         home.rmdir()
+
+
+async def test_a_daemon_killed_mid_reply_is_named_with_the_turn_by_the_client(
+    spawned: list[DaemonProcess], router: FakeRouter, tmp_path: Path
+) -> None:
+    router.script(Reply(chunks=["half of it"], hang=True))
+    proc = await start(spawned, tmp_path)
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "assistant.py"), "ask", "tell me everything", cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert client.stdout is not None
+    assert await asyncio.wait_for(client.stdout.readexactly(10), EVENT_TIMEOUT) == b"half of it"
+    await proc.stop(signal.SIGKILL)
+    _out, err = await asyncio.wait_for(client.communicate(), EVENT_TIMEOUT)
+    assert client.returncode == 3
+    assert "it was answering conversation 1, turn 1: the question is kept" in err.decode(), err.decode()
+    assert "assistant open 1" in err.decode()

@@ -11,10 +11,19 @@ import json
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["RENDERERS", "Printable", "json_line", "describe_estimate", "describe_kb_add", "describe_timings", "render_settings"]
+__all__ = [
+    "RENDERERS", "Printable", "chip_text", "json_line", "describe_estimate", "describe_kb_add", "describe_timings",
+    "render_settings",
+]
 
 Renderer = Callable[[dict[str, Any], TextIO], None]
 SHOWN_PER_REASON = 3  # files listed by name under one reason of a kb add; the rest are counted
+
+
+def chip_text(chip: dict[str, Any]) -> str:
+    """A file as a question carries it: ``big.log (text, cut to fit)``."""
+    cut = ", cut to fit" if chip.get("truncated") else ""
+    return f"{chip.get('name')} ({chip.get('kind')}{cut})"
 
 
 def _render_conversations(event: dict[str, Any], out: TextIO) -> None:
@@ -34,7 +43,7 @@ def _render_conversation(event: dict[str, Any], out: TextIO) -> None:
     for turn in event["turns"]:
         print(f"\n[{turn['turn']}] you: {turn['text']}", file=out)
         for chip in turn.get("files") or ():
-            print(f"      file: {chip.get('name')} ({chip.get('kind')})", file=out)
+            print(f"      file: {chip_text(chip)}", file=out)
         for tool in turn.get("tools") or ():
             print(f"      tool: {tool.get('name')} — {tool.get('summary')}", file=out)
         reply = turn["reply"] or ""
@@ -159,7 +168,7 @@ def describe_timings(timings: dict[str, Any]) -> str:
 
 def describe_estimate(event: dict[str, Any]) -> list[str]:
     """What a staged question would cost, and how full the context would be."""
-    files = "".join(f", {f['name']} ({f['kind']}) {f['tokens']}" for f in event["files"])
+    files = "".join(f", {chip_text(f)} {f['tokens']}" for f in event["files"])
     text = event["tokens"] - sum(f["tokens"] for f in event["files"])
     lines = [f"about {event['tokens']} tokens: the question {text}{files}"]
     used, ctx_max = event["ctx_used"], event["ctx_max"]
@@ -167,7 +176,7 @@ def describe_estimate(event: dict[str, Any]) -> list[str]:
         after = used + event["tokens"]
         lines.append(f"context: {used} of {ctx_max} used; with this question about {after} ({100 * after // ctx_max}%)")
     else:
-        lines.append(f"context: {used} used; the model server did not say its size")
+        lines.append(f"context: {used} used; the model server cannot be reached, so its size is not known")
     return lines
 
 
@@ -184,6 +193,9 @@ RENDERERS: dict[str, Renderer] = {
     "settings": render_settings,
     "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),
     "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
+    "cancelled": lambda e, out: print(
+        f"conversation {e['conversation']}: " + (f"turn {e['turn']} stopped; its partial reply is kept"
+                                                  if e.get("turn") is not None else "nothing was running"), file=out),
 }
 
 

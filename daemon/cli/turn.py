@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
-from core.wire import Wire
+from core.wire import DaemonGone, Wire
 
-from .render import describe_timings, json_line
+from .render import chip_text, describe_timings, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 
 __all__ = [
@@ -29,6 +31,15 @@ def compose_question(words: list[str], piped: str | None) -> str:
         return typed
     piped = piped.rstrip("\n")
     return f"{piped}\n\n{typed}" if typed else piped
+
+
+# how a reply that did not end by itself ended, by its finish_reason ("cancelled": by this client)
+STOPPED = {
+    "cancelled": "cancelled; the partial reply is kept",
+    "interrupted": "interrupted: the daemon stopped; the partial reply is kept",
+    "length": "length: the reply reached the most it may take",
+}
+CANCELLED_ELSEWHERE = "stopped by another client: cancelled (the partial reply is kept), or the conversation deleted"
 
 
 class Refused(Exception):
@@ -70,6 +81,7 @@ class Turn:
         self.stream = stream
         self.stats = stats
         self.conversation: int | None = None
+        self.turn: int | None = None  # known from the `user` event
         self.sent = False  # the request went out: it may have reached the daemon
         self.cancelling = False
         self._cancel_sent: asyncio.Future[Any] | None = None
@@ -90,7 +102,7 @@ class Turn:
         self.conversation = request.get("conversation")
         rid = await self.client.send(request)
         self.sent = True
-        with Interrupts(self._cancel):
+        with Interrupts(self._cancel), self._lost():
             async for event in self.client.stream(rid):
                 if "conversation" in event and event["conversation"] is not None:
                     self.conversation = event["conversation"]
@@ -107,6 +119,19 @@ class Turn:
                 self._show(event)
         raise AssertionError("stream() ends only by raising")  # pragma: no cover
 
+    @contextlib.contextmanager
+    def _lost(self) -> Iterator[None]:
+        """A daemon gone mid-turn is told with the turn it was answering: where to find it later."""
+        try:
+            yield
+        except DaemonGone as exc:
+            if self.conversation is None or self.turn is None:
+                raise
+            raise DaemonGone(
+                f"{exc}; it was answering conversation {self.conversation}, turn {self.turn}: the question is "
+                f"kept, with the reply as far as it was saved (assistant open {self.conversation}, once it runs again)"
+            ) from None
+
     def _status(self, event: dict[str, Any]) -> int:
         if event["type"] == "error":
             return EXIT_ERROR
@@ -118,7 +143,12 @@ class Turn:
 
     def _show(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        if kind == "delta" and self.stream:
+        if kind == "user":
+            self.turn = event.get("turn")
+            for chip in event.get("files") or ():
+                if chip.get("truncated"):
+                    self.terminal.note(f"[{chip_text(chip)}: only part of it fits the context; the rest is not sent]")
+        elif kind == "delta" and self.stream:
             self.terminal.text(event["text"])
         elif kind == "progress" and not self.cancelling:
             self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
@@ -142,8 +172,8 @@ class Turn:
         self.terminal.end_text()
         reason = event["finish_reason"]
         if reason not in ("stop", None):
-            kept = "; the partial reply is kept" if reason == "cancelled" else ""
-            self.terminal.note(f"[{reason}{kept}]")
+            elsewhere = reason == "cancelled" and not self.cancelling
+            self.terminal.note(f"[{CANCELLED_ELSEWHERE if elsewhere else STOPPED.get(reason, reason)}]")
         self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
         if self.stats:  # asked for: said also when the server reports none (Ollama, vLLM)
             self.terminal.note(describe_timings(event.get("timings") or {}))
