@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from core.config import default_socket_path, socket_path_problem, unknown_variables
 from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable, Wire
 
-from .cli.render import RENDERERS, describe_kb_add, json_line
+from .cli.render import RENDERERS, describe_kb_add, error_text, json_line
 from .cli.terminal import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -92,7 +92,7 @@ async def _kb_add(client: Wire, args: argparse.Namespace, terminal: Terminal) ->
             terminal.clear_status()
             if event["type"] == "error":
                 if not args.json:
-                    terminal.note(f"assistant: error ({event['code']}): {event['message']}")
+                    terminal.note(f"assistant: {error_text(event)}")
                 return EXIT_ERROR
             if not args.json:
                 print("\n".join(describe_kb_add(event)), file=terminal.out)
@@ -151,8 +151,11 @@ async def _simple(client: Wire, request: dict[str, Any], as_json: bool, terminal
         terminal.out.write(json_line(event))
         return EXIT_ERROR if event["type"] == "error" else EXIT_OK
     if event["type"] == "error":
-        terminal.note(f"assistant: error ({event['code']}): {event['message']}")
+        terminal.note(f"assistant: {error_text(event)}")
         return EXIT_ERROR
+    if request["type"] == "kb_link":  # the answer is the KB as it is now: say what changed
+        scope = f"conversation {request['conversation']}" if "conversation" in request else "every conversation"
+        print(f"{request['kb']}: {'linked to' if request['linked'] else 'unlinked from'} {scope}", file=terminal.out)
     RENDERERS.get(event["type"], lambda e, o: print(json.dumps(e, indent=2), file=o))(event, terminal.out)
     return EXIT_OK
 

@@ -23,6 +23,7 @@ import pytest_asyncio
 from core import Config
 from core.version import __version__
 from selfcheck.fakerouter import FakeRouter, Reply
+from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon
 from tests.test_client import ROOT, cli
 
@@ -439,3 +440,27 @@ async def test_cancel_stops_a_reply_whose_ask_was_left_behind(daemon: RunningDae
     code, _, err = await cli("cancel", "7")
     assert code == 1 and "not_found" in err
     await left.close()
+
+
+async def test_refusals_name_this_clients_commands(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    code, _, err = await cli("open", "99")
+    assert code == 1 and err.strip() == (
+        "assistant: error (not_found): conversation 99 does not exist; list them with: assistant conversations")
+    code, _, err = await cli("kb", "search", "nosuch", "x")
+    assert code == 1 and "assistant kb list shows the ones there are" in err, err
+    code, _, err = await cli("kb", "link", "nosuch")
+    assert code == 1 and "assistant kb add creates one" in err, err
+    code, _, err = await cli("ask", "what is it?", "-m", "fake-text", "-f", str(make_png(tmp_path / "cat.png")))
+    assert code == 1 and "(assistant models lists them)" in err, err
+
+
+async def test_kb_link_says_what_it_linked(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("apples are red\n")
+    assert (await cli("kb", "add", "fruit", str(tmp_path / "a.txt")))[0] == 0
+    await cli("ask", "hello")
+    code, out, _ = await cli("kb", "link", "fruit")
+    assert code == 0 and out.splitlines()[0] == "fruit: linked to every conversation"
+    code, out, _ = await cli("kb", "link", "fruit", "--cid", "1", "--unlink")
+    assert code == 0 and out.splitlines()[0] == "fruit: unlinked from conversation 1"
+    code, out, _ = await cli("conversations")
+    assert "  1 turn " in out

@@ -85,7 +85,7 @@ async def test_conversations_open_delete(daemon: RunningDaemon) -> None:
     await cli("ask", "what is a daemon")
     code, out, _ = await cli("conversations")
     assert code == 0
-    assert "what is a daemon" in out and "1 turns" in out
+    assert "what is a daemon" in out and "1 turn " in out
     code, out, _ = await cli("open", "1")
     assert "you: what is a daemon" in out
     assert "assistant: You said: what is a daemon" in out

@@ -12,12 +12,29 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = [
-    "RENDERERS", "Printable", "chip_text", "json_line", "describe_estimate", "describe_kb_add", "describe_timings",
-    "render_settings",
+    "RENDERERS", "Printable", "chip_text", "describe_estimate", "describe_kb_add", "describe_timings", "error_text",
+    "json_line", "render_settings",
 ]
 
 Renderer = Callable[[dict[str, Any], TextIO], None]
 SHOWN_PER_REASON = 3  # files listed by name under one reason of a kb add; the rest are counted
+
+
+# the daemon's advice names protocol requests; said here as the commands that make them
+FOR_THE_COMMAND_LINE = (
+    ("list them with the conversations request", "list them with: assistant conversations"),
+    ("(the models request lists them)", "(assistant models lists them)"),
+    ("kb_list shows the ones there are", "assistant kb list shows the ones there are"),
+    ("kb_add creates one", "assistant kb add creates one"),
+)
+
+
+def error_text(event: dict[str, Any], where: str = "") -> str:
+    """An ``error`` event for a person: its code, where it happened, its message in this client's words."""
+    message = str(event.get("message"))
+    for said, meant in FOR_THE_COMMAND_LINE:
+        message = message.replace(said, meant)
+    return f"error ({event.get('code')}){' in ' + where if where else ''}: {message}"
 
 
 def chip_text(chip: dict[str, Any]) -> str:
@@ -31,8 +48,9 @@ def _render_conversations(event: dict[str, Any], out: TextIO) -> None:
     if not items:
         print("no conversations yet; start one with: assistant ask \"...\"", file=out)
     for item in items:
-        print(f"{item['conversation']:>5}  {item['updated_at'][:16].replace('T', ' ')}  "
-              f"{item['turns']:>3} turns  {item['title']}", file=out)
+        turns = f"{item['turns']:>3} turn{'' if item['turns'] == 1 else 's'}"
+        print(f"{item['conversation']:>5}  {item['updated_at'][:16].replace('T', ' ')}  {turns:<9}  {item['title']}",
+              file=out)
 
 
 def _render_conversation(event: dict[str, Any], out: TextIO) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from core.wire import DaemonGone, Wire
 
-from .render import chip_text, describe_timings, json_line
+from .render import chip_text, describe_timings, error_text, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 
 __all__ = [
@@ -46,7 +46,7 @@ class Refused(Exception):
     """The daemon answered a request the command needs first with an error."""
 
     def __init__(self, event: dict[str, Any]) -> None:
-        super().__init__(f"error ({event['code']}): {event['message']}")
+        super().__init__(error_text(event))
 
 
 async def latest_conversation(client: Wire) -> int | None:
@@ -164,7 +164,7 @@ class Turn:
         if event["type"] == "error":
             self.terminal.clear_status()
             self.terminal.end_text()
-            self.terminal.note(f"assistant: error ({event.get('code')}) in {where}: {event.get('message')}")
+            self.terminal.note(f"assistant: {error_text(event, where)}")
             return EXIT_ERROR
         if not self.stream:
             self.terminal.text(event["text"])
@@ -183,6 +183,6 @@ class Turn:
 async def set_system(client: Wire, conversation: int, system: str, terminal: Terminal) -> bool:
     event = await client.request({"type": "settings", "conversation": conversation, "system": system})
     if event["type"] == "error":
-        terminal.note(f"assistant: error ({event['code']}): {event['message']}")
+        terminal.note(f"assistant: {error_text(event)}")
         return False
     return True
