@@ -185,17 +185,19 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
     return staged
 
 
-def _no_vision(model: str) -> NoVision:
+def _no_vision(model: str, why: str = "", what: str = "the image") -> NoVision:
     """The refusal of images (files or PDF pages) for a model that cannot see them."""
-    return NoVision(f"{model} cannot see images; ask a model that can (the models request lists them), "
-                    "or leave the image out")
+    return NoVision(f"{model} cannot see images{why}; ask a model that can (the models request lists them), "
+                    f"or leave {what} out")
 
 
-def _pages_to_show(text: pdf.PdfText, *, model: str, vision: bool) -> tuple[list[int], list[int]]:
+def _pages_to_show(text: pdf.PdfText, *, name: str, model: str, vision: bool) -> tuple[list[int], list[int]]:
     """A PDF's pages to send as images and those only listed; NoVision when a blind model needs some."""
     shown, hidden = pdf.pages_to_show(text)
     if shown and not vision:
-        raise _no_vision(model)
+        scanned = len(shown) + len(hidden)
+        pages = "page" if scanned == 1 else "pages"
+        raise _no_vision(model, f", and {name} has {scanned} scanned {pages} (no text to read)", name)
     return shown, hidden
 
 
@@ -251,7 +253,7 @@ async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asynci
     hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
     try:
         text = await pdf.read_text(item.path, item.name)
-        shown, hidden = _pages_to_show(text, model=model, vision=vision)
+        shown, hidden = _pages_to_show(text, name=item.name, model=model, vision=vision)
         rendered = await gather_all(
             pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in shown
         )
@@ -372,7 +374,7 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
     if item.kind == "image":
         return 0, 1, False
     text = await pdf.read_text(item.path, item.name)
-    shown, hidden = _pages_to_show(text, model=model, vision=vision)
+    shown, hidden = _pages_to_show(text, name=item.name, model=model, vision=vision)
     return len(pdf.pdf_body(text, shown)), len(shown), bool(hidden)
 
 

@@ -28,6 +28,9 @@ TITLE_REQUEST = (
 )
 
 
+ECHOED = "title of at most six words"  # in both requests: a "title" holding it is the request said back
+
+
 def _bounded(title: str) -> str:
     return title[: TITLE_MAX_CHARS - 1].rstrip() + "…" if len(title) > TITLE_MAX_CHARS else title
 
@@ -44,6 +47,8 @@ def clean_title(raw: str) -> str:
     if not lines:
         return ""
     title = lines[0].strip("\"'`*#").removeprefix("Title:").strip().strip("\"'`*").rstrip(".")
+    if ECHOED in title.lower():  # a small model repeating the request: the question's words say more
+        return ""
     return _bounded(title)
 
 

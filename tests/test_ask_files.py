@@ -197,7 +197,9 @@ async def test_scanned_pages_on_a_text_model_are_refused(wire: Wire, router: Fak
     events = await wire.ask("read it", files=[str(pdf)])
     error = events[-1]
     assert [e["type"] for e in events] == ["progress", "error"]
-    assert error["code"] == "no_vision"
+    assert error["code"] == "no_vision" and error["message"] == (
+        "fake-text cannot see images, and scan.pdf has 1 scanned page (no text to read); ask a model that can "
+        "(the models request lists them), or leave scan.pdf out")
     assert "fake-text cannot see images" in error["message"]
     assert error["turn"] == 1
     assert router.requests == []

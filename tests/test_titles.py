@@ -65,6 +65,14 @@ async def test_a_failed_title_keeps_the_first_words(titled: Titled, router: Fake
 
 
 @pytest.mark.asyncio
+async def test_a_title_that_says_the_request_back_keeps_the_first_words(titled: Titled, router: FakeRouter) -> None:
+    router.script_complete(Reply(text="The conversation is named with a title of at most six words"))
+    events = await titled.ask("what is a good name for a dog")
+    assert len([r for r in router.requests if not r.get("stream")]) == 1
+    assert await titled.title(events[0]["conversation"]) == "what is a good name for a dog"
+
+
+@pytest.mark.asyncio
 async def test_a_renamed_conversation_keeps_its_name(titled: Titled, router: FakeRouter) -> None:
     router.script_complete(Reply(text="Model title", delay=0.2))
     rid = await titled.wire.send({"type": "ask", "text": "rename me"})
@@ -94,3 +102,5 @@ def test_clean_title() -> None:
     assert clean_title('<think>hmm</think>\n"Title: Cats and dogs."') == "Cats and dogs"
     assert clean_title("**Rust**\nextra line") == "Rust"
     assert clean_title("   ") == ""
+    # a small model saying the request back (SmolLM2 135M did): not a title, the provisional one stays
+    assert clean_title("This conversation is between a title of at most six words and you") == ""
