@@ -225,7 +225,9 @@ async def _no_vision(ctx: Context) -> None:
     scanned = make_pdf(ctx.scratch / "scanned.pdf", [Scan("a receipt")])
     for file in (image, scanned):
         error = (await ctx.wire.ask("see", files=[str(file)], model="fake-text"))[-1]
-        expect(error.get("code") == "no_vision" and error["message"].startswith("fake-text cannot see images; "),
+        # a PDF's refusal names the PDF and its scanned pages
+        said = "; " if file is image else ", and scanned.pdf has 1 scanned page (no text to read); "
+        expect(error.get("code") == "no_vision" and error["message"].startswith(f"fake-text cannot see images{said}"),
                f"{file.name}: {error}")
     expect(ctx.router.requests == [], "something was sent to the model")
 
