@@ -104,6 +104,8 @@ class Turn:
         self.sent = True
         with Interrupts(self._cancel), self._lost():
             async for event in self.client.stream(rid):
+                if event["type"] == "user":
+                    self.turn = event.get("turn")
                 if "conversation" in event and event["conversation"] is not None:
                     self.conversation = event["conversation"]
                     if self.cancelling:
@@ -144,7 +146,6 @@ class Turn:
     def _show(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "user":
-            self.turn = event.get("turn")
             for chip in event.get("files") or ():
                 if chip.get("truncated"):
                     self.terminal.note(f"[{chip_text(chip)}: only part of it fits the context; the rest is not sent]")
