@@ -132,7 +132,7 @@ class Handlers:
         self.engine.spawn(unindex_deleted(self.history, cid))
 
     async def on_models(self, request: Request, emit: Emit) -> None:
-        models = await self.router.models()
+        models = await self.router.models(refresh=True)  # asked for: as the server says it now
         default = self.config.model or (models[0].id if models else None)
         emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
 

@@ -515,6 +515,15 @@ async def test_models_lists_capabilities_and_default(wire: Wire) -> None:
     assert by_id["fake-vision"]["ctx_max"] == 8192
 
 
+async def test_models_asks_the_server_now(wire: Wire, router: FakeRouter) -> None:
+    """A model list asked for is the server's as it is now, not the one kept for turns (60 s)."""
+    assert [m["id"] for m in (await wire.request({"type": "models"}))["items"]] == ["fake-text", "fake-vision"]
+    router.models = router.models[:1]
+    assert [m["id"] for m in (await wire.request({"type": "models"}))["items"]] == ["fake-text"]
+    router.stop()
+    assert (await wire.request({"type": "models"}))["code"] == "router_unreachable"
+
+
 async def test_models_when_the_router_is_down(config: Config, router: FakeRouter) -> None:
     router.stop()  # before the start: no list learned (one learned is kept MODELS_TTL)
     async with serving(config) as (_, wire):
