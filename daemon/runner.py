@@ -136,7 +136,7 @@ class Slot:
     finishing: bool = False  # its outcome is being stored: too late to stop, and it must not be cut
 
 
-Spawn = Callable[[Any], None]
+Spawn = Callable[[Any], "asyncio.Task[Any]"]
 Claim = Callable[[int, "Slot"], None]
 
 
@@ -155,6 +155,7 @@ class TurnRunner:
         self._spawn = spawn  # background work (checkpoints, titles) the engine keeps track of
         self._claim = claim  # a new conversation's slot, once it has an id
         self._no_tools: set[str] = set()  # models whose server refused the tools parameter
+        self._titling: dict[int, asyncio.Task[Any]] = {}  # a conversation's title request under way
         self.mcp = mcp
 
     async def run(self, slot: Slot, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
@@ -201,8 +202,11 @@ class TurnRunner:
             question = text or " ".join(p.name for p in prepared)
             answer = state.messages[-1].get("content") if state.messages[-1].get("role") == "assistant" else ""
             prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
-            self._spawn(make_title(self.router, self.history, state.conversation, state.model.id, prompt, question,
-                                   state.tools if state.prompt else None))
+            cid = state.conversation
+            task = self._titling[cid] = self._spawn(make_title(
+                self.router, self.history, cid, state.model.id, prompt, question, state.tools if state.prompt else None
+            ))
+            task.add_done_callback(lambda _: self._titling.pop(cid, None))
 
     async def _read(self, cid: int, where: dict[str, Any]) -> TurnContext:
         """The conversation and what its prompt needs; sets the turn an error would name."""
@@ -330,6 +334,11 @@ class TurnRunner:
                 # the model stored with the turn, the conversation's own or the default: as the router
                 # tells of it (llama-swap loads it to say)
                 state.model = await self.router.model_info(state.model_id, stale_ok=True)
+            if (titling := self._titling.get(state.conversation)) is not None:
+                # the title request holds the server's copy of this conversation (its slot): sent
+                # beside it, the question would go to another slot and be read anew from its first
+                # token, or queue behind it all the same (one slot). It is a few tokens long.
+                await asyncio.wait([titling])
             finish_reason = await self._converse(state, emit)
         except asyncio.CancelledError:
             foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down

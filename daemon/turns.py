@@ -206,13 +206,14 @@ class TurnEngine:
         """A new conversation's turn is stored: from now on ``cid`` is busy with ``slot``."""
         self._slots[cid] = slot
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as background work (a title, a checkpoint, a deleted conversation's search
         rows): logged if it fails, waited for by ``settle``, cancelled at shutdown once the turns
         have ended."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background_done)
+        return task
 
     def _background_done(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)

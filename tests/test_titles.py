@@ -73,6 +73,28 @@ async def test_a_title_that_says_the_request_back_keeps_the_first_words(titled: 
 
 
 @pytest.mark.asyncio
+async def test_a_follow_up_waits_for_its_conversations_title_not_anothers(titled: Titled, router: FakeRouter) -> None:
+    """The title request holds the server's copy of its conversation: the next question there is
+    sent once it is answered (else it would be read anew in another slot); another conversation's
+    is not held up."""
+    router.script_complete(Reply(text="Colours", delay=0.5), Reply(text="Animals", delay=0.5))
+    first = (await titled.wire.ask("name a colour"))[0]["conversation"]  # its title is under way
+    events = await titled.wire.ask("and another?", conversation=first)
+    assert events[-1]["type"] == "done"
+    titles = [i for i, r in enumerate(router.requests) if not r.get("stream")]
+    follow_up = len(router.requests) - 1
+    assert titles == [1] and follow_up == 2
+    assert router.arrivals[follow_up] >= router.arrivals[1] + 0.5 - 0.01  # sent once the title was answered
+    second = (await titled.wire.ask("name an animal"))[0]["conversation"]  # its title is under way now
+    other = await titled.wire.ask("name a colour", conversation=first)
+    assert other[-1]["type"] == "done"
+    title = max(i for i, r in enumerate(router.requests) if not r.get("stream"))
+    assert router.arrivals[-1] < router.arrivals[title] + 0.5  # not held up by conversation 2's title
+    await titled.running.server.engine.settle()
+    assert await titled.title(second) == "Animals"
+
+
+@pytest.mark.asyncio
 async def test_a_renamed_conversation_keeps_its_name(titled: Titled, router: FakeRouter) -> None:
     router.script_complete(Reply(text="Model title", delay=0.2))
     rid = await titled.wire.send({"type": "ask", "text": "rename me"})
