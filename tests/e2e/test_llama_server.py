@@ -546,3 +546,25 @@ async def test_questions_after_the_model_list_went_old(
     running = RunningDaemon(named)
     await running.start()
     await assert_reused(running, "fruit", 4)
+
+
+async def test_a_follow_up_while_the_title_is_made_is_read_from_the_cache(config: Config) -> None:
+    """After a new conversation's first reply the title request holds the slot with the
+    conversation's cache (this server has several): a follow-up asked at once waits for it and
+    is read from that cache; sent beside it, it could land on another slot and be read from its
+    first token (`bench/bench_follow_up.py`)."""
+    system = "You are a helpful assistant. " + " ".join(
+        f"Rule {n}: answer briefly and name colours plainly." for n in range(60)
+    )
+    running = RunningDaemon(dataclasses.replace(config, auto_title=True))
+    await running.start()
+    wire = await running.connect()
+    try:
+        for n in range(4):
+            first = assert_turn(await wire.ask(f"Name a colour, number {n}.", system=system))
+            follow_up = assert_turn(await wire.ask("And another one?", conversation=first["conversation"]))
+            timings = follow_up["timings"]
+            assert timings["cache_n"] > 3 * timings["prompt_n"], timings  # the system prompt alone is ~750 tokens
+    finally:
+        await wire.close()
+        await running.stop()
