@@ -7,7 +7,10 @@ send whole store methods, `await history.run(lambda s: s.turns(cid))`, so a
 multi-statement write is one hop and one transaction, never statements interleaved
 with other callers. The thread hands each result back with one
 ``call_soon_threadsafe``: half the cost of an executor's chained futures (~30 µs a
-trip, which every turn pays before its question reaches the model).
+trip, which every turn pays before its question reaches the model). Each call is
+sent with the thread held to the CPU the event loop runs on (``HistoryThread.submit``),
+so the hand-over is a switch on that CPU, not an idle CPU woken for the thread and
+another for the loop (docs/DESIGN.md, "One trip to the store").
 
 Cancelling an awaiting caller does not stop its call, queued or running: every call
 sent runs, and its transaction completes (or rolls back) as a whole.
@@ -66,12 +69,41 @@ class HistoryThread:
         # a daemon thread: a loop that died without close() must not hang the exit on it
         self._thread = threading.Thread(target=self._serve, name=THREAD_NAME_PREFIX, daemon=True)
         self._thread.start()
+        self._getcpu = cpu_reader()  # None: the thread runs where the scheduler puts it
+        self._cpu = -1  # the CPU the thread is held to, -1 before the first call
+        self._busy = False  # a call is running (set by the thread)
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        self._follow()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._calls.put((fn, loop, future))
         return future
+
+    def _follow(self) -> None:
+        """Hold the thread to the CPU this (the event loop's) thread runs on, when it moved.
+
+        Woken anywhere else, the thread costs an idle CPU's wake-up (an interrupt to it; a
+        deep sleep state to leave on a desktop, a halted virtual CPU on a VM), and its
+        answer another for the loop: with the thread on the loop's CPU both are switches
+        there, as the loop waits (a first token 0.17-0.34 ms sooner, ``bench/bench_ttft.py``,
+        docs/DESIGN.md). Only an idle thread is moved: a busy one is not woken for the call,
+        and a loop ready to run beside a long call is moved to an idle CPU by the scheduler
+        (the next call after it follows it there).
+        """
+        thread = self._thread.native_id  # set once the thread has started
+        if self._getcpu is None or thread is None or self._busy or not self._calls.empty():
+            return
+        cpu = self._getcpu()
+        if cpu == self._cpu or cpu < 0:
+            return
+        try:
+            os.sched_setaffinity(thread, {cpu})
+        except OSError as exc:  # the thread gone, or a CPU set that changed under us
+            logger.debug("the history thread stays where the scheduler puts it: %s", exc)
+            self._getcpu = None
+            return
+        self._cpu = cpu
 
     def stop(self) -> None:
         """End the thread once the calls already sent have run, and wait for it."""
@@ -81,14 +113,28 @@ class HistoryThread:
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
             fn, loop, future = call
+            self._busy = True
             try:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
             except BaseException as exc:  # handed to the caller, whatever it is
                 outcome = (None, exc)
+            self._busy = False
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)
             except RuntimeError:  # the loop is closed: nobody waits for it
                 pass
+
+
+def cpu_reader() -> Callable[[], int] | None:
+    """The C library's ``sched_getcpu`` (Python 3.11's ``os`` has none; a vDSO call, ~0.2 µs),
+    None where there is none."""
+    try:
+        import ctypes  # ~2 ms, once, at start-up
+
+        getcpu: Callable[[], int] = ctypes.CDLL(None).sched_getcpu  # returns a C int: ctypes' default
+    except (OSError, AttributeError):
+        return None
+    return getcpu
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 import stat
 import threading
@@ -30,6 +32,7 @@ from history import (
     split_rowid,
     turn_rowid_range,
 )
+from history import aio as history_aio
 from history import fts as history_fts
 from history import search as history_search
 from history import store as history_store
@@ -730,6 +733,58 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
     with pytest.raises(RuntimeError):
         await history.run(lambda s: s.list_conversations())
     await history.close()  # twice is harmless
+
+
+SET_AFFINITY = os.sched_setaffinity  # as it is, whatever a test patches
+
+
+@contextlib.contextmanager
+def held_to(cpu: int) -> Iterator[None]:
+    """This thread (the test's event loop) held to one CPU, then as it was."""
+    before = os.sched_getaffinity(0)
+    SET_AFFINITY(0, {cpu})
+    try:
+        yield
+    finally:
+        SET_AFFINITY(0, before)
+
+
+@pytest.mark.asyncio
+async def test_each_call_runs_on_the_cpu_the_event_loop_runs_on(db_path: Path) -> None:
+    """The history thread is held to the loop's CPU, so that handing a call over and its
+    answer back are switches on that CPU; when the loop moves, the next call follows."""
+    getcpu = history_aio.cpu_reader()
+    assert getcpu is not None  # glibc and musl both have sched_getcpu
+    history = await AsyncHistory.open(db_path)
+    try:
+        for cpu in sorted(os.sched_getaffinity(0)) * 2:  # every CPU this test may use, and back
+            with held_to(cpu):
+                ran = await history.run(lambda s: (getcpu(), os.sched_getaffinity(0)))
+            assert ran == (cpu, {cpu})
+    finally:
+        await history.close()
+
+
+@pytest.mark.asyncio
+async def test_a_thread_that_cannot_be_held_to_a_cpu_still_runs_every_call(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusals = []
+
+    def refuse(tid: int, cpus: set[int]) -> None:
+        refusals.append(tid)
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(history_aio.os, "sched_setaffinity", refuse)
+    history = await AsyncHistory.open(db_path)
+    try:
+        for n, cpu in enumerate(sorted(os.sched_getaffinity(0)) * 2):
+            with held_to(cpu):
+                created = await history.run(lambda s, n=n: s.create_conversation(f"c{n}"))
+            assert created.title == f"c{n}"
+        assert len(refusals) == 1  # tried once, then left to the scheduler
+    finally:
+        await history.close()
 
 
 @pytest.mark.asyncio
