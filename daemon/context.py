@@ -56,7 +56,7 @@ from recall import (
     summary_message,
 )
 
-from .replay import ReplayCache, Replayed, ReplayedTurn, router_messages
+from .replay import ReplayCache, Replayed, router_messages
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
 
@@ -170,7 +170,7 @@ class ContextBuilder:
         system = entry.system
         if system is None or entry.system_prompt != instructions:  # settings changed it
             system = await self._system(entry, cid, instructions)
-        through = self._plan(entry.turns, own + budget.summary_tokens, budget, force)
+        through = self._plan(entry, own + budget.summary_tokens, budget, force)
         if through is not None:
             # after an overflow the server cannot take the conversation as it is: a transcript
             made = await self._compact(cid, model, budget, entry, through, progress, None if force else tools,
@@ -178,7 +178,7 @@ class ContextBuilder:
             if made is not None:
                 entry.fold(made)
                 system = await self._system(entry, cid, instructions)
-        earlier, tokens = await self._replay(entry.turns, system, current, budget, model, cid, fixed)
+        earlier, tokens = await self._replay(entry, system, current, budget, model, cid, fixed)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
@@ -210,16 +210,17 @@ class ContextBuilder:
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
 
-    def _plan(self, turns: list[ReplayedTurn], fixed: int, budget: Budget, force: bool) -> int | None:
+    def _plan(self, entry: Replayed, fixed: int, budget: Budget, force: bool) -> int | None:
         """The last turn to fold, or None: the oldest but the last few, or all when that is not enough."""
+        turns = entry.turns
         if not turns:
             return None
         if force:
             return turns[-1].n
-        sizes = [(t.n, t.tokens) for t in turns]
         share = min(self.config.compact_at, budget.prompt_limit / budget.ctx_max)
-        if fixed + sum(tokens for _, tokens in sizes) <= share * budget.ctx_max:
+        if fixed + entry.tokens <= share * budget.ctx_max:
             return None
+        sizes = [(t.n, t.tokens) for t in turns]
         # fold down to well under the threshold: compacting a little every turn would make
         # the server re-read the whole prompt every turn
         target = share * COMPACT_TO
@@ -231,7 +232,7 @@ class ContextBuilder:
 
     async def _replay(
         self,
-        turns: list[ReplayedTurn],
+        entry: Replayed,
         system: list[dict[str, Any]],
         current: list[dict[str, Any]],
         budget: Budget,
@@ -248,7 +249,7 @@ class ContextBuilder:
         """
         own = estimate_messages([*system, *current], model.image_tokens) + fixed
         room = budget.prompt_limit - own
-        total = sum(t.tokens for t in turns)
+        turns, total = entry.turns, entry.tokens
         skip = 0
         while skip < len(turns) and total > room:
             total -= turns[skip].tokens
@@ -256,6 +257,8 @@ class ContextBuilder:
         if skip:
             logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
                            cid, skip, model.id)
+        elif entry.sent is not None:
+            return entry.sent, own + total  # text alone: as held, not walked turn by turn
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:  # held text as it is: no coroutine per turn (~0.2 us each, 2,000 turns)
             earlier += t.sent if t.sent is not None else await t.for_router(model.vision)

@@ -70,18 +70,35 @@ class Replayed:
     vision: bool
     image_tokens: int  # what one image counts in the turns' estimates
     upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
-    turns: list[ReplayedTurn] = field(default_factory=list)
+    turns: list[ReplayedTurn] = field(default_factory=list)  # changed by ``append`` and ``fold`` only
     system: Messages | None = None  # the system message, made (and encoded) once per compaction
     system_prompt: str | None = None  # the conversation's system prompt ``system`` was made from
+    # kept with ``turns``, so that a prompt does not walk every turn to count and join them
+    # (three walks a question, ~0.1 ms at 200 turns): their tokens, and their router form in
+    # order, None while one has images (resolved for each prompt)
+    tokens: int = 0
+    sent: Messages | None = field(default_factory=list)
 
     @property
     def after(self) -> int:
         return self.compaction.through_turn if self.compaction else 0
 
+    def append(self, turn: ReplayedTurn) -> None:
+        self.turns.append(turn)
+        self.tokens += turn.tokens
+        if self.sent is not None:
+            if turn.sent is None:
+                self.sent = None
+            else:
+                self.sent += turn.sent
+
     def fold(self, compaction: Compaction) -> None:
         """A new compaction now stands for the turns it folded."""
         self.compaction = compaction
-        self.turns = [t for t in self.turns if t.n > compaction.through_turn]
+        kept = [t for t in self.turns if t.n > compaction.through_turn]
+        self.turns, self.tokens, self.sent = [], 0, []
+        for turn in kept:
+            self.append(turn)
         self.system = None
 
 
@@ -133,5 +150,5 @@ class ReplayCache:
             stored = [fit_message(m, replay_tokens) for m in messages]
             # encoded once (core.jsontext.json_parts splices the bytes into every request)
             sent: Messages | None = None if has_images(stored) else [FrozenJSON(m) for m in router_messages(stored)]
-            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent))
+            entry.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent))
         entry.upto = max(entry.upto, upto)
