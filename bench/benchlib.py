@@ -163,7 +163,7 @@ def fake_router_process() -> Iterator[str]:
     )
     try:
         assert proc.stdout is not None
-        url = _read_line(proc, START_TIMEOUT)
+        url = read_line(proc, START_TIMEOUT)
         if not url.startswith("http://"):
             raise RuntimeError(f"fake router printed {url!r} instead of its URL")
         yield url
@@ -173,7 +173,8 @@ def fake_router_process() -> Iterator[str]:
             proc.stdout.close()
 
 
-def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The first line a child prints (its URL, or that it is ready), within ``timeout`` seconds."""
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -181,7 +182,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
             raise RuntimeError(f"{proc.args!r} printed nothing within {timeout:g} s")
     line = proc.stdout.readline().strip()
     if not line:
-        raise RuntimeError(f"{proc.args!r} exited with {proc.wait()} before printing its URL")
+        raise RuntimeError(f"{proc.args!r} exited with {proc.wait()} before printing a line")
     return line
 
 
