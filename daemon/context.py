@@ -29,6 +29,7 @@ cannot fit on its own is refused (``context_overflow``).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,22 @@ class ContextBuilder:
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
+
+    def remember(self, cid: int, turn: int, messages: list[dict[str, Any]], model: ModelInfo) -> None:
+        """Hold a turn just answered and stored, for its conversation's next prompt.
+
+        The next question's trip to the store then reads no earlier turn, and its prompt
+        prepares none (cut, token estimate, JSON made once): that is done now, after the
+        reply, instead of before the next request. The messages are taken as a read of the
+        store would give them back (through JSON). Only when every turn before it is held for
+        this model; otherwise the next read brings it, as before.
+        """
+        budget = self.budget(model)
+        entry = self.replays.get(cid, 0, (budget.ctx_max, model.vision, model.image_tokens), turn - 1)
+        if entry is None:
+            return
+        stored = json.loads(json.dumps(messages))
+        self.replays.add(entry, [(turn, complete_exchanges(stored))], turn, budget.replay_tokens)
 
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""

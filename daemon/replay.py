@@ -5,7 +5,8 @@ its JSON, cutting oversize messages and estimating tokens again on every turn co
 milliseconds at a few hundred turns, before the first token.  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
 the replayed form of each is made once and held here; a turn reads only the turns
-answered since (``HistoryStore.turn_context(known=...)``).
+answered since (``HistoryStore.turn_context(known=...)``), none when the last one was
+held as it was stored (``ContextBuilder.remember``, after its ``done``).
 
 What is held stays valid while the conversation's latest compaction and the model's
 context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.

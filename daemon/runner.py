@@ -349,12 +349,15 @@ class TurnRunner:
             logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
             status, finish_reason, failure = "error", None, InternalError()
         slot.finishing = True  # a cancel from here on would lose the outcome's event
-        if not await self._finish(state, status, finish_reason, failure):
+        stored = await self._finish(state, status, finish_reason, failure)
+        if stored is None:
             failure = DiskFull(self.history.kept_message())  # the reply waits in memory for room
         if failure is not None:
             emit(error_event(failure, conversation=state.conversation, turn=state.turn))
         else:
             emit(self._done_event(state, finish_reason))
+        if stored is not None and stored.reply:  # replayed by the next prompt: made ready now
+            self.context.remember(state.conversation, state.turn, stored.messages, state.model)
         if foreign_cancel:
             raise asyncio.CancelledError
 
@@ -570,8 +573,8 @@ class TurnRunner:
 
     async def _finish(
         self, state: TurnState, status: TurnStatus, finish_reason: str | None, exc: AssistantError | None = None
-    ) -> bool:
-        """Store the turn's outcome; False when a full disk keeps it in memory for now."""
+    ) -> TurnOutcome | None:
+        """Store the turn's outcome, and return it; None when a full disk keeps it in memory for now."""
         if state.checkpoint_timer is not None:
             state.checkpoint_timer.cancel()
             state.checkpoint_timer = None
@@ -603,7 +606,7 @@ class TurnRunner:
             completion_tokens=usage.completion_tokens if usage else None, ctx_used=ctx_used,
         )
         # a second cancel (shutdown after a user's cancel) must not lose the write
-        return await asyncio.shield(self.history.finish(outcome))
+        return outcome if await asyncio.shield(self.history.finish(outcome)) else None
 
     def _done_event(self, state: TurnState, finish_reason: str | None) -> dict[str, Any]:
         usage = state.usage

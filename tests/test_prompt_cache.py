@@ -20,6 +20,7 @@ import pytest
 
 from core import Config
 from core.wire import Wire, of_type
+from history import HistoryStore
 from selfcheck.fakeprompt import render_prompt, text_tokens
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_png
@@ -108,6 +109,37 @@ async def test_files_and_tool_rounds_keep_the_prefix(wire: Wire, router: FakeRou
     assert third["messages"][: len(round2["messages"])] == round2["messages"]
     assert third["messages"][len(round2["messages"])] == {"role": "assistant", "content": second[-1]["text"]}
     assert round1["tools"] == third["tools"]  # the tool list a template renders first stays put
+
+
+async def test_a_follow_up_reads_no_earlier_turn_from_the_store(
+    wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn just answered is held for the next prompt as it was stored, tool round and all:
+    a follow-up's trip to the store reads no earlier turn, and its prompt replays it whole."""
+    read: list[int] = []
+    answered_turns = HistoryStore.answered_turns
+
+    def counted(store: HistoryStore, cid: int, before: int, after: int = 0) -> list[tuple[int, Any]]:
+        rows = answered_turns(store, cid, before, after)
+        read.extend(n for n, _ in rows)
+        return rows
+
+    monkeypatch.setattr(HistoryStore, "answered_turns", counted)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the launch code is 4711\n")
+    router.script(
+        Reply(tool_calls=[{"id": "c1", "name": "attachment_recall", "arguments": '{"action": "list"}'}]),
+        Reply(text="It is in notes.txt."),
+    )
+    first = await wire.ask("where is the code?", files=[str(notes)])
+    cid = of_type(first, "user")[0]["conversation"]
+    second = await wire.ask("and the date?", conversation=cid)
+    await wire.ask("thanks", conversation=cid)
+    assert read == []  # each answered turn was held when the next question came
+    round1, round2, follow_up, last = turn_requests(router)
+    assert follow_up["messages"][: len(round2["messages"])] == round2["messages"]
+    assert follow_up["messages"][len(round2["messages"])] == {"role": "assistant", "content": first[-1]["text"]}
+    assert_reuses(follow_up, last, second[-1]["text"])
 
 
 async def test_every_request_caps_its_reply_and_leaves_room(wire: Wire, router: FakeRouter) -> None:
