@@ -270,6 +270,8 @@ class RouterClient:
         turn's chat request has gone out (``stream_chat``).
         """
         wanted = model or self._config.model
+        if self._fresh() and (known := self._find(wanted)) is not None and known.id not in self._missing:
+            return known  # nothing to fetch or ask: not queued behind the list's lock (a turn asks twice)
         if stale_ok and self._fetched_at is not None and not self._fresh():
             info = self._find(wanted)
             # as it was, unless what it lacks would be asked now (without load, nothing that may

@@ -182,6 +182,29 @@ async def test_a_turn_does_not_wait_for_an_old_model_list(
     assert router.requests[-1]["model"] == "fake-new"
 
 
+async def test_a_turn_does_not_wait_behind_a_models_request(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter
+) -> None:
+    """``models`` asks the server each time, and waits for it holding the list; a turn whose
+    model the list, still fresh, tells of does not queue behind it."""
+    first = await wire.ask("hello")
+    listed = router.hits["/v1/models"]
+    router.models_open.clear()
+    other = await daemon.connect()
+    try:
+        rid = await other.send({"type": "models"})
+        assert await soon(lambda: router.hits["/v1/models"] > listed)  # the server holds its answer
+        async with asyncio.timeout(5):  # the held list answers after HOLD_MAX (30 s)
+            events = await wire.ask("and again", conversation=first[0]["conversation"])
+        assert events[-1]["type"] == "done" and events[-1]["text"] == "You said: and again"
+        router.models_open.set()
+        answer = await other.until(rid, ("models", "error"))
+        assert answer[-1]["type"] == "models"
+    finally:
+        router.models_open.set()
+        await other.close()
+
+
 async def test_llama_swap_what_it_said_of_a_model_stands_through_later_lists(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
