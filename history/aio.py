@@ -68,10 +68,10 @@ class HistoryThread:
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         # a daemon thread: a loop that died without close() must not hang the exit on it
         self._thread = threading.Thread(target=self._serve, name=THREAD_NAME_PREFIX, daemon=True)
-        self._thread.start()
         self._getcpu = cpu_reader()  # None: the thread runs where the scheduler puts it
         self._cpu = -1  # the CPU the thread is held to, -1 before the first call
         self._busy = False  # a call is running (set by the thread)
+        self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         self._follow()
