@@ -347,8 +347,11 @@ class RouterClient:
             ctx_max, source = self._size(entry["id"], listed, "models")
             info = self._info(entry["id"], modalities or ("text",), ctx_max, source)
             lacks = Missing(modalities is None, listed is None and not self._config.ctx_max)
-            if (lacks.modalities or lacks.ctx) and (known := told.get(info.id)) is not None:
-                info = _what_was_told(info, known, lacks)  # asked again, llama-swap would load it
+            if (known := told.get(info.id)) is not None:
+                # what an earlier answer told stands where the list is silent (asked again, llama-swap
+                # would load it); tools no list says: a turn takes the model from the list while a
+                # lone model's /props is asked again below
+                info = _what_was_told(info, known, lacks)
             elif lacks.modalities or lacks.ctx:
                 missing[info.id] = lacks
             models.append(info)

@@ -205,6 +205,28 @@ async def test_a_turn_does_not_wait_behind_a_models_request(
         await other.close()
 
 
+async def test_what_props_said_of_tools_stands_while_the_list_is_fetched_again(serve: Serve, config: Config) -> None:
+    """A lone llama-server's /props says whether its template takes tools; no model list says
+    it. While a new list's /props is asked (a ``models`` request fetches the list each time), a
+    turn takes the model from that list: without tools, as /props said before."""
+    async with serve("llama-server", [FakeModel("plain", tools=False)]) as (fake, wire):
+        first = await wire.ask("hello")
+        assert "tools" not in fake.requests[-1]
+        fake.props_delay = 2.0
+        other = await Wire.open(config.socket_path, timeout=10)
+        try:
+            asked = fake.hits["/props"]
+            rid = await other.send({"type": "models"})
+            assert await soon(lambda: fake.hits["/props"] > asked)  # the new list's lone model is being asked
+            events = await wire.ask("again", conversation=first[0]["conversation"])
+            assert events[-1]["type"] == "done"
+            assert "tools" not in fake.requests[-1]
+            assert (await other.until(rid, ("models", "error")))[-1]["type"] == "models"
+        finally:
+            fake.props_delay = 0.0
+            await other.close()
+
+
 async def test_llama_swap_what_it_said_of_a_model_stands_through_later_lists(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
