@@ -87,9 +87,9 @@ class HistoryThread:
         deep sleep state to leave on a desktop, a halted virtual CPU on a VM), and its
         answer another for the loop: with the thread on the loop's CPU both are switches
         there, as the loop waits (a first token 0.17-0.34 ms sooner, ``bench/bench_ttft.py``,
-        docs/DESIGN.md). Only an idle thread is moved: a busy one is not woken for the call,
-        and a loop ready to run beside a long call is moved to an idle CPU by the scheduler
-        (the next call after it follows it there).
+        docs/DESIGN.md). A thread running a call is not moved (it is not woken for this one;
+        one just taking a call may be), and a loop ready to run beside a long call is moved to
+        an idle CPU by the scheduler (the next call after it follows it there).
         """
         thread = self._thread.native_id  # set once the thread has started
         if self._getcpu is None or thread is None or self._busy or not self._calls.empty():
@@ -127,12 +127,14 @@ class HistoryThread:
 
 def cpu_reader() -> Callable[[], int] | None:
     """The C library's ``sched_getcpu`` (Python 3.11's ``os`` has none; a vDSO call, ~0.2 µs),
-    None where there is none."""
+    None where there is none, or no way to hold a thread to a CPU (a Python without ctypes)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
     try:
         import ctypes  # ~2 ms, once, at start-up
 
         getcpu: Callable[[], int] = ctypes.CDLL(None).sched_getcpu  # returns a C int: ctypes' default
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):
         return None
     return getcpu
 

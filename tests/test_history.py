@@ -7,6 +7,7 @@ import contextlib
 import os
 import sqlite3
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -783,6 +784,20 @@ async def test_a_thread_that_cannot_be_held_to_a_cpu_still_runs_every_call(
                 created = await history.run(lambda s, n=n: s.create_conversation(f"c{n}"))
             assert created.title == f"c{n}"
         assert len(refusals) == 1  # tried once, then left to the scheduler
+    finally:
+        await history.close()
+
+
+@pytest.mark.asyncio
+async def test_a_python_without_ctypes_still_serves_the_history(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ctypes", None)  # import ctypes: ModuleNotFoundError
+    assert history_aio.cpu_reader() is None
+    history = await AsyncHistory.open(db_path)
+    try:
+        created = await history.run(lambda s: s.create_conversation("no ctypes"))
+        assert created.title == "no ctypes"
     finally:
         await history.close()
 
