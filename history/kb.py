@@ -413,9 +413,10 @@ class KnowledgeStore:
         rows = self._conn.execute(SELECT_LINKED_KBS, (cid,)).fetchall()
         return [self._with_links(row) for row in rows]
 
-    def linked_ids(self, cid: int) -> list[int]:
-        """The ids of the KBs a live conversation sees: the per-turn check, without counts."""
-        if not self._is_live(cid):
+    def linked_ids(self, cid: int, *, live: bool = False) -> list[int]:
+        """The ids of the KBs a live conversation sees: the per-turn check, without counts.
+        ``live``: the caller has just read the conversation as live in this transaction."""
+        if not live and not self._is_live(cid):
             return []
         return [row[0] for row in self._conn.execute(SELECT_LINKED_KB_IDS, (cid,))]
 

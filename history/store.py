@@ -176,7 +176,7 @@ class HistoryStore:
             compaction=compaction,
             earlier=self.answered_turns(cid, before or conversation.turns + 1, after),
             has_attachments=self.has_attachments(cid),
-            kb_ids=self.kb.linked_ids(cid),
+            kb_ids=self.kb.linked_ids(cid, live=True),  # the conversation was just read, live
             known=known,
         )
 
@@ -321,7 +321,7 @@ class HistoryStore:
         if cid is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
                                   has_attachments=bool(kwargs.get("attachments")),
-                                  kb_ids=self.kb.linked_ids(conversation.id), known=known)
+                                  kb_ids=self.kb.linked_ids(conversation.id, live=True), known=known)
         else:
             found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
             assert found is not None
