@@ -49,7 +49,7 @@ from benchlib import (
 )
 from recording_proxy import RecordingProxy, listening_socket
 
-from core.transport import OneShotTransport
+from core.transport import Client, OneShotTransport
 from core.wire import Wire
 
 sys.path.insert(0, str(ROOT))
@@ -173,7 +173,7 @@ async def measure(args: argparse.Namespace, url: str, daemon: Daemon, body: dict
     samples = Samples()
     # the direct request goes through the daemon's own HTTP client (httpx on our transport),
     # so the difference is what the daemon adds, not a difference between clients
-    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=120.0, transport=OneShotTransport()) as http:
+    async with asyncio.timeout(RUN_TIMEOUT), Client(timeout=120.0, transport=OneShotTransport()) as http:
         client = await open_client(daemon.socket_path)
         try:
             for i in range(args.warmup + args.runs):

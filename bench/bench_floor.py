@@ -50,7 +50,7 @@ from benchlib import (
 )
 from bench_ttft import direct_ttft  # the direct request as bench_ttft.py times it
 
-from core.transport import AHEAD, SENT, OneShotTransport
+from core.transport import AHEAD, SENT, Client, OneShotTransport
 from core.wire import Wire
 from history import AsyncHistory
 
@@ -76,7 +76,7 @@ def first_content(line: str) -> str | None:
 
 async def relay(socket_path: str, url: str, db: Path) -> None:
     transport = OneShotTransport()
-    http = httpx.AsyncClient(transport=transport, timeout=10.0)
+    http = Client(transport=transport, timeout=10.0)
     history = await AsyncHistory.open(db)
     chat = httpx.URL(f"{url}/chat/completions")
     body = request_body()
@@ -136,7 +136,7 @@ async def measure(url: str, socket_path: Path, runs: int, warmup: int) -> tuple[
     relayed: list[float] = []
     chat = httpx.URL(f"{url}/chat/completions")
     body = request_body()
-    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(transport=OneShotTransport(), timeout=10.0) as http:
+    async with asyncio.timeout(RUN_TIMEOUT), Client(transport=OneShotTransport(), timeout=10.0) as http:
         client = await Wire.open(socket_path, keep=False)
         try:
             for i in range(warmup + runs):

@@ -59,7 +59,7 @@ from benchlib import (
     write_history,
 )
 
-from core.transport import OneShotTransport
+from core.transport import Client, OneShotTransport
 from core.wire import Wire
 
 TARGET_OVERHEAD = 0.001  # seconds, median: a new conversation, and 200 turns of history
@@ -196,7 +196,7 @@ async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: lis
         (Samples(f"(b) {args.history} turns of history"), Conversations(list(histories))),
     ]
     transport = OneShotTransport()  # the daemon's: a fresh connection per request
-    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(transport=transport, timeout=10.0) as http:
+    async with asyncio.timeout(RUN_TIMEOUT), Client(transport=transport, timeout=10.0) as http:
         client = await open_client(daemon.socket_path)
         try:
             for samples, convs in cases:

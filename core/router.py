@@ -222,11 +222,11 @@ class RouterClient:
             timeout = httpx.Timeout(
                 connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=None
             )
-            from .transport import OneShotTransport  # loaded by load_httpx(), not at start
+            from .transport import Client, OneShotTransport  # loaded by load_httpx(), not at start
 
             transport = self._transport or OneShotTransport()
             self._ahead = transport.connect_ahead if isinstance(transport, OneShotTransport) else None
-            self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport, trust_env=False)
+            self._http = Client(headers=headers, timeout=timeout, transport=transport, trust_env=False)
             self._chat_url = httpx.URL(f"{self._base}/chat/completions")
         return self._http
 

@@ -35,6 +35,15 @@ holds no server connection for long.
 Closing the response (httpx does when ``async with client.stream(...)`` exits, on a
 cancel too) closes the connection, so the server sees the client go and stops
 generating.
+
+``Client`` is httpx's client with every response ``release``d once it is closed: httpx
+wraps each response's stream in an object that points back to the response (to set
+``elapsed`` at close), a reference cycle only the cyclic garbage collector frees. Left
+to it, each response kept its request alive until the collector's next pass, and with
+the request the prompt's body and the callbacks in its extensions (through them the
+turn's whole state, ~70 objects a turn): what set the collector off, a pass every five
+questions or so that found those to free (0.2-0.4 ms on a cold cache), and one question
+in twenty met it between its line and its request (docs/DESIGN.md, "One trip to the store").
 """
 
 from __future__ import annotations
@@ -44,12 +53,13 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-__all__ = ["AHEAD", "SENT", "OneShotTransport"]
+__all__ = ["AHEAD", "SENT", "Client", "OneShotTransport", "release"]
 
 SENT = "sent"  # the request extension called once the request is written
 AHEAD = "ahead"  # the request extension that takes the connection opened ahead (connect_ahead)
@@ -59,6 +69,33 @@ MAX_HEADERS = 100  # header lines in one response; a server sending more is brok
 LINE_LIMIT = 65536
 NO_BODY = frozenset({204, 304})
 SPARE_FOR = 2.0  # seconds a connection made ahead waits for its request before it is closed
+SPENT = httpx.ByteStream(b"")  # a released response's stream: it was read, or closed unread
+
+
+class Client(httpx.AsyncClient):
+    """httpx's client, each response released once it is closed (the module docstring): one
+    read whole by ``send``, a streamed one by ``stream`` as its context closes it."""
+
+    async def send(self, request: httpx.Request, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        response = await super().send(request, stream=stream, **kwargs)
+        if not stream:  # read and closed: its stream is not used again
+            release(response)
+        return response
+
+    @asynccontextmanager
+    async def stream(self, method: str, url: httpx.URL | str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        response: httpx.Response | None = None
+        try:
+            async with super().stream(method, url, **kwargs) as response:
+                yield response
+        finally:
+            if response is not None:
+                release(response)
+
+
+def release(response: httpx.Response) -> None:
+    """Drop a closed response's stream, and with it the stream's reference back to the response."""
+    response.stream = SPENT
 
 
 class OneShotTransport(httpx.AsyncBaseTransport):
