@@ -63,7 +63,10 @@ SERVER_CTX = 8192  # as make demo's llama-server is meant to run
 REPLY_CAP = 512  # -n, as make demo
 SEED = 42  # the server's sampling seed: the same replies to the same prompts
 LOG_VERBOSITY = 4  # the server's log then shows its prompt-cache decisions (saved, restored, f_keep, f_sim)
-COMPACT_CTX = 4096  # what the daemon is told the context is in scenario (c): it compacts every few turns
+# what the daemon is told the context is in scenario (c): it compacts every few turns even when the
+# model answers in a sentence or two (with 4,096 a llama.cpp build whose SmolLM2 answered shortly
+# never compacted in twelve turns)
+COMPACT_CTX = 1024
 TITLE_WAIT = 60.0  # seconds for the title request the daemon sends after the first reply
 IDLE_WAIT = 120.0  # seconds for the server to answer everything of a turn
 RUN_TIMEOUT = 1800.0  # one scenario, whatever --turns says
@@ -377,6 +380,8 @@ def report(scenario: Scenario, rows: list[Row], turns: list[Turn]) -> str:
     for row in rows:
         print_row(row)
     line = summary(scenario.name, rows)
+    if scenario.compact and not any(t.compacted for t in turns):
+        line += f"; NO compaction in {len(turns)} turns: give --compact-ctx less than {ctx}"
     print(line)
     print(flush=True)
     return line
