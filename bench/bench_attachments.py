@@ -85,10 +85,10 @@ class StampingRouter(FakeRouter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.arrivals: list[tuple[float, int]] = []  # (perf_counter, body bytes)
+        self.stamps: list[tuple[float, int]] = []  # (perf_counter, body bytes) of each chat request
 
     async def _chat(self, request: Any, reader: Any, writer: Any) -> bool:
-        self.arrivals.append((time.perf_counter(), len(request.body)))
+        self.stamps.append((time.perf_counter(), len(request.body)))
         return await super()._chat(request, reader, writer)
 
 
@@ -141,7 +141,7 @@ class Ask:
 async def timed_ask(client: Wire, router: StampingRouter, files: list[str], reply: str = "Read it.") -> Ask:
     """Ask about ``files`` in a new conversation; time it until the router has the request."""
     router.script(Reply(text=reply))
-    seen = len(router.arrivals)
+    seen = len(router.stamps)
     request: dict[str, Any] = {"type": "ask", "text": QUESTION, "model": VISION_MODEL}
     if files:
         request["files"] = files
@@ -164,9 +164,9 @@ async def timed_ask(client: Wire, router: StampingRouter, files: list[str], repl
             break
         elif kind == "error":
             raise RuntimeError(f"the daemon answered with an error: {event}")
-    if len(router.arrivals) != seen + 1:
-        raise RuntimeError(f"expected one chat request at the router, got {len(router.arrivals) - seen}")
-    at, size = router.arrivals[-1]
+    if len(router.stamps) != seen + 1:
+        raise RuntimeError(f"expected one chat request at the router, got {len(router.stamps) - seen}")
+    at, size = router.stamps[-1]
     out.arrived, out.body_bytes = at - started, size
     return out
 

@@ -410,10 +410,11 @@ def start_server(args: argparse.Namespace, stack: contextlib.ExitStack) -> str |
         base = str(args.server).rstrip("/").removesuffix("/v1")
         try:
             status, _ = get(base + "/health")
+            problem = f"HTTP {status}"
         except OSError as exc:
-            status = exc
+            status, problem = 0, str(exc)
         if status != 200:
-            print(f"cannot run: {base}/health: {status}; is llama-server running there? (or leave --server out)")
+            print(f"cannot run: {base}/health: {problem}; is llama-server running there? (or leave --server out)")
             return None
         return base
     state, reason = installed_or_skip_reason()

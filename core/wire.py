@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,7 @@ class Wire:
             self.events.append(event)
         return event
 
-    async def stream(self, request_id: Any) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, request_id: Any) -> AsyncGenerator[dict[str, Any], None]:
         """The events answering ``request_id`` as they come (those already read first); an
         error with no id read meanwhile (the daemon refusing the connection itself,
         ``forbidden``) answers it too."""
