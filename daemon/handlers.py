@@ -57,7 +57,7 @@ class Handlers:
 
     async def __call__(self, request: Request, emit: Emit) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
-            raise request.fault
+            raise BadRequest(request.fault)
         await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
 
     async def on_ask(self, request: Request, emit: Emit) -> None:

@@ -112,16 +112,18 @@ _KIND_NAMES = {
 class Request:
     """A validated request: its type, its ``id`` (if any) and its known fields.
 
-    ``fault`` is the first field that is missing or of the wrong type (``invalid`` names
-    it): the request is refused with it, by its handler, so that a refused ``ask`` still
-    says which conversation and turn it concerned.
+    ``fault`` says what is wrong with the first field that is missing or of the wrong type
+    (``invalid`` names it): the request is refused with a ``BadRequest`` saying it, by its
+    handler, so that a refused ``ask`` still says which conversation and turn it concerned.
+    The error is made as it is raised: one kept here would point back at the request
+    through its traceback, a cycle only the garbage collector frees (tests/test_garbage.py).
     """
 
     type: str
     id: Any = None
     args: dict[str, Any] = field(default_factory=dict)
     has_id: bool = False  # an ``"id": null`` is echoed too
-    fault: BadRequest | None = None
+    fault: str | None = None
     invalid: str | None = None
     received: float = field(default_factory=time.monotonic)  # when its line was read
 
@@ -207,7 +209,7 @@ def validate(obj: dict[str, Any]) -> Request:
         elif name in obj:
             request.args[name] = value
         if fault is not None and request.fault is None:
-            request.fault, request.invalid = BadRequest(fault), name
+            request.fault, request.invalid = fault, name
     return request
 
 

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from core.config import Config
-from core.errors import AssistantError, Busy, InternalError, NotFound, ShuttingDown
+from core.errors import AssistantError, BadRequest, Busy, InternalError, NotFound, ShuttingDown
 from core.router import RouterClient
 from core.tools import Toolbox
 from history import AsyncHistory, Conversation
@@ -82,7 +82,7 @@ class TurnEngine:
         try:
             if request.fault is not None:
                 await self._would_be(cid, where)
-                raise request.fault
+                raise BadRequest(request.fault)
             if not self._accepting:
                 await self._would_be(cid, where)
                 raise ShuttingDown()

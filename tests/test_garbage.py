@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from core import Config
 from core.wire import Wire
+from daemon.protocol import Request
 from daemon.runner import TurnState
 from history.records import TurnContext
 from selfcheck.fakerouter import FakeRouter, Reply
@@ -26,8 +27,9 @@ from tests.conftest import RunningDaemon
 
 pytestmark = pytest.mark.asyncio
 
-# what a turn would leave behind: its requests and their answers, its state, what its prompt was built from
-TURN_OBJECTS = (httpx.Response, httpx.Request, TurnState, TurnContext)
+# what a request would leave behind: itself; a turn: its HTTP requests and their answers, its state,
+# what its prompt was built from
+DAEMON_OBJECTS = (Request, httpx.Response, httpx.Request, TurnState, TurnContext)
 
 
 @pytest_asyncio.fixture
@@ -41,14 +43,14 @@ async def titled(config: Config) -> AsyncIterator[tuple[RunningDaemon, Wire]]:
 
 
 def left(garbage: list[object]) -> list[str]:
-    return sorted(type(o).__qualname__ for o in garbage if isinstance(o, TURN_OBJECTS))
+    return sorted(type(o).__qualname__ for o in garbage if isinstance(o, DAEMON_OBJECTS))
 
 
 async def test_turns_leave_nothing_to_the_cyclic_collector(
     titled: tuple[RunningDaemon, Wire], router: FakeRouter
 ) -> None:
-    """Streamed replies, a title (a request read whole), a tool round, the model list: every
-    request and turn is freed as soon as it is done with."""
+    """Streamed replies, a title (a request read whole), a tool round, the model list, requests
+    refused: every request and turn is freed as soon as it is done with."""
     running, wire = titled
     assert running.server is not None and running.server.engine is not None
     await wire.ask("warm up")  # first-use objects (the client, its transport) are not the turn's
@@ -75,6 +77,10 @@ async def collected_after(running: RunningDaemon, wire: Wire, router: FakeRouter
         follow_up = await wire.ask("and eggs?", conversation=first[0]["conversation"])
         assert follow_up[-1]["type"] == "done"
         assert (await wire.request({"type": "models"}))["type"] == "models"
+        # refused for a field of the wrong type: by the ask's own path, and by every other's
+        refused = await wire.ask("and ham?", conversation=first[0]["conversation"], model=7)
+        assert refused[-1]["code"] == "bad_request"
+        assert (await wire.request({"type": "open", "conversation": "one"}))["code"] == "bad_request"
         gc.collect()
     finally:
         gc.set_debug(0)
