@@ -30,8 +30,22 @@ async def gather_all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
             for coroutine in coroutines:
                 tasks.append(group.create_task(coroutine))
     except BaseExceptionGroup as failed:
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception() from None  # type: ignore[misc]
-        raise failed.exceptions[0] from None
-    return [task.result() for task in tasks]
+        failed.__traceback__ = None  # it holds TaskGroup.__aexit__'s frame, which holds it (3.11)
+        failure = _earliest(tasks) or failed.exceptions[0]
+    else:
+        return [task.result() for task in tasks]
+    # raised outside the except block (its context would be the group, which holds it), with
+    # nothing here holding it once its traceback holds this frame: no cycle is left behind
+    tasks.clear()
+    try:
+        raise failure
+    finally:
+        del failure
+
+
+def _earliest(tasks: list[asyncio.Task[T]]) -> BaseException | None:
+    """The failure of the earliest task (in the given order) that failed, if one did."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+            return error
+    return None

@@ -242,7 +242,7 @@ async def timed(queries: list[str], run: Callable[[str], Awaitable[object]]) -> 
 
 
 async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> tuple[float, float, float]:
-    """Search latencies and memory over the cached corpus (only read); (worst hybrid p95, RSS)."""
+    """Search latencies and memory over the cached corpus (only read); (worst hybrid p95, RSS, recall@10)."""
     baseline = rss_mb()
     with embedding_router(dim) as url:
         config = Config(router_url=url, embedding_model=EMBED_MODEL, kb_top_k=3)

@@ -380,7 +380,7 @@ def report(scenario: Scenario, rows: list[Row], turns: list[Turn]) -> str:
     for row in rows:
         print_row(row)
     line = summary(scenario.name, rows)
-    if scenario.compact and not any(t.compacted for t in turns):
+    if scenario.compact and turns and not any(t.compacted for t in turns):
         line += f"; NO compaction in {len(turns)} turns: give --compact-ctx less than {ctx}"
     print(line)
     print(flush=True)

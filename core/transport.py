@@ -74,11 +74,21 @@ SPENT = httpx.ByteStream(b"")  # a released response's stream: it was read, or c
 
 class Client(httpx.AsyncClient):
     """httpx's client, each response released once it is closed (the module docstring): one
-    read whole by ``send``, a streamed one by ``stream`` as its context closes it."""
+    read whole by ``send`` (read as httpx's own ``send`` reads it), a streamed one by
+    ``stream`` as its context closes it; ``send(stream=True)`` leaves that to its caller."""
 
     async def send(self, request: httpx.Request, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
-        response = await super().send(request, stream=stream, **kwargs)
-        if not stream:  # read and closed: its stream is not used again
+        response = await super().send(request, stream=True, **kwargs)
+        for earlier in response.history:  # redirects and auth rounds, read and closed
+            release(earlier)
+        if stream:
+            return response
+        try:
+            await response.aread()
+        except BaseException:
+            await response.aclose()
+            raise
+        finally:
             release(response)
         return response
 
@@ -171,6 +181,7 @@ class OneShotTransport(httpx.AsyncBaseTransport):
             _discard(spare)
             raise
         except (OSError, ssl.SSLError):
+            del spare  # its task holds the failure, whose traceback holds this frame
             return None  # the request connects itself, and reports what fails
 
     def _context(self) -> ssl.SSLContext:

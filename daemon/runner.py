@@ -344,7 +344,9 @@ class TurnRunner:
             foreign_cancel = slot.stop is None  # not ours: someone is tearing the loop down
             status = finish_reason = slot.stop or "interrupted"
         except AssistantError as exc:
-            status, finish_reason, failure = "error", None, exc
+            # kept past this block without its traceback, which holds this frame (and so it):
+            # a cycle that held the turn's whole state for the garbage collector
+            status, finish_reason, failure = "error", None, exc.with_traceback(None)
         except Exception:
             logger.exception("turn %d of conversation %d failed", state.turn, state.conversation)
             status, finish_reason, failure = "error", None, InternalError()
