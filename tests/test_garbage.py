@@ -2,11 +2,11 @@
 
 Objects in a reference cycle outlive their use until the collector's next pass, and
 they are what sets it off: a pass over them, 0.2-0.4 ms on a cold cache, lands in
-whatever runs then, at times a question's way to its request (core/transport.py). The
+whatever runs then, at times a question's way to its request (core/transport.py). Each
 test collects the garbage already there, then saves what the collector finds after its
-work through the socket (``gc.DEBUG_SAVEALL``) and looks for the daemon's objects in it.
-On the event loop the daemon runs on (uvloop's, on Linux): asyncio's own leaves a cycle
-of its own in each socket transport.
+work (``gc.DEBUG_SAVEALL``) and looks for the daemon's objects in it. On the event loop
+the daemon runs on (uvloop's, on Linux): asyncio's own leaves a cycle of its own in each
+socket transport.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ async def work(running: RunningDaemon, wire: Wire, router: FakeRouter, tmp_path:
     assert (await wire.ask("read it", conversation=cid, files=[str(tmp_path / "gone.txt")]))[-1]["type"] == "error"
     assert (await wire.ask("and ham?", conversation=cid, model=7))[-1]["code"] == "bad_request"
     assert (await wire.request({"type": "open", "conversation": "one"}))["code"] == "bad_request"
-    # the router gone: the connection opened ahead fails, then the request's own
+    # the router gone: nothing to connect to
     router.stop()
     assert (await wire.ask("anyone there?", conversation=cid))[-1]["code"] == "router_unreachable"
 
