@@ -28,6 +28,9 @@ median.  Targets: 1 ms for a new conversation and at 200 turns, 2 ms at 2,000.
 ``--old-model-list`` runs the daemon with every model list past ``MODELS_TTL``, as a
 question after a minute's pause finds it (the list is fetched again after the request);
 ``--daemon-host localhost`` gives the daemon the router by name, as many configure it.
+``--trace`` runs the daemon under ``bench/daemon_trace.py`` and prints, for each case, when
+each stage of a question's way was reached (medians from its line) and how often Python's
+cyclic garbage collector ran before a question's request was written.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,10 +62,12 @@ from benchlib import (
     verdict,
     write_history,
 )
+from daemon_trace import STAGES
 
 from core.transport import Client, OneShotTransport
 from core.wire import Wire
 
+TRACER = Path(__file__).resolve().parent / "daemon_trace.py"
 TARGET_OVERHEAD = 0.001  # seconds, median: a new conversation, and 200 turns of history
 TARGET_LONG = 0.002  # seconds, median, from LONG_HISTORY turns on
 LONG_HISTORY = 2000
@@ -242,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", action="store_true", help="run the daemon under cProfile and print its hot spots")
     parser.add_argument(
+        "--trace", action="store_true",
+        help="time each stage of a question's way inside the daemon (bench/daemon_trace.py), and the collector's passes",
+    )
+    parser.add_argument(
         "--old-model-list", action="store_true",
         help="the daemon's model list older than MODELS_TTL at every question (a question after a pause)",
     )
@@ -250,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the host the daemon's router_url names, e.g. localhost (default: the fake's address, 127.0.0.1)",
     )
     args = parser.parse_args(argv)
-    if args.profile and args.old_model_list:
-        parser.error("--profile and --old-model-list each run the daemon their own way; pick one")
+    if args.profile + args.old_model_list + args.trace > 1:
+        parser.error("--profile, --old-model-list and --trace each run the daemon their own way; pick one")
     terminate_on_sigterm()
     header("bench_ttft: daemon overhead on time to first token")
     with contextlib.ExitStack() as stack:
@@ -260,16 +270,46 @@ def main(argv: list[str] | None = None) -> int:
         built = time.perf_counter()
         histories = list(write_history(work / "data" / "history.db", args.conversations, args.history))
         print(f"history: {args.conversations} conversations x {args.history} turns written in {time.perf_counter() - built:.2f} s")
-        profile = work / "daemon.prof"
-        prefix = profile_prefix(profile) if args.profile else OLD_MODEL_LIST if args.old_model_list else ()
+        profile, trace = work / "daemon.prof", work / "trace.jsonl"
+        prefix = (
+            profile_prefix(profile) if args.profile else OLD_MODEL_LIST if args.old_model_list
+            else [str(TRACER)] if args.trace else ()
+        )
         named = url.replace("127.0.0.1", args.daemon_host) if args.daemon_host else url
-        daemon = stack.enter_context(Daemon(work, named, prefix=prefix))
+        daemon = stack.enter_context(Daemon(work, named, prefix=prefix, settings={"TTFT_TRACE": str(trace)}))
         results = asyncio.run(run(args, url, daemon, histories))
         report(args, results)
-        if args.profile:
+        if args.profile or args.trace:
             daemon.stop()
+        if args.profile:
             print_profile(profile)  # a missed target is a finding, not a failure of the benchmark
+        if args.trace:
+            print_trace(args, results, trace)
     return 0
+
+
+def print_trace(args: argparse.Namespace, cases: list[tuple[Samples, Conversations]], path: Path) -> None:
+    """Each case's measured asks as ``bench/daemon_trace.py`` saw them (written as the daemon exits)."""
+    if not path.exists():
+        print(f"trace: {path} was not written (did the daemon exit cleanly?)")
+        return
+    asks = [json.loads(line) for line in path.read_text().splitlines()]
+    print("trace (bench/daemon_trace.py; its own cost included): medians from the ask's line, in ms")
+    start = 0
+    for samples, convs in cases:
+        start += len(convs.ids) + args.warmup  # the warm-up asks
+        measured, start = asks[start:start + args.runs], start + args.runs
+        print(f"  {samples.name}: {len(measured)} asks")
+        for stage, meaning in STAGES:
+            times = [ask["stages"][stage] / 1e6 for ask in measured if stage in ask["stages"]]
+            if times:
+                print(f"    {median(times):7.3f}  {stage:13} {meaning}")
+        passes = [(ask, g) for ask in measured for g in ask["gc"]]
+        early = [(ask, g) for ask, g in passes if g[1] < ask["stages"].get("written", 0)]
+        hit = {id(ask) for ask, _ in early}
+        print(f"    the cyclic collector: {len(passes)} passes ({sum(g[2] for _, g in passes) / 1e6:.2f} ms, "
+              f"{sum(g[3] for _, g in passes)} objects freed); {len(hit)} of {len(measured)} questions met one "
+              f"before their request was written ({sum(g[2] for _, g in early) / 1e6:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ wraps each response's stream in an object that points back to the response (to s
 ``elapsed`` at close), a reference cycle only the cyclic garbage collector frees. Left
 to it, each response kept its request alive until the collector's next pass, and with
 the request the prompt's body and the callbacks in its extensions (through them the
-turn's whole state, ~70 objects a turn): what set the collector off, a pass every five
+turn's whole state, ~70 objects a turn): what set the collector off, a pass every ten
 questions or so that found those to free (0.2-0.4 ms on a cold cache), and one question
-in twenty met it between its line and its request (docs/DESIGN.md, "One trip to the store").
+in twenty-five met it between its line and its request (docs/DESIGN.md, "One trip to the
+store").
 """
 
 from __future__ import annotations
