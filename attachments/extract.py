@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import NoVision, TooManyFiles
+from core.errors import LIST_MODELS, NoVision, TooManyFiles
 from core.files import check_path, open_regular, read_head, sha256_file
 from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
@@ -187,7 +187,7 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
 
 def _no_vision(model: str, why: str = "", what: str = "the image") -> NoVision:
     """The refusal of images (files or PDF pages) for a model that cannot see them."""
-    return NoVision(f"{model} cannot see images{why}; ask a model that can (the models request lists them), "
+    return NoVision(f"{model} cannot see images{why}; ask a model that can {LIST_MODELS}, "
                     f"or leave {what} out")
 
 

@@ -47,7 +47,23 @@ __all__ = [
     "UnknownType",
     "UnsupportedKind",
     "InternalError",
+    "ADVICE",
+    "LIST_CONVERSATIONS",
+    "LIST_KBS",
+    "LIST_MODELS",
+    "ADD_KB",
+    "no_conversation",
+    "no_kb",
 ]
+
+# Advice in messages that names a protocol request. A client of the daemon that offers its
+# users something else (the command line's commands, mcp serve's tools) says each in its
+# own words, by replacing these very phrases (``ADVICE``: every one of them).
+LIST_CONVERSATIONS = "list them with the conversations request"
+LIST_MODELS = "(the models request lists them)"
+LIST_KBS = "kb_list shows the ones there are"
+ADD_KB = "kb_add creates one"
+ADVICE = (LIST_CONVERSATIONS, LIST_MODELS, LIST_KBS, ADD_KB)
 
 
 class AssistantError(Exception):
@@ -187,3 +203,13 @@ class InternalError(AssistantError):
 
     def __init__(self, message: str = "internal error; the daemon's log (journalctl --user -u assistant) has the details") -> None:
         super().__init__(message)
+
+
+def no_conversation(cid: object) -> NotFound:
+    """The refusal of a conversation that does not exist (or was deleted)."""
+    return NotFound(f"conversation {cid} does not exist; {LIST_CONVERSATIONS}")
+
+
+def no_kb(name: object, advice: str = LIST_KBS) -> NotFound:
+    """The refusal of a knowledge base that does not exist, with what to do instead."""
+    return NotFound(f"there is no knowledge base {name!r}; {advice}")

@@ -21,6 +21,7 @@ from core.errors import (
     NotFound,
     RouterError,
     RouterUnreachable,
+    no_conversation,
 )
 from core.models import image_cost
 from core.router import RouterClient
@@ -185,7 +186,7 @@ class Handlers:
             changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
         conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
         if conv is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+            raise no_conversation(cid)
         emit({
             "type": "settings",
             "conversation": conv.id,

@@ -39,10 +39,10 @@ from core.errors import (
     BadRequest,
     DiskFull,
     InternalError,
-    NotFound,
     RouterContextOverflow,
     RouterError,
     RouterUnreachable,
+    no_conversation,
 )
 from core.models import display_name
 from core.router import (
@@ -212,7 +212,7 @@ class TurnRunner:
         """The conversation and what its prompt needs; sets the turn an error would name."""
         known = await self.context.read(cid)
         if known is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+            raise no_conversation(cid)
         where["turn"] = known.conversation.turns + 1
         return known
 
@@ -270,7 +270,7 @@ class TurnRunner:
                                        system_prompt=system)
             )
         except LookupError:  # missing, or deleted since it was read
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request") from None
+            raise no_conversation(cid) from None
 
     @staticmethod
     def _questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from core.config import Config
-from core.errors import AssistantError, BadRequest, Busy, InternalError, NotFound, ShuttingDown
+from core.errors import AssistantError, BadRequest, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
 from core.tools import Toolbox
 from history import AsyncHistory, Conversation
@@ -199,7 +199,7 @@ class TurnEngine:
             return None
         conv = await self.history.run(lambda s: s.get_conversation(cid))
         if conv is None:
-            raise NotFound(f"conversation {cid} does not exist; list them with the conversations request")
+            raise no_conversation(cid)
         return conv
 
     def _claim(self, cid: int, slot: Slot) -> None:

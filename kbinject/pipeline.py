@@ -29,7 +29,7 @@ from collections.abc import Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-from core.errors import FileRefused, NotFound
+from core.errors import FileRefused, no_kb
 from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument
 
 from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
@@ -161,7 +161,7 @@ class Ingest:
         async with self.lock(name):
             record = await self.history.run(partial(_kb_named, name))
             if record is None:
-                raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
+                raise no_kb(name)
             await self._embed_kb(record.id, total, _Throttle(progress), asyncio.Event())
             total.pending += await self.history.run(
                 partial(_count_pending, self.embedder.model, self.embedder.dim, record.id)

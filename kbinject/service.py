@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from core.errors import BadRequest, NotFound
+from core.errors import ADD_KB, BadRequest, no_conversation, no_kb
 from core.seams import Embedder
 from history import AsyncHistory, HistoryStore, KbChunk, KbDocument, KnowledgeBase
 
@@ -133,14 +133,14 @@ class KnowledgeBases:
         name = kb_name(kb)
         found = await self.history.run(lambda s: s.kb.get(name))
         if found is None:
-            raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
+            raise no_kb(name)
         return await self._info(found)
 
     async def documents(self, kb: str) -> builtins.list[KbDocument]:
         """The documents of a KB, by path; NotFound if there is no such KB."""
         info = await self.history.run(lambda s: s.kb.get(kb_name(kb)))
         if info is None:
-            raise NotFound(f"there is no knowledge base {kb!r}; kb_list shows the ones there are")
+            raise no_kb(kb)
         return await self.history.run(lambda s: s.kb.documents(info.id))
 
     async def remove(self, kb: str) -> KbInfo:
@@ -153,7 +153,7 @@ class KnowledgeBases:
         async with self.ingest.lock(name):
             found = await self.history.run(lambda s: s.kb.get(name))
             if found is None:
-                raise NotFound(f"there is no knowledge base {name!r}; kb_list shows the ones there are")
+                raise no_kb(name)
             removed = await self.index.remove_kb(found)
         return KbInfo.from_record(removed or found)
 
@@ -168,11 +168,9 @@ class KnowledgeBases:
         try:
             updated = await self.history.run(lambda s: s.kb.set_link(name, conversation, linked))
         except LookupError:
-            raise NotFound(
-                f"conversation {conversation} does not exist; list them with the conversations request"
-            ) from None
+            raise no_conversation(conversation) from None
         if updated is None:
-            raise NotFound(f"there is no knowledge base {name!r}; kb_add creates one")
+            raise no_kb(name, ADD_KB)
         return await self._info(updated)
 
     async def linked(self, conversation: int) -> builtins.list[KbInfo]:
@@ -405,7 +403,7 @@ def _named_ids(names: Sequence[str], store: HistoryStore) -> list[int]:
     ids = store.kb.ids_named(names)
     missing = next((name for name in names if name not in ids), None)
     if missing is not None:
-        raise NotFound(f"there is no knowledge base {missing!r}; kb_list shows the ones there are")
+        raise no_kb(missing)
     return [ids[name] for name in names]
 
 

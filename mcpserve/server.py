@@ -28,6 +28,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from core.errors import LIST_CONVERSATIONS, LIST_KBS
 from core.version import __version__
 from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable
 from daemon.client import connect
@@ -39,8 +40,8 @@ MIN_CUT = 200  # texts are not cut shorter than this to fit an answer: ask for f
 CALL_TIMEOUT = 60.0  # seconds for the daemon to answer one request
 # the daemon's advice names its protocol's requests; a client of this server has these tools
 FOR_THIS_CLIENT = (
-    ("list them with the conversations request", "list them with list_conversations"),
-    ("kb_list shows the ones there are", "list_knowledge_bases shows the ones there are"),
+    (LIST_CONVERSATIONS, "list them with list_conversations"),
+    (LIST_KBS, "list_knowledge_bases shows the ones there are"),
 )
 
 

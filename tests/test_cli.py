@@ -21,7 +21,9 @@ import pytest
 import pytest_asyncio
 
 from core import Config
+from core.errors import ADVICE
 from core.version import __version__
+from daemon.cli.render import FOR_THE_COMMAND_LINE
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon
@@ -452,6 +454,8 @@ async def test_refusals_name_this_clients_commands(daemon: RunningDaemon, router
     assert code == 1 and "assistant kb add creates one" in err, err
     code, _, err = await cli("ask", "what is it?", "-m", "fake-text", "-f", str(make_png(tmp_path / "cat.png")))
     assert code == 1 and "(assistant models lists them)" in err, err
+    # and every piece of advice the daemon gives has this client's words
+    assert {said for said, _ in FOR_THE_COMMAND_LINE} == set(ADVICE)
 
 
 async def test_kb_link_says_what_it_linked(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from core.errors import ADD_KB, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
+
 __all__ = [
     "RENDERERS", "Printable", "chip_text", "describe_estimate", "describe_kb_add", "describe_timings", "error_text",
     "json_line", "render_settings",
@@ -22,10 +24,10 @@ SHOWN_PER_REASON = 3  # files listed by name under one reason of a kb add; the r
 
 # the daemon's advice names protocol requests; said here as the commands that make them
 FOR_THE_COMMAND_LINE = (
-    ("list them with the conversations request", "list them with: assistant conversations"),
-    ("(the models request lists them)", "(assistant models lists them)"),
-    ("kb_list shows the ones there are", "assistant kb list shows the ones there are"),
-    ("kb_add creates one", "assistant kb add creates one"),
+    (LIST_CONVERSATIONS, "list them with: assistant conversations"),
+    (LIST_MODELS, "(assistant models lists them)"),
+    (LIST_KBS, "assistant kb list shows the ones there are"),
+    (ADD_KB, "assistant kb add creates one"),
 )
 
 
