@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             else [str(TRACER)] if args.trace else ()
         )
         named = url.replace("127.0.0.1", args.daemon_host) if args.daemon_host else url
-        daemon = stack.enter_context(Daemon(work, named, prefix=prefix, settings={"TTFT_TRACE": str(trace)}))
+        traced = {"TTFT_TRACE": str(trace)} if args.trace else None
+        daemon = stack.enter_context(Daemon(work, named, prefix=prefix, settings=traced))
         results = asyncio.run(run(args, url, daemon, histories))
         report(args, results)
         if args.profile or args.trace:

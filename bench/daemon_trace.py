@@ -6,8 +6,9 @@ so): it wraps a few of the daemon's methods, and for every ``ask`` line notes wh
 stage was first reached, in nanoseconds from the moment the line was read (its own cost
 included: a few microseconds a stage), and when Python's cyclic garbage collector ran and
 for how long. On exit it writes one JSON line per ask to the file named by ``TTFT_TRACE``:
-``{"stages": {name: ns}, "gc": [[generation, ns, found], ...]}``, where a collection's time
-counts from the ask's line, and ``found`` is how many objects it freed.
+``{"stages": {name: ns}, "gc": [[generation, start, duration, freed], ...]}``, the
+collections from that ask's line to the next ask's, their start counted from the line (in
+ns, as the stages), ``freed`` the objects they freed.
 
 The wrapped names are the daemon's internals: one renamed makes this script fail at start,
 saying which (the benchmark then fails at its first ask).
