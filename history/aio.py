@@ -2,15 +2,14 @@
 
 SQLite calls block, so they must not run on the event loop; and a sqlite3 connection
 belongs to the thread that made it. One dedicated thread (``HistoryThread``) therefore
-creates the store and runs every call, in submission order (aiosqlite's design). Callers
-send whole store methods, `await history.run(lambda s: s.turns(cid))`, so a
-multi-statement write is one hop and one transaction, never statements interleaved
-with other callers. The thread hands each result back with one
-``call_soon_threadsafe``: half the cost of an executor's chained futures (~30 µs a
-trip, which every turn pays before its question reaches the model). Each call is
-sent with the thread held to the CPU the event loop runs on (``HistoryThread.submit``),
-so the hand-over is a switch on that CPU, not an idle CPU woken for the thread and
-another for the loop (docs/DESIGN.md, "One trip to the store").
+creates the store and runs every call, in submission order (aiosqlite's design).
+
+``AsyncHistory`` has an ``async`` twin of each store method used outside this package, of
+the same name and signature (``await history.turns(cid)``; the knowledge-base tables'
+under ``history.kb``). Each sends the whole store method to the thread, so a
+multi-statement write is one trip and one transaction, never statements interleaved with
+other callers; reads a caller needs together are one store method too
+(``HistoryStore.replay_source``, ``search_with_conversations``).
 
 Cancelling an awaiting caller does not stop its call, queued or running: every call
 sent runs, and its transaction completes (or rolls back) as a whole.
@@ -33,16 +32,26 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from core.errors import DiskFull, StartupError
 
 from .connection import MEMORY
-from .records import Turn, TurnOutcome
-from .store import HistoryStore
+from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
+from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
+from .store import (
+    DEFAULT_ALL_HITS,
+    DEFAULT_CONVERSATION_HITS,
+    DEFAULT_LIST_LIMIT,
+    UNSET,
+    HistoryStore,
+    _Unset,
+)
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
@@ -68,42 +77,13 @@ class HistoryThread:
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         # a daemon thread: a loop that died without close() must not hang the exit on it
         self._thread = threading.Thread(target=self._serve, name=THREAD_NAME_PREFIX, daemon=True)
-        self._getcpu = cpu_reader()  # None: the thread runs where the scheduler puts it
-        self._cpu = -1  # the CPU the thread is held to, -1 before the first call
-        self._busy = False  # a call is running (set by the thread)
         self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        self._follow()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._calls.put((fn, loop, future))
         return future
-
-    def _follow(self) -> None:
-        """Hold the thread to the CPU this (the event loop's) thread runs on, when it moved.
-
-        Woken anywhere else, the thread costs an idle CPU's wake-up (an interrupt to it; a
-        deep sleep state to leave on a desktop, a halted virtual CPU on a VM), and its
-        answer another for the loop: with the thread on the loop's CPU both are switches
-        there, as the loop waits (a first token 0.17-0.34 ms sooner, ``bench/bench_ttft.py``,
-        docs/DESIGN.md). A thread running a call is not moved (it is not woken for this one;
-        one just taking a call may be), and a loop ready to run beside a long call is moved to
-        an idle CPU by the scheduler (the next call after it follows it there).
-        """
-        thread = self._thread.native_id  # set once the thread has started
-        if self._getcpu is None or thread is None or self._busy or not self._calls.empty():
-            return
-        cpu = self._getcpu()
-        if cpu == self._cpu or cpu < 0:
-            return
-        try:
-            os.sched_setaffinity(thread, {cpu})
-        except OSError as exc:  # the thread gone, or a CPU set that changed under us
-            logger.debug("the history thread stays where the scheduler puts it: %s", exc)
-            self._getcpu = None
-            return
-        self._cpu = cpu
 
     def stop(self) -> None:
         """End the thread once the calls already sent have run, and wait for it."""
@@ -113,30 +93,14 @@ class HistoryThread:
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
             fn, loop, future = call
-            self._busy = True
             try:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
             except BaseException as exc:  # handed to the caller, whatever it is
                 outcome = (None, exc)
-            self._busy = False
             try:
                 loop.call_soon_threadsafe(_settle, future, *outcome)
             except RuntimeError:  # the loop is closed: nobody waits for it
                 pass
-
-
-def cpu_reader() -> Callable[[], int] | None:
-    """The C library's ``sched_getcpu`` (Python 3.11's ``os`` has none; a vDSO call, ~0.2 µs),
-    None where there is none, or no way to hold a thread to a CPU (a Python without ctypes)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    try:
-        import ctypes  # ~2 ms, once, at start-up
-
-        getcpu: Callable[[], int] = ctypes.CDLL(None).sched_getcpu  # returns a C int: ctypes' default
-    except (ImportError, OSError, AttributeError):
-        return None
-    return getcpu
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -160,6 +124,7 @@ class AsyncHistory:
         self._flushing = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
         self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
+        self.kb = AsyncKnowledgeStore(self, store.kb)
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -183,16 +148,153 @@ class AsyncHistory:
         return await asyncio.to_thread(quick_check, self._store.path)
 
     async def run(self, fn: Callable[[HistoryStore], T]) -> T:
-        """Run fn(store) on the history thread and return its result."""
+        """Run fn(store) on the history thread and return its result (for callers not yet
+        moved to the typed methods below)."""
+        return await self._call(fn, self._store)
+
+    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)``, a store method, on the history thread; a full disk is DiskFull."""
         if self._closed:
             raise RuntimeError("history store is closed")
-        store = self._store
         try:
-            return await self._thread.submit(lambda: fn(store))
+            return await self._thread.submit(partial(fn, *args, **kwargs))
         except sqlite3.OperationalError as exc:
             if not is_disk_full(exc):
                 raise
             raise DiskFull(f"the disk holding {self._folder()} is full; free some space and try again") from exc
+
+    # -- the store's methods, each run on the history thread -----------------------------
+
+    async def create_conversation(
+        self, title: str = "", model: str | None = None, system_prompt: str | None = None
+    ) -> Conversation:
+        return await self._call(self._store.create_conversation, title, model, system_prompt)
+
+    async def get_conversation(self, cid: int) -> Conversation | None:
+        return await self._call(self._store.get_conversation, cid)
+
+    async def turn_context(
+        self, cid: int, known: int = 0, before: int | None = None, conversation: Conversation | None = None
+    ) -> TurnContext | None:
+        return await self._call(self._store.turn_context, cid, known, before, conversation)
+
+    async def list_conversations(
+        self, limit: int = DEFAULT_LIST_LIMIT, before: str | None = None
+    ) -> list[Conversation]:
+        return await self._call(self._store.list_conversations, limit, before)
+
+    async def update_conversation(
+        self,
+        cid: int,
+        *,
+        title: str | None = None,
+        model: str | None | _Unset = UNSET,
+        settings: dict[str, Any] | None = None,
+        system_prompt: str | None | _Unset = UNSET,
+    ) -> Conversation | None:
+        return await self._call(
+            self._store.update_conversation, cid, title=title, model=model, settings=settings,
+            system_prompt=system_prompt,
+        )
+
+    async def replace_title(self, cid: int, old: str, new: str) -> bool:
+        return await self._call(self._store.replace_title, cid, old, new)
+
+    async def delete_conversation(self, cid: int) -> bool:
+        return await self._call(self._store.delete_conversation, cid)
+
+    async def unindex_deleted(self, cid: int, limit: int | None = None) -> int:
+        return await self._call(self._store.unindex_deleted, cid, limit)
+
+    async def deleted_but_indexed(self) -> list[int]:
+        return await self._call(self._store.deleted_but_indexed)
+
+    async def start_turn(
+        self,
+        cid: int | None,
+        text: str,
+        messages: list[dict[str, Any]],
+        files: list[dict[str, Any]],
+        model: str | None,
+        title: str = "",
+        *,
+        attachments: Sequence[NewAttachment] = (),
+        conversation_model: str | None = None,
+        default_model: str | None = None,
+        system_prompt: str | None = None,
+    ) -> tuple[Conversation, Turn]:
+        return await self._call(
+            self._store.start_turn, cid, text, messages, files, model, title, attachments=attachments,
+            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
+        )
+
+    async def begin_turn(
+        self,
+        cid: int | None,
+        text: str,
+        messages: list[dict[str, Any]],
+        files: list[dict[str, Any]],
+        model: str | None,
+        title: str = "",
+        *,
+        attachments: Sequence[NewAttachment] = (),
+        conversation_model: str | None = None,
+        default_model: str | None = None,
+        system_prompt: str | None = None,
+        known: int = 0,
+    ) -> tuple[Turn, TurnContext]:
+        return await self._call(
+            self._store.begin_turn, cid, text, messages, files, model, title, attachments=attachments,
+            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
+            known=known,
+        )
+
+    async def attachments(self, cid: int) -> list[Attachment]:
+        return await self._call(self._store.attachments, cid)
+
+    async def has_attachments(self, cid: int) -> bool:
+        return await self._call(self._store.has_attachments, cid)
+
+    async def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
+        return await self._call(self._store.attachment, cid, attachment_id)
+
+    async def save_partial(self, cid: int, turn: int, reply: str) -> None:
+        return await self._call(self._store.save_partial, cid, turn, reply)
+
+    async def turns(self, cid: int) -> list[Turn]:
+        return await self._call(self._store.turns, cid)
+
+    async def turn(self, cid: int, n: int) -> Turn | None:
+        return await self._call(self._store.turn, cid, n)
+
+    async def interrupt_running(self) -> int:
+        return await self._call(self._store.interrupt_running)
+
+    async def add_compaction(self, cid: int, through_turn: int, summary: str) -> Compaction:
+        return await self._call(self._store.add_compaction, cid, through_turn, summary)
+
+    async def replay_source(
+        self, cid: int, turn: int
+    ) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:
+        return await self._call(self._store.replay_source, cid, turn)
+
+    async def search_conversation(
+        self,
+        cid: int,
+        query: str,
+        limit: int = DEFAULT_CONVERSATION_HITS,
+        role: str | None = None,
+        before_turn: int | None = None,
+    ) -> list[SearchHit]:
+        return await self._call(self._store.search_conversation, cid, query, limit, role, before_turn)
+
+    async def search_all(self, query: str, limit: int = DEFAULT_ALL_HITS) -> list[SearchHit]:
+        return await self._call(self._store.search_all, query, limit)
+
+    async def search_with_conversations(
+        self, query: str, limit: int, cid: int | None = None
+    ) -> tuple[list[SearchHit], dict[int, Conversation]]:
+        return await self._call(self._store.search_with_conversations, query, limit, cid)
 
     # -- a full disk ---------------------------------------------------------------------
 
@@ -201,7 +303,7 @@ class AsyncHistory:
         another program holds locked) and is kept in memory, written later."""
         self._kept.pop(outcome.key, None)  # an older outcome of the same turn is superseded
         try:
-            await self.run(lambda s: s.finish(outcome))
+            await self._call(self._store.finish, outcome)
         except (DiskFull, sqlite3.DatabaseError) as exc:
             self._unwritable = self._why(exc)
             if not self._kept:
@@ -256,7 +358,7 @@ class AsyncHistory:
         async with self._flushing:
             for key, outcome in list(self._kept.items()):
                 try:
-                    await self.run(lambda s: s.finish(outcome))
+                    await self._call(self._store.finish, outcome)
                 except (DiskFull, sqlite3.DatabaseError) as exc:
                     self._unwritable = self._why(exc)
                     return False
@@ -291,6 +393,103 @@ class AsyncHistory:
         finally:
             # The queue is empty by now, so this only joins an idle thread.
             self._thread.stop()
+
+
+class AsyncKnowledgeStore:
+    """The history's knowledge-base tables (``HistoryStore.kb``), each method run on the history
+    thread as ``AsyncHistory``'s are."""
+
+    def __init__(self, history: AsyncHistory, kb: KnowledgeStore) -> None:
+        self._call = history._call
+        self._kb = kb
+
+    async def get(self, name: str) -> KnowledgeBase | None:
+        return await self._call(self._kb.get, name)
+
+    async def ids(self) -> list[int]:
+        return await self._call(self._kb.ids)
+
+    async def ids_named(self, names: Sequence[str]) -> dict[str, int]:
+        return await self._call(self._kb.ids_named, names)
+
+    async def ensure(self, name: str) -> tuple[KnowledgeBase, bool]:
+        return await self._call(self._kb.ensure, name)
+
+    async def all(self) -> list[KnowledgeBase]:
+        return await self._call(self._kb.all)
+
+    async def delete_chunks(self, kb_id: int, limit: int) -> int:
+        return await self._call(self._kb.delete_chunks, kb_id, limit)
+
+    async def begin_remove(self, name: str) -> KnowledgeBase | None:
+        return await self._call(self._kb.begin_remove, name)
+
+    async def being_removed(self) -> list[int]:
+        return await self._call(self._kb.being_removed)
+
+    async def remove(self, kb_id: int) -> None:
+        return await self._call(self._kb.remove, kb_id)
+
+    async def set_link(self, name: str, cid: int | None, linked: bool) -> KnowledgeBase | None:
+        return await self._call(self._kb.set_link, name, cid, linked)
+
+    async def linked(self, cid: int) -> list[KnowledgeBase]:
+        return await self._call(self._kb.linked, cid)
+
+    async def linked_ids(self, cid: int, *, live: bool = False) -> list[int]:
+        return await self._call(self._kb.linked_ids, cid, live=live)
+
+    async def documents(self, kb_id: int) -> list[KbDocument]:
+        return await self._call(self._kb.documents, kb_id)
+
+    async def put_document(self, kb_id: int, document: NewKbDocument) -> tuple[KbDocument, list[int], list[int]]:
+        return await self._call(self._kb.put_document, kb_id, document)
+
+    async def set_mtime(self, document_id: int, mtime_ns: int) -> None:
+        return await self._call(self._kb.set_mtime, document_id, mtime_ns)
+
+    async def remove_documents(self, kb_id: int, paths: Iterable[str]) -> list[int]:
+        return await self._call(self._kb.remove_documents, kb_id, paths)
+
+    async def document_chunks(self, kb_id: int, path: str) -> list[KbChunk]:
+        return await self._call(self._kb.document_chunks, kb_id, path)
+
+    async def chunks(self, ids: Sequence[int]) -> list[KbChunk]:
+        return await self._call(self._kb.chunks, ids)
+
+    async def chunks_and_vectors(
+        self, model: str, ids: Sequence[int], vector_ids: Sequence[int]
+    ) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
+        return await self._call(self._kb.chunks_and_vectors, model, ids, vector_ids)
+
+    async def search(self, phrases: Sequence[str], kb_ids: Sequence[int] | None, limit: int) -> list[tuple[int, float]]:
+        return await self._call(self._kb.search, phrases, kb_ids, limit)
+
+    async def pending_chunks(
+        self, model: str, dim: int | None, kb_id: int, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        return await self._call(self._kb.pending_chunks, model, dim, kb_id, after, limit)
+
+    async def count_pending(self, model: str, dim: int | None, kb_id: int) -> int:
+        return await self._call(self._kb.count_pending, model, dim, kb_id)
+
+    async def count_vectors(self, model: str, dim: int | None, kb_id: int) -> int:
+        return await self._call(self._kb.count_vectors, model, dim, kb_id)
+
+    async def all_embedded(self, model: str, kb_id: int) -> bool:
+        return await self._call(self._kb.all_embedded, model, kb_id)
+
+    async def put_vectors(self, model: str, dim: int, rows: Sequence[tuple[int, bytes]]) -> list[int]:
+        return await self._call(self._kb.put_vectors, model, dim, rows)
+
+    async def vector_dims(self, model: str) -> dict[int, int]:
+        return await self._call(self._kb.vector_dims, model)
+
+    async def vectors(self, model: str, dim: int, after: int, limit: int) -> list[tuple[int, bytes]]:
+        return await self._call(self._kb.vectors, model, dim, after, limit)
+
+    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[tuple[int, bytes]]:
+        return await self._call(self._kb.vectors_of, model, ids)
 
 
 def is_disk_full(exc: sqlite3.Error) -> bool:

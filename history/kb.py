@@ -494,6 +494,13 @@ class KnowledgeStore:
                 found.append(KbChunk.from_row(row))
         return found
 
+    def chunks_and_vectors(
+        self, model: str, ids: Sequence[int], vector_ids: Sequence[int]
+    ) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
+        """``chunks(ids)`` and ``vectors_of(model, vector_ids)``: a search's hits and the vectors
+        that score them, read in one trip."""
+        return self.chunks(ids), self.vectors_of(model, vector_ids)
+
     def search(self, phrases: Sequence[str], kb_ids: Sequence[int] | None, limit: int) -> list[tuple[int, float]]:
         """(chunk id, bm25) of the best matches of any of ``phrases`` (each already quoted), best first.
 
@@ -551,6 +558,10 @@ class KnowledgeStore:
         lo, hi = kb_chunk_range(kb_id)
         return int(self._conn.execute(COUNT_VECTORS, (model, dim, lo, hi)).fetchone()[0])
 
+    def all_embedded(self, model: str, kb_id: int) -> bool:
+        """Whether the KB has chunks, each with a vector of ``model`` of some size."""
+        return not self.count_pending(model, None, kb_id) and bool(self.count_vectors(model, None, kb_id))
+
     def put_vectors(self, model: str, dim: int, rows: Sequence[tuple[int, bytes]]) -> list[int]:
         """Store vectors of chunks that still exist; the ids stored."""
         stored = []
@@ -574,7 +585,6 @@ class KnowledgeStore:
             return []
         listed = "[" + ",".join(str(int(chunk_id)) for chunk_id in ids) + "]"
         return [(row[0], row[1]) for row in self._conn.execute(SELECT_VECTORS_OF, (model, listed))]
-
 
 
 def _weighed(phrases: Sequence[str], held: dict[str, int]) -> list[str]:

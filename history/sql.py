@@ -41,6 +41,9 @@ UPDATE conversations SET ctx_used = coalesce(?, ctx_used), updated_at = ? WHERE 
 UPDATE_CONVERSATION = """
 UPDATE conversations SET title = ?, model = ?, system_prompt = ?, settings = ? WHERE id = ?
 """
+REPLACE_TITLE = """
+UPDATE conversations SET title = ? WHERE id = ? AND title = ? AND deleted_at IS NULL
+"""
 SOFT_DELETE_CONVERSATION = """
 UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
 """

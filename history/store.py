@@ -224,6 +224,13 @@ class HistoryStore:
             )
             return self._conversation(cid)
 
+    def replace_title(self, cid: int, old: str, new: str) -> bool:
+        """Retitle the conversation ``new`` if its title is still ``old`` (the user has not
+        renamed it meanwhile); whether it was."""
+        with self._transaction():
+            renamed = self._conn.execute(sql.REPLACE_TITLE, (new, cid, old))
+        return renamed.rowcount > 0
+
     def delete_conversation(self, cid: int) -> bool:
         """Soft-delete it (gone from every list and search at once); False if missing or already
         gone. Its search rows are dropped after, by ``unindex_deleted``."""
@@ -313,14 +320,31 @@ class HistoryStore:
         )
         return conversation, turn
 
-    def begin_turn(self, cid: int | None, *args: Any, known: int = 0, **kwargs: Any) -> tuple[Turn, TurnContext]:
-        """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``):
-        one call, so the daemon stores a question and reads its conversation in one trip to
-        this thread."""
-        conversation, turn = self.start_turn(cid, *args, **kwargs)
+    def begin_turn(
+        self,
+        cid: int | None,
+        text: str,
+        messages: list[dict[str, Any]],
+        files: list[dict[str, Any]],
+        model: str | None,
+        title: str = "",
+        *,
+        attachments: Sequence[NewAttachment] = (),
+        conversation_model: str | None = None,
+        default_model: str | None = None,
+        system_prompt: str | None = None,
+        known: int = 0,
+    ) -> tuple[Turn, TurnContext]:
+        """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``
+        with ``known``): one call, so the daemon stores a question and reads its conversation
+        in one trip to this thread."""
+        conversation, turn = self.start_turn(
+            cid, text, messages, files, model, title, attachments=attachments,
+            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
+        )
         if cid is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
-                                  has_attachments=bool(kwargs.get("attachments")),
+                                  has_attachments=bool(attachments),
                                   kb_ids=self.kb.linked_ids(conversation.id, live=True), known=known)
         else:
             found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
@@ -461,6 +485,14 @@ class HistoryStore:
         assert compaction is not None
         return compaction
 
+    def replay_source(
+        self, cid: int, turn: int
+    ) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:
+        """The latest compaction and the answered turns after it and before ``turn``
+        (``answered_turns``): what a replay is rebuilt from, read in one trip."""
+        compaction = self.latest_compaction(cid)
+        return compaction, self.answered_turns(cid, turn, compaction.through_turn if compaction else 0)
+
     def latest_compaction(self, cid: int) -> Compaction | None:
         """The compaction reaching furthest into the conversation, None if none (or deleted)."""
         row = self._conn.execute(sql.SELECT_LATEST_COMPACTION, (cid,)).fetchone()
@@ -500,3 +532,12 @@ class HistoryStore:
     def search_all(self, query: str, limit: int = DEFAULT_ALL_HITS) -> list[SearchHit]:
         """Best bm25 matches across every live conversation, newest first for equal rank."""
         return search.search(self._conn, self._phrases, query, limit, cap=search.ALL_CAP)
+
+    def search_with_conversations(
+        self, query: str, limit: int, cid: int | None = None
+    ) -> tuple[list[SearchHit], dict[int, Conversation]]:
+        """``search_all`` (or ``search_conversation`` of ``cid``), and the live conversations
+        of the hits by id: a search's answer, read in one trip."""
+        hits = self.search_conversation(cid, query, limit) if cid is not None else self.search_all(query, limit)
+        found = {c: self._conversation(c) for c in {hit.conversation_id for hit in hits}}
+        return hits, {c: conversation for c, conversation in found.items() if conversation is not None}

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sqlite3
 import stat
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,13 +24,13 @@ from history import (
     NewAttachment,
     SearchHit,
     Turn,
+    TurnOutcome,
     conversation_rowid_range,
     message_rowid,
     quote_fts,
     split_rowid,
     turn_rowid_range,
 )
-from history import aio as history_aio
 from history import fts as history_fts
 from history import search as history_search
 from history import store as history_store
@@ -704,25 +701,22 @@ def history_threads() -> list[threading.Thread]:
 async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
-        def where(_: HistoryStore) -> tuple[int, str]:
+        def where() -> tuple[int, str]:
             current = threading.current_thread()
             return current.ident or 0, current.name
 
-        conversation, _ = await history.run(
-            lambda s: s.start_turn(None, "async wombat", [user("async wombat")], [], None)
-        )
-        places = await asyncio.gather(*(history.run(where) for _ in range(20)))
+        conversation, _ = await history.start_turn(None, "async wombat", [user("async wombat")], [], None)
+        places = await asyncio.gather(*(history._thread.submit(where) for _ in range(20)))
         assert len(set(places)) == 1
         ident, name = places[0]
         assert name.startswith("history")
         assert ident != threading.get_ident()
         assert [t.ident for t in history_threads()] == [ident]
 
-        turns = await history.run(lambda s: s.turns(conversation.id))
+        turns = await history.turns(conversation.id)
         assert [t.text for t in turns] == ["async wombat"]
-        await history.run(lambda s: s.finish_turn(conversation.id, 1, messages=[user("async wombat")], reply="",
-                                                  status="error"))
-        hits = await history.run(lambda s: s.search_all("wombat"))
+        assert await history.finish(TurnOutcome(conversation.id, 1, [user("async wombat")], "", "error"))
+        hits = await history.search_all("wombat")
         assert [h.conversation_id for h in hits] == [conversation.id]
         # The connection was made on the history thread: this thread may not use it.
         with pytest.raises(sqlite3.ProgrammingError):
@@ -732,84 +726,15 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
 
     assert history_threads() == []
     with pytest.raises(RuntimeError):
-        await history.run(lambda s: s.list_conversations())
+        await history.list_conversations()
     await history.close()  # twice is harmless
-
-
-SET_AFFINITY = os.sched_setaffinity  # as it is, whatever a test patches
-
-
-@contextlib.contextmanager
-def held_to(cpu: int) -> Iterator[None]:
-    """This thread (the test's event loop) held to one CPU, then as it was."""
-    before = os.sched_getaffinity(0)
-    SET_AFFINITY(0, {cpu})
-    try:
-        yield
-    finally:
-        SET_AFFINITY(0, before)
-
-
-@pytest.mark.asyncio
-async def test_each_call_runs_on_the_cpu_the_event_loop_runs_on(db_path: Path) -> None:
-    """The history thread is held to the loop's CPU, so that handing a call over and its
-    answer back are switches on that CPU; when the loop moves, the next call follows."""
-    getcpu = history_aio.cpu_reader()
-    assert getcpu is not None  # glibc and musl both have sched_getcpu
-    history = await AsyncHistory.open(db_path)
-    try:
-        for cpu in sorted(os.sched_getaffinity(0)) * 2:  # every CPU this test may use, and back
-            with held_to(cpu):
-                ran = await history.run(lambda s: (getcpu(), os.sched_getaffinity(0)))
-            assert ran == (cpu, {cpu})
-    finally:
-        await history.close()
-
-
-@pytest.mark.asyncio
-async def test_a_thread_that_cannot_be_held_to_a_cpu_still_runs_every_call(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    refusals = []
-
-    def refuse(tid: int, cpus: set[int]) -> None:
-        refusals.append(tid)
-        raise PermissionError("not allowed here")
-
-    monkeypatch.setattr(history_aio.os, "sched_setaffinity", refuse)
-    history = await AsyncHistory.open(db_path)
-    try:
-        for n, cpu in enumerate(sorted(os.sched_getaffinity(0)) * 2):
-            with held_to(cpu):
-                created = await history.run(lambda s, n=n: s.create_conversation(f"c{n}"))
-            assert created.title == f"c{n}"
-        assert len(refusals) == 1  # tried once, then left to the scheduler
-    finally:
-        await history.close()
-
-
-@pytest.mark.asyncio
-async def test_a_python_without_ctypes_still_serves_the_history(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "ctypes", None)  # import ctypes: ModuleNotFoundError
-    assert history_aio.cpu_reader() is None
-    history = await AsyncHistory.open(db_path)
-    try:
-        created = await history.run(lambda s: s.create_conversation("no ctypes"))
-        assert created.title == "no ctypes"
-    finally:
-        await history.close()
 
 
 @pytest.mark.asyncio
 async def test_async_history_keeps_call_order(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
-        def create(title: str) -> Callable[[HistoryStore], Conversation]:
-            return lambda s: s.create_conversation(title)
-
-        created = await asyncio.gather(*(history.run(create(f"c{i}")) for i in range(10)))
+        created = await asyncio.gather(*(history.create_conversation(f"c{i}") for i in range(10)))
         assert [c.title for c in created] == [f"c{i}" for i in range(10)]
         assert [c.id for c in created] == list(range(1, 11))
     finally:
@@ -821,13 +746,13 @@ async def test_a_cancelled_caller_still_has_its_call_run(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     release = threading.Event()
     try:
-        blocker = asyncio.ensure_future(history.run(lambda s: release.wait(5)))
-        queued = asyncio.ensure_future(history.run(lambda s: s.create_conversation("sent, then abandoned")))
+        blocker = history._thread.submit(lambda: release.wait(5))
+        queued = asyncio.ensure_future(history.create_conversation("sent, then abandoned"))
         await asyncio.sleep(0.05)  # both sent; the second waits behind the first
         blocker.cancel()
         queued.cancel()
         release.set()
-        titles = await history.run(lambda s: [c.title for c in s.list_conversations()])
+        titles = [c.title for c in await history.list_conversations()]
         assert titles == ["sent, then abandoned"]
         assert queued.cancelled()
     finally:
@@ -839,8 +764,8 @@ async def test_async_history_propagates_errors(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
         with pytest.raises(LookupError):
-            await history.run(lambda s: s.start_turn(7, "q", [user("q")], [], None))
-        assert await history.run(lambda s: s.list_conversations()) == []
+            await history.start_turn(7, "q", [user("q")], [], None)
+        assert await history.list_conversations() == []
     finally:
         await history.close()
 
