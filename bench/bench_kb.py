@@ -269,7 +269,7 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
 
             async def bm25_only(query: str) -> object:
                 phrases = fts_phrases(query_terms(query))
-                return await history.run(lambda s: s.kb.search(phrases, kb_ids, CANDIDATES))
+                return await history.kb.search(phrases, kb_ids, CANDIDATES)
 
             vector_ms = await timed(queries, vector_only)
             bm25_ms = await timed(queries, bm25_only)
@@ -311,7 +311,7 @@ async def vector_recall(
     rows: list[tuple[int, bytes]] = []
     while True:
         after = rows[-1][0] if rows else 0
-        page = await history.run(lambda s: s.kb.vectors(model, dim, after, 8_192))
+        page = await history.kb.vectors(model, dim, after, 8_192)
         if not page:
             break
         rows += page

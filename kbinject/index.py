@@ -23,16 +23,9 @@ import builtins
 import logging
 import time
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
-from history import (
-    AsyncHistory,
-    HistoryStore,
-    KnowledgeBase,
-    NewKbDocument,
-    kb_chunk_range,
-)
+from history import AsyncHistory, KnowledgeBase, NewKbDocument, kb_chunk_range
 
 from .search import CANDIDATES
 
@@ -111,12 +104,12 @@ class KbIndex:
         async with self.lock:
             if self._loaded:
                 return
-            dims = await self.history.run(lambda s: s.kb.vector_dims(model))
+            dims = await self.history.kb.vector_dims(model)
             indexes = {}
             for dim, count in dims.items():
                 index = indexes[dim] = vectors.VectorIndex(dim, capacity=count)
                 after = 0
-                while rows := await self.history.run(partial(_vectors_page, model, dim, after)):
+                while rows := await self.history.kb.vectors(model, dim, after, LOAD_PAGE):
                     after = rows[-1][0]
                     good = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == dim * 4]
                     if good:
@@ -132,7 +125,7 @@ class KbIndex:
     async def put_document(self, kb_id: int, document: NewKbDocument) -> builtins.list[int]:
         """Store a document (replacing one at its path); its new chunk ids."""
         async with self.lock:
-            _, ids, replaced = await self.history.run(lambda s: s.kb.put_document(kb_id, document))
+            _, ids, replaced = await self.history.kb.put_document(kb_id, document)
             if replaced:
                 self._remove(replaced)
         return ids
@@ -140,7 +133,7 @@ class KbIndex:
     async def remove_documents(self, kb_id: int, paths: Sequence[str]) -> None:
         """Remove these documents of a KB, their chunks and vectors."""
         async with self.lock:
-            removed = await self.history.run(lambda s: s.kb.remove_documents(kb_id, paths))
+            removed = await self.history.kb.remove_documents(kb_id, paths)
             if removed:
                 self._remove(removed)
 
@@ -152,7 +145,7 @@ class KbIndex:
         big KB is removed. A removal cut short is finished by ``finish_removals``.
         """
         async with self.lock:
-            removed = await self.history.run(lambda s: s.kb.begin_remove(kb.name))
+            removed = await self.history.kb.begin_remove(kb.name)
             if removed is not None:
                 await self._delete(removed.id)
             return removed
@@ -160,7 +153,7 @@ class KbIndex:
     async def finish_removals(self) -> None:
         """Finish the KB removals a stop (or a full disk) cut short: at start-up."""
         async with self.lock:
-            for kb_id in await self.history.run(lambda s: s.kb.being_removed()):
+            for kb_id in await self.history.kb.being_removed():
                 logger.info("kb: finishing the removal of knowledge base %d", kb_id)
                 await self._delete(kb_id)
 
@@ -168,9 +161,9 @@ class KbIndex:
         for index in self._indexes.values():
             index.remove_range(*kb_chunk_range(kb_id))
         self._drop_empty()
-        while await self.history.run(lambda s: s.kb.delete_chunks(kb_id, REMOVE_BATCH)):
+        while await self.history.kb.delete_chunks(kb_id, REMOVE_BATCH):
             pass
-        await self.history.run(lambda s: s.kb.remove(kb_id))
+        await self.history.kb.remove(kb_id)
 
     async def store(self, ids: Sequence[int], computed: Sequence[Vector | None]) -> int:
         """Store and index the vectors computed for these chunks; how many were stored.
@@ -191,7 +184,7 @@ class KbIndex:
         async with self.lock:
             for dim, pairs in by_dim.items():
                 blobs = [(chunk_id, vector_blob(v)) for chunk_id, v in pairs]
-                put = set(await self.history.run(lambda s: s.kb.put_vectors(model, dim, blobs)))
+                put = set(await self.history.kb.put_vectors(model, dim, blobs))
                 kept = [(chunk_id, v) for chunk_id, v in pairs if chunk_id in put]
                 if not kept:
                     continue
@@ -244,12 +237,6 @@ class KbIndex:
         from .vectors import exact_cosines  # numpy (module docstring)
 
         return exact_cosines(vector, blobs)
-
-
-# Store calls made in loops: module functions bound with partial, so each call carries
-# its own arguments rather than a closure over the loop's variables.
-def _vectors_page(model: str, dim: int, after: int, store: HistoryStore) -> list[tuple[int, bytes]]:
-    return store.kb.vectors(model, dim, after, LOAD_PAGE)
 
 
 def _log_load_failure(task: asyncio.Task[None]) -> None:

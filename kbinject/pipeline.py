@@ -26,11 +26,10 @@ import logging
 import os
 import time
 from collections.abc import Coroutine, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 from core.errors import FileRefused, no_kb
-from history import AsyncHistory, HistoryStore, KbDocument, KnowledgeBase, NewKbDocument
+from history import AsyncHistory, KbDocument, NewKbDocument
 
 from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from .index import REMOVE_BATCH, KbIndex
@@ -135,7 +134,7 @@ class Ingest:
 
     async def _add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None,
                    stop: asyncio.Event) -> AddResult:
-        record, _ = await self.history.run(lambda s: s.kb.ensure(name))
+        record, _ = await self.history.kb.ensure(name)
         result = AddResult(kb=name)
         found = await in_ingest_thread(collect, list(paths)) if not stop.is_set() else Collected()
         result.errors += found.errors
@@ -144,13 +143,11 @@ class Ingest:
         await self._read_all(record.id, found, result, report, stop)
         if self.embedder is not None and not stop.is_set():
             await self._embed_kb(record.id, result, report, stop)
-        final = await self.history.run(lambda s: s.kb.get(name))
+        final = await self.history.kb.get(name)
         assert final is not None
         result.documents, result.chunks = final.documents, final.chunks
         if self.embedder is not None:
-            result.pending = await self.history.run(
-                partial(_count_pending, self.embedder.model, self.embedder.dim, record.id)
-            )
+            result.pending = await self.history.kb.count_pending(self.embedder.model, self.embedder.dim, record.id)
         result.cancelled = stop.is_set()
         return result
 
@@ -159,20 +156,18 @@ class Ingest:
         if self.embedder is None:
             return
         async with self.lock(name):
-            record = await self.history.run(partial(_kb_named, name))
+            record = await self.history.kb.get(name)
             if record is None:
                 raise no_kb(name)
             await self._embed_kb(record.id, total, _Throttle(progress), asyncio.Event())
-            total.pending += await self.history.run(
-                partial(_count_pending, self.embedder.model, self.embedder.dim, record.id)
-            )
+            total.pending += await self.history.kb.count_pending(self.embedder.model, self.embedder.dim, record.id)
 
     # -- reading --------------------------------------------------------------------------
 
     async def _read_all(
         self, kb_id: int, found: Collected, result: AddResult, report: _Throttle, stop: asyncio.Event
     ) -> None:
-        known = {doc.path: doc for doc in await self.history.run(lambda s: s.kb.documents(kb_id))}
+        known = {doc.path: doc for doc in await self.history.kb.documents(kb_id)}
         total = len(found.files)
         done = 0
         report(KbProgress(0, total, "reading", "reading files"))
@@ -214,7 +209,7 @@ class Ingest:
             sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
-                await self.history.run(lambda s: s.kb.set_mtime(known.id, staged.mtime_ns))
+                await self.history.kb.set_mtime(known.id, staged.mtime_ns)
                 return
             document = await read_document(staged, sha256)
         except FileRefused as exc:  # UnsupportedKind too
@@ -275,14 +270,14 @@ class Ingest:
         model = embedder.model
         try:
             dim = embedder.dim
-            if await self.history.run(partial(_all_embedded, model, kb_id)):
+            if await self.history.kb.all_embedded(model, kb_id):
                 # the model is asked the size of its vectors now, so the passages a model since
                 # swapped for another embedded are found pending (were any passage without a
                 # vector, its batch would tell, as it comes back)
                 dim = await _until(stop, embedder.dimension())
                 if stop.is_set():
                     return
-            total = await self.history.run(partial(_count_pending, model, dim, kb_id))
+            total = await self.history.kb.count_pending(model, dim, kb_id)
             if not total:
                 return
             report(KbProgress(0, total, "embedding", f"embedding {total} chunks"))
@@ -290,7 +285,7 @@ class Ingest:
             done = 0
             restarts = 0
             while not stop.is_set():
-                batch = await self.history.run(partial(_pending_page, model, dim, kb_id, after))
+                batch = await self.history.kb.pending_chunks(model, dim, kb_id, after, BATCH_SIZE)
                 if not batch and dim != embedder.dim and restarts < MAX_DIMENSION_RESTARTS:
                     # the model changed size under way: the chunks before the cursor have
                     # vectors of the old size, so go round once more from the start
@@ -327,25 +322,6 @@ async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, T]) -> T | None:
             task.cancel()
             await asyncio.wait([task])
     return None if task.cancelled() else task.result()
-
-
-# Store calls made in loops: module functions bound with partial, so each call carries
-# its own arguments rather than a closure over the loop's variables.
-def _pending_page(model: str, dim: int | None, kb_id: int, after: int, store: HistoryStore) -> list[tuple[int, str]]:
-    return store.kb.pending_chunks(model, dim, kb_id, after, BATCH_SIZE)
-
-
-def _kb_named(name: str, store: HistoryStore) -> KnowledgeBase | None:
-    return store.kb.get(name)
-
-
-def _count_pending(model: str, dim: int | None, kb_id: int, store: HistoryStore) -> int:
-    return store.kb.count_pending(model, dim, kb_id)
-
-
-def _all_embedded(model: str, kb_id: int, store: HistoryStore) -> bool:
-    """Whether the KB has passages, each with a vector of ``model`` of some size."""
-    return not store.kb.count_pending(model, None, kb_id) and bool(store.kb.count_vectors(model, None, kb_id))
 
 
 def _missing(paths: Sequence[str]) -> list[str]:

@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ADD_KB, BadRequest, no_conversation, no_kb
 from core.seams import Embedder
-from history import AsyncHistory, HistoryStore, KbChunk, KbDocument, KnowledgeBase
+from history import AsyncHistory, KbDocument, KnowledgeBase
 
 from .embedder import QUERY_TIMEOUT, BatchEmbedder
 from .index import KbIndex
@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 KB_NAME_MAX = 100  # characters in a KB's name
 DEFAULT_SEARCH_LIMIT = 5  # hits of a search that names no limit
 MAX_SEARCH_LIMIT = 50
-# The KBs a search covers: these ids, or the ids a call on the history thread reads
-Scope = builtins.list[int] | Callable[[HistoryStore], builtins.list[int]]
+# The KBs a search covers: these ids, or a read of them from the history
+Scope = builtins.list[int] | Callable[[], Awaitable[builtins.list[int]]]
 
 
 def kb_name(name: object) -> str:
@@ -120,28 +120,28 @@ class KnowledgeBases:
         if self.embedder is None:
             return KbInfo.from_record(kb)
         model, dim = self.embedder.model, self.embedder.dim
-        embedded = await self.history.run(lambda s: s.kb.count_vectors(model, dim, kb.id))
+        embedded = await self.history.kb.count_vectors(model, dim, kb.id)
         return KbInfo.from_record(kb, embedded)
 
     async def list(self) -> builtins.list[KbInfo]:
         """Every KB, by name, with its counts and links."""
-        kbs = await self.history.run(lambda s: s.kb.all())
+        kbs = await self.history.kb.all()
         return [await self._info(kb) for kb in kbs]
 
     async def get(self, kb: str) -> KbInfo:
         """One KB; NotFound if there is none of that name."""
         name = kb_name(kb)
-        found = await self.history.run(lambda s: s.kb.get(name))
+        found = await self.history.kb.get(name)
         if found is None:
             raise no_kb(name)
         return await self._info(found)
 
     async def documents(self, kb: str) -> builtins.list[KbDocument]:
         """The documents of a KB, by path; NotFound if there is no such KB."""
-        info = await self.history.run(lambda s: s.kb.get(kb_name(kb)))
+        info = await self.history.kb.get(kb_name(kb))
         if info is None:
             raise no_kb(kb)
-        return await self.history.run(lambda s: s.kb.documents(info.id))
+        return await self.history.kb.documents(info.id)
 
     async def remove(self, kb: str) -> KbInfo:
         """Delete a KB and everything in it (its files are untouched); what it held.
@@ -151,7 +151,7 @@ class KnowledgeBases:
         """
         name = kb_name(kb)
         async with self.ingest.lock(name):
-            found = await self.history.run(lambda s: s.kb.get(name))
+            found = await self.history.kb.get(name)
             if found is None:
                 raise no_kb(name)
             removed = await self.index.remove_kb(found)
@@ -166,7 +166,7 @@ class KnowledgeBases:
         """
         name = kb_name(kb)
         try:
-            updated = await self.history.run(lambda s: s.kb.set_link(name, conversation, linked))
+            updated = await self.history.kb.set_link(name, conversation, linked)
         except LookupError:
             raise no_conversation(conversation) from None
         if updated is None:
@@ -175,12 +175,12 @@ class KnowledgeBases:
 
     async def linked(self, conversation: int) -> builtins.list[KbInfo]:
         """The KBs a conversation sees (none for a deleted one)."""
-        kbs = await self.history.run(lambda s: s.kb.linked(conversation))
+        kbs = await self.history.kb.linked(conversation)
         return [KbInfo.from_record(kb) for kb in kbs]
 
     async def has_linked(self, conversation: int) -> bool:
         """Whether any KB is linked to the conversation (cheap: for the per-turn checks)."""
-        return bool(await self.history.run(lambda s: s.kb.linked_ids(conversation)))
+        return bool(await self.history.kb.linked_ids(conversation))
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -233,13 +233,21 @@ class KnowledgeBases:
         limit: int | None = None,
     ) -> SearchResult:
         """Hybrid search of the KBs linked to ``conversation``, or of the KBs named, or of all."""
-        scope: Scope = _all_ids  # (not a KB being removed: its chunks are still there)
+        scope: Scope = self.history.kb.ids  # (not a KB being removed: its chunks are still there)
         if conversation is not None:
-            scope = partial(_linked_ids, conversation)
+            scope = partial(self.history.kb.linked_ids, conversation)
         elif kbs is not None:
-            scope = partial(_named_ids, [kb_name(name) for name in kbs])
+            scope = partial(self._named_ids, [kb_name(name) for name in kbs])
         wanted = DEFAULT_SEARCH_LIMIT if limit is None else max(1, min(MAX_SEARCH_LIMIT, limit))
         return await self._search(query, scope, wanted)
+
+    async def _named_ids(self, names: Sequence[str]) -> builtins.list[int]:
+        """The ids of the KBs named, in order; NotFound for the first that does not exist."""
+        ids = await self.history.kb.ids_named(names)
+        missing = next((name for name in names if name not in ids), None)
+        if missing is not None:
+            raise no_kb(missing)
+        return [ids[name] for name in names]
 
     def _embedding(self, query: str) -> asyncio.Task[tuple[Vector | None, str | None]] | None:
         """The query's embedding, under way; None without an embedder or words."""
@@ -258,14 +266,14 @@ class KnowledgeBases:
         phrases = fts_phrases(terms)
         embedding = self._embedding(query)  # the query's vector needs no KB: asked for at once
         try:
-            kb_ids = await self.history.run(scope) if callable(scope) else scope
+            kb_ids = await scope() if callable(scope) else scope
         except BaseException:
             await _dropped(embedding)
             raise
         if kb_ids == []:
             await _dropped(embedding)
             return SearchResult([], "bm25", "no knowledge base is linked")
-        bm25 = asyncio.ensure_future(self.history.run(partial(_keywords, kb_ids, phrases)))
+        bm25 = asyncio.ensure_future(self.history.kb.search(phrases, kb_ids, CANDIDATES))
         try:
             nearest, vector, note = await self._nearest(kb_ids, embedding)
             keywords = await bm25
@@ -282,7 +290,7 @@ class KnowledgeBases:
         if chosen:
             model = self.embedder.model if self.embedder is not None else ""
             scored = chosen if vector is not None else []
-            chunks, blobs = await self.history.run(partial(_chunks_and_vectors, model, chosen, scored))
+            chunks, blobs = await self.history.kb.chunks_and_vectors(model, chosen, scored)
         else:
             chunks, blobs = [], []
         cosines = dict(self.index.rescored(vector, blobs)) if vector is not None and blobs else {}
@@ -358,9 +366,7 @@ class KnowledgeBases:
         top_k = self.settings.top_k
         if mode not in INJECTING_MODES or top_k <= 0 or not query.strip():
             return Injection(None)
-        kb_ids = list(known_ids) if known_ids is not None else await self.history.run(
-            lambda s: s.kb.linked_ids(conversation)
-        )
+        kb_ids = list(known_ids) if known_ids is not None else await self.history.kb.linked_ids(conversation)
         if not kb_ids:
             return Injection(None)
         if ctx_max > 0 and ctx_used >= CONTEXT_LIMIT * ctx_max:
@@ -382,35 +388,6 @@ class KnowledgeBases:
     def tool(self) -> KbSearch:
         """The ``kb_search`` tool over these knowledge bases, for the daemon's Toolbox."""
         return KbSearch(self)
-
-
-# Calls made on the history thread: module functions bound with partial, so each call
-# carries its own arguments rather than a closure over the caller's variables.
-def _keywords(kb_ids: list[int] | None, phrases: Sequence[str], store: HistoryStore) -> list[tuple[int, float]]:
-    return store.kb.search(phrases, kb_ids, CANDIDATES)
-
-
-def _all_ids(store: HistoryStore) -> list[int]:
-    return store.kb.ids()
-
-
-def _linked_ids(conversation: int, store: HistoryStore) -> list[int]:
-    return store.kb.linked_ids(conversation)
-
-
-def _named_ids(names: Sequence[str], store: HistoryStore) -> list[int]:
-    """The ids of the KBs named, in order; NotFound for the first that does not exist."""
-    ids = store.kb.ids_named(names)
-    missing = next((name for name in names if name not in ids), None)
-    if missing is not None:
-        raise no_kb(missing)
-    return [ids[name] for name in names]
-
-
-def _chunks_and_vectors(
-    model: str, ids: Sequence[int], vector_ids: Sequence[int], store: HistoryStore
-) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
-    return store.kb.chunks(ids), store.kb.vectors_of(model, vector_ids)
 
 
 async def _dropped(task: asyncio.Task[Any] | None) -> None:

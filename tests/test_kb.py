@@ -154,7 +154,7 @@ def docs(tmp_path: Path) -> Path:
 
 
 async def new_conversation(history: AsyncHistory) -> int:
-    conversation = await history.run(lambda s: s.create_conversation())
+    conversation = await history.create_conversation()
     return conversation.id
 
 
@@ -191,10 +191,10 @@ async def test_add_folder_recursively_indexes_text_code_and_pdf_pages(
     pdf = next(d for d in documents if d.kind == "pdf")
     assert (pdf.pages, pdf.chunks) == (3, 2)
     kb_id = pdf.kb_id
-    chunks = await history.run(lambda s: s.kb.document_chunks(kb_id, pdf.path))
+    chunks = await history.kb.document_chunks(kb_id, pdf.path)
     assert [(c.ordinal, c.page) for c in chunks] == [(1, 1), (2, 3)]  # the blank page 2 has none
     assert "Volcano eruptions" in chunks[1].text
-    guide = await history.run(lambda s: s.kb.document_chunks(kb_id, str(docs / "guide.md")))
+    guide = await history.kb.document_chunks(kb_id, str(docs / "guide.md"))
     assert len(guide) >= 2 and any(c.text.startswith("## Espresso") for c in guide)  # a heading opens a chunk
     assert all(c.page is None for c in guide)
 
@@ -266,7 +266,7 @@ async def test_a_changed_file_replaces_its_chunks(
     # the old chunk's row, index entry and vector are gone
     kbs_index = kbs.index.of(EMBED_DIM)
     assert kbs_index is not None and len(kbs_index) == result.chunks
-    vectors = await history.run(lambda s: s.kb.vector_dims(EMBED_MODEL))
+    vectors = await history.kb.vector_dims(EMBED_MODEL)
     assert vectors == {EMBED_DIM: result.chunks}
 
 
@@ -388,9 +388,9 @@ async def test_a_kb_whose_removal_began_gives_no_hits(
     KB being removed comes back (its chunks are deleted in batches, after)."""
     await kbs.add("House", [str(docs)])
     ids = [row[0] for row in db_rows(tmp_path / "data" / "history.db", "SELECT id FROM kb_chunks")]
-    assert len(await history.run(lambda s: s.kb.chunks(ids))) == len(ids)
-    await history.run(lambda s: s.kb.begin_remove("House"))
-    assert await history.run(lambda s: s.kb.chunks(ids)) == []
+    assert len(await history.kb.chunks(ids)) == len(ids)
+    await history.kb.begin_remove("House")
+    assert await history.kb.chunks(ids) == []
     assert (await kbs.search("When do the nightly backups run?")).hits == []
 
 
@@ -424,7 +424,7 @@ async def test_similarities_shown_are_the_stored_vectors_exact_cosines(
     vector = normalised(fake_embedding(query, EMBED_DIM))
     assert vector is not None
     ids = [hit.chunk_id for hit in found.hits]
-    stored = dict(await history.run(lambda s: s.kb.vectors_of(EMBED_MODEL, ids)))
+    stored = dict(await history.kb.vectors_of(EMBED_MODEL, ids))
     for hit in found.hits:  # bm25-only hits (cosine under the floor) included
         exact = float(np.frombuffer(stored[hit.chunk_id], dtype="<f4") @ vector)
         assert (hit.similarity_kind, hit.similarity) == ("cosine", round(exact, 4))
@@ -562,15 +562,15 @@ async def test_vectors_are_loaded_once_and_kept_in_step(
     await first.add("House", [str(docs)])
 
     loads: list[int] = []  # pages of vectors read by an index load
-    real = kb_index._vectors_page
+    real = history_kb.KnowledgeStore.vectors
 
-    def counting(*args: Any) -> Any:
-        rows = real(*args)
+    def counting(store: history_kb.KnowledgeStore, *args: Any) -> Any:
+        rows = real(store, *args)
         if rows:
             loads.append(len(rows))
         return rows
 
-    monkeypatch.setattr(kb_index, "_vectors_page", counting)
+    monkeypatch.setattr(history_kb.KnowledgeStore, "vectors", counting)
     fresh = await make_kbs()  # a restarted daemon: the vectors are in the database only
     for query in ("volcano", "restic", "espresso", "volcano"):
         assert (await fresh.search(query)).mode == "hybrid"
@@ -596,7 +596,7 @@ async def test_a_model_that_changes_dimension_is_embedded_again(
 
     result = await kbs.add("House", [str(docs)])
     assert (result.embedded, result.pending) == (first.chunks, 0)  # all of them, in the new dimension
-    assert await history.run(lambda s: s.kb.vector_dims(EMBED_MODEL)) == {32: first.chunks}
+    assert await history.kb.vector_dims(EMBED_MODEL) == {32: first.chunks}
     assert (await kbs.search("courgettes")).mode == "hybrid"
     # in memory too: the old size's index went once the add was done
     moved = kbs.index.of(32)
@@ -765,7 +765,7 @@ async def test_deleted_conversations_see_no_knowledge_base(
     cid = await new_conversation(history)
     await kbs.link("House", cid)
     await kbs.link("House", None)
-    await history.run(lambda s: s.delete_conversation(cid))
+    await history.delete_conversation(cid)
 
     assert (await kbs.context_block(cid, "volcano", "both", 0, 8192)).block is None
     assert await kbs.linked(cid) == []
