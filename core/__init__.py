@@ -19,7 +19,7 @@ Above this floor: ``history`` (the SQLite store), then ``attachments``, ``recall
 from .budget import Budget, cut_text, fit_message
 from .config import Config, ConfigError, default_socket_path, load_config
 from .errors import AssistantError
-from .seams import Completer, Embedder, HistoryRunner
+from .seams import Completer, Embedder
 from .tokens import (
     BUDGET_CHARS_PER_TOKEN,
     CHARS_PER_TOKEN,
@@ -42,7 +42,6 @@ __all__ = [
     "Config",
     "ConfigError",
     "Embedder",
-    "HistoryRunner",
     "__version__",
     "cut_text",
     "default_socket_path",

@@ -1,19 +1,17 @@
 """The small protocols lower packages take instead of the daemon's concrete classes.
 
 A lower package names only what it calls: compaction needs something that completes a
-prompt, knowledge bases something that embeds texts, tools something that runs a call
-on the history thread. The daemon passes its ``RouterClient`` and ``AsyncHistory``; a
-test passes an in-process fake (``tests/fakemodel.py``), with no HTTP in between.
+prompt, knowledge bases something that embeds texts. The daemon passes its
+``RouterClient``; a test passes an in-process fake (``tests/fakemodel.py``), with no HTTP
+in between. (The history is no seam: the packages above ``history`` take its
+``AsyncHistory`` itself.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-__all__ = ["Completer", "Embedder", "HistoryRunner"]
-
-T = TypeVar("T")
+__all__ = ["Completer", "Embedder"]
 
 
 class Completer(Protocol):
@@ -27,11 +25,4 @@ class Embedder(Protocol):
     """Turns texts into vectors, one per text in order; ``timeout`` bounds the whole call."""
 
     async def embed(self, model: str, inputs: list[str], timeout: float | None = None) -> list[list[float]]:
-        ...
-
-
-class HistoryRunner(Protocol):
-    """Runs a function with the history store on the store's own thread."""
-
-    async def run(self, fn: Callable[[Any], T]) -> T:
         ...

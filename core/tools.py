@@ -19,10 +19,9 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .jsontext import strict_loads
-from .seams import HistoryRunner
 from .tokens import estimate_tools
 
 __all__ = [
@@ -42,17 +41,23 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+H = TypeVar("H")  # the history a tool reads: the daemon's ``history.AsyncHistory``
+
 SUMMARY_MAX_CHARS = 120  # the one line the UI shows per call
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: no id or count beyond it
 ERROR_PREFIX = "Error: "
 
 
 @dataclass
-class ToolContext:
-    """What a tool may touch: its own conversation, nothing else."""
+class ToolContext(Generic[H]):
+    """What a tool may touch: its own conversation, nothing else.
+
+    ``history`` is the daemon's ``history.AsyncHistory``, which this floor cannot name: a
+    tool that reads it takes a ``ToolContext[AsyncHistory]``.
+    """
 
     conversation: int
-    history: HistoryRunner
+    history: H
     max_chars: int  # how much text one result may carry (what is left of the context)
     vision: bool  # whether the model can be shown images
     turn: int  # the turn being answered; turns 1..turn-1 are the earlier ones

@@ -35,7 +35,7 @@ from core.tools import (
     json_content,
     string_argument,
 )
-from history import Attachment
+from history import AsyncHistory, Attachment
 
 __all__ = [
     "MAX_IMAGE_BASE64",
@@ -115,13 +115,12 @@ class AttachmentRecall(Tool):
         "required": ["action"],
     }
 
-    async def available(self, ctx: ToolContext) -> bool:
+    async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
         if ctx.has_attachments is not None:
             return ctx.has_attachments
-        cid = ctx.conversation
-        return await ctx.history.run(lambda s: s.has_attachments(cid))
+        return await ctx.history.has_attachments(ctx.conversation)
 
-    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         action = string_argument(arguments, "action")
         if action == "list":
             return await self._list(ctx)
@@ -131,9 +130,8 @@ class AttachmentRecall(Tool):
 
     # -- list -------------------------------------------------------------------------
 
-    async def _list(self, ctx: ToolContext) -> ToolResult:
-        cid = ctx.conversation
-        attachments = await ctx.history.run(lambda s: s.attachments(cid))
+    async def _list(self, ctx: ToolContext[AsyncHistory]) -> ToolResult:
+        attachments = await ctx.history.attachments(ctx.conversation)
         items = [a.to_json() for a in attachments]
         body: dict[str, Any] = {"attachments": items, "count": len(items)}
         if len(json_content(body)) > ctx.max_chars:
@@ -151,12 +149,11 @@ class AttachmentRecall(Tool):
 
     # -- read -------------------------------------------------------------------------
 
-    async def _read(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def _read(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         wanted = integer_argument(arguments, "attachment_id")
         if wanted is None:
             raise ToolError("action=read needs attachment_id; call action=list to see the ids")
-        cid = ctx.conversation
-        attachment = await ctx.history.run(lambda s: s.attachment(cid, wanted))
+        attachment = await ctx.history.attachment(ctx.conversation, wanted)
         if attachment is None:
             raise ToolError(f"no attachment {wanted} in this conversation; call action=list")
         if attachment.kind == "image":

@@ -27,7 +27,7 @@ from core.tools import (
     one_line,
     string_argument,
 )
-from history import SearchHit, search_words
+from history import AsyncHistory, SearchHit, search_words
 
 __all__ = ["DEFAULT_RESULTS", "MAX_RESULTS", "ConversationSearch"]
 
@@ -80,7 +80,7 @@ class ConversationSearch(Tool):
         # on turn 2 would make the server re-read the whole first exchange
         return True
 
-    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         query = string_argument(arguments, "query")
         if query is None or not query.strip():
             raise ToolError("query must be some keywords to search for")
@@ -91,9 +91,7 @@ class ConversationSearch(Tool):
         if role not in ROLE_FILTERS:
             raise ToolError(f"role_filter must be one of {', '.join(ROLE_FILTERS)}")
         cid, turn = ctx.conversation, ctx.turn
-        hits = await ctx.history.run(
-            lambda s: s.search_conversation(cid, query, limit, role, before_turn=turn)
-        )
+        hits = await ctx.history.search_conversation(cid, query, limit, role, before_turn=turn)
         results = [_result(hit) for hit in hits]
         body: dict[str, Any] = {
             "results": results,

@@ -19,7 +19,7 @@ import pytest_asyncio
 from PIL import Image
 
 from core.tools import Tool, Toolbox, ToolContext, ToolResult
-from history import AsyncHistory, Attachment, NewAttachment
+from history import AsyncHistory, Attachment, NewAttachment, TurnOutcome
 from recall import (
     AttachmentRecall,
     ConversationSearch,
@@ -54,15 +54,10 @@ async def add_turn(
     """A whole turn, stored as the daemon stores one: (conversation, turn)."""
     asked = {"role": "user", "content": question}
 
-    def write(store: Any) -> tuple[int, int]:
-        conversation, turn = store.start_turn(cid, question, [asked], [], "m", "t", attachments=attachments)
-        store.finish_turn(
-            conversation.id, turn.turn, messages=[asked, {"role": "assistant", "content": answer}],
-            reply=answer, status="complete",
-        )
-        return conversation.id, turn.turn
-
-    return await history.run(write)
+    conversation, turn = await history.start_turn(cid, question, [asked], [], "m", "t", attachments=attachments)
+    answered = [asked, {"role": "assistant", "content": answer}]
+    assert await history.finish(TurnOutcome(conversation.id, turn.turn, answered, answer, "complete"))
+    return conversation.id, turn.turn
 
 
 def text_file(name: str, text: str, kind: str = "text") -> NewAttachment:
@@ -80,7 +75,7 @@ def png_file(path: Path, color: tuple[int, int, int] = (200, 30, 30)) -> NewAtta
 
 
 async def attachment_ids(history: AsyncHistory, cid: int) -> dict[str, int]:
-    return {a.name: a.id for a in await history.run(lambda s: s.attachments(cid))}
+    return {a.name: a.id for a in await history.attachments(cid)}
 
 
 async def call(tool: Tool, ctx: ToolContext, **arguments: Any) -> ToolResult:
@@ -119,7 +114,7 @@ async def test_recall_is_offered_only_with_attachments(history: AsyncHistory) ->
     with_file, _ = await add_turn(history, None, "a file", attachments=[text_file("a.txt", "alpha")])
     assert await tool.available(context(history, bare)) is False
     assert await tool.available(context(history, with_file)) is True
-    await history.run(lambda s: s.delete_conversation(with_file))
+    await history.delete_conversation(with_file)
     assert await tool.available(context(history, with_file)) is False
 
 
@@ -167,7 +162,7 @@ async def test_a_deleted_conversations_files_are_gone(history: AsyncHistory) -> 
     file_id = (await attachment_ids(history, cid))["gone.txt"]
     tool, ctx = AttachmentRecall(), context(history, cid)
     offered = [tool]  # offered before the delete, called after it
-    await history.run(lambda s: s.delete_conversation(cid))
+    await history.delete_conversation(cid)
     result = await Toolbox([tool]).call(offered, tool.name, json.dumps({"action": "read", "attachment_id": file_id}), ctx)
     assert not result.ok and "no attachment" in result.content
     assert body(await Toolbox([tool]).call(offered, tool.name, '{"action": "list"}', ctx))["count"] == 0
@@ -467,7 +462,7 @@ async def test_search_never_leaves_its_conversation(history: AsyncHistory) -> No
     theirs, _ = await add_turn(history, None, "about their garden", "tulips")
     found = body(await call(ConversationSearch(), context(history, mine, turn=2), query="garden"))
     assert {r["excerpt"] for r in found["results"]} == {"about my [garden]"}
-    await history.run(lambda s: s.delete_conversation(mine))
+    await history.delete_conversation(mine)
     gone = body(await call(ConversationSearch(), context(history, mine, turn=2), query="garden"))
     assert gone["results"] == [] and gone["total"] == 0
 
@@ -476,7 +471,7 @@ async def test_search_never_leaves_its_conversation(history: AsyncHistory) -> No
 async def test_search_finds_the_compaction_summary(history: AsyncHistory) -> None:
     cid, _ = await add_turn(history, None, "hello", "hi")
     await add_turn(history, cid, "second", "ok")
-    await history.run(lambda s: s.add_compaction(cid, 2, "The user plans a trip to Lisbon in May."))
+    await history.add_compaction(cid, 2, "The user plans a trip to Lisbon in May.")
     found = body(await call(ConversationSearch(), context(history, cid, turn=3), query="Lisbon"))
     assert [(r["turn"], r["role"]) for r in found["results"]] == [(2, "summary")]
 
