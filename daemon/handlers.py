@@ -26,7 +26,7 @@ from core.errors import (
 from core.models import image_cost
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, HistoryStore, SearchHit, search_words
+from history import AsyncHistory, Conversation, SearchHit, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from .connection import Emit
@@ -80,7 +80,7 @@ class Handlers:
     async def on_conversations(self, request: Request, emit: Emit) -> None:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
-        items = await self.history.run(lambda s: s.list_conversations(limit, before))
+        items = await self.history.list_conversations(limit, before)
         emit({"type": "conversations", "items": [c.to_json() for c in items]})
 
     async def on_open(self, request: Request, emit: Emit) -> None:
@@ -89,12 +89,12 @@ class Handlers:
         before = self.engine.running_turn(cid)
         if request.has("turn"):  # that turn alone
             n: int = request.get("turn")
-            one = await self.history.run(lambda s: s.turn(cid, n))
+            one = await self.history.turn(cid, n)
             if one is None:
                 raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
             read = [one]
         else:
-            read = await self.history.run(lambda s: s.turns(cid))
+            read = await self.history.turns(cid)
         turns = self.history.shown(read)  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
@@ -125,7 +125,7 @@ class Handlers:
         await self._conversation(cid)
         if self.engine.cancel(cid):
             await self.engine.wait_turn(cid)  # its last write lands before the delete
-        if not await self.history.run(lambda s: s.delete_conversation(cid)):
+        if not await self.history.delete_conversation(cid):
             raise NotFound(f"conversation {cid} does not exist")
         emit({"type": "deleted", "conversation": cid})
         # its search rows go after, a batch at a time, while other work goes on (not holding
@@ -184,7 +184,7 @@ class Handlers:
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):
             changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
-        conv = await self.history.run(lambda s: s.update_conversation(cid, **changes))
+        conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)
         emit({
@@ -207,15 +207,8 @@ class Handlers:
             raise BadRequest(f"search takes at most {MAX_SEARCH_WORDS} words; keep the ones that matter")
         if cid is not None:
             await self._conversation(cid)
-
-        def search(store: HistoryStore) -> tuple[list[SearchHit], dict[int, Conversation]]:
-            # one hit past the limit says whether there are more
-            wanted = limit + 1
-            hits = store.search_conversation(cid, query, wanted) if cid is not None else store.search_all(query, wanted)
-            convs = {c: store.get_conversation(c) for c in {h.conversation_id for h in hits}}
-            return hits, {c: conv for c, conv in convs.items() if conv is not None}
-
-        hits, convs = await self.history.run(search)
+        # one hit past the limit says whether there are more
+        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid)
         groups = group_hits(hits[:limit], convs)
         emit({"type": "results", "query": query, "total": sum(len(g["hits"]) for g in groups),
               "more": len(hits) > limit, "conversations": groups})
@@ -334,5 +327,5 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:
     """Drop a deleted conversation's search rows, a batch a trip to the history thread."""
-    while await history.run(lambda s: s.unindex_deleted(cid)):
+    while await history.unindex_deleted(cid):
         pass

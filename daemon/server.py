@@ -113,7 +113,7 @@ class Server:
         self._history = await AsyncHistory.open(self.config.db_path)
         configure_image_cache(self.config.data_dir / "images")
         try:
-            interrupted = await self._history.run(lambda s: s.interrupt_running())
+            interrupted = await self._history.interrupt_running()
         except Exception as exc:  # a full disk: serve what can be served, and say so
             logger.warning("turns cut by a crash could not be marked interrupted (%s); free some space "
                            "and restart to mark them", exc)
@@ -164,7 +164,7 @@ class Server:
     async def _unindex_deleted(self) -> None:
         """Drop the search rows of conversations whose delete a stop cut short."""
         assert self._history is not None
-        for cid in await self._history.run(lambda s: s.deleted_but_indexed()):
+        for cid in await self._history.deleted_but_indexed():
             await unindex_deleted(self._history, cid)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

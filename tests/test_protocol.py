@@ -363,7 +363,7 @@ async def test_the_request_goes_out_on_a_connection_opened_while_the_question_is
     history = daemon.server.engine.history
     before = router.connections
     # the history thread is busy for a moment: this turn's question waits behind that work
-    busy = asyncio.ensure_future(history.run(lambda _store: time.sleep(0.3)))
+    busy = history._thread.submit(lambda: time.sleep(0.3))
     await asyncio.sleep(0)  # queued first
     events = await wire.ask("second", conversation=cid)
     await busy
@@ -778,15 +778,13 @@ async def test_a_client_that_reads_gets_an_event_over_the_cap_and_the_events_aft
     monkeypatch.setattr(connection, "MAX_WRITE_BUFFER", 64 << 10)
     reply = "long " * 200_000  # 1 MB: the conversation's open is one event over the cap
 
-    def write_long(store: HistoryStore) -> int:
-        question = {"role": "user", "content": "write a lot"}
-        conversation, turn = store.start_turn(None, "write a lot", [question], [], "fake-text")
-        answer = {"role": "assistant", "content": reply}
-        store.finish(TurnOutcome(conversation.id, turn.turn, [question, answer], reply, "complete"))
-        return conversation.id
-
     assert daemon.server is not None and daemon.server.engine is not None
-    long = await daemon.server.engine.history.run(write_long)
+    history = daemon.server.engine.history
+    question = {"role": "user", "content": "write a lot"}
+    conversation, turn = await history.start_turn(None, "write a lot", [question], [], "fake-text")
+    answer = {"role": "assistant", "content": reply}
+    assert await history.finish(TurnOutcome(conversation.id, turn.turn, [question, answer], reply, "complete"))
+    long = conversation.id
     router.script(Reply(chunks=["tick "] * 100, delay=0.005))  # deltas while the open is read
     reader, writer = await asyncio.open_unix_connection(str(daemon.config.socket_path))
     try:
