@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-PACKAGES := core history attachments recall kbinject daemon mcphost mcpserve selfcheck assistant.py
+PACKAGES := common core history attachments recall kbinject daemon mcphost client mcpserve selfcheck assistant.py
 
 .PHONY: setup run test selfcheck bench poppler bytecode clean install-units FORCE
 
@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml $(MODULES)
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
-# the daemon's modules compiled, as any install compiles them: Python would otherwise compile
-# them at every start where it may not write bytecode (PYTHONDONTWRITEBYTECODE), ~90 ms of
-# start-up; up-to-date files are skipped, so this costs little on every make
+# the daemon's and the client's modules compiled, as any install compiles them: Python would
+# otherwise compile them at every start where it may not write bytecode
+# (PYTHONDONTWRITEBYTECODE), ~90 ms of start-up; up-to-date files are skipped, so this costs
+# little on every make
 bytecode: $(STAMP)
 	$(PY) -m compileall -q $(PACKAGES)
 

@@ -5,7 +5,9 @@
     python3 assistant.py ask "question"  ask, streaming the reply (see --help)
     python3 assistant.py --test          end-to-end self-check against a fake router
 
-This file only wires things together: configuration, logging, the server.
+This file only wires things together: serving goes to the daemon (its configuration,
+logging, the server), every other command to the client (``client``, ``mcpserve``), which
+never loads the daemon's modules.
 """
 
 from __future__ import annotations
@@ -16,11 +18,8 @@ import logging
 import os
 import sys
 
-from core import AssistantError, load_config
-from core.config import ConfigError, unknown_variables
-from core.errors import EXIT_STARTUP, StartupError
-from core.version import __version__
-from daemon.client import add_client_commands, add_client_options, run_client
+from client import add_client_commands, add_client_options, run_client
+from common import __version__, unknown_variables
 from mcpserve import add_mcp_commands, run_mcp
 
 logger = logging.getLogger("assistant")
@@ -68,8 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         return run_mcp(args)
     if args.command not in (None, "serve"):
         return run_client(args)
+    return run_daemon(args)
+
+
+def run_daemon(args: argparse.Namespace) -> int:
+    """Serve in the foreground until stopped; the exit status."""
     setup_logging(args.verbose)
-    # the server (httpx, Pillow, ...) loads only to serve: the client needs the standard library alone
+    # the daemon (its configuration, then httpx, Pillow, ...) loads only to serve: the client
+    # needs the standard library alone
+    from core import AssistantError, load_config
+    from core.config import ConfigError
+    from core.errors import EXIT_STARTUP, StartupError
     from daemon.server import new_event_loop, serve
 
     for warning in unknown_variables(os.environ):

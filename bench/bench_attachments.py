@@ -58,7 +58,7 @@ from benchlib import (
 )
 
 from attachments.budget import FULL_TEXT_CAP, budget_chars
-from core.wire import Wire
+from client import Wire
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import Scan, make_pdf, make_sparse
 

@@ -49,8 +49,8 @@ from benchlib import (
 )
 from recording_proxy import RecordingProxy, listening_socket
 
+from client import Wire
 from core.transport import Client, OneShotTransport
-from core.wire import Wire
 
 sys.path.insert(0, str(ROOT))
 from tests.e2e.realserver import llama  # noqa: E402  (scripts/llama.py, loaded by path)

@@ -30,7 +30,7 @@ from benchlib import (
     verdict,
 )
 
-from core.wire import Wire
+from client import Wire
 
 TARGET_P50 = 0.020  # seconds
 WRITE_CHUNK = 1 << 16

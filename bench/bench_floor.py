@@ -50,8 +50,8 @@ from benchlib import (
 )
 from bench_ttft import direct_ttft  # the direct request as bench_ttft.py times it
 
+from client import Wire
 from core.transport import AHEAD, SENT, Client, OneShotTransport
-from core.wire import Wire
 from history import AsyncHistory
 
 RUN_TIMEOUT = 90.0  # the whole measurement, whatever --runs says

@@ -61,7 +61,7 @@ def _tool_router(conn: multiprocessing.connection.Connection, turns: int) -> Non
 
 async def daemon_call(client: object, conversation: int | None) -> tuple[float, int]:
     """Seconds from the tool's ``progress`` event to its ``tool`` event, and the conversation."""
-    from core.wire import Wire
+    from client import Wire
 
     assert isinstance(client, Wire)
     request: dict[str, object] = {"type": "ask", "text": "echo it"}

@@ -54,7 +54,7 @@ from benchlib import (
 )
 from recording_proxy import Exchange, RecordingProxy, listening_socket
 
-from core.wire import Wire
+from client import Wire
 
 sys.path.insert(0, str(ROOT))
 from tests.e2e.realserver import get, installed_or_skip_reason, llama, post  # noqa: E402

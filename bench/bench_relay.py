@@ -39,7 +39,7 @@ from benchlib import (
     verdict,
 )
 
-from core.wire import Wire
+from client import Wire
 
 TARGET_RATE = 10_000.0  # deltas per second
 RUN_TIMEOUT = 100.0  # the whole measurement

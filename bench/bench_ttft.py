@@ -64,8 +64,8 @@ from benchlib import (
 )
 from daemon_trace import STAGES
 
+from client import Wire
 from core.transport import Client, OneShotTransport
-from core.wire import Wire
 
 TRACER = Path(__file__).resolve().parent / "daemon_trace.py"
 TARGET_OVERHEAD = 0.001  # seconds, median: a new conversation, and 200 turns of history

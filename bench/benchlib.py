@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # selfcheck.fakerouter, history
 
-from core.wire import Wire  # noqa: E402  (after the path above)
+from client import Wire  # noqa: E402  (after the path above)
 
 TMP_PREFIX = "/tmp/asst-bench-"  # short: AF_UNIX paths are limited to 107 bytes
 START_TIMEOUT = 15.0  # seconds a child gets to come up

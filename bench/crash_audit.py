@@ -60,7 +60,8 @@ from benchlib import (
     verdict,
 )
 
-from core.wire import MAX_LIST_LIMIT, DaemonGone, Wire
+from client import DaemonGone, Wire
+from common import MAX_LIST_LIMIT
 from history import SUMMARY_ROLE, SUMMARY_SLOT, conversation_rowid_range, message_rowid, split_rowid
 from history.fts import load_messages, searchable_messages
 from history.kb import SELECT_KBS_BEING_REMOVED

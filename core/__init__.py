@@ -1,4 +1,4 @@
-"""The ground floor: what every layer of the daemon shares, importing nothing of ours.
+"""The ground floor: what every layer of the daemon shares, importing nothing of ours but ``common``.
 
 - ``errors``: the error tree, each error with a stable ``code``;
 - ``config``: the one frozen ``Config``, from file and environment;
@@ -10,14 +10,18 @@
   (a ``Completer`` for compaction, an ``Embedder`` for knowledge bases);
 - ``router`` and ``sse``: the client of the OpenAI-compatible model server and its
   stream parser. They load httpx, so they are imported as ``core.router`` where used,
-  not from here: the command-line client must start without them.
+  not from here: importing ``core`` stays light.
 
-Above this floor: ``history`` (the SQLite store), then ``attachments``, ``recall`` and
-``kbinject``, then ``daemon``, then ``assistant.py``; no package imports one above it.
+Below this floor: ``common`` (what the daemon and its clients both know). Above it:
+``history`` (the SQLite store), then ``attachments``, ``recall`` and ``kbinject``, then
+``daemon``, then ``assistant.py``; no package imports one above it. The command-line
+``client`` stands on ``common`` alone, beside this floor, not on it.
 """
 
+from common import __version__, default_socket_path
+
 from .budget import Budget, cut_text, fit_message
-from .config import Config, ConfigError, default_socket_path, load_config
+from .config import Config, ConfigError, load_config
 from .errors import AssistantError
 from .seams import Completer, Embedder
 from .tokens import (
@@ -29,7 +33,6 @@ from .tokens import (
     estimate_text,
     estimate_tools,
 )
-from .version import __version__
 
 __all__ = [
     "BUDGET_CHARS_PER_TOKEN",

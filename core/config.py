@@ -8,7 +8,6 @@ Paths follow the XDG base directories; see ``socket_path`` and ``data_dir``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import tomllib
@@ -17,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from common import SETTINGS, default_socket_path
+
 from .errors import AssistantError
 from .mcpconfig import McpSettings, parse_mcp
 from .tokens import DEFAULT_IMAGE_TOKENS
 
-__all__ = ["MAX_SOCKET_PATH", "Config", "ConfigError", "default_socket_path", "load_config", "socket_path_problem",
-           "unknown_variables"]
+__all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8080/v1"
-MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108 with its NUL
 
 
 class ConfigError(AssistantError):
@@ -36,7 +35,8 @@ class ConfigError(AssistantError):
 
 @dataclass(frozen=True)
 class Config:
-    """Every setting of the daemon; see the README's configuration table."""
+    """Every setting of the daemon; see the README's configuration table. The keys a user sets
+    are named in ``common.SETTINGS`` too: the client warns of any other variable."""
 
     router_url: str = DEFAULT_ROUTER_URL
     api_key: str = ""
@@ -73,46 +73,7 @@ class Config:
         return self.embedding_url or self.router_url
 
 
-# Keys a user may set; the paths come from their own variables.
-_SETTABLE = tuple(
-    f.name for f in dataclasses.fields(Config)
-    if f.name not in ("socket_path", "data_dir", "config_path", "mcp", "model_image_tokens")
-)
 MODEL_KEYS = ("image_tokens",)  # what a [models."<id>"] table may set
-
-
-# ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
-PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")
-
-
-def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    """A warning for each ``ASSISTANT_*`` variable that nothing reads, naming the closest known one
-    (a misspelt ``ASSISTANT_ROUTERURL`` would otherwise be ignored without a word)."""
-    known = [*PATH_VARIABLES, *(f"ASSISTANT_{key.upper()}" for key in _SETTABLE)]
-    warnings = []
-    for var in sorted(v for v in env if v.startswith("ASSISTANT_") and v not in known):
-        close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(known)}"
-        warnings.append(f"{var} is not a setting and is ignored{hint}")
-    return warnings
-
-
-def default_socket_path(env: Mapping[str, str]) -> Path:
-    """``$ASSISTANT_SOCKET``, else ``$XDG_RUNTIME_DIR/assistant.sock``, else ``/tmp/assistant-$UID/``."""
-    if env.get("ASSISTANT_SOCKET"):
-        return Path(env["ASSISTANT_SOCKET"])
-    if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "assistant.sock"
-    return Path(f"/tmp/assistant-{os.getuid()}") / "assistant.sock"
-
-
-def socket_path_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a Unix socket's path (too long), or None."""
-    size = len(os.fsencode(path))
-    if size <= MAX_SOCKET_PATH:
-        return None
-    return (f"the socket path {path} is {size} bytes, over the {MAX_SOCKET_PATH} a Unix socket allows; "
-            "set ASSISTANT_SOCKET to a shorter path")
 
 
 def _data_dir(env: Mapping[str, str]) -> Path:
@@ -246,10 +207,10 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         if "models" in table:  # per-model tables, file only like [mcp]
             values["model_image_tokens"] = _model_tables(table.pop("models"), str(path))
         for key, value in table.items():
-            if key not in _SETTABLE:
-                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(_SETTABLE)}, [mcp], [models]")
+            if key not in SETTINGS:
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(SETTINGS)}, [mcp], [models]")
             values[key], sources[key] = _coerce(key, value, str(path)), str(path)
-    for key in _SETTABLE:
+    for key in SETTINGS:
         var = f"ASSISTANT_{key.upper()}"
         if var in env:
             values[key], sources[key] = _coerce(key, env[var], var), var

@@ -26,6 +26,9 @@ traceback goes to the log.  Every message says what the user can do.
 
 from __future__ import annotations
 
+# advice in messages that names a protocol request, which each client says in its own words
+from common.advice import ADD_KB, ADVICE, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
+
 __all__ = [
     "AssistantError",
     "BadRequest",
@@ -55,15 +58,6 @@ __all__ = [
     "no_conversation",
     "no_kb",
 ]
-
-# Advice in messages that names a protocol request. A client of the daemon that offers its
-# users something else (the command line's commands, mcp serve's tools) says each in its
-# own words, by replacing these very phrases (``ADVICE``: every one of them).
-LIST_CONVERSATIONS = "list them with the conversations request"
-LIST_MODELS = "(the models request lists them)"
-LIST_KBS = "kb_list shows the ones there are"
-ADD_KB = "kb_add creates one"
-ADVICE = (LIST_CONVERSATIONS, LIST_MODELS, LIST_KBS, ADD_KB)
 
 
 class AssistantError(Exception):

@@ -1,3 +1,5 @@
-"""The version, written once: pyproject.toml reads it from here."""
+"""The version, for the daemon's modules that name it here; written once in ``common.version``."""
 
-__version__ = "0.1.0"
+from common.version import __version__
+
+__all__ = ["__version__"]

@@ -16,7 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import ConfigError, socket_path_problem
+from common import socket_path_problem
+from core.config import ConfigError
 from core.errors import AssistantError
 
 __all__ = ["AlreadyRunning", "Listener", "bind_listener", "socket_from_systemd"]

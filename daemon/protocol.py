@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from common import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from core.errors import AssistantError, BadRequest, UnknownType
 from core.jsontext import compact_json, strict_loads, without_lone_surrogates
-from core.wire import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from history import MAX_CONVERSATION_ID
 
 __all__ = [

@@ -6,11 +6,11 @@
   another assistant), exposing the user's conversations and knowledge bases read-only
   (``mcpserve.server``; the only module here that loads the ``mcp`` SDK).
 
-It is a client of the socket, and uses the client's own parts (``daemon.client``,
-``daemon.cli``: the socket path and its checks, the exit statuses, the error lines, the
-rendering that shows a server's text without obeying its control characters). Those
-import the standard library and ``core`` only, never the daemon's server, so importing
-this costs nothing: the client's start stays light.
+It is a client of the socket, and uses the client's own parts (``client``: the socket
+path and its checks, the exit statuses, the error lines, the rendering that shows a
+server's text without obeying its control characters). Those import the standard library
+and ``common`` only, never the daemon, so importing this costs nothing: the client's start
+stays light.
 """
 
 from .cli import add_mcp_commands, run_mcp

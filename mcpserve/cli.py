@@ -8,8 +8,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from daemon.cli.terminal import EXIT_OK, Terminal
-from daemon.client import guarded, run_client, socket_path
+from client import EXIT_OK, Terminal, guarded, run_client, socket_path
 
 __all__ = ["add_mcp_commands", "run_mcp"]
 

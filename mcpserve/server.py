@@ -28,10 +28,8 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from core.errors import LIST_CONVERSATIONS, LIST_KBS
-from core.version import __version__
-from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable
-from daemon.client import connect
+from client import DaemonGone, Unsendable, connect
+from common import LIST_CONVERSATIONS, LIST_KBS, MAX_LIST_LIMIT, __version__
 
 __all__ = ["build_server", "serve"]
 

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from client import Wire, of_type, reply_text
 from core import Config, load_config
-from core.wire import Wire, of_type, reply_text
 from daemon.server import Server
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import Scan, make_pdf, make_png

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from client import Wire
 from core import Config, load_config
 from core import router as router_module
-from core.wire import Wire
 from daemon.server import Server, new_event_loop
 from selfcheck.fakerouter import FakeRouter
 from tests.contract import watch

@@ -23,7 +23,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from core.wire import Wire
+from client import Wire
 
 __all__ = ["SCHEMA_PATH", "check_event", "check_request", "watch"]
 

@@ -13,10 +13,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from client import Wire, of_type
 import pytest
 
 from core import Config, load_config
-from core.wire import Wire, of_type
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from selfcheck.samples import Scan, make_mpo, make_pdf, make_png, make_sparse
 from tests.conftest import RunningDaemon, serving

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from client.render import FOR_THE_COMMAND_LINE
+from common import ADVICE, __version__
 from core import Config
-from core.errors import ADVICE
-from core.version import __version__
-from daemon.cli.render import FOR_THE_COMMAND_LINE
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon

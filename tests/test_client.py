@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +23,22 @@ pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def bare_python() -> tuple[str, ...]:
+    """A Python without the venv, as a checkout's user runs the client: the system's ``python3``
+    (this venv's own interpreter where that is older than 3.11). ``-S``: no site-packages at all,
+    so the standard library and the checkout are all it can import (``-I`` would hide the
+    checkout too: it implies ``-P``); ``-E``: no ``PYTHON*`` variables; ``-B``: no bytecode
+    written into the checkout."""
+    flags = ("-S", "-E", "-B")
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is not None:
+        new_enough = [system, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]
+        if subprocess.run(new_enough, capture_output=True, timeout=60).returncode == 0:
+            return (system, *flags)
+    return (getattr(sys, "_base_executable", sys.executable), *flags)
+
+
 def piped(text: str) -> int:
     """The read end of a pipe holding ``text``, as a shell's ``|`` gives a command (the loop's
     own subprocess pipes may be socketpairs, uvloop's are; test_cli.py tries those)."""
@@ -31,12 +50,14 @@ def piped(text: str) -> int:
     return read_end
 
 
-async def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> tuple[int, str, str]:
+async def cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, python: tuple[str, ...] = (sys.executable,)
+) -> tuple[int, str, str]:
     """Run the client; ``stdin`` is piped to it (else it reads /dev/null, which it never waits on)."""
     source = piped(stdin) if stdin is not None else asyncio.subprocess.DEVNULL
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(ROOT / "assistant.py"), *args,
+            *python, str(ROOT / "assistant.py"), *args,
             cwd=ROOT, env={**os.environ, **(env or {})},
             stdin=source, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -65,6 +86,26 @@ async def test_ask_continues_a_conversation(daemon: RunningDaemon, router: FakeR
     assert "conversation 1, turn 3" in err
     code, out, err = await cli("ask", "--new", "fresh")
     assert "conversation 2, turn 1" in err
+
+
+async def test_the_client_runs_on_the_system_python_without_the_venv(
+    daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    """From a checkout, on a Python that has only its standard library: help, a question
+    streamed, a listing, and the daemon gone."""
+    python = bare_python()
+    code, out, err = await cli("--help", python=python)
+    assert code == 0 and "ask" in out and "kb" in out, err
+    router.script(Reply(chunks=["Paris ", "is the capital."]))
+    code, out, err = await cli("ask", "capital", "of", "France?", stdin="geography\n", python=python)
+    assert code == 0, err
+    assert out.strip() == "Paris is the capital." and "conversation 1, turn 1" in err
+    code, out, err = await cli("conversations", "--json", python=python)
+    assert code == 0, err
+    assert [item["conversation"] for item in json.loads(out)["items"]] == [1]
+    await daemon.stop()
+    code, out, err = await cli("status", python=python)
+    assert code == 3 and "no daemon answers" in err
 
 
 async def test_ask_json_prints_every_event(daemon: RunningDaemon) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
-from core import ConfigError, load_config
-from core.config import socket_path_problem, unknown_variables
+from common import SETTINGS, socket_path_problem, unknown_variables
+from core import Config, ConfigError, load_config
 from core.models import image_cost
 
 
@@ -160,6 +161,13 @@ def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
     assert warnings[1].endswith("did you mean ASSISTANT_SOCKET?")
     assert warnings[2].startswith("ASSISTANT_ZZZZ is not a setting") and "ASSISTANT_MODEL" in warnings[2]
     assert len(warnings) == 3
+
+
+def test_the_settings_the_client_knows_are_the_configs() -> None:
+    """``common.SETTINGS`` (what the client, without ``core``, warns against) names every field
+    of ``Config`` a user sets, in its order: a field added to one is added to the other."""
+    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens")  # tables, and the paths
+    assert SETTINGS == tuple(f.name for f in dataclasses.fields(Config) if f.name not in not_set)
 
 
 def test_a_socket_path_too_long_is_named_with_its_size() -> None:

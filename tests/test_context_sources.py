@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from client import Wire
 from core import Config
 from core import router as router_module
 from daemon import server as server_module
-from core.wire import Wire
 from selfcheck.fakerouter import FakeModel, FakeRouter, RouterMode
 from tests.conftest import RunningDaemon, serving
 

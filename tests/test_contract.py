@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from client import Wire, of_type
 from core import Config, errors
-from core.wire import Wire, of_type
 from daemon.protocol import MAX_LINE_BYTES, REQUESTS
 from history import HistoryStore
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from client import Wire, of_type, reply_text
 from core import Config, load_config
 from core.errors import StartupError
-from core.wire import Wire, of_type, reply_text
 from history import HistoryStore
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from attachments import decodes, imagecache
-from core.wire import Wire, of_type
+from client import Wire, of_type
 from selfcheck.fakerouter import FakeRouter
 from tests.conftest import RunningDaemon
 

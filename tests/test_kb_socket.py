@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from client import Wire, of_type
 from core import Config
-from core.wire import Wire, of_type
 from kbinject.embedder import DIMENSION_PROBE
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf

@@ -1,11 +1,15 @@
 """The packages form floors: each imports only the floors below it, and nothing imports the daemon.
 
-    assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core
-                   daemon -> mcphost -> core;  assistant.py -> mcpserve -> daemon's client -> core
+    assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core -> common
+                   daemon -> mcphost -> core
+    assistant.py -> mcpserve -> client -> common
 
-with ``recall -> attachments`` and ``kbinject -> attachments`` allowed.  Checked on the
-source (every ``import`` statement, including those inside functions and under
-``TYPE_CHECKING``), so a cycle cannot hide behind a lazy import.
+with ``recall -> attachments`` and ``kbinject -> attachments`` allowed; ``common`` (below
+every floor) may be imported from any of them. The client stands apart from the daemon:
+it imports the standard library and ``common`` alone (the system ``python3`` runs it),
+and the daemon never imports it. Checked on the source (every ``import`` statement,
+including those inside functions and under ``TYPE_CHECKING``), so a cycle cannot hide
+behind a lazy import; and on what a client command loads, run without the venv.
 """
 
 from __future__ import annotations
@@ -18,67 +22,94 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_client import bare_python
+
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("core", "history", "attachments", "recall", "kbinject", "mcphost", "mcpserve", "daemon", "selfcheck")
+OURS = ("common", "core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
+        "selfcheck")
 # what each package may import of ours
 ALLOWED = {
-    "core": set(),
-    "history": {"core"},
-    "attachments": {"core", "history"},
-    "recall": {"core", "history", "attachments"},
-    "kbinject": {"core", "history", "attachments"},
-    "mcphost": {"core"},  # the MCP host: the daemon's, on the ground floor alone
-    # `assistant.py mcp ...`: a client of the socket, made of the client's own parts (CLIENT_SIDE:
-    # standard library and core only), never the daemon's server
-    "mcpserve": {"core", "daemon"},
-    "daemon": {"core", "history", "attachments", "recall", "kbinject", "mcphost"},
-    "selfcheck": {"core", "daemon"},
+    "common": set(),
+    "core": {"common"},
+    "history": {"common", "core"},
+    "attachments": {"common", "core", "history"},
+    "recall": {"common", "core", "history", "attachments"},
+    "kbinject": {"common", "core", "history", "attachments"},
+    "mcphost": {"common", "core"},  # the MCP host: the daemon's, on the ground floor alone
+    "daemon": {"common", "core", "history", "attachments", "recall", "kbinject", "mcphost"},
+    # the command line and the socket client: standard library and common only (test below)
+    "client": {"common"},
+    # `assistant.py mcp ...`: a client of the socket, made of the client's own parts
+    "mcpserve": {"common", "client"},
+    "selfcheck": {"common", "core", "daemon", "client"},
 }
-CLIENT_SIDE = ("daemon.client", "daemon.cli")  # what mcpserve may import of the daemon package
+DAEMON_SIDE = ("core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon")
+# what a client command may load of ours: the entry point and the client's packages
+CLIENT_START = {"__main__", "assistant", "common", "client", "mcpserve"}
 
 
 def imported(path: Path) -> set[str]:
     """The top-level packages of ours that a module imports."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found.update(name.split(".")[0] for name in names if name.split(".")[0] in OURS)
-    return found
+    return {name.split(".")[0] for name in _all_imports(path)} & set(OURS)
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_a_package_imports_only_the_floors_below(package: str) -> None:
     wrong = {
         f"{path.relative_to(ROOT)} imports {other}"
-        for path in sorted((ROOT / package).rglob("*.py"))
+        for path in _modules(package)
         for other in imported(path) - ALLOWED[package] - {package}
     }
     assert not wrong, sorted(wrong)
 
 
-def test_mcpserve_imports_only_the_client_side_of_the_daemon_package() -> None:
+@pytest.mark.parametrize("package", ["common", "client"])
+def test_the_client_and_common_import_the_standard_library_alone(package: str) -> None:
     wrong = sorted(
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted((ROOT / "mcpserve").rglob("*.py"))
+        for path in _modules(package)
         for name in _all_imports(path)
-        if name.split(".")[0] == "daemon" and not any(name == m or name.startswith(m + ".") for m in CLIENT_SIDE)
+        if name.split(".")[0] not in sys.stdlib_module_names | ALLOWED[package] | {package}
     )
     assert not wrong, wrong
 
 
+def test_the_daemon_never_imports_the_client() -> None:
+    wrong = sorted(str(path.relative_to(ROOT)) for package in DAEMON_SIDE for path in _modules(package)
+                   if "client" in imported(path))
+    assert not wrong, wrong
+
+
+def test_mcpserve_is_a_client_not_the_daemon() -> None:
+    found = set().union(*(imported(path) for path in _modules("mcpserve")))
+    assert "client" in found and not found & set(DAEMON_SIDE), found
+
+
+def test_a_client_command_loads_the_standard_library_and_the_client_alone() -> None:
+    """A command run as the client runs it (no daemon answers), and ``chat``'s module, on a
+    Python without site-packages: everything it loaded is the standard library's or the client's."""
+    script = ("import json, sys, assistant, client.chat\n"
+              "code = assistant.main(['status', '--socket', '/nonexistent/s.sock'])\n"
+              "print(json.dumps([code, sorted({m.split('.')[0] for m in sys.modules} - sys.stdlib_module_names)]))\n")
+    done = subprocess.run([*bare_python(), "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    code, loaded = json.loads(done.stdout)
+    assert code == 3 and "no daemon answers on /nonexistent/s.sock" in done.stderr, done.stderr
+    assert set(loaded) <= CLIENT_START, loaded
+
+
 def test_the_mcp_commands_load_the_client_side_alone() -> None:
-    """``mcp list`` starts as light as any client command: no SDK, nothing of the daemon's server."""
-    script = ("import json, sys, mcpserve; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('mcp', 'mcphost', 'httpx', 'numpy', 'PIL', 'history', 'daemon'))))")
+    """``mcp list`` starts as light as any client command: no SDK, nothing of the daemon's."""
+    heavy = ("mcp", "mcphost", "httpx", "numpy", "PIL", *DAEMON_SIDE)
+    script = ("import json, sys, mcpserve\n"
+              f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    loaded = json.loads(done.stdout)
-    assert loaded and all(m == "daemon" or m.startswith(("daemon.client", "daemon.cli")) for m in loaded), loaded
+    assert json.loads(done.stdout) == []
 
 
 def test_production_code_never_imports_the_tests() -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from client import Wire
 from core import Config
-from core.wire import Wire
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import EVENT_TIMEOUT
 
@@ -305,7 +305,7 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
     # whether its line reached the daemon before the refusal or after (a few runs of each)
     # imported first, by root: another user may not enter root's home, where Python is
     as_nobody = (
-        "import os, sys, assistant, daemon.cli.turn, daemon.cli.render, daemon.cli.terminal\n"
+        "import os, sys, assistant, client.turn, client.render, client.terminal\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         "sys.exit(assistant.main(sys.argv[1:]))\n"
     )

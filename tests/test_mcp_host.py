@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from client import Wire, of_type, reply_text
 import mcphost.host
 from mcphost.tool import McpTool
 from core import Config, load_config
 from core.tokens import text_weight
-from core.wire import Wire, of_type, reply_text
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.conftest import RunningDaemon
 from tests.test_client import cli

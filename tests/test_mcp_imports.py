@@ -33,8 +33,8 @@ def test_a_daemon_without_mcp_servers_never_imports_the_sdk(tmp_path: Path) -> N
     """The daemon, serving a text turn with tools, has loaded neither ``mcp`` nor our host, nor Pillow."""
     script = textwrap.dedent("""
         import asyncio, sys
+        from client import Wire
         from core import load_config
-        from core.wire import Wire
         from daemon.server import Server
         from selfcheck.fakerouter import FakeRouter
 

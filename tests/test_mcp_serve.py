@@ -13,7 +13,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from core.wire import Wire
+from client import Wire
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 from tests.test_cli import run_into_closed_pipe

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from client import Wire, of_type
 from core import Config
-from core.wire import Wire, of_type
 from history import HistoryStore
 from selfcheck.fakeprompt import render_prompt, text_tokens
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models

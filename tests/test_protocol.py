@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from client import Wire, of_type, reply_text
 from core import Config
-from core.wire import Wire, of_type, reply_text
 from daemon import connection
 from daemon.connection import read_lines
 from daemon.protocol import encode_event

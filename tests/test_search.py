@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.wire import Wire
+from client import Wire
 from history.fts import INDEX_TOKEN, MAX_QUERY_TOKENS, quoted_phrases
 from selfcheck.fakerouter import FakeRouter, Reply
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from client import Wire
 from core import Config
-from core.wire import Wire
 from selfcheck.fakerouter import FakeRouter
 
 pytestmark = pytest.mark.asyncio

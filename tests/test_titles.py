@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from client import Wire
 from core import Config
-from core.wire import Wire
 from daemon.titles import clean_title, provisional_title
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from client import Wire, of_type, reply_text
 from core import Config
-from core.wire import Wire, of_type, reply_text
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf, make_png, make_webp
 from tests.conftest import RunningDaemon

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from client import Wire, of_type, reply_text
 from core import Config, load_config
 from core import router as router_module
 from core.errors import AssistantError, RouterError
 from core.router import RouterClient
-from core.wire import Wire, of_type, reply_text
 from core.models import display_name
 from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon

@@ -22,10 +22,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from core.wire import DaemonGone, Wire
-
 from .terminal import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Terminal, piped_stdin, reattach_terminal
 from .turn import Turn, chosen_conversation, compose_question, file_paths, set_system
+from .wire import DaemonGone, Wire
 
 __all__ = ["Chat"]
 

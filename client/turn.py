@@ -14,10 +14,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from core.wire import DaemonGone, Wire
-
 from .render import chip_text, describe_timings, error_text, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
+from .wire import DaemonGone, Wire
 
 __all__ = [
     "Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system",

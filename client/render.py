@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from core.errors import ADD_KB, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
+from common import ADD_KB, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
 
 __all__ = [
     "RENDERERS", "Printable", "chip_text", "describe_estimate", "describe_kb_add", "describe_timings", "error_text",

@@ -1,5 +1,5 @@
-"""The JSON-lines client of the daemon's socket: the command line, the self-check, the tests
-and the benchmarks all speak through this one (standard library only).
+"""The JSON-lines client of the daemon's socket: the command line, ``mcp serve``, the
+self-check, the tests and the benchmarks all speak through this one (standard library only).
 
 Requests get ids (``r1``, ``r2``, ... unless they carry one); events are matched to their
 request by id. A ``Wire`` may keep every event it reads (``keep=True``, what tests
@@ -16,12 +16,12 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_LIST_LIMIT", "MAX_REQUEST_BYTES", "TERMINAL", "DaemonGone", "Unsendable", "Wire", "of_type", "reply_text"]
+from common import MAX_REQUEST_BYTES
+
+__all__ = ["TERMINAL", "DaemonGone", "Unsendable", "Wire", "of_type", "reply_text"]
 
 TERMINAL = ("done", "error")  # the events that end an ask
 READ_LIMIT = 64 * 1024 * 1024  # the longest event line accepted (an `open` of a long conversation)
-MAX_REQUEST_BYTES = 1 << 20  # the longest request line the daemon reads (1 MiB, newline excluded)
-MAX_LIST_LIMIT = 500  # the most items a listing or a search answers with (its ``limit``)
 
 
 class DaemonGone(Exception):

@@ -2,7 +2,7 @@
 
 Each command sends its request and prints the events that answer it: readable by
 default, or the raw JSON lines with ``--json``. ``ask`` and ``chat`` stream the reply to
-stdout and everything else to stderr (``cli.terminal``); text piped in is part of the
+stdout and everything else to stderr (``terminal``); text piped in is part of the
 question. Ctrl-C sends ``cancel``, so a partial reply (or the files a ``kb add`` stored)
 is kept.
 
@@ -20,13 +20,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeAlias
 
-from core.config import default_socket_path, socket_path_problem, unknown_variables
-from core.wire import MAX_LIST_LIMIT, DaemonGone, Unsendable, Wire
+from common import MAX_LIST_LIMIT, default_socket_path, socket_path_problem, unknown_variables
 
-from .cli.render import RENDERERS, describe_kb_add, error_text, json_line
-from .cli.terminal import (
+from .render import RENDERERS, describe_kb_add, error_text, json_line
+from .terminal import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_NO_DAEMON,
@@ -37,9 +36,14 @@ from .cli.terminal import (
     Terminal,
     piped_stdin,
 )
-from .cli.turn import Refused, Turn, chosen_conversation, compose_question, file_paths, set_system
+from .turn import Refused, Turn, chosen_conversation, compose_question, file_paths, set_system
+from .wire import DaemonGone, Unsendable, Wire
 
 __all__ = ["add_client_commands", "add_client_options", "connect", "guarded", "run_client", "socket_path"]
+
+
+# the entry point's subcommands, which each command joins
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class UsageError(Exception):
@@ -196,7 +200,7 @@ async def _run(args: argparse.Namespace, terminal: Terminal) -> int:
         if args.command == "ask":
             return await _ask(client, args, terminal)
         if args.command == "chat":
-            from .cli.chat import Chat
+            from .chat import Chat  # the chat's readline and loop, for chat alone
 
             chat = Chat(client, args, terminal, reconnect=lambda: connect(socket_path(args)))
             try:
@@ -246,12 +250,20 @@ def _add_question(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", action="append", metavar="PATH", help="attach a file (repeatable)")
 
 
-def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_client_commands(sub: Subcommands) -> None:
     """Add the client's subcommands to the entry point's parser."""
-    common = argparse.ArgumentParser(add_help=False)
-    add_client_options(common, suppress=True)
+    options = argparse.ArgumentParser(add_help=False)
+    add_client_options(options, suppress=True)
+    _add_questions(sub, options)
+    _add_conversations(sub, options)
+    _add_kb(sub, options)
+    sub.add_parser("models", parents=[options], help="list the router's models")
+    sub.add_parser("status", parents=[options], help="the daemon's and the router's state")
 
-    ask = sub.add_parser("ask", parents=[common], help="ask a question and stream the reply")
+
+def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
+    """``ask`` and ``chat``."""
+    ask = sub.add_parser("ask", parents=[options], help="ask a question and stream the reply")
     _add_question(ask)
     _add_conversation_choice(ask, new=True)
     ask.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
@@ -259,21 +271,24 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     ask.add_argument("--stats", action="store_true",
                      help="after the reply, show what the model server read, reused from its cache and wrote")
 
-    chat = sub.add_parser("chat", parents=[common], help="an interactive conversation (Ctrl-C stops a reply)")
+    chat = sub.add_parser("chat", parents=[options], help="an interactive conversation (Ctrl-C stops a reply)")
     chat.add_argument("text", nargs="*", metavar="WORDS", help="a first question (text piped in comes first)")
     chat.add_argument("-m", "--model", help="the model to use")
     chat.add_argument("-f", "--file", action="append", metavar="PATH", help="attach a file to the first question")
     _add_conversation_choice(chat)
     chat.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
 
-    conversations = sub.add_parser("conversations", parents=[common], help="list conversations, newest first")
+
+def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> None:
+    """The commands on stored conversations: list, open, delete, cancel, settings, estimate, search."""
+    conversations = sub.add_parser("conversations", parents=[options], help="list conversations, newest first")
     conversations.add_argument("-n", "--limit", type=limit, default=20)
     for name, text in (("open", "show a conversation"), ("delete", "delete a conversation"),
                        ("cancel", "stop a conversation's running reply (what it said is kept)")):
-        cmd = sub.add_parser(name, parents=[common], help=text)
+        cmd = sub.add_parser(name, parents=[options], help=text)
         cmd.add_argument("conversation_id", type=int, metavar="N")
 
-    settings = sub.add_parser("settings", parents=[common], help="show or change a conversation's settings")
+    settings = sub.add_parser("settings", parents=[options], help="show or change a conversation's settings")
     settings.add_argument("conversation_id", type=int, metavar="N")
     settings.add_argument("--title", help="rename it")
     model = settings.add_mutually_exclusive_group()
@@ -284,34 +299,35 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     system.add_argument("-s", "--system", help="its system prompt ('' for none)")
     system.add_argument("--default-system", action="store_true", help="use the daemon's system_prompt")
 
-    estimate = sub.add_parser("estimate", parents=[common], help="what a question with files would cost")
+    estimate = sub.add_parser("estimate", parents=[options], help="what a question with files would cost")
     _add_question(estimate)
     _add_conversation_choice(estimate)
 
-    search = sub.add_parser("search", parents=[common], help="full-text search of your conversations")
+    search = sub.add_parser("search", parents=[options], help="full-text search of your conversations")
     search.add_argument("words", nargs="+")
     _add_conversation_choice(search)
     search.add_argument("-n", "--limit", type=limit, default=20)
 
+
+def _add_kb(sub: Subcommands, options: argparse.ArgumentParser) -> None:
+    """``kb`` and its own subcommands."""
     kb = sub.add_parser("kb", help="knowledge bases: add, list, search, remove, link")
     kb_sub = kb.add_subparsers(dest="kb_command", required=True)
-    kb_add = kb_sub.add_parser("add", parents=[common],
+    kb_add = kb_sub.add_parser("add", parents=[options],
                                help="add files and folders (Ctrl-C stops, keeping what was added)")
     kb_add.add_argument("name")
     kb_add.add_argument("paths", nargs="+")
-    kb_sub.add_parser("list", parents=[common], help="list knowledge bases")
-    kb_search = kb_sub.add_parser("search", parents=[common], help="search a knowledge base as the model would")
+    kb_sub.add_parser("list", parents=[options], help="list knowledge bases")
+    kb_search = kb_sub.add_parser("search", parents=[options], help="search a knowledge base as the model would")
     kb_search.add_argument("name")
     kb_search.add_argument("query", nargs="+", metavar="WORDS")
     kb_search.add_argument("-n", "--limit", type=limit, metavar="N", help="passages to show (default 5)")
-    kb_remove = kb_sub.add_parser("remove", parents=[common], help="remove a knowledge base")
+    kb_remove = kb_sub.add_parser("remove", parents=[options], help="remove a knowledge base")
     kb_remove.add_argument("name")
-    kb_link = kb_sub.add_parser("link", parents=[common], help="link a knowledge base to conversations")
+    kb_link = kb_sub.add_parser("link", parents=[options], help="link a knowledge base to conversations")
     kb_link.add_argument("name")
     kb_link.add_argument("--cid", type=int, metavar="N", help="only conversation N (default: every conversation)")
     kb_link.add_argument("--unlink", action="store_true", help="undo the link")
-    sub.add_parser("models", parents=[common], help="list the router's models")
-    sub.add_parser("status", parents=[common], help="the daemon's and the router's state")
 
 
 def limit(text: str) -> int:
