@@ -105,8 +105,10 @@ class Sent:
 
     def add_raw(self, data: bytes) -> None:
         """The requests among raw lines: each JSON object with a ``type`` and an ``id`` (lines
-        that are not JSON, or carry NaN or Infinity, are the daemon's to refuse unseen)."""
-        for line in data.split(b"\n"):
+        that are not JSON, or carry NaN or Infinity, are the daemon's to refuse unseen). Blank
+        lines are passed over unparsed: none is a request, and a flood of them (a test sends
+        millions) would cost a failed parse each."""
+        for line in filter(bytes.strip, data.split(b"\n")):
             try:
                 request = json.loads(line, parse_constant=_no_constant)
             except (ValueError, RecursionError):
