@@ -6,8 +6,10 @@
   (``"\\ud800"``), which is valid JSON but no text. None of these can be written back out as
   JSON or UTF-8 (an event, a row in SQLite), so a value holding one is refused where it comes in.
 - ``without_lone_surrogates``: what the model server sends, made text (U+FFFD for a lone half).
-- ``json_parts``: a request's body as JSON in pieces, long data URLs not encoded again.
-- ``FrozenJSON``: a message encoded once (a replayed turn's): ``json_parts`` splices its bytes.
+- ``json_body``: a request's body as JSON in pieces: long data URLs, and the messages a
+  prompt replays (``EncodedPrefix``, encoded once when their turn was first replayed), are
+  put in as bytes instead of going through the JSON encoder again on every turn
+  (``bench/bench_body.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from itertools import groupby
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SURROGATE_ESCAPE", "FrozenJSON", "compact_json", "json_parts", "strict_loads", "without_lone_surrogates"]
+__all__ = [
+    "SURROGATE_ESCAPE", "EncodedPrefix", "compact_json", "encode_message", "json_body", "strict_loads",
+    "without_lone_surrogates",
+]
 
 # where a lone surrogate can come from in JSON text: its escape (raw UTF-8 cannot carry one)
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -66,51 +70,42 @@ def without_lone_surrogates(value: Any) -> Any:
 
 
 # A data URL is sent as it is once it is this long: its base64 needs no JSON escaping, and
-# encoding it again on every turn is the most of a request's cost (8 photos: 80 MB, 0.3 s)
+# encoding it again on every turn is the most of a request's cost with photos attached
 SPLICE_MIN = 64 * 1024
 
 
-# Stands in a body for what is spliced in: no data URL holds it, and no text can but by chance
-# (2^-64), since it is drawn anew by each process and never shown
+# Stands in a body for what is put in as bytes: no data URL holds it, and no text can but by
+# chance (2^-64), since it is drawn anew by each process and never shown
 _MARKER = f"\x00{secrets.token_hex(8)}\x00"
 _QUOTED_MARKER = compact_json(_MARKER)
 
 
-class FrozenJSON(dict[str, Any]):
-    """A JSON object (a replayed message) with its compact UTF-8 JSON made once: a prompt
-    replays the same earlier turns on every turn, and ``json_parts`` splices their bytes
-    instead of encoding them again (200 turns of 1,500-character replies: a body in 0.6-0.7
-    ms instead of 3.7-4.2, before every first token; ``bench/bench_body.py``).  Read-only,
-    so the bytes cannot go stale; its values must not be changed either."""
+@dataclass(frozen=True, slots=True)
+class EncodedPrefix:
+    """A prompt's first ``count`` messages as compact JSON made earlier, joined by commas."""
 
-    __slots__ = ("json",)
-
-    def __init__(self, value: dict[str, Any]) -> None:
-        super().__init__(value)
-        self.json = compact_json(value).encode()
-
-    def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle make it anew from its items
-        return FrozenJSON, (dict(self),)
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a FrozenJSON object is read-only; copy it to change it")
-
-    # every way of changing a dict in place
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _read_only  # type: ignore
+    count: int
+    json: bytes
 
 
-_JSON_OF = attrgetter("json")  # a FrozenJSON's bytes
+def encode_message(message: dict[str, Any]) -> bytes:
+    """One message as ``json_body`` writes it: compact UTF-8 JSON."""
+    return compact_json(message).encode()
 
 
-def json_parts(body: dict[str, Any]) -> list[bytes]:
-    """``body`` as compact UTF-8 JSON (as httpx's ``json=`` writes it), in parts: each run
-    of ``FrozenJSON`` messages its bytes as made, and each long data URL of the other
-    messages' image parts its own bytes, neither passed through the JSON encoder again.
-    ``b"".join`` of them is the JSON text."""
+def json_body(body: dict[str, Any], encoded: EncodedPrefix | None = None) -> list[bytes]:
+    """``body`` as compact UTF-8 JSON (as httpx's ``json=`` writes it), in parts: ``encoded``
+    in place of the first messages it stands for, and each long data URL of the other
+    messages' image parts its own bytes. ``b"".join`` of them is the JSON text."""
     spliced: list[tuple[bytes, bool]] = []  # in the body's order: the bytes, and whether they are a string's
     messages = body.get("messages")
     if isinstance(messages, list):
-        body = {**body, "messages": _with_markers(messages, _MARKER, spliced)}
+        ahead: list[Any] = []
+        if encoded is not None and encoded.count:
+            spliced.append((encoded.json, False))
+            ahead.append(_MARKER)
+            messages = messages[encoded.count:]
+        body = {**body, "messages": [*ahead, *(_with_url_markers(m, spliced) for m in messages)]}
     pieces = compact_json(body).split(_QUOTED_MARKER)  # each marker, quoted, where its bytes go
     parts = [pieces[0].encode()]
     for (data, string), piece in zip(spliced, pieces[1:], strict=True):
@@ -122,24 +117,8 @@ def json_parts(body: dict[str, Any]) -> list[bytes]:
     return parts
 
 
-def _with_markers(messages: list[Any], marker: str, spliced: list[tuple[bytes, bool]]) -> list[Any]:
-    """The messages with each run of ``FrozenJSON`` ones one ``marker`` and each long data
-    URL of the others' image parts ``marker``; what they stand for noted in ``spliced``.
-
-    A run is grouped and joined without a Python step per message (``groupby`` on the type,
-    ``attrgetter``): a prompt replays hundreds of them before every first token."""
-    out: list[Any] = []
-    for kind, run in groupby(messages, type):
-        if kind is FrozenJSON:
-            spliced.append((b",".join(map(_JSON_OF, run)), False))
-            out.append(marker)
-        else:
-            out += (_with_url_markers(message, marker, spliced) for message in run)
-    return out
-
-
-def _with_url_markers(message: Any, marker: str, spliced: list[tuple[bytes, bool]]) -> Any:
-    """The message with each long data URL of its image parts ``marker`` (its bytes noted
+def _with_url_markers(message: Any, spliced: list[tuple[bytes, bool]]) -> Any:
+    """The message with each long data URL of its image parts the marker (its bytes noted
     in ``spliced``)."""
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
@@ -155,12 +134,10 @@ def _with_url_markers(message: Any, marker: str, spliced: list[tuple[bytes, bool
             encoded = url.encode("ascii")
             if not encoded.translate(None, _AS_IS):  # nothing JSON would escape (a data URL's base64)
                 spliced.append((encoded, True))
-                part = {**part, "image_url": {**image, "url": marker}}
+                part = {**part, "image_url": {**image, "url": _MARKER}}
         parts.append(part)
     return {**message, "content": parts}
 
 
 # the printable ASCII that JSON writes as it is; translate(None, _AS_IS) leaves what it would not
 _AS_IS = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
-
-

@@ -1,56 +1,27 @@
 """The client of the OpenAI-compatible model server ("the router").
 
-One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole
-life, made on first use: importing httpx costs about 60 ms, which a daemon start does
-not pay (``warm`` imports it in a worker thread once the daemon is ready).  Its
-transport is ours (``core.transport``): a fresh HTTP/1.1 connection per request on
-plain asyncio streams, which reaches the server in half the time httpx's own takes.
-Every httpx failure becomes one of our errors (``raise ... from exc``): no answer at all is
-``RouterUnreachable`` with advice naming the URL, an HTTP error is
-``RouterError`` carrying the server's own message, and a prompt too long for the
-model is ``RouterContextOverflow``.
+One ``RouterClient`` owns the daemon's one ``httpx.AsyncClient`` for its whole life,
+used as httpx intends: its own connection pool, explicit timeouts, streaming only
+inside ``async with client.stream(...)`` so that a cancel closes the response and the
+server sees the client go.  Pooled connections expire before llama-server drops an
+idle one (``KEEPALIVE_EXPIRY``), and a streamed chat request's is not pooled at all
+(docs/DESIGN.md, "llama-server quirks").  Every httpx
+failure becomes one of our errors (``raise ... from exc``): no answer at all is
+``RouterUnreachable`` with advice naming the URL, an HTTP error is ``RouterError``
+carrying the server's own message, and a prompt too long for the model is
+``RouterContextOverflow``.
 
-Models and their capabilities come from ``GET /models``, cached for
-``MODELS_TTL`` seconds behind a lock so concurrent turns share one fetch.  A turn
-(``model_info(..., stale_ok=True)``) does not wait for an older list to be fetched
-again: it takes the model as last known, and the list is fetched in the background
-once that turn's chat request has gone out (a question after a minute's pause would
-otherwise wait for one or two round trips to the server, 1-3 ms, before it is even
-stored).  Only a model the old list lacks, or has not been asked about, is looked up
-first.  What the router said of a model when asked (below) stands through later lists
-that still do not say it: asked again, llama-swap would load that model.  Entries
-state their input modalities at the top level or under ``architecture`` (recent
-llama-server), and their context as ``meta.n_ctx``, ``context_length`` or
-``max_model_len``.  What an entry lacks is asked where the router says it:
-
-- llama-server's ``/props`` (``?model=`` selects the model on llama-server's
-  router mode and recent llama-swap; a single-model llama-server ignores it);
-- behind llama-swap (its entries are ``owned_by: "llama-swap"``), the same
-  ``/props`` through its pass-through ``/upstream/<model>/props``;
-- Ollama (its root answers "Ollama is running"): ``POST /api/show``, whose
-  ``parameters`` hold ``num_ctx`` when the model sets one; otherwise Ollama runs
-  it at its default context, taken as the smallest of those
-  (``OLLAMA_DEFAULT_CTX``), capped at the training length in ``model_info``.
-
-Asking a router of several models about one may load that model, so a router
-listing one model is asked at once (llama-swap excepted, where asking loads it), and
-on a multi-model router the question waits until ``model_info`` picks the model a
-turn is about to use: listing models, or a status line, must not load any.
-
-A model whose size nobody tells has ``assumed_ctx`` (the configuration's), until
-the server refuses a prompt as too long and names its size: the turn engine hands
-that to ``learn_context``, and the learned size stays for the daemon's life unless
-the router later reports one.  ``ModelInfo.ctx_source`` says where a size came
-from, so nothing shows an assumed size as a known one; ``ctx_max`` is never 0.
-
-Streaming happens only inside ``async with client.stream(...)``: cancelling
-the consuming task, or closing the generator, closes the HTTP response, so the
-server sees the disconnect and stops generating.  The final ``StreamEnd`` is
-yielded after the response is closed, so a consumer that stops there holds
-nothing open.
-
-One module (over 450 lines) because every request shares the one client, its error
-mapping and the model list's lock; what is pure parsing lives in ``models`` and ``sse``.
+Models come from ``GET /models``, cached for ``MODELS_TTL`` seconds behind a lock so
+that concurrent turns share one fetch; a caller that finds the list older fetches it
+again before it goes on (``models`` on the socket always asks).  What a list entry
+lacks (input modalities, context size, tool support) is asked where the router says it:
+llama-server's ``/props``, llama-swap's ``/upstream/<model>/props``, Ollama's
+``/api/show`` (docs/DESIGN.md, "Context sizes").  Asking a router of several models about one
+may load it, so that waits until ``model_info`` picks the model a turn is about to use.
+What the router told of a model stands through later lists that do not say it.  A
+model whose size nobody tells has ``assumed_ctx`` until the server refuses a prompt as
+too long and names its size (``learn_context``); ``ModelInfo.ctx_source`` says where a
+size came from, and ``ctx_max`` is never 0.
 """
 
 from __future__ import annotations
@@ -62,12 +33,14 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 from urllib.parse import quote
+
+import httpx
 
 from .config import Config
 from .errors import AssistantError, NotFound, RouterError, RouterUnreachable
-from .jsontext import json_parts, without_lone_surrogates
+from .jsontext import EncodedPrefix, json_body, without_lone_surrogates
 from .models import (
     CtxSource,
     Facts,
@@ -93,11 +66,6 @@ from .sse import (
     parse_chat_stream,
 )
 
-if TYPE_CHECKING:
-    import httpx
-else:
-    httpx = None  # bound by load_httpx() before any use
-
 __all__ = [
     "ContentDelta",
     "CtxSource",
@@ -115,6 +83,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MODELS_TTL = 60.0  # seconds a model list is trusted; a model swapped in llama-swap shows up after this
+# llama-server (cpp-httplib) drops a connection idle for 5 s: a pooled one is let go before that,
+# so that a request never goes out on a connection the server is closing
+KEEPALIVE_EXPIRY = 2.0
 WRITE_TIMEOUT = 30.0  # seconds to send a request body (large base64 images included)
 MODELS_TIMEOUT = 30.0  # seconds to wait for /models
 PROPS_TIMEOUT = 10.0  # /props is a side channel: a slow one leaves ctx assumed rather than stall a turn
@@ -127,18 +98,6 @@ UNREACHABLE_ADVICE = "is llama-server running? start it, or set router_url to wh
 LLAMA_SWAP_OWNER = "llama-swap"  # owned_by of llama-swap's /v1/models entries
 OLLAMA_BANNER = "Ollama is running"  # what Ollama's root answers
 
-
-
-def load_httpx() -> None:
-    """Import httpx and our transport for it, once (thread-safe: the import system holds the
-    module's lock)."""
-    global httpx
-    if httpx is None:
-        import httpx as module
-
-        from . import transport  # noqa: F401  (imported here so that warm() loads it off the loop)
-
-        httpx = module
 
 
 def _server_body(response: httpx.Response) -> Any:
@@ -166,19 +125,6 @@ def _status_error(response: httpx.Response, url: str) -> RouterError:
     )
 
 
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn``, run the first time it is called only."""
-    called = False
-
-    def call() -> None:
-        nonlocal called
-        if not called:
-            called = True
-            fn()
-
-    return call
-
-
 def _seconds(value: float | None) -> str:
     return f"{value:g} s" if value is not None else "a long time"
 
@@ -196,10 +142,8 @@ class RouterClient:
         # llama-server serves /props beside /v1, not under it; so do llama-swap and Ollama their own.
         self._root = self._base.removesuffix("/v1") or self._base
         self._props_url = self._root + "/props"
-        self._transport = transport
+        self._transport = transport  # a test's httpx.MockTransport; else httpx's own
         self._http: httpx.AsyncClient | None = None
-        self._chat_url: httpx.URL | None = None  # parsed once: httpx's URL parser is Python (~70 us cold a request)
-        self._ahead: Callable[[str], None] | None = None  # our transport's connect_ahead
         self._lock = asyncio.Lock()
         self._models: list[ModelInfo] = []
         self._missing: dict[str, Missing] = {}
@@ -208,13 +152,11 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
         self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
-        self._stale_used = False  # a turn took its model from a list past MODELS_TTL; not fetched since
-        self._refreshing: asyncio.Task[None] | None = None  # the list fetched again after such a turn
 
     @property
     def _client(self) -> httpx.AsyncClient:
+        """The daemon's one HTTP client, made on first use (so that it is made in the running loop)."""
         if self._http is None:
-            load_httpx()
             config = self._config
             headers = {"User-Agent": USER_AGENT}
             if config.api_key:
@@ -222,28 +164,14 @@ class RouterClient:
             timeout = httpx.Timeout(
                 connect=config.connect_timeout, read=config.request_timeout, write=WRITE_TIMEOUT, pool=None
             )
-            from .transport import Client, OneShotTransport  # loaded by load_httpx(), not at start
-
-            transport = self._transport or OneShotTransport()
-            self._ahead = transport.connect_ahead if isinstance(transport, OneShotTransport) else None
-            self._http = Client(headers=headers, timeout=timeout, transport=transport, trust_env=False)
-            self._chat_url = httpx.URL(f"{self._base}/chat/completions")
+            # trust_env off: the daemon talks to the router_url it is given, never through a proxy
+            self._http = httpx.AsyncClient(
+                headers=headers, timeout=timeout, transport=self._transport, trust_env=False,
+                limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
+            )
         return self._http
 
-    def connect_ahead(self) -> None:
-        """Open a connection to the router for a chat request about to be sent (core/transport.py)."""
-        _ = self._client  # made on first use, which sets _ahead
-        if self._ahead is not None:
-            self._ahead(self._base)
-
-    async def warm(self) -> None:
-        """Import httpx in a worker thread, so the first request does not pay for it on the loop."""
-        await asyncio.to_thread(load_httpx)
-
     async def aclose(self) -> None:
-        if self._refreshing is not None:
-            self._refreshing.cancel()
-            await asyncio.gather(self._refreshing, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
 
@@ -259,26 +187,17 @@ class RouterClient:
                 await self._fetch_models()
             return list(self._models)
 
-    async def model_info(self, model: str | None = None, *, load: bool = True, stale_ok: bool = False) -> ModelInfo:
+    async def model_info(self, model: str | None = None, *, load: bool = True) -> ModelInfo:
         """The named model, else the configured one, else the router's first; ``NotFound`` if absent.
 
-        What the model list did not say of it is asked of the router first.  With
-        ``load=False`` nothing is asked that may load the model (llama-swap's
-        pass-through, /props on a router of several models): for a status line,
-        not a turn.  With ``stale_ok`` (a turn), a model known from a list past
-        ``MODELS_TTL`` is taken as it was, and the list is fetched again once the
-        turn's chat request has gone out (``stream_chat``).
+        The list is fetched again when it is older than ``MODELS_TTL``, or lacks the model
+        (one loaded since).  What the list did not say of the model is asked of the router
+        first; with ``load=False`` nothing is asked that may load it (llama-swap's
+        pass-through, /props on a router of several models): for a status line, not a turn.
         """
         wanted = model or self._config.model
         if self._fresh() and (known := self._find(wanted)) is not None and known.id not in self._missing:
-            return known  # nothing to fetch or ask: not queued behind the list's lock (a turn asks twice)
-        if stale_ok and self._fetched_at is not None and not self._fresh():
-            info = self._find(wanted)
-            # as it was, unless what it lacks would be asked now (without load, nothing that may
-            # load it: the same as the list gives)
-            if info is not None and (not load or info.id not in self._missing):
-                self._stale_used = True
-                return info
+            return known  # nothing to fetch or ask: not queued behind the list's lock
         async with self._lock:
             fetched = not self._fresh()
             if fetched:
@@ -366,24 +285,6 @@ class RouterClient:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
             # whether its template takes tools; a router of several may load a model to answer
             await self._probe(models[0], may_load=False)
-
-    def _refresh_stale(self) -> None:
-        """Fetch the model list again in the background if a turn took its model from a stale one
-        (one fetch at a time: a turn that finds one under way leaves the flag for the next)."""
-        if self._stale_used and (self._refreshing is None or self._refreshing.done()):
-            self._stale_used = False
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh(), name="router-models")
-
-    async def _refresh(self) -> None:
-        """The model list fetched again; nothing that may load a model is asked."""
-        try:
-            async with self._lock:
-                if not self._fresh():
-                    await self._fetch_models()
-        except AssistantError as exc:  # the next turn that needs the list asks again, and says why
-            logger.debug("the model list could not be fetched again: %s", exc.message)
-        except Exception:
-            logger.exception("the model list could not be fetched again")
 
     def _tell_unlisted(self, models: list[ModelInfo]) -> None:
         """Say once in the log which ``[models."ID"]`` tables name no model the router lists (a typo
@@ -509,17 +410,16 @@ class RouterClient:
         tools: list[dict[str, Any]] | None = None,
         *,
         sent: Callable[[], None] | None = None,
+        encoded: EncodedPrefix | None = None,
         **params: Any,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Stream a chat completion: deltas, then one ``StreamEnd``.
 
-        ``sent`` is called once the request has gone out, before the server answers (by
-        our transport; by the time the answer starts with any other): what a client is told
-        then does not compete with the request on its way.  Cancel the consuming task or
-        ``aclose()`` the generator to stop early; either closes the HTTP response.
+        ``sent`` is called once, when the request has gone out (httpx's ``trace`` extension),
+        or at the latest when the answer starts.  ``encoded``: the first messages as JSON
+        made earlier (``core.jsontext.json_body``).  Cancel the consuming task or ``aclose()``
+        the generator to stop early; either closes the HTTP response.
         """
-        from .transport import AHEAD, SENT  # loaded with httpx
-
         url = f"{self._base}/chat/completions"
         body: dict[str, Any] = {"model": model, "messages": messages, **params}
         body["stream"] = True
@@ -527,21 +427,27 @@ class RouterClient:
         if tools:
             body["tools"] = tools
         logger.debug("POST %s model=%s messages=%d tools=%d", url, model, len(messages), len(tools or ()))
+        told = sent is None
 
         def went_out() -> None:
-            if sent is not None:
+            nonlocal told
+            if not told and sent is not None:
+                told = True
                 sent()
-            self._refresh_stale()  # now that the request no longer waits for it
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            if event == "http11.send_request_body.complete":
+                went_out()
 
         started = False
         end: StreamEnd | None = None
         try:
-            on_sent = _once(went_out)
-            extensions: dict[str, Any] = {AHEAD: True, SENT: on_sent}  # AHEAD: the connection connect_ahead opened
-            client = self._client  # made on first use, with the chat URL
-            assert self._chat_url is not None
-            async with client.stream("POST", self._chat_url, **json_content(body), extensions=extensions) as response:
-                on_sent()  # a transport that does not know the extension (the tests' mocks)
+            content = json_content(body, encoded)
+            # cpp-httplib (llama-server) closes a connection after a streamed answer though it
+            # offered keep-alive: the connection is not pooled, or the next request would be lost
+            content["headers"]["Connection"] = "close"
+            async with self._client.stream("POST", url, **content, extensions={"trace": trace}) as response:
+                went_out()  # a transport that does not trace (a test's MockTransport)
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response, url)
@@ -671,10 +577,10 @@ def _what_was_told(listed: ModelInfo, known: ModelInfo, lacks: Missing) -> Model
     )
 
 
-def json_content(body: dict[str, Any]) -> dict[str, Any]:
+def json_content(body: dict[str, Any], encoded: EncodedPrefix | None = None) -> dict[str, Any]:
     """httpx's ``content`` and ``headers`` for a JSON body sent in pieces (``core.jsontext.
-    json_parts``: long data URLs not encoded again on every turn), its length given: not chunked."""
-    parts = json_parts(body)
+    json_body``), its length given: not chunked."""
+    parts = json_body(body, encoded)
     headers = {"Content-Type": "application/json", "Content-Length": str(sum(map(len, parts)))}
     return {"content": _pieces(parts), "headers": headers}
 

@@ -1,12 +1,12 @@
 """Earlier turns as a prompt replays them, held between turns.
 
 Every turn replays the conversation so far.  Reading all of it from SQLite, decoding
-its JSON, cutting oversize messages and estimating tokens again on every turn costs
-milliseconds at a few hundred turns, before the first token.  The answered turns do not
+its JSON, cutting oversize messages, estimating tokens and encoding the request's JSON
+again on every turn would cost milliseconds at a few hundred turns, before the first
+token (``bench/bench_ttft.py``, ``bench/bench_body.py``).  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
-the replayed form of each is made once and held here; a turn reads only the turns
-answered since (``HistoryStore.turn_context(known=...)``), none when the last one was
-held as it was stored (``ContextBuilder.remember``, after its ``done``).
+the replayed form of each, with its JSON bytes, is made once and held here; a turn reads
+only the turns answered since (``HistoryStore.turn_context(known=...)``).
 
 What is held stays valid while the conversation's latest compaction and the model's
 context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.
@@ -23,10 +23,10 @@ from typing import Any
 
 from attachments import resolve_image_refs
 from core import IMAGE_PART_TYPES, fit_message
-from core.jsontext import FrozenJSON
+from core.jsontext import EncodedPrefix, encode_message
 from history import Compaction
 
-__all__ = ["ReplayCache", "Replayed", "ReplayedTurn"]
+__all__ = ["ReplayCache", "Replayed", "ReplayedTurn", "encoded_prefix"]
 
 CACHED_CONVERSATIONS = 32
 Messages = list[dict[str, Any]]
@@ -54,7 +54,8 @@ class ReplayedTurn:
     n: int
     stored: Messages  # whole exchanges, oversize text cut; image references as stored
     tokens: int
-    sent: Messages | None  # the router's form, encoded once; None when it has images, resolved per prompt
+    sent: Messages | None  # the router's form; None when it has images, resolved per prompt
+    json: bytes | None  # ``sent`` encoded once, the messages joined by commas (None with ``sent``)
 
     async def for_router(self, vision: bool) -> Messages:
         if self.sent is not None:
@@ -71,36 +72,36 @@ class Replayed:
     vision: bool
     image_tokens: int  # what one image counts in the turns' estimates
     upto: int = 0  # every turn up to this one is in ``turns`` if it was answered
-    turns: list[ReplayedTurn] = field(default_factory=list)  # changed by ``append`` and ``fold`` only
-    system: Messages | None = None  # the system message, made (and encoded) once per compaction
+    turns: list[ReplayedTurn] = field(default_factory=list)
+    system: Messages | None = None  # the system message, made once per compaction
     system_prompt: str | None = None  # the conversation's system prompt ``system`` was made from
-    # kept with ``turns``, so that a prompt does not walk every turn to count and join them
-    # (three walks a question, ~0.1 ms at 200 turns): their tokens, and their router form in
-    # order, None while one has images (resolved for each prompt)
-    tokens: int = 0
-    sent: Messages | None = field(default_factory=list)
 
     @property
     def after(self) -> int:
         return self.compaction.through_turn if self.compaction else 0
 
-    def append(self, turn: ReplayedTurn) -> None:
-        self.turns.append(turn)
-        self.tokens += turn.tokens
-        if self.sent is not None:
-            if turn.sent is None:
-                self.sent = None
-            else:
-                self.sent += turn.sent
+    @property
+    def tokens(self) -> int:
+        return sum(t.tokens for t in self.turns)
 
     def fold(self, compaction: Compaction) -> None:
         """A new compaction now stands for the turns it folded."""
         self.compaction = compaction
-        kept = [t for t in self.turns if t.n > compaction.through_turn]
-        self.turns, self.tokens, self.sent = [], 0, []
-        for turn in kept:
-            self.append(turn)
+        self.turns = [t for t in self.turns if t.n > compaction.through_turn]
         self.system = None
+
+
+def encoded_prefix(system: Messages, turns: Sequence[ReplayedTurn]) -> EncodedPrefix:
+    """The system message and the leading run of text-only turns as JSON bytes, for the
+    request's body: what every prompt of the conversation starts with."""
+    count, parts = len(system), [encode_message(m) for m in system]
+    for turn in turns:
+        if turn.sent is None or turn.json is None:
+            break  # images: resolved per prompt, encoded with it
+        if turn.sent:
+            count += len(turn.sent)
+            parts.append(turn.json)
+    return EncodedPrefix(count, b",".join(parts))
 
 
 class ReplayCache:
@@ -111,7 +112,7 @@ class ReplayCache:
         self._size = size
         self._entries: OrderedDict[int, Replayed] = OrderedDict()
 
-    def known(self, cid: int) -> int:
+    def held_upto(self, cid: int) -> int:
         """The last turn held for ``cid``: a store read need only bring the turns after it."""
         entry = self._entries.get(cid)
         return entry.upto if entry else 0
@@ -149,7 +150,7 @@ class ReplayCache:
             if n <= entry.upto or n <= entry.after:
                 continue
             stored = [fit_message(m, replay_tokens) for m in messages]
-            # encoded once (core.jsontext.json_parts splices the bytes into every request)
-            sent: Messages | None = None if has_images(stored) else [FrozenJSON(m) for m in router_messages(stored)]
-            entry.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent))
+            sent = None if has_images(stored) else router_messages(stored)
+            json = None if sent is None else b",".join(encode_message(m) for m in sent)
+            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent, json))
         entry.upto = max(entry.upto, upto)

@@ -148,7 +148,6 @@ class Server:
         """Say at once when the model server is not there (the first question would fail); else
         learn its models now, so that the first question does not wait for the list."""
         assert self._router is not None
-        await self._router.warm()  # httpx loads beside the loop, not on it
         try:
             # bounded: a server that takes connections and never answers must not hold the
             # model list's lock from the first question for the list's own 30 s

@@ -16,6 +16,7 @@ import pytest_asyncio
 from client import Wire
 from core import Config, load_config
 from core import router as router_module
+from core.jsontext import EncodedPrefix
 from daemon.server import Server, new_event_loop
 from selfcheck.fakerouter import FakeRouter
 from tests.contract import watch
@@ -57,19 +58,19 @@ def protocol_contract(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def bodies_as_encoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every request body the daemon makes in pieces (``core.jsontext.json_parts``: spliced
-    replayed turns and data URLs) is the JSON of the body as it is when sent: a message changed
+    """Every request body the daemon makes in pieces (``core.jsontext.json_body``: replayed turns'
+    JSON made once, data URLs spliced) is the JSON of the body as it is when sent: a message changed
     in place after its JSON was made once would send stale text."""
-    real = router_module.json_parts
+    real = router_module.json_body
     stale: list[str] = []
 
-    def checked(body: dict[str, Any]) -> list[bytes]:
-        parts = real(body)
+    def checked(body: dict[str, Any], encoded: EncodedPrefix | None = None) -> list[bytes]:
+        parts = real(body, encoded)
         if b"".join(parts) != json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode():
             stale.append(json.dumps(body)[:300])
         return parts
 
-    monkeypatch.setattr(router_module, "json_parts", checked)
+    monkeypatch.setattr(router_module, "json_body", checked)
     yield
     assert not stale, f"a request body differs from the JSON of its messages: {stale[0]}"
 

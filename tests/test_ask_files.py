@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import os
-import pickle
 import sqlite3
 from pathlib import Path
 from typing import Any
 
-from client import Wire, of_type
 import pytest
 
+from client import Wire, of_type
 from core import Config, load_config
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from selfcheck.samples import Scan, make_mpo, make_pdf, make_png, make_sparse
@@ -124,7 +122,7 @@ async def test_a_large_photo_goes_out_as_it_is_and_its_replay_the_same(
 
 
 async def test_a_body_in_parts_is_the_json_of_the_body() -> None:
-    from core.jsontext import SPLICE_MIN, json_parts
+    from core.jsontext import SPLICE_MIN, json_body
 
     big = "data:image/png;base64," + "A" * SPLICE_MIN
     quoted = "data:image/png;base64," + "A" * SPLICE_MIN + '"'  # would need escaping: encoded as usual
@@ -134,40 +132,35 @@ async def test_a_body_in_parts_is_the_json_of_the_body() -> None:
                                      {"type": "image_url", "image_url": {"url": big}},
                                      {"type": "image_url", "image_url": {"url": quoted}}]},
     ]}
-    parts = json_parts(body)
+    parts = json_body(body)
     assert big.encode() in parts and len(parts) == 3  # the one long data URL spliced in
     assert json.loads(b"".join(parts)) == body
     assert b"".join(parts) == json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def test_frozen_messages_are_spliced_as_they_were_encoded() -> None:
-    from core.jsontext import SPLICE_MIN, FrozenJSON, json_parts
+async def test_messages_encoded_earlier_are_put_in_as_they_were_encoded() -> None:
+    from core.jsontext import SPLICE_MIN, EncodedPrefix, encode_message, json_body
 
     big = "data:image/png;base64," + "A" * SPLICE_MIN
-    plain = [
+    messages = [
         {"role": "system", "content": "text with \x00 and \u2603"},
         {"role": "user", "content": "a question"},
         {"role": "assistant", "content": "an answer, \"quoted\""},
         {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": big}}]},
-        {"role": "assistant", "content": "seen"},
-        {"role": "user", "content": "and now?"},
     ]
-    frozen = [FrozenJSON(m) for m in plain]
-    # runs of frozen messages between plain ones, at the start, in the middle and at the end
-    messages = [frozen[0], frozen[1], frozen[2], plain[3], frozen[4], plain[5]]
     body = {"model": "m", "messages": messages, "stream": True}
-    parts = json_parts(body)
-    assert big.encode() in parts  # the plain message's data URL still spliced
-    assert b"".join(parts) == json.dumps({**body, "messages": plain}, ensure_ascii=False, separators=(",", ":")).encode()
-    assert b"".join(json_parts({"model": "m", "messages": frozen[:3]})) == json.dumps(
-        {"model": "m", "messages": plain[:3]}, ensure_ascii=False, separators=(",", ":")).encode()
-    with pytest.raises(TypeError):
-        frozen[1]["content"] = "changed"  # its text could not follow
-    with pytest.raises(TypeError):
-        frozen[1].update(content="changed")
-    assert frozen[1] == plain[1] and {**frozen[1], "content": "copied"}["content"] == "copied"
-    for copied in (copy.copy(frozen[2]), copy.deepcopy(frozen[2]), pickle.loads(pickle.dumps(frozen[2]))):
-        assert isinstance(copied, FrozenJSON) and copied == plain[2] and copied.json == frozen[2].json
+    expected = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    for count in range(len(messages) + 1):
+        encoded = EncodedPrefix(count, b",".join(encode_message(m) for m in messages[:count]))
+        parts = json_body(body, encoded)
+        assert b"".join(parts) == expected, count
+        if count < len(messages):
+            assert big.encode() in parts  # a message after the prefix: its data URL still spliced
+        if count:
+            assert encoded.json in parts  # put in as it was made, not encoded again
+    # what the prefix stands for is what is sent, whatever the messages now say
+    stale = EncodedPrefix(1, encode_message({"role": "system", "content": "as it was"}))
+    assert json.loads(b"".join(json_body(body, stale)))["messages"][0]["content"] == "as it was"
 
 
 async def test_a_phones_mpo_photo_and_a_log_that_mentions_pdf(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:

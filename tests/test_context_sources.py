@@ -150,8 +150,8 @@ async def test_status_without_a_router_names_no_size(config: Config, router: Fak
 
 
 # -- an old model list ------------------------------------------------------------------
-# A list older than MODELS_TTL (0 here: every list is old) is fetched again once the turn's
-# chat request has gone out, not before: held (models_open cleared), it must not hold the turn.
+# One rule: a list older than MODELS_TTL (0 here: every list is old) is fetched again before a
+# turn that finds it so goes on; a turn never runs on a list it knows to be old.
 
 
 async def soon(condition: Callable[[], bool]) -> bool:
@@ -163,22 +163,21 @@ async def soon(condition: Callable[[], bool]) -> bool:
     return False
 
 
-async def test_a_turn_does_not_wait_for_an_old_model_list(
+async def test_an_old_model_list_is_fetched_again_before_the_turn(
     wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = await wire.ask("hello")
-    assert first[-1]["type"] == "done"
-    listed = router.hits["/v1/models"]
+    assert first[-1]["type"] == "done" and first[-1]["ctx_max"] == 4096
+    cid = first[0]["conversation"]
     monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
-    router.models_open.clear()  # the list, asked now, answers only once released
-    events = await wire.ask("and again", conversation=first[0]["conversation"])
-    assert events[-1]["type"] == "done" and events[-1]["text"] == "You said: and again"
-    assert await soon(lambda: router.hits["/v1/models"] >= listed + 1)  # asked after the question went out
-    router.models_open.set()
-    # a model the old list lacks is looked up before the turn: the list is fetched for it
-    router.models.append(FakeModel("fake-new", n_ctx=2048))
+    router.models[0] = FakeModel("fake-text", n_ctx=2048)  # the server restarted with a smaller context
+    listed = router.hits["/v1/models"]
+    events = await wire.ask("and again", conversation=cid)
+    assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 2048  # the new list, not the old one
+    assert router.hits["/v1/models"] > listed
+    router.models.append(FakeModel("fake-new", n_ctx=1024))  # a model loaded since is found at once
     events = await wire.ask("hi new", model="fake-new")
-    assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 2048
+    assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 1024
     assert router.requests[-1]["model"] == "fake-new"
 
 
@@ -231,26 +230,22 @@ async def test_llama_swap_what_it_said_of_a_model_stands_through_later_lists(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asking about a model again would load it: an old list is fetched again without asking,
-    and what was said of each model stands, so no model is loaded for nothing and no turn
-    waits (two conversations on two models, their lists fetched while the other's model runs)."""
+    and what was said of each model stands, so no model is loaded for nothing (two
+    conversations on two models, the list fetched again before each turn)."""
     async with serve("llama-swap") as (fake, wire):
         vision = (await wire.ask("hello", model="fake-vision"))[0]["conversation"]
         text = (await wire.ask("hello", model="fake-text"))[0]["conversation"]
         assert fake.loaded == ["fake-vision", "fake-text"]
         monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
-        fake.models_open.clear()
-        for cid, ctx in ((vision, 8192), (text, 4096), (vision, 8192)):
+        listed = fake.models_answered
+        for cid, ctx in ((vision, 8192), (text, 4096), (vision, 8192), (text, 4096)):
             events = await wire.ask("again", conversation=cid)
             assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == ctx
-        listed = fake.models_answered
-        fake.models_open.set()
-        await soon(lambda: fake.models_answered > listed)
-        events = await wire.ask("once more", conversation=text)
-        assert events[-1]["type"] == "done" and events[-1]["ctx_max"] == 4096
+        assert fake.models_answered >= listed + 4  # an old list, fetched again for every turn
         models = await wire.request({"type": "models"})
         assert sizes(models) == {"fake-text": (4096, "upstream"), "fake-vision": (8192, "upstream")}
         assert fake.hits["/upstream/fake-vision/props"] == 1 and fake.hits["/upstream/fake-text/props"] == 1
-        # each switch a turn's own: none by a list fetched in the background
+        # each switch a turn's own: none by a list fetched again
         assert fake.loaded == ["fake-vision", "fake-text", "fake-vision", "fake-text", "fake-vision", "fake-text"]
 
 

@@ -367,22 +367,6 @@ async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: Fake
     assert "Honey bees dance" in question_of(router)
 
 
-async def test_the_chat_request_takes_the_connection_opened_ahead_not_the_embedding(
-    kwire: Wire, router: FakeRouter, docs: Path
-) -> None:
-    await kb_add(kwire, "notes", docs)
-    await kwire.request({"type": "kb_link", "kb": "notes"})
-    await kwire.ask("hello")  # the model list is asked for, and cached
-    router.embed_delay = 0.3  # the query's embedding comes between the connect and the chat request
-    before = router.connections
-    events = await kwire.ask("why do honey bees dance?")
-    assert events[-1]["type"] == "done" and "Honey bees dance" in question_of(router)
-    # the chat request went out on the connection opened while the question was stored,
-    # before the embedding was asked for; the embedding connected itself
-    assert router.arrivals[-1] - router.connected[-1] >= 0.3
-    assert router.connections == before + 2
-
-
 async def test_kb_edges(kwire: Wire, router: FakeRouter, docs: Path, tmp_path: Path) -> None:
     await kb_add(kwire, "notes", docs)
     unlink = await kwire.request({"type": "kb_link", "kb": "notes", "conversation": 4242, "linked": False})

@@ -1,6 +1,6 @@
-"""Start-up stays light: the daemon imports no heavy library before it is ready. The MCP SDK
-(and our host) load only when MCP servers are configured, after readiness; Pillow only for
-an image; httpx only once ready (in a worker thread) or on the first request."""
+"""Start-up stays light: the daemon imports no heavy library it may not need before it is
+ready. The MCP SDK (and our host) load only when MCP servers are configured, after readiness;
+Pillow only for an image. httpx, which every daemon uses, is imported with the router client."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def server(mode: str) -> str:
     return f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\n'
 
 
-HEAVY = ("httpx", "PIL", "pypdf", "numpy", "simsimd", "mcp", "mcphost")
+HEAVY = ("PIL", "pypdf", "numpy", "simsimd", "mcp", "mcphost")
 
 
 def test_the_daemon_imports_no_heavy_library_to_start() -> None:

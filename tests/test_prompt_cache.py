@@ -111,11 +111,11 @@ async def test_files_and_tool_rounds_keep_the_prefix(wire: Wire, router: FakeRou
     assert round1["tools"] == third["tools"]  # the tool list a template renders first stays put
 
 
-async def test_a_follow_up_reads_no_earlier_turn_from_the_store(
+async def test_a_follow_up_reads_only_the_turn_answered_since(
     wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A turn just answered is held for the next prompt as it was stored, tool round and all:
-    a follow-up's trip to the store reads no earlier turn, and its prompt replays it whole."""
+    """Replayed turns are held between prompts: a follow-up's trip to the store reads only the
+    turn answered since the last prompt, and its prompt replays it whole, tool round and all."""
     read: list[int] = []
     answered_turns = HistoryStore.answered_turns
 
@@ -135,7 +135,7 @@ async def test_a_follow_up_reads_no_earlier_turn_from_the_store(
     cid = of_type(first, "user")[0]["conversation"]
     second = await wire.ask("and the date?", conversation=cid)
     await wire.ask("thanks", conversation=cid)
-    assert read == []  # each answered turn was held when the next question came
+    assert read == [1, 2]  # turn 2's prompt read turn 1; turn 3's, turn 2: none twice
     round1, round2, follow_up, last = turn_requests(router)
     assert follow_up["messages"][: len(round2["messages"])] == round2["messages"]
     assert follow_up["messages"][len(round2["messages"])] == {"role": "assistant", "content": first[-1]["text"]}

@@ -464,11 +464,15 @@ async def test_a_cancel_before_the_model_answers_its_tool_results_replays_as_the
     cid = (await wire.ask("first"))[0]["conversation"]
     slow_tool = Reply(chunks=["Let me check."],
                       tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "first"}'}])
-    # the answer to the results never starts: the cancel lands before it, however the threads run
+    # the answer to the results never starts: the cancel lands once the server has the request
     router.script(slow_tool, Reply(chunks=[], hang=True))
+    asked = len(router.requests)
     rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
     try:
         await asyncio.wait_for(wire.until(rid, ("tool",)), 5)
+        async with asyncio.timeout(5):
+            while len(router.requests) < asked + 2:  # the request for the answer to the results
+                await asyncio.sleep(0.005)
     except TimeoutError:
         raise AssertionError([e for e in wire.events if e.get("id") == rid])
     await wire.request({"type": "cancel", "conversation": cid})
