@@ -125,6 +125,19 @@ def _status_error(response: httpx.Response, url: str) -> RouterError:
     )
 
 
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, run the first time it is called only."""
+    called = False
+
+    def call() -> None:
+        nonlocal called
+        if not called:
+            called = True
+            fn()
+
+    return call
+
+
 def _seconds(value: float | None) -> str:
     return f"{value:g} s" if value is not None else "a long time"
 
@@ -421,19 +434,10 @@ class RouterClient:
         the generator to stop early; either closes the HTTP response.
         """
         url = f"{self._base}/chat/completions"
-        body: dict[str, Any] = {"model": model, "messages": messages, **params}
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-        if tools:
-            body["tools"] = tools
+        body: dict[str, Any] = {"model": model, "messages": messages, **params, "stream": True,
+                                "stream_options": {"include_usage": True}, **({"tools": tools} if tools else {})}
         logger.debug("POST %s model=%s messages=%d tools=%d", url, model, len(messages), len(tools or ()))
-        told = sent is None
-
-        def went_out() -> None:
-            nonlocal told
-            if not told and sent is not None:
-                told = True
-                sent()
+        went_out = _once(sent or (lambda: None))
 
         async def trace(event: str, info: dict[str, Any]) -> None:
             if event == "http11.send_request_body.complete":

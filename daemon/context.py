@@ -29,7 +29,6 @@ cannot fit on its own is refused (``context_overflow``).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,9 +43,9 @@ from core import (
     estimate_tools,
 )
 from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, RouterError, RouterUnreachable
-from core.jsontext import FrozenJSON
+from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
-from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
+from history import AsyncHistory, Compaction, Conversation, TurnContext
 from kbinject import KnowledgeBases
 from recall import (
     IN_PLACE_REQUEST,
@@ -57,7 +56,7 @@ from recall import (
     summary_message,
 )
 
-from .replay import ReplayCache, Replayed, router_messages
+from .replay import ReplayCache, Replayed, encoded_prefix, router_messages
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
 
@@ -111,6 +110,7 @@ class Prompt:
     messages: list[dict[str, Any]]
     tokens: int
     budget: Budget
+    encoded: EncodedPrefix | None = None  # its first messages as JSON made once (the replayed turns)
 
     @property
     def max_tokens(self) -> int:
@@ -131,57 +131,41 @@ class ContextBuilder:
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
 
-    def remember(self, cid: int, turn: int, messages: list[dict[str, Any]], model: ModelInfo) -> None:
-        """Hold a turn just answered and stored, for its conversation's next prompt.
-
-        The next question's trip to the store then reads no earlier turn, and its prompt
-        prepares none (cut, token estimate, JSON made once): that is done now, after the
-        reply, instead of before the next request. The messages are taken as a read of the
-        store would give them back (through JSON). Only when every turn before it is held for
-        this model; otherwise the next read brings it, as before.
-        """
-        budget = self.budget(model)
-        entry = self.replays.get(cid, 0, (budget.ctx_max, model.vision, model.image_tokens), turn - 1)
-        if entry is None:
-            return
-        stored = json.loads(json.dumps(messages))
-        self.replays.add(entry, [(turn, complete_exchanges(stored))], turn, budget.replay_tokens)
-
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""
-        known = self.replays.known(cid)
-        return await self.history.run(lambda s: s.turn_context(cid, known))
+        return await self.history.turn_context(cid, self.replays.held_upto(cid))
 
     async def build(
         self,
         cid: int,
         turn: int,
         model: ModelInfo,
+        *,
         current: list[dict[str, Any]],
         progress: Progress,
-        kb: tuple[str, str] = ("", "off"),
-        force: bool = False,
-        known: TurnContext | None = None,
+        past: TurnContext | None = None,
+        query: str = "",
+        kb_injection: str = "off",
         tools: list[dict[str, Any]] | None = None,
         tool_tokens: int = 0,
+        force: bool = False,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
-        ``known`` is what ``read`` gave before the turn was stored (None for a new
-        conversation). ``kb`` is (the user's question, the conversation's ``kb_injection``
-        mode): linked knowledge bases are searched with it and the best passages put
-        before the question when the context allows. ``force`` folds every earlier turn and
-        adds no passages: the router said the last prompt overflowed, so our estimate was low.
-        ``tools`` are the definitions the turn offers: a compaction's summary request sends them
-        too, so that it shares the prompt the server holds from the last turn. ``tool_tokens``
-        counts in the prompt's tokens: the hosted (MCP) tools' definitions, which the chat
-        template renders into the prompt (docs/DESIGN.md, "MCP").
+        ``past`` is what history held before the turn was stored (``read``, or the trip that
+        stored it). Linked knowledge bases are searched for ``query`` as ``kb_injection`` says,
+        and the best passages put before the question when the context allows. ``tools`` are
+        the definitions the turn offers: a compaction's summary request sends them too, so that
+        it shares the prompt the server holds from the last turn. ``tool_tokens`` counts in the
+        prompt's tokens: the hosted (MCP) tools' definitions, which the chat template renders
+        into the prompt (docs/DESIGN.md, "MCP"). ``force`` folds every earlier turn and adds no
+        passages: the router said the last prompt overflowed, so our estimate was low.
         """
         budget = self.budget(model)
-        entry = await self._replayed(cid, turn, model, budget, known)
-        instructions = self.system_prompt(known.conversation if known else None)
-        fixed = tool_tokens
-        own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens) + fixed
+        entry = await self._replayed(cid, turn, model, budget, past)
+        instructions = self.system_prompt(past.conversation if past else None)
+        own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens)
+        own += tool_tokens
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)
         system = entry.system
@@ -195,34 +179,35 @@ class ContextBuilder:
             if made is not None:
                 entry.fold(made)
                 system = await self._system(entry, cid, instructions)
-        earlier, tokens = await self._replay(entry, system, current, budget, model, cid, fixed)
+        earlier, tokens, encoded = await self._replay(entry, system, current, budget, model, cid, tool_tokens)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
-        kb_ids = known.kb_ids if known else None
-        block = None if force else await self._knowledge(cid, kb, tokens, budget.ctx_max, progress, kb_ids)
+        kb_ids = past.kb_ids if past else None
+        block = None if force else await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
         if block:
             question = prompt[-1]
             prompt[-1] = with_passages(question, block)
             cost = model.image_tokens
             tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
-        return Prompt(prompt, tokens, budget)
+        return Prompt(prompt, tokens, budget, encoded)
 
     async def _replayed(
-        self, cid: int, turn: int, model: ModelInfo, budget: Budget, known: TurnContext | None
+        self, cid: int, turn: int, model: ModelInfo, budget: Budget, past: TurnContext | None
     ) -> Replayed:
         """The conversation's replayed turns before ``turn``: those held, and those answered since."""
-        compaction = known.compaction if known else None
+        compaction = past.compaction if past else None
         after = compaction.through_turn if compaction else 0
         held_for = (budget.ctx_max, model.vision, model.image_tokens)
-        entry = self.replays.get(cid, after, held_for, known.known if known else 0)
-        raw = known.earlier if known else []
+        read_after = past.known if past else 0  # the turns ``past`` skipped: held when it was read
+        entry = self.replays.get(cid, after, held_for, read_after)
+        raw = past.earlier if past else []
         if entry is None:
             # what was read is the whole story only when it skipped nothing and nothing was
             # held (a held entry for another context size may have compacted since)
-            if (known is not None and known.known > 0) or self.replays.holds(cid):
-                compaction, raw = await self.history.run(lambda s: _earlier(s, cid, turn))
+            if read_after > 0 or self.replays.holds(cid):
+                compaction, raw = await self.history.replay_source(cid, turn)
             entry = self.replays.start(cid, compaction, held_for)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
@@ -256,17 +241,17 @@ class ContextBuilder:
         model: ModelInfo,
         cid: int,
         fixed: int = 0,
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The earlier turns in router form, and the whole prompt's tokens (counted from what
-        each held turn already knows of itself); the oldest turns are left out while the
-        prompt cannot fit.
+    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix]:
+        """The earlier turns in router form, the whole prompt's tokens and the JSON its start
+        is made of; the oldest turns are left out while the prompt cannot fit.
 
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
         """
         own = estimate_messages([*system, *current], model.image_tokens) + fixed
         room = budget.prompt_limit - own
-        turns, total = entry.turns, entry.tokens
+        turns = entry.turns
+        total = entry.tokens
         skip = 0
         while skip < len(turns) and total > room:
             total -= turns[skip].tokens
@@ -274,12 +259,10 @@ class ContextBuilder:
         if skip:
             logger.warning("conversation %d: %d earlier turn(s) left out of the prompt to fit %s's context",
                            cid, skip, model.id)
-        elif entry.sent is not None:
-            return entry.sent, own + total  # text alone: as held, not walked turn by turn
         earlier: list[dict[str, Any]] = []
-        for t in turns[skip:]:  # held text as it is: no coroutine per turn (~0.2 us each, 2,000 turns)
+        for t in turns[skip:]:
             earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
-        return earlier, own + total
+        return earlier, own + total, encoded_prefix(system, turns[skip:])
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -320,7 +303,7 @@ class ContextBuilder:
             # oldest turn anew (and asking for a summary again) on every turn
             logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
             summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
-        return await self.history.run(lambda s: s.add_compaction(cid, through, summary))
+        return await self.history.add_compaction(cid, through, summary)
 
     async def _summary(
         self, model: ModelInfo, budget: Budget, entry: Replayed, through: int, tools: list[dict[str, Any]] | None,
@@ -350,11 +333,10 @@ class ContextBuilder:
         return await summarize(self.router, model.id, previous, folded, budget.summary_tokens, max_input_chars=room)
 
     async def _knowledge(
-        self, cid: int, kb: tuple[str, str], ctx_used: int, ctx_max: int, progress: Progress,
+        self, cid: int, query: str, mode: str, ctx_used: int, ctx_max: int, progress: Progress,
         kb_ids: list[int] | None,
     ) -> str | None:
         """The knowledge-base block for this turn, if the mode, the links and the context allow."""
-        query, mode = kb
         injection = await self.kbs.context_block(cid, query, mode, ctx_used, ctx_max, kb_ids)
         if injection.skipped_reason:
             progress("kb", injection.skipped_reason)
@@ -384,12 +366,12 @@ class ContextBuilder:
         parts = [instructions] if instructions else []
         compaction = entry.compaction
         if compaction is not None:
-            attachments = await self.history.run(lambda s: s.attachments(cid))
+            attachments = await self.history.attachments(cid)
             manifest = attachment_manifest(attachments, compaction.through_turn)
             if manifest:
                 parts.append(manifest)
             parts.append(summary_message(compaction.summary, compaction.through_turn)["content"])
-        entry.system = [FrozenJSON({"role": "system", "content": "\n\n".join(parts)})] if parts else []
+        entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
         return entry.system
 
@@ -408,10 +390,3 @@ def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:
     if isinstance(content, list):
         return {**message, "content": [{"type": "text", "text": block}, *content]}
     return {**message, "content": f"{block}\n\n{content}"}
-
-
-def _earlier(store: HistoryStore, cid: int, turn: int) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:
-    """The latest compaction and the answered turns after it, in one trip to the store."""
-    compaction = store.latest_compaction(cid)
-    after = compaction.through_turn if compaction else 0
-    return compaction, [(n, complete_exchanges(m)) for n, m in store.answered_turns(cid, turn, after)]

@@ -7,7 +7,7 @@ from typing import Any
 
 from core.errors import AssistantError
 from core.router import RouterClient
-from history import AsyncHistory, HistoryStore
+from history import AsyncHistory
 
 __all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 
@@ -79,11 +79,5 @@ async def make_title(
         return
     if not title:
         return
-    provisional = provisional_title(question)
-
-    def update(store: HistoryStore) -> None:
-        conv = store.get_conversation(cid)
-        if conv is not None and conv.title == provisional:  # the user has not renamed it
-            store.update_conversation(cid, title=title)
-
-    await history.run(update)
+    # kept when the user has renamed the conversation meanwhile
+    await history.replace_title(cid, provisional_title(question), title)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from core.config import Config
@@ -20,6 +21,7 @@ from history import AsyncHistory, Conversation
 from kbinject import KnowledgeBases
 from recall import default_toolbox
 
+from .background import Background
 from .connection import Emit
 from .context import ContextBuilder
 from .protocol import Request, error_event
@@ -47,11 +49,11 @@ class TurnEngine:
         self._slots: dict[int, Slot] = {}  # by conversation: its one turn (a new one's, once stored)
         self._in_flight: set[Slot] = set()  # every ask's slot, a new conversation's too
         self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Background()
         self._accepting = True
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), spawn=self.spawn, claim=self._claim, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, mcp=mcp,
         )
 
     @property
@@ -73,47 +75,46 @@ class TurnEngine:
         ``busy``: the refused question is no turn, the running one goes on).
         """
         cid: int | None = request.get("conversation")
-        where: dict[str, Any] = {"conversation": cid, "turn": None if cid is not None else 1}
-        if request.invalid == "conversation":
-            where["turn"] = None  # which conversation it meant is not known
         current = asyncio.current_task()
         assert current is not None
         self._asks.add(current)
         try:
             if request.fault is not None:
-                await self._would_be(cid, where)
                 raise BadRequest(request.fault)
             if not self._accepting:
-                await self._would_be(cid, where)
                 raise ShuttingDown()
             if cid is not None and cid in self._slots:
                 # the refused question is no turn, and the running one is not failed by it
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
-            await self._ask(request, cid, emit, where)
+            await self._ask(request, cid, emit)
         except AssistantError as exc:
-            emit(error_event(exc, **where))
+            emit(error_event(exc, conversation=cid, turn=await self._refused_turn(request, exc)))
         except asyncio.CancelledError:
             if self._accepting:
                 raise
-            await self._would_be(cid, where)
-            emit(error_event(ShuttingDown(), **where))  # stopped before it was stored
+            stopped = ShuttingDown()  # stopped before it was stored
+            emit(error_event(stopped, conversation=cid, turn=await self._refused_turn(request, stopped)))
         except Exception:
             logger.exception("ask failed")
-            emit(error_event(InternalError(), **where))
+            emit(error_event(InternalError(), conversation=cid, turn=await self._refused_turn(request, None)))
         finally:
             self._asks.discard(current)
 
-    async def _would_be(self, cid: int | None, where: dict[str, Any]) -> None:
-        """Set the turn a refused ask would have been in ``cid`` (left null when it does not exist)."""
-        if cid is None or where["turn"] is not None:
-            return
+    async def _refused_turn(self, request: Request, exc: AssistantError | None) -> int | None:
+        """The turn a refused ask would have been: 1 in a new conversation, else the next one of
+        its conversation; None when that does not exist, when the ask named none that can be,
+        and for ``busy`` (the running turn is not the refused question's)."""
+        cid: int | None = request.get("conversation")
+        if isinstance(exc, Busy) or request.invalid == "conversation":
+            return None
+        if cid is None:
+            return 1
         try:
-            conv = await self.history.run(lambda s: s.get_conversation(cid))
+            conv = await self.history.get_conversation(cid)
         except Exception:  # the store is closing: the refusal goes out without its turn
             logger.debug("no turn for a refused ask", exc_info=True)
-            return
-        if conv is not None:
-            where["turn"] = conv.turns + 1
+            return None
+        return conv.turns + 1 if conv is not None else None
 
     def running_turn(self, cid: int) -> int | None:
         """The turn now running in ``cid``, if any."""
@@ -151,8 +152,7 @@ class TurnEngine:
 
     async def settle(self) -> None:
         """Wait for background work (titles, checkpoints) to finish."""
-        while self._background:
-            await asyncio.wait(list(self._background))
+        await self._background.settle()
 
     async def shutdown(self, grace: float) -> None:
         """Take no new turns; let running ones finish within ``grace``, then stop them."""
@@ -172,14 +172,12 @@ class TurnEngine:
                 task.cancel()  # still starting: nothing stored yet, the client is told
             if pending:
                 await asyncio.wait(pending)
-        for task in self._background:
-            task.cancel()
-        if self._background:
-            await asyncio.wait(self._background)
+        await self._background.cancel()
 
     # -- admission ------------------------------------------------------------------------------
 
-    async def _ask(self, request: Request, cid: int | None, emit: Emit, where: dict[str, Any]) -> None:
+    async def _ask(self, request: Request, cid: int | None, emit: Emit) -> None:
+        """The admitted ask's turn: started (its conversation busy from then on), then answered."""
         current = asyncio.current_task()
         assert current is not None
         slot = Slot(task=current)
@@ -187,7 +185,12 @@ class TurnEngine:
             self._slots[cid] = slot  # before the first await: a second ask is busy at once
         self._in_flight.add(slot)
         try:
-            await self.runner.run(slot, request, cid, emit, where)
+            state = await self.runner.start(slot, request, emit)
+            if state is None:
+                return  # stored as failed: the router could not be asked
+            slot.state = state
+            self._slots[state.conversation] = slot  # a new conversation's, now that it has an id
+            await self.runner.answer(state, slot, emit)
         finally:
             self._in_flight.discard(slot)
             for key in [k for k, v in self._slots.items() if v is slot]:
@@ -197,25 +200,11 @@ class TurnEngine:
         """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""
         if cid is None:
             return None
-        conv = await self.history.run(lambda s: s.get_conversation(cid))
+        conv = await self.history.get_conversation(cid)
         if conv is None:
             raise no_conversation(cid)
         return conv
 
-    def _claim(self, cid: int, slot: Slot) -> None:
-        """A new conversation's turn is stored: from now on ``cid`` is busy with ``slot``."""
-        self._slots[cid] = slot
-
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        """Run ``coro`` as background work (a title, a checkpoint, a deleted conversation's search
-        rows): logged if it fails, waited for by ``settle``, cancelled at shutdown once the turns
-        have ended."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("background task failed", exc_info=task.exception())
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as background work (``Background``)."""
+        return self._background.spawn(coro)
