@@ -200,7 +200,7 @@ class ContextBuilder:
         compaction = past.compaction if past else None
         after = compaction.through_turn if compaction else 0
         held_for = (budget.ctx_max, model.vision, model.image_tokens)
-        read_after = past.known if past else 0  # the turns ``past`` skipped: held when it was read
+        read_after = past.held_upto if past else 0  # the turns ``past`` skipped: held when it was read
         entry = self.replays.get(cid, after, held_for, read_after)
         raw = past.earlier if past else []
         if entry is None:

@@ -6,7 +6,7 @@ again on every turn would cost milliseconds at a few hundred turns, before the f
 token (``bench/bench_ttft.py``, ``bench/bench_body.py``).  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
 the replayed form of each, with its JSON bytes, is made once and held here; a turn reads
-only the turns answered since (``HistoryStore.turn_context(known=...)``).
+only the turns answered since (``HistoryStore.turn_context(held_upto=...)``).
 
 What is held stays valid while the conversation's latest compaction and the model's
 context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.
@@ -120,9 +120,9 @@ class ReplayCache:
     def holds(self, cid: int) -> bool:
         return cid in self._entries
 
-    def get(self, cid: int, after: int, model: Model, known: int) -> Replayed | None:
+    def get(self, cid: int, after: int, model: Model, held_upto: int) -> Replayed | None:
         """The entry, when it is still valid for ``model`` (ctx_max, vision, image_tokens) and
-        holds every turn up to ``known``.
+        holds every turn up to ``held_upto``.
 
         ``after`` is the latest compaction the store knew of when it was read; the entry may
         know a later one (made by this same turn before a retry).
@@ -130,7 +130,7 @@ class ReplayCache:
         entry = self._entries.get(cid)
         if entry is None or (entry.ctx_max, entry.vision, entry.image_tokens) != model:
             return None
-        if entry.after < after or entry.upto < known:
+        if entry.after < after or entry.upto < held_upto:
             return None
         self._entries.move_to_end(cid)
         return entry

@@ -252,7 +252,7 @@ class TurnRunner:
                 cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
                 provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
                 default_model=default_model, system_prompt=ask.system,
-                known=self.context.replays.held_upto(cid) if cid is not None else 0,
+                held_upto=self.context.replays.held_upto(cid) if cid is not None else 0,
             )
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None

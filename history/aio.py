@@ -174,9 +174,9 @@ class AsyncHistory:
         return await self._call(self._store.get_conversation, cid)
 
     async def turn_context(
-        self, cid: int, known: int = 0, before: int | None = None, conversation: Conversation | None = None
+        self, cid: int, held_upto: int = 0, before: int | None = None, conversation: Conversation | None = None
     ) -> TurnContext | None:
-        return await self._call(self._store.turn_context, cid, known, before, conversation)
+        return await self._call(self._store.turn_context, cid, held_upto, before, conversation)
 
     async def list_conversations(
         self, limit: int = DEFAULT_LIST_LIMIT, before: str | None = None
@@ -241,12 +241,12 @@ class AsyncHistory:
         conversation_model: str | None = None,
         default_model: str | None = None,
         system_prompt: str | None = None,
-        known: int = 0,
+        held_upto: int = 0,
     ) -> tuple[Turn, TurnContext]:
         return await self._call(
             self._store.begin_turn, cid, text, messages, files, model, title, attachments=attachments,
             conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
-            known=known,
+            held_upto=held_upto,
         )
 
     async def attachments(self, cid: int) -> list[Attachment]:

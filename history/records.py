@@ -355,8 +355,8 @@ class TurnContext:
     conversation: Conversation
     compaction: Compaction | None  # the latest one; its summary stands for the turns it folded
     # (turn, messages) of the answered turns after the compaction and after what the
-    # caller already holds from earlier turns (``HistoryStore.turn_context``'s ``known``)
+    # caller already holds from earlier turns (``HistoryStore.turn_context``'s ``held_upto``)
     earlier: list[tuple[int, list[dict[str, Any]]]]
     has_attachments: bool
     kb_ids: list[int]  # the knowledge bases the conversation sees
-    known: int = 0  # the ``known`` it was read with: ``earlier`` holds the answered turns after it
+    held_upto: int = 0  # what it was read with: ``earlier`` holds the answered turns after it

@@ -156,11 +156,11 @@ class HistoryStore:
         return self._conversation(cid)
 
     def turn_context(
-        self, cid: int, known: int = 0, before: int | None = None, conversation: Conversation | None = None
+        self, cid: int, held_upto: int = 0, before: int | None = None, conversation: Conversation | None = None
     ) -> TurnContext | None:
         """The conversation and what its next prompt needs; None if it is missing or deleted.
 
-        ``known`` is the last turn the caller still holds from an earlier call: only the
+        ``held_upto`` is the last turn the caller still holds from an earlier call: only the
         answered turns after it (and after the latest compaction), and before ``before``
         (default: all), are read and decoded. ``conversation``: as just read, in this
         transaction's thread (not read again).
@@ -170,14 +170,14 @@ class HistoryStore:
         if conversation is None:
             return None
         compaction = self.latest_compaction(cid)
-        after = max(compaction.through_turn if compaction else 0, known)
+        after = max(compaction.through_turn if compaction else 0, held_upto)
         return TurnContext(
             conversation=conversation,
             compaction=compaction,
             earlier=self.answered_turns(cid, before or conversation.turns + 1, after),
             has_attachments=self.has_attachments(cid),
             kb_ids=self.kb.linked_ids(cid, live=True),  # the conversation was just read, live
-            known=known,
+            held_upto=held_upto,
         )
 
     def list_conversations(
@@ -333,10 +333,10 @@ class HistoryStore:
         conversation_model: str | None = None,
         default_model: str | None = None,
         system_prompt: str | None = None,
-        known: int = 0,
+        held_upto: int = 0,
     ) -> tuple[Turn, TurnContext]:
         """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``
-        with ``known``): one call, so the daemon stores a question and reads its conversation
+        with ``held_upto``): one call, so the daemon stores a question and reads its conversation
         in one trip to this thread."""
         conversation, turn = self.start_turn(
             cid, text, messages, files, model, title, attachments=attachments,
@@ -345,9 +345,9 @@ class HistoryStore:
         if cid is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
                                   has_attachments=bool(attachments),
-                                  kb_ids=self.kb.linked_ids(conversation.id, live=True), known=known)
+                                  kb_ids=self.kb.linked_ids(conversation.id, live=True), held_upto=held_upto)
         else:
-            found = self.turn_context(conversation.id, known, before=turn.turn, conversation=conversation)
+            found = self.turn_context(conversation.id, held_upto, before=turn.turn, conversation=conversation)
             assert found is not None
             context = found
         return turn, context
