@@ -45,7 +45,7 @@ from core.errors import (
 from core.models import display_name
 from core.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage
 from core.tools import Tool, Toolbox, ToolContext
-from history import AsyncHistory, NewAttachment, TurnContext, TurnOutcome, TurnStatus, parse_arguments
+from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
 from kbinject import injection_mode
 
 from .background import Background
@@ -234,9 +234,9 @@ class TurnRunner:
 
     async def _begin(
         self, ask: Ask, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,
-    ) -> tuple[int, int, TurnContext]:
+    ) -> tuple[Turn, TurnContext]:
         """Store the question (and its files' records) as a running turn, and read what its prompt
-        needs, in one trip to the store: the conversation, the turn, and what history held.
+        needs, in one trip to the store: the turn, and what history held before it.
 
         ``model`` None: the conversation's own model, else ``default_model``. A new conversation
         keeps the model the ask named as its own, and the ask's ``system`` as its system prompt.
@@ -248,7 +248,7 @@ class TurnRunner:
             for p in prepared
         ]
         try:
-            turn, past = await self.history.begin_turn(
+            return await self.history.begin_turn(
                 cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
                 provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
                 default_model=default_model, system_prompt=ask.system,
@@ -256,16 +256,15 @@ class TurnRunner:
             )
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
-        return past.conversation.id, turn.turn, past
 
     async def _store_question(self, ask: Ask, prepared: list[Prepared], model: ModelInfo, final: bool) -> TurnState:
         """Store the question; ``model`` is the one to use when ``final``, else the default, which
         the conversation's own model (known once it is read) overrides."""
         question, stored = questions(ask.text, prepared)
-        cid, turn, past = await self._begin(ask, prepared, stored, model.id if final else None, model.id)
+        turn, past = await self._begin(ask, prepared, stored, model.id if final else None, model.id)
         conv = past.conversation
         mcp = self.config.mcp.chosen(conv.settings.get("mcp_servers")) if self.mcp else ()
-        return TurnState(conversation=cid, turn=turn, model=model, model_id=conv.model or model.id,
+        return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
                          model_final=final, messages=[stored], question=question, query=ask.text,
                          topic=ask.question(prepared), kb_injection=injection_mode(conv.settings),
                          new_conversation=ask.conversation is None, past=past, mcp=mcp)
@@ -273,13 +272,14 @@ class TurnRunner:
     async def _store_failed(self, ask: Ask, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
         _question, stored = questions(ask.text, prepared)
-        cid, turn, _past = await self._begin(ask, prepared, stored, ask.model, None)
-        outcome = TurnOutcome(cid, turn, [stored], "", "error", error=exc.message, error_code=exc.code)
+        turn, past = await self._begin(ask, prepared, stored, ask.model, None)
+        cid, n = past.conversation.id, turn.turn
+        outcome = TurnOutcome(cid, n, [stored], "", "error", error=exc.message, error_code=exc.code)
         if not await self.history.finish(outcome):
             # the error stays what it was (the router was down, say), and says the disk is full too
             exc.message = f"{exc.message}; {self.history.kept_message()}"
-        emit(user_event(cid, turn, ask.text, prepared))
-        emit(error_event(exc, conversation=cid, turn=turn))
+        emit(user_event(cid, n, ask.text, prepared))
+        emit(error_event(exc, conversation=cid, turn=n))
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 

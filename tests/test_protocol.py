@@ -274,6 +274,14 @@ async def test_ask_uses_the_requested_model(wire: Wire, router: FakeRouter) -> N
     assert router.requests[-1]["model"] == "fake-vision"
 
 
+async def test_a_model_named_on_an_ask_beats_the_conversations_own(wire: Wire, router: FakeRouter) -> None:
+    cid = (await wire.ask("hi", model="fake-vision"))[0]["conversation"]  # its own model from now on
+    events = await wire.ask("and in a smaller one?", conversation=cid, model="fake-text")
+    assert events[-1]["ctx_max"] == 4096 and router.requests[-1]["model"] == "fake-text"
+    events = await wire.ask("and again", conversation=cid)  # the ask names none: its own
+    assert events[-1]["ctx_max"] == 8192 and router.requests[-1]["model"] == "fake-vision"
+
+
 async def test_several_requests_in_flight_on_one_connection(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(chunks=["slow ", "part"], hang=True))
     slow = await wire.send({"type": "ask", "text": "slow one"})
