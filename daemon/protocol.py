@@ -115,8 +115,6 @@ class Request:
     ``fault`` says what is wrong with the first field that is missing or of the wrong type
     (``invalid`` names it): the request is refused with a ``BadRequest`` saying it, by its
     handler, so that a refused ``ask`` still says which conversation and turn it concerned.
-    The error is made as it is raised: one kept here would point back at the request
-    through its traceback, a cycle only the garbage collector frees (tests/test_garbage.py).
     """
 
     type: str
@@ -242,8 +240,8 @@ def encode_json(value: Any) -> bytes:
 
 def event_parts(event: dict[str, Any]) -> list[bytes]:
     """One event as a JSON line, in pieces: one, unless a field is ``Encoded`` (its own pieces
-    then follow the field's name). Each copy of a 40 MB line cost the event loop 10-30 ms of
-    page faults."""
+    then follow the field's name): a huge line is never copied whole, since each copy holds
+    the event loop (``bench/bench_open.py``)."""
     if not any(isinstance(value, Encoded) for value in event.values()):
         return [encode_json(event) + b"\n"]
     parts = []

@@ -150,7 +150,7 @@ class Server:
         assert self._router is not None
         try:
             # bounded: a server that takes connections and never answers must not hold the
-            # model list's lock from the first question for the list's own 30 s
+            # model list's lock from the first question for the list's own timeout (MODELS_TIMEOUT)
             await asyncio.wait_for(self._router.models(), START_LIST_SECONDS)
         except (RouterUnreachable, TimeoutError):
             logger.warning(
@@ -216,7 +216,8 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The daemon's event loop: uvloop's where it is installed (a dependency on Linux), else
     asyncio's own. uvloop's loop and transports are C: the daemon's part of a question's way
-    to its first token is 0.1-0.2 ms shorter on it (docs/DESIGN.md, "The event loop")."""
+    to its first token is shorter on it (``bench/bench_ttft.py``; docs/DESIGN.md, "The event
+    loop")."""
     try:
         import uvloop
     except ImportError:

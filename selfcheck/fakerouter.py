@@ -1,50 +1,25 @@
 """A fake OpenAI-compatible model server: a real HTTP/1.1 server on loopback.
 
-Used by the pytest suite, by ``python3 assistant.py --test`` and by the
-benchmarks, so it imports the standard library only.  It runs its own asyncio
-loop in a background thread (``asyncio.start_server`` and a minimal HTTP/1.1
-parser), which lets it stream SSE chunk by chunk with real flushes, keep
-connections alive between requests the way httpx's pool expects, and notice a
-client that hangs up in the middle of a stream (``disconnects``).
+Used by the pytest suite, ``python3 assistant.py --test`` and the benchmarks, so it
+imports the standard library only.  Its own asyncio loop in a background thread
+(``asyncio.start_server``, a minimal HTTP/1.1 parser) streams SSE chunk by chunk with
+real flushes, keeps connections alive as httpx's pool expects, and notices a client
+that hangs up mid-stream (``disconnects``).
 
 It imitates llama-server where servers differ: ``/v1/models`` entries with
-``architecture.input_modalities`` and ``meta`` (``"llama"`` format), ``/props``
-with ``modalities`` and ``default_generation_settings.n_ctx`` (honouring
-``?model=`` like llama-server's router mode), a first chunk with
-``"content": null``, tool calls streamed by ``index`` in several pieces, a
-usage chunk with ``"choices": []``, errors as ``{"error": {"code", "message",
-"type"}}``, a prompt over the model's ``n_ctx`` refused with
-``exceed_context_size_error`` naming ``n_prompt_tokens`` and ``n_ctx``, and
-``timings`` on the last chunk (and in a non-streamed answer).
+``architecture.input_modalities`` and ``meta``, ``/props`` with ``modalities`` and
+``default_generation_settings.n_ctx`` (honouring ``?model=``), a first chunk with
+``"content": null``, tool calls streamed by ``index`` in pieces, a usage chunk with
+``"choices": []``, errors as ``{"error": {"code", "message", "type"}}``, a prompt over
+``n_ctx`` refused with ``exceed_context_size_error``, and ``timings`` on the last chunk.
 
 Its prompt cache works as llama-server's one slot per model (see
 ``selfcheck/fakeprompt.py``): ``fake.timings[i]`` is the timings of
 ``fake.requests[i]`` (None when it was refused), ``cache_n`` the prompt tokens
 reused from the previous request to that model and ``prompt_n`` the rest.
-
-Replies are cut as llama-server cuts them, with ``finish_reason: "length"``: at
-``max_tokens`` (or ``max_completion_tokens``, ``n_predict``), counted in
-streamed pieces (a word, a reasoning piece; a tool call costs its pieces), and
-where the prompt (in rough tokens) and the reply would pass the model's
-``n_ctx``.  ``Reply(fill=True)`` writes words until one of those ends it.
-
-``mode`` picks the router it imitates:
-
-- ``"llama-server"`` (default): as above; ``models_format`` and ``props`` vary it.
-- ``"llama-swap"``: entries ``owned_by: "llama-swap"`` without size or
-  modalities, no ``/props`` at the root, llama-server's ``/props`` through
-  ``/upstream/<model>/props``, and ``/running``.  A request for another model
-  than the running one starts it: ``fake.loaded`` lists the models started, in
-  order.
-- ``"ollama"``: entries ``owned_by: "library"``, the root answering "Ollama is
-  running", ``/api/version``, ``POST /api/show`` (``parameters`` with
-  ``num_ctx`` unless the model runs at Ollama's default, ``model_info`` with the
-  training length, ``capabilities``), no ``/props``.  As Ollama, it sends no
-  ``timings`` and neither refuses an over-long prompt (Ollama drops old
-  messages) nor stops at the context end (it shifts the context).
-- ``"silent"``: entries without size or modalities and nothing else that tells
-  the size, but the overflow error still names ``n_ctx`` (llama-server behind
-  a plain proxy).
+Replies are cut as llama-server cuts them (``Reply``).  ``mode`` picks the router it
+imitates: llama-server (the default), llama-swap, Ollama, or a silent one that tells
+no sizes (``FakeRouter``).
 
     with FakeRouter() as fake:
         fake.script(Reply(text="Hello there", reasoning=["Thinking."]))
@@ -53,10 +28,6 @@ where the prompt (in rough tokens) and the reply would pass the model's
         assert fake.timings[-1]["cache_n"] == 0
 
 Run ``python -m selfcheck.fakerouter [--port N] [--mode M]`` to serve in the foreground.
-
-It is one module (near 1,000 lines) so that ``python -m selfcheck.fakerouter`` and the
-benchmarks' child processes load one file of the standard library alone; its prompt
-cache is in ``fakeprompt``.
 """
 
 from __future__ import annotations
@@ -134,7 +105,14 @@ def default_models() -> list[FakeModel]:
 
 @dataclass
 class Reply:
-    """One scripted answer to a chat request; the fields say what and how to send."""
+    """One scripted answer to a chat request; the fields say what and how to send.
+
+    Replies are cut as llama-server cuts them, with ``finish_reason: "length"``: at
+    ``max_tokens`` (or ``max_completion_tokens``, ``n_predict``), counted in streamed
+    pieces (a word, a reasoning piece; a tool call costs its pieces), and where the prompt
+    (in rough tokens) and the reply would pass the model's ``n_ctx``.  ``fill=True``
+    writes words until one of those ends it.
+    """
 
     text: str | None = None  # split into word chunks unless ``chunks`` is given
     chunks: list[str] | None = None
@@ -218,7 +196,26 @@ class _ClientGone(Exception):
 
 
 class FakeRouter:
-    """The fake server; ``start()``/``stop()`` or use it as a context manager."""
+    """The fake server; ``start()``/``stop()`` or use it as a context manager.
+
+    ``mode`` picks the router it imitates:
+
+    - ``"llama-server"`` (default): as the module says; ``models_format`` and ``props``
+      vary it.
+    - ``"llama-swap"``: entries ``owned_by: "llama-swap"`` without size or modalities, no
+      ``/props`` at the root, llama-server's ``/props`` through ``/upstream/<model>/props``,
+      and ``/running``.  A request for another model than the running one starts it:
+      ``loaded`` lists the models started, in order.
+    - ``"ollama"``: entries ``owned_by: "library"``, the root answering "Ollama is
+      running", ``/api/version``, ``POST /api/show`` (``parameters`` with ``num_ctx``
+      unless the model runs at Ollama's default, ``model_info`` with the training length,
+      ``capabilities``), no ``/props``.  As Ollama, it sends no ``timings`` and neither
+      refuses an over-long prompt (Ollama drops old messages) nor stops at the context
+      end (it shifts the context).
+    - ``"silent"``: entries without size or modalities and nothing else that tells the
+      size, but the overflow error still names ``n_ctx`` (llama-server behind a plain
+      proxy).
+    """
 
     def __init__(
         self,
