@@ -107,7 +107,7 @@ def quoted_phrases(query: str) -> list[str]:
     The index splits a word at what is not a letter or digit ("state-of-the-art" is a
     phrase of four), and each of a phrase's tokens costs a walk of all its matches: the
     phrases hold MAX_QUERY_TOKENS tokens in all, the last cut to what is left (a "word"
-    of 200 tokens held the history thread 2.6 s over a million messages).
+    of hundreds of tokens held the history thread, every turn waiting, over a big history).
     """
     phrases = []
     left = MAX_QUERY_TOKENS

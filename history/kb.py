@@ -1,41 +1,33 @@
 """Knowledge-base tables: KBs, their documents and chunks, vectors and links.
 
-``KnowledgeStore`` shares the ``HistoryStore``'s connection (``store.kb``), so it runs
-on the same history thread and every write method is one transaction, like the rest of
-the store. It knows nothing of files, chunking or numpy: ``kbinject`` hands it rows.
+``KnowledgeStore`` shares the ``HistoryStore``'s connection (``store.kb``): the same
+history thread, every write method one transaction. It knows nothing of files, chunking
+or numpy: ``kbinject`` hands it rows.
 
 A chunk's id is ``kb_id << 32 | n`` with ``n`` counted up per KB and never reused
 (``kbs.next_chunk``). Each KB therefore owns one contiguous rowid range: removing a KB
 is a range delete, a search scoped to some KBs is a ``rowid BETWEEN`` per KB, which
 FTS5 answers by seeking inside its doclists, and the KB of a chunk is its id shifted.
-``kb_chunk_fts`` is an external-content FTS5 table over ``kb_chunks.text`` kept in
-step by triggers (history/migrations.py m006).
+Every method leans on that layout. ``kb_chunk_fts`` is an external-content FTS5 table
+over ``kb_chunks.text`` kept in step by triggers (history/migrations.py m006).
 
-Keyword search ranks by FTS5's ``bm25()``, which costs ~1 µs for every chunk the
-MATCH finds (the chunk's size from the docsize table, its term positions): a question
-holding a word that 15,000 chunks of a big KB contain took 15 ms, more than the rest of
-the turn's search. So a search ranks about ``RANKED_CHUNKS`` chunks at most:
+Keyword search ranks by FTS5's ``bm25()``, which reads every chunk the MATCH finds (its
+size from the docsize table, its term positions): a word that many chunks of a big KB
+hold would cost more than the rest of the turn's search (``bench/bench_kb.py``). So
+a search ranks about ``RANKED_CHUNKS`` chunks at most (docs/DESIGN.md, "Knowledge-base ranking"):
 
 - each quoted word (phrase) is counted in the searched KBs, each count stopping at
-  ``RANKED_CHUNKS + 1`` (~0.1 ms at worst);
+  ``RANKED_CHUNKS + 1``;
 - the rarest phrases whose counts add up to at most ``RANKED_CHUNKS`` are *weighed*:
   bm25 ranks the chunks holding any of them. When every phrase fits (any KB of up to
-  ``RANKED_CHUNKS`` chunks, and most questions) that is the whole question and the
-  ranking is exactly bm25;
-- **the approximation**: the other phrases, the question's commonest words, then
-  neither find chunks nor add to their scores. Their IDF is the lowest of the
-  question's (a word 2,000 of 100,000 chunks hold: 3.9; one a few chunks hold: ~9);
-- a question made only of frequent phrases has nothing cheap to rank by: its matches
-  come newest first, with score 0 (as conversation search does, history/search.py).
+  ``RANKED_CHUNKS`` chunks, and most questions) the ranking is exactly bm25;
+- **the approximation**: the other phrases (its commonest words) find and score nothing;
+- a question of frequent phrases only has nothing cheap to rank by: its matches come
+  newest first, with score 0 (as conversation search does, history/search.py).
 
 bm25's IDF is computed over every KB's chunks (FTS5 walks each weighed phrase's whole
-doclist, ~0.04 µs a chunk); only the ranking is confined to the searched KBs.
-
-Soft-deleted conversations see no KB: ``linked`` returns nothing for them, and linking
-one is refused.
-
-One module, statements and records included: every method leans on the chunk-id layout
-above, and splitting the tables apart would spread that one invariant over several files.
+doclist); only the ranking is confined to the searched KBs. Soft-deleted conversations
+see no KB: ``linked`` returns nothing for them, and linking one is refused.
 """
 
 from __future__ import annotations
@@ -63,7 +55,7 @@ __all__ = [
 ]
 
 KB_CHUNK_SHIFT = 32
-# The most chunks one keyword search ranks, about (module docstring): ~1 µs each.
+# The most chunks one keyword search ranks, about (module docstring).
 RANKED_CHUNKS = 2_000
 # The id must stay below 2**31 so `kb_id << 32 | n` fits SQLite's signed 64-bit rowid.
 MAX_KB_ID = (1 << 31) - 1

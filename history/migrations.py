@@ -9,10 +9,6 @@ history.db files written before migrations were tracked have `conversations` and
 `turns` but no `_migrations` table (and may or may not have `turns.files`). m001
 therefore creates only what is missing, adds any column an old table lacks, and fills
 the search index from the rows it finds, so such a file upgrades in place.
-
-One module however long it grows: the schema's history reads top to bottom as the list
-is applied, each migration beside the statements it runs, and it only ever grows at the
-end (docs/DESIGN.md, "History store").
 """
 
 from __future__ import annotations
@@ -270,9 +266,9 @@ def m004_compactions(conn: sqlite3.Connection) -> None:
 
 
 # FTS5 merges its segments as it writes, once a level holds `automerge` of them, in
-# work proportional to the number of levels. At the default of 4, a history of a million
-# messages wrote ~80 pages per stored turn (~500 turns/s with the checkpoints' fsyncs);
-# at 8 it writes ~35 (~1,500 turns/s) for a few more segments per search to seek in.
+# work proportional to the number of levels. At the default of 4, a big history writes
+# far more pages per stored turn than at 8, and stores turns the slower for it
+# (bench/bench_search.py); 8 costs a few more segments per search to seek in.
 FTS_AUTOMERGE = 8
 SET_FTS_AUTOMERGE = "INSERT INTO message_fts (message_fts, rank) VALUES ('automerge', ?)"
 

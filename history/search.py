@@ -2,38 +2,26 @@
 
 Why not plain ``ORDER BY bm25()``: bm25 weighs each query phrase by its IDF, and FTS5
 computes that on every query by walking the phrase's whole doclist, every row of the
-table that holds it, whatever the MATCH is confined to. A per-conversation search finds
-its own matches by seeking inside its rowid range (0.3 ms for the 7,600 messages holding
-"the" in a 9,000-message conversation), but ranking them still walks the word's doclist
-over the whole table: 28 ms for "the" at a million messages, 50 ms for "the of".
+table that holds it, whatever the MATCH is confined to. A search inside one
+conversation finds its matches by seeking in its rowid range, but ranking them still
+walks a common word's doclist over the whole table, most of the search's time at a
+million messages (``bench/bench_search.py``). So bm25 is kept where it carries
+information and the walk skipped where it carries almost none (what that costs in
+ranking: docs/DESIGN.md, "History store"):
 
-So the ranking keeps bm25 where it carries information and skips the walk where it
-carries almost none:
-
-- Each phrase is classed *weighed* or *frequent*. A frequent phrase is held by more than
-  ``FREQUENT_DOCS`` (100,000) messages. The class comes from a count that stops at
-  ``FREQUENT_DOCS + 1`` rows (~3 ms at worst) and is remembered (``PhraseStats``).
-- Weighed phrases are ranked by FTS5's own ``bm25()``, exactly as FTS5 defines it; their
-  IDF walks are short by construction.
+- Each phrase is classed *weighed* or *frequent* (held by more than ``FREQUENT_DOCS``
+  messages), from a count that stops at ``FREQUENT_DOCS + 1`` rows, remembered in
+  ``PhraseStats``.
+- Weighed phrases are ranked by FTS5's own ``bm25()``; their IDF walks are short by
+  construction.
 - Frequent phrases still filter (every result holds every query word) through a second
   MATCH over the same rowid range that ranks nothing, but they are left out of the bm25
-  expression. **This is the approximation**: such a phrase's IDF is at most
-  log(N / FREQUENT_DOCS), 2.2 at a million messages, and bm25's floor of 1e-6 once it is
-  in half of all messages (the function words); its share of the score is what is
-  lost. Below ``FREQUENT_DOCS`` messages in all no phrase can be frequent, and the
-  ranking is exactly bm25.
-- A query made only of frequent phrases has nothing cheap to rank by: its matches come
-  newest first, with rank 0.
-- A search ranks at most the newest ``cap`` messages holding its weighed phrases (newest
-  = highest rowid: the most recently created conversations, their latest turns):
-  ``CONVERSATION_CAP`` (10,000) inside one conversation, whose rows sit together in the
-  file (~0.3 µs each to rank), ``ALL_CAP`` (5,000) across all of them, whose rows are
-  scattered (~1 µs each: a docsize lookup and the term offsets on a page of their own).
-
-Measured on the benchmark's million messages (bench/bench_search.py): against bm25 over
-every phrase, the top 5 in a conversation is the same set for every query with a rare
-word and 41 of 42 with a mid word; the top 20 over everything overlaps 99% with a rare
-word and 78% with a mid word (the cap and the dropped common words).
+  expression: **the approximation**. Such a phrase's IDF is at most
+  log(N / FREQUENT_DOCS); below ``FREQUENT_DOCS`` messages in all, the rank is exactly bm25.
+- A query of frequent phrases only has nothing cheap to rank by: its matches come newest
+  first, with rank 0.
+- A search ranks at most the newest (highest rowid) ``CONVERSATION_CAP`` matches of its
+  weighed phrases inside one conversation, ``ALL_CAP`` across all of them.
 
 Equal ranks list the newest first. Excerpts come from ``snippet()`` over the whole query,
 frequent words included, built only for the hits kept.
@@ -50,8 +38,8 @@ from .records import SearchHit
 # A phrase held by more messages than this is not weighed by bm25 (module docstring).
 FREQUENT_DOCS = 100_000
 # The most matches one search ranks, the newest kept. A conversation's rows sit together
-# in the file (~0.3 µs each to rank); the rows of a search over everything are scattered
-# (~1 µs each: a docsize lookup and the term offsets of a row on its own page).
+# in the file; the rows of a search over everything are scattered, each a docsize lookup
+# and the term offsets of a row on its own page, so fewer of them are ranked.
 CONVERSATION_CAP = 10_000
 ALL_CAP = 5_000
 # Phrase classes remembered; past this the memory starts again (queries repeat few words).
@@ -68,7 +56,7 @@ SELECT count(*) FROM (SELECT 1 FROM message_fts WHERE message_fts MATCH ? LIMIT 
 """
 # The rowid just below the newest `cap` matches of the weighed phrases, if there are
 # more. Only the weighed ones: a frequent phrase in this AND would be sought in its long
-# doclist once per match (~1 µs each).
+# doclist once per match.
 CAP_CUTOFF = """
 SELECT rowid FROM message_fts
 WHERE message_fts MATCH :weighed AND rowid BETWEEN :lo AND :hi
@@ -77,7 +65,7 @@ ORDER BY rowid DESC LIMIT 1 OFFSET :cap
 ROLE_FILTER = "AND (:role IS NULL OR role = :role)"
 # Frequent phrases filter through a second cursor that ranks nothing, over the same
 # (capped) rowid range; the unary + keeps SQLite from handing the IN list to FTS5 as
-# rowid lookups, each a new FTS5 query (~50 µs).
+# rowid lookups, each a new FTS5 query.
 FREQUENT_FILTER = """
 AND +rowid IN (
     SELECT f.rowid FROM message_fts AS f

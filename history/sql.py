@@ -7,8 +7,8 @@ search.py, each beside the only code that uses them.
 
 # A conversation's turns are numbered 1, 2, ... (``start_turn`` numbers the next one this
 # count plus one) and never deleted one by one, so the highest number is the count: one
-# index seek, where count(*) walks every turn of the conversation (0.1 ms at 2,000 turns,
-# on every turn's way to the model and per row of a listing).
+# index seek, where count(*) walks every turn of the conversation, on every turn's way to
+# the model and per row of a listing.
 CONVERSATION_SELECT = """
 SELECT c.id, c.title, c.model, c.system_prompt, c.settings, c.ctx_used, c.created_at, c.updated_at,
        coalesce((SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = c.id), 0) AS turn_count

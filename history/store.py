@@ -55,7 +55,9 @@ from .records import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 50
-UNINDEX_BATCH = 500  # search rows of a deleted conversation dropped a transaction (5,000 turns: 0.7 s at once)
+# search rows of a deleted conversation dropped a transaction: a long conversation at
+# once would hold the history thread, every turn waiting
+UNINDEX_BATCH = 500
 DEFAULT_CONVERSATION_HITS = 5
 DEFAULT_ALL_HITS = 20
 
@@ -114,8 +116,8 @@ class HistoryStore:
         # `before` cursor skip or repeat a conversation.
         micros = max(time.time_ns() // 1000, self._last_micros + 1)
         self._last_micros = micros
-        # TIMESTAMP_FORMAT, its second formatted once: strftime of a datetime takes ~80 us
-        # cold, and every question waits for one before it reaches the model
+        # TIMESTAMP_FORMAT, its second formatted once for every write within it: each
+        # question waits for a timestamp before it reaches the model
         seconds, fraction = divmod(micros, 1_000_000)
         if self._second[0] != seconds:
             self._second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
