@@ -17,7 +17,7 @@ caller gets no vector and a note, and searches by keywords alone.
 
 numpy (``normalised``, vectors.py) is imported where a vector is first made, not at
 module level: the daemon builds a ``BatchEmbedder`` at start-up, before it is ready,
-and numpy would add ~100 ms to that (the daemon must be READY in under 200 ms).
+and numpy would take a large share of the start-up target (``bench/bench_startup.py``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ so a chunk removed in between just drops out of the list.
 
 numpy is imported only on the paths that need vectors (loading, storing vectors,
 searching), never at module level, and always through ``vectors.py`` (which keeps its
-BLAS at one thread): ``import kbinject`` is on the daemon's start-up path,
-numpy costs ~100 ms of it, and the daemon must be READY in under 200 ms. Those paths
+BLAS at one thread): ``import kbinject`` is on the daemon's start-up path, and numpy
+would take a large share of the start-up target (``bench/bench_startup.py``). Those paths
 run after start-up, and only once a knowledge base with embeddings exists.
 """
 
@@ -38,12 +38,12 @@ __all__ = ["LOAD_PAGE", "REMOVE_BATCH", "KbIndex"]
 logger = logging.getLogger(__name__)
 
 # Vectors read per trip to the store while loading the index (1.5 MB at 384). Small on
-# purpose: glibc raises its mmap threshold to the largest block freed, so pages of
-# 8,192 (12 MB of blobs, their join, the float32 copy) put every later temporary on the
-# heap and left ~40 MB of freed-but-held memory behind at 100k vectors; at 1,024 it is
-# ~4 MB, and the load is no slower (0.7 s).
+# purpose: glibc raises its mmap threshold to the largest block freed, so big pages (their
+# blobs, the blobs' join, the float32 copy) put every later temporary on the heap and left
+# much freed-but-held memory behind after a big load; small ones leave little, and the
+# load is no slower (bench/bench_kb.py).
 LOAD_PAGE = 1_024
-REMOVE_BATCH = 2_000  # chunks deleted per transaction when a KB is removed (~80 ms each)
+REMOVE_BATCH = 2_000  # chunks deleted per transaction when a KB is removed: turns go between them
 
 
 class KbIndex:

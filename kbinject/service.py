@@ -104,8 +104,8 @@ class KnowledgeBases:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Finish a KB removal a stop cut short, then load the vector index now rather than at
-        the first search (~0.5 s per 100k); after start-up."""
+        """Finish a KB removal a stop cut short, then load the vector index now rather than make
+        the first search wait for it; after start-up."""
         await self.index.finish_removals()
         if self.embedder is not None:
             await self.index.ready()

@@ -1,54 +1,33 @@
 """The in-memory vector index: every chunk vector of one embedding model, as int8 codes.
 
-Vectors live in SQLite (``kb_vectors``, float32 blobs, L2-normalised), but reading 100k
-of them takes about half a second, far too long per query. They are therefore loaded
-once into memory and kept in step as chunks are added and removed.
-
-Not as float32, though: 100k vectors of 384 dimensions are 155 MB, and a search that
-reads them all is bound by memory bandwidth (9-12 ms on one core). The index keeps each
-vector as int8 codes and one float32 scale (``quantised``: the vector's largest
-component is coded as 127), a quarter of the bytes (38 MB at 100k x 384). Per-vector
-scales, not one global scale: a vector added later never has to fit a range chosen
-before it, and every vector uses all 8 bits. A search (``nearest``) codes the query the
-same way and takes the integer dot products of the two codes with simsimd's int8
-kernels (AVX2, AVX-512 VNNI, NEON: 1.5-2.3 ms at 100k x 384 on one core, about the
-memory bandwidth, measured on 2 cores of an EPYC). numpy has no int8 product: casting
-the codes to float32 for BLAS's took 6-7 ms of CPU at 100k, and that cast was the
-search. A scan is split over ``SCAN_THREADS`` threads, which take its parts in turn.
-
-The codes only pick candidates: the approximate cosine is off by up to ~1.5e-3 (half a
-code step a component, of the vector's codes and of the query's), about the gap between
-neighbouring scores near the top of 100k random vectors, so ranking by it alone finds
-98% of the true top 10. The candidates (``shortlist_size(k)`` of them) are therefore
-re-scored from ``fine`` codes: each vector's rounding error, coded again in 4 bits (half
-a byte a component, 19 MB at 100k x 384), which brings the cosine within ~1e-4 of the
-float32 one, far below those gaps (bench/bench_kb.py measures recall@10 against exact
-float32 search: 0.9995 at 100k). The re-scoring is a few microseconds in memory; reading
-the candidates' float32 blobs back from SQLite instead took ~1 ms a search, one random
-page read each. A float32 copy in memory would cost the 155 MB this design saves. What a
-caller shows is still exact: the knowledge bases read the float32 blobs of the few hits
-they return with their text (``exact_cosines``).
+Vectors live in SQLite (``kb_vectors``, float32 blobs, L2-normalised); reading them all
+for each query would take far too long, so they are loaded once into memory and kept in
+step as chunks are added and removed. Each is held as int8 codes and one float32 scale
+(``quantised``: its largest component is coded as 127), a quarter of float32's bytes for
+a scan bound by memory bandwidth; a scale per vector, so a vector added later never has
+to fit a range chosen before it. A search (``nearest``) codes the query the same way and
+takes the integer dot products with simsimd's int8 kernels (numpy has none), split over
+``SCAN_THREADS`` threads. The codes only pick candidates (``shortlist_size(k)``), which
+are re-scored from ``fine`` codes, each vector's rounding error coded again in 4 bits;
+callers show the exact cosines of their few hits from the float32 blobs
+(``exact_cosines``). Why, and what it was weighed against: docs/DESIGN.md,
+"Knowledge-base ranking"; recall and speed: ``bench/bench_kb.py``.
 
 numpy's BLAS (OpenBLAS in numpy's wheels) must not start threads of its own: after a
-product big enough to split (a few thousand rows, such as a long shortlist re-scored),
-they spin-wait for more work on the cores the event loop and the scan's threads need
-(when the scan was BLAS's product, they made it 1.5-10x slower, measured on 2 cores).
-numpy is therefore imported here, the package's only way in, with
-``OPENBLAS_NUM_THREADS=1`` for the time of its import (OpenBLAS reads it when it loads;
-the environment is restored at once, so the processes the daemon starts keep the
-user's). Nothing else in the daemon imports numpy first; a program that does
-(bench/bench_kb.py takes numpy from here) keeps the BLAS threads it started with.
+product big enough to split (a long shortlist re-scored), they spin-wait for more work
+on the cores the event loop and the scan's threads need. numpy is therefore imported
+here, the package's only way in, with ``OPENBLAS_NUM_THREADS=1`` for the time of its
+import (OpenBLAS reads it when it loads; the environment is restored at once, so the
+processes the daemon starts keep the user's). Nothing in the daemon imports numpy first;
+a program that does keeps its BLAS threads (bench/bench_kb.py takes numpy from here).
 
-Searches run in worker threads (simsimd and numpy release the GIL in their products)
-while the event loop mutates the index, so the index never changes an array a search
-may be reading: the codes, fine codes, scales, ids and the row count are published
-together as one ``_Snapshot``; appending writes only rows past the published count (or
-into new, larger arrays), and removing builds new arrays. A search takes the snapshot
-once, and every thread of its scan reads that one, so it sees a consistent index
-throughout; each thread writes only its own arrays.
-
-A chunk's KB is its id shifted (history/kb.py); the index keeps that shifted column
-too (0.4 MB at 100k), so scoping a search to a KB is one comparison over it.
+Searches run in worker threads (simsimd and numpy release the GIL) while the event loop
+mutates the index, so the index never changes an array a search may be reading: codes,
+fine codes, scales, ids and the row count are published together as one ``_Snapshot``;
+appending writes only rows past the published count (or into new, larger arrays), and
+removing builds new arrays. Every thread of a scan reads the one snapshot its search
+took and writes only its own arrays. A chunk's KB is its id shifted (history/kb.py); the
+index keeps that column too, so scoping a search to a KB is one comparison over it.
 """
 
 from __future__ import annotations
@@ -111,10 +90,9 @@ FINE_STEPS = 16  # a fine code counts sixteenths of a code step: -8 to 7
 PART_ROWS = 16384  # rows one thread scores at a time (6 MB of codes at 384 dimensions)
 TOP_SAMPLE = 16  # _top: every 16th score bounds the best ones
 # Threads one scan is split over (the calling one included): the products are nearly
-# bound by memory bandwidth, yet a second core still helps (100k x 384 on 2 cores: p50
-# 1.7-2.2 ms against 2.3-3.0 on one); past four, bandwidth is the limit. Ours, not
-# simsimd's ``threads=``: its OpenMP workers spin between calls on the cores the loop
-# needs (200 scans 5 ms apart: 1.55 s of CPU in 1.29 s, 0.26 s of it scanning).
+# bound by memory bandwidth, yet a second core still helps (bench/bench_kb.py); past
+# four, bandwidth is the limit. Ours, not simsimd's ``threads=``: its OpenMP workers spin
+# between calls on the cores the loop needs, for far more CPU than the scans themselves.
 SCAN_THREADS = max(1, min(4, os.cpu_count() or 1))
 # The threads that share scans with the ones searching; they start on first use, and
 # parts of concurrent searches queue for them (they would only share the cores anyway).
@@ -263,7 +241,7 @@ def _best_of_part(
 def _top(scores: Matrix, n: int) -> Rows:
     """The positions of the ``n`` highest scores, in no order.
 
-    A partial sort of every score takes ~0.8 ms at 100k (the products ~2). The n-th
+    A partial sort of every score would cost a good part of what the products do. The n-th
     highest of every TOP_SAMPLE-th score is at most the n-th highest of all, so the
     scores at or above it hold the top n (about TOP_SAMPLE x n of them): only those are
     sorted.
