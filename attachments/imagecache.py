@@ -14,7 +14,7 @@ An image file of 250 KB may hold 8000 x 8000 pixels, 256 MB decoded. So:
 - **One image decoded at a time, daemon-wide**, on a thread of its own
   (``DECODE_THREAD``): eight such images cost one image's memory, not eight. One
   thread also keeps the memory in one malloc arena: decodes spread over the worker
-  threads each left their own 256 MB arena behind (2.2 GB for eight images). The
+  threads each left their own 256 MB arena behind (``bench/bench_images.py``). The
   others wait on the event loop, not in a worker thread.
 - **A pixel budget per question and across questions**: the pixels one question's
   images will decode are reserved together before any is decoded, and a question

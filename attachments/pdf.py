@@ -12,9 +12,9 @@ How, and why:
   with.  One process is far cheaper than one per page.  ``pdfinfo`` runs beside
   it for the page count and page sizes.
 - A page is rendered with ``pdftoppm`` to PPM on stdout, and Pillow encodes the
-  PNG at ``compress_level`` 1.  Measured on two cores: ``pdftoppm -png`` spends
-  about 0.5 s a page, 80% of it in zlib, while rendering to PPM takes about
-  0.1 s; so four scanned pages are ready in well under a second.  Pages render
+  PNG at ``compress_level`` 1: ``pdftoppm -png`` spends most of its time in zlib at
+  the default level, several times what rendering to PPM takes
+  (``bench/bench_attachments.py``).  Pages render
   ``RENDER_CONCURRENCY`` (2) at a time per question, which keeps two cores busy
   without crowding the rest of the daemon.
 - The resolution is chosen from the page size ``pdfinfo`` reports: 150 dpi, or

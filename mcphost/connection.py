@@ -1,6 +1,6 @@
 """One connection to an MCP server through the official SDK: start, list, call, stop.
 
-This is the one module of ours that imports the ``mcp`` SDK (about 0.7 s of imports);
+This is the one module of ours that imports the ``mcp`` SDK, a heavy import;
 ``mcphost.host`` loads it in a worker thread the first time a server is needed, so a
 daemon without MCP servers never loads it and one with them never blocks its loop on it.
 

@@ -18,8 +18,8 @@ down (it is hung, and its next call would wait as long); any other failure of a 
 comes back to the model as a tool error (``ToolError``), never as a failed turn.
 
 The SDK (``mcphost.connection``) is imported in a worker thread on first need, or by
-``warm()`` after the daemon is ready: about 0.7 s of imports that must not stall the
-event loop, and that a daemon without MCP servers never pays.
+``warm()`` after the daemon is ready: a heavy import that must not stall the event loop,
+and that a daemon without MCP servers never pays.
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ logger = logging.getLogger(__name__)
 BACKOFF_FIRST = 1.0  # seconds before a failed server is tried again
 BACKOFF_MAX = 300.0
 START_SLACK = 5.0  # seconds beyond start_timeout for spawning the process
-STOP_WAIT = 10.0  # seconds a new start waits for the one before to stop its process (about 2 s)
+# seconds a new start waits for the one before to stop its process: two STOP_GRACE
+# (connection.py) at most, and a margin for a loaded machine
+STOP_WAIT = 10.0
 # seconds a task given up on (cancelled) gets to stop its process: stdin closed, SIGTERM, SIGKILL,
-# STOP_GRACE (1 s) apart, in a cleanup the cancel does not cut short
+# STOP_GRACE apart, in a cleanup the cancel does not cut short
 KILL_WAIT = 4.0
 State = Literal["idle", "starting", "ready", "failed", "stopped"]
 

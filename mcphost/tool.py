@@ -91,8 +91,8 @@ class McpTool(Tool):
         self.description = f"{description} (MCP server {self.server})"
         self.parameters = canonical(remote.input_schema)
         self.max_result_chars = max_result_chars
-        # made once (McpHost keeps a server's tools while its connection lasts): the schema's
-        # canonical form and the definition's tokens cost ~35 µs a tool, on every turn
+        # made once (McpHost keeps a server's tools while its connection lasts), not for every
+        # tool on every turn before its first token (bench/bench_mcp.py)
         self._definition = super().definition()
         self._tokens = estimate_tools([self._definition])
 
@@ -123,7 +123,7 @@ class McpTool(Tool):
         if text_weight(text) > limit:
             note = CUT_NOTE.format(total=len(text))
             text = cut_to_weight(text, max(limit - len(note), 0)) + note
-        text = without_lone_surrogates(text)  # once cut (16 MiB took 0.1 s): a lone one could not be stored
+        text = without_lone_surrogates(text)  # once cut, over what is kept: a lone one could not be stored
         if notes:
             text = "\n".join([text, *notes]) if text else "\n".join(notes)
         shown = f", {len(images)} image(s)" if images else ""
