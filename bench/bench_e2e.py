@@ -9,8 +9,8 @@ own process, pointed at it.  Each sample is a pair, in alternating order:
 
 - direct: a streaming POST to ``/v1/chat/completions`` with the daemon's very request
   for a new conversation (recorded first by a daemon of its own behind
-  ``recording_proxy.py``: system prompt, question, tools, ``max_tokens``), through the
-  client the daemon uses (httpx on ``core.transport``, a new connection per request);
+  ``recording_proxy.py``: system prompt, question, tools, ``max_tokens``), from a plain
+  ``httpx.AsyncClient`` with ``Connection: close``, as the daemon's streamed requests go;
 - daemon: an ``ask`` line on the socket (a new conversation each time).
 
 Pairs are ``--pause`` seconds apart (0.3 s), as a user's questions are (see ``PAUSE``).
@@ -50,7 +50,6 @@ from benchlib import (
 from recording_proxy import RecordingProxy, listening_socket
 
 from client import Wire
-from core.transport import Client, OneShotTransport
 
 sys.path.insert(0, str(ROOT))
 from tests.e2e.realserver import llama  # noqa: E402  (scripts/llama.py, loaded by path)
@@ -59,8 +58,7 @@ QUESTION = "Explain what a Unix socket is and how a program uses one."
 RUN_TIMEOUT = 600.0  # the whole measurement, whatever --runs says
 # Between pairs, as a user asks: not back to back. Right after a reply llama-server's
 # compute threads spin for a while and hold the cores, and whatever runs then (the
-# daemon's ~1 ms of work before its request) takes three to four times as long; with
-# --pause 0 the daemon's overhead measured 1.6-4.0 ms, with 0.3 s 0.6 ms.
+# daemon's work before its request) takes several times as long.
 PAUSE = 0.3
 
 
@@ -82,7 +80,7 @@ class Sample:
 class Samples:
     direct: list[Sample] = field(default_factory=list)
     daemon: list[Sample] = field(default_factory=list)
-    dropped: int = 0  # daemon asks that failed router_unreachable (0 since streams use fresh connections)
+    dropped: int = 0  # daemon asks that failed router_unreachable (expected 0: see daemon_retrying)
 
 
 async def direct_sample(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
@@ -136,7 +134,8 @@ async def daemon_sample(client: Wire) -> Sample:
 
 async def daemon_retrying(client: Wire, samples: Samples) -> Sample:
     """A daemon sample, asked again (once per loss) if it failed router_unreachable: a guard
-    that should never fire since the daemon streams each reply on a fresh connection."""
+    that should never fire, since a streamed reply's connection is not pooled and a pooled
+    one is let go before llama-server drops it (``core.router.KEEPALIVE_EXPIRY``)."""
     while True:
         try:
             return await daemon_sample(client)
@@ -171,9 +170,8 @@ def daemons_request(server: Any, work: Path, settings: dict[str, str]) -> dict[s
 
 async def measure(args: argparse.Namespace, url: str, daemon: Daemon, body: dict[str, Any]) -> Samples:
     samples = Samples()
-    # the direct request goes through the daemon's own HTTP client (httpx on our transport),
-    # so the difference is what the daemon adds, not a difference between clients
-    async with asyncio.timeout(RUN_TIMEOUT), Client(timeout=120.0, transport=OneShotTransport()) as http:
+    # httpx on both paths, so the difference is what the daemon adds, not a difference between clients
+    async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=120.0, trust_env=False) as http:
         client = await open_client(daemon.socket_path)
         try:
             for i in range(args.warmup + args.runs):

@@ -248,7 +248,6 @@ async def search_part(path: Path, work: Path, dim: int, queries: list[str]) -> t
         config = Config(router_url=url, embedding_model=EMBED_MODEL, kb_top_k=3)
         history = await AsyncHistory.open(path)
         router = RouterClient(config)
-        await router.warm()  # httpx imported off the loop, as the daemon does once it is ready
         kbs = KnowledgeBases(history, router, KbSettings(config.embedding_model, config.kb_top_k))
         try:
             started = time.perf_counter()

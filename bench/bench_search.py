@@ -13,7 +13,7 @@ rows, as the store writes them, in transactions of 100 turns so the FTS5 index h
 segments of a grown one) and cached under /tmp, since making it takes half a minute;
 ``--rebuild`` makes it again. Nothing is written into the repository.
 
-Measured, all through ``HistoryStore`` (the daemon adds one thread hop, ~0.1 ms):
+Measured, all through ``HistoryStore`` (the daemon adds one hop to its history thread):
 - ``search_conversation`` (conversation_search, 5 hits): p50/p95/max over
   ``--queries`` queries of 1 to 3 words, each word rare, mid or common with equal odds,
   one in five with a role filter, each in a random conversation; twice: first with

@@ -6,7 +6,7 @@ Start-up is spawn (``python assistant.py``) to the ``READY=1`` datagram on a
 directory each, then a few times on an existing history of ``--turns`` turns. Our
 modules are compiled first (``make bytecode``, as any install has them): where Python
 may not write bytecode (PYTHONDONTWRITEBYTECODE) it would otherwise compile them at
-every start, about 90 ms more here.
+every start.
 For context it also shows the interpreter's own start (``python -c pass``),
 the import of the daemon's modules (``-X importtime`` of ``import assistant``)
 and the daemon's own "ready in N ms" (socket, history, router client).
