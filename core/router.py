@@ -27,8 +27,10 @@ size came from, and ``ctx_max`` is never 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -146,6 +148,13 @@ def _reason(exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's own default (certifi's CA bundle), read once a process rather than by each client
+    made: reading it takes tens of ms, and a process may make many (the tests, a daemon each)."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 class RouterClient:
     """Talks to the model server: models, streamed and plain chat, embeddings."""
 
@@ -179,7 +188,7 @@ class RouterClient:
             )
             # trust_env off: the daemon talks to the router_url it is given, never through a proxy
             self._http = httpx.AsyncClient(
-                headers=headers, timeout=timeout, transport=self._transport, trust_env=False,
+                headers=headers, timeout=timeout, transport=self._transport, trust_env=False, verify=_tls(),
                 limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
             )
         return self._http
