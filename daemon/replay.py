@@ -2,7 +2,7 @@
 
 Every turn replays the conversation so far.  Reading all of it from SQLite, decoding
 its JSON, cutting oversize messages, estimating tokens and encoding the request's JSON
-again on every turn would cost milliseconds at a few hundred turns, before the first
+again on every turn would cost time that grows with the conversation, before the first
 token (``bench/bench_ttft.py``, ``bench/bench_body.py``).  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
 the replayed form of each, with its JSON bytes, is made once and held here; a turn reads

