@@ -29,7 +29,7 @@ pytestmark = pytest.mark.asyncio
 
 DISK_SIZE = "4m"
 WORDS = " ".join(f"word{i}" for i in range(40))  # the reply, streamed a word at a time
-SETTLE_SECONDS = 30.0  # how long a kept reply may take to land once there is room (it takes ~0.5 s)
+SETTLE_SECONDS = 30.0  # how long a kept reply may take to land once there is room (far less, when idle)
 
 
 @pytest.fixture

@@ -361,7 +361,7 @@ async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: Fake
     await kb_add(kwire, "notes", docs)
     await kwire.request({"type": "kb_link", "kb": "notes"})
     router.embed_delay = 30.0  # the query's embedding would take half a minute
-    # the turn finishes long before that: the wait for the embedder is bounded (1.5 s)
+    # the turn finishes long before that: the wait for the embedder is bounded (QUERY_TIMEOUT)
     events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
     assert events[-1]["type"] == "done"
     assert "Honey bees dance" in question_of(router)

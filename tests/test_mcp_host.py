@@ -31,7 +31,7 @@ pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = Path(__file__).resolve().parent / "mcpservers.py"
-# a start_timeout that a good server meets on a slow machine (importing the SDK alone took 1.2 s here)
+# a start_timeout that a good server meets on a slow machine (importing the SDK alone is slow)
 SLOW_START = 4
 GOOD_TOOLS = ["good__add", "good__broken", "good__die", "good__echo", "good__huge", "good__picture", "good__slow"]
 
@@ -138,7 +138,7 @@ async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(
     assert router.timings[-1]["cache_n"] > 0
     state = await server_state(wire, "good")
     assert state["state"] == "ready" and state["tools"] == len(GOOD_TOOLS) and state["last_error"] is None
-    # made once while the server runs, not on every turn (~35 µs a tool, before the first token)
+    # made once while the server runs, not on every turn before the first token (bench/bench_mcp.py)
     assert sorted(made) == GOOD_TOOLS
 
 
@@ -286,7 +286,7 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
 
 
 # The good server, but slow to go: it ignores SIGTERM and lingers after its stdin closes, so
-# the host takes about 2 s (two STOP_GRACE) to stop it and then kills it. As it starts it notes
+# the host takes two STOP_GRACE to stop it and then kills it. As it starts it notes
 # in the file named by its first argument whether a process noted in MCP_TEST_STARTS still runs.
 STUBBORN = """
 import atexit, os, runpy, signal, sys, time

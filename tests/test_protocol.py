@@ -155,7 +155,7 @@ async def test_open_encodes_the_turns_off_the_event_loop_into_the_same_line(
     monkeypatch.setattr(Turn, "to_json", recorded)
     await wire.send({"type": "open", "conversation": cid, "id": "o1"})
     line = await wire.reader.readline()
-    # a long conversation's turns held the loop while they were encoded (40 MB: 0.3 s)
+    # a long conversation's turns held the loop while they were encoded (bench/bench_open.py)
     assert len(threads) == 2 and threading.get_ident() not in threads
     # the line is the one encoding the whole event gives: the turns in their place, before the id
     event = json.loads(line)
@@ -506,7 +506,7 @@ async def test_models_lists_capabilities_and_default(wire: Wire) -> None:
 
 
 async def test_models_asks_the_server_now(wire: Wire, router: FakeRouter) -> None:
-    """A model list asked for is the server's as it is now, not the one kept for turns (60 s)."""
+    """A model list asked for is the server's as it is now, not the one kept for turns (MODELS_TTL)."""
     assert [m["id"] for m in (await wire.request({"type": "models"}))["items"]] == ["fake-text", "fake-vision"]
     router.models = router.models[:1]
     assert [m["id"] for m in (await wire.request({"type": "models"}))["items"]] == ["fake-text"]
@@ -744,7 +744,7 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_cap(
     other = await daemon.connect()
     try:
         # the turn goes on without its client, and is stored whole; the deadline only stops a
-        # hang (6 MB through the fake takes ~1 s, far longer on a loaded machine)
+        # hang (6 MB through the fake takes far longer on a loaded machine than on an idle one)
         async with asyncio.timeout(120):
             while (await other.request({"type": "status"}))["turns_running"] or not router.requests:
                 await asyncio.sleep(0.05)

@@ -26,7 +26,7 @@ from core.router import RouterClient
 from tests.e2e.realserver import installed_or_skip_reason, llama, wait_idle
 
 # llama-server options besides those scripts/llama.py always passes: the counters the tests read,
-# and a cap on a reply, because a 135M model sometimes rambles until the context is full (~40 s)
+# and a cap on a reply, because a 135M model sometimes rambles until the context is full
 SERVER_EXTRA = ("--metrics", "--slots", "-n", "400")
 
 
