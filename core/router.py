@@ -151,7 +151,8 @@ def _reason(exc: Exception) -> str:
 @functools.cache
 def _tls() -> ssl.SSLContext:
     """httpx's own default (certifi's CA bundle), read once a process rather than by each client
-    made: reading it takes tens of ms, and a process may make many (the tests, a daemon each)."""
+    made: the read is costly next to a client's making, and a process may make many (the
+    tests, a daemon each)."""
     return httpx.create_ssl_context(trust_env=False)
 
 
