@@ -47,8 +47,34 @@ def validator(definition: str) -> Draft202012Validator:
     return Draft202012Validator({"$schema": whole["$schema"], "$defs": whole["$defs"], "$ref": f"#/$defs/{definition}"})
 
 
+@cache
+def by_type(definition: str) -> dict[str, list[str]] | None:
+    """The branches of ``$defs/definition`` by the event ``type`` each requires, when it is
+    nothing but a ``oneOf`` of ``$ref``s that each require one (``event``, ``answers.*``);
+    else None."""
+    defs = schema()["$defs"]
+    whole = defs[definition]
+    if set(whole) - {"description", "oneOf"} or "oneOf" not in whole:
+        return None
+    branches: dict[str, list[str]] = {}
+    for branch in whole["oneOf"]:
+        name = branch.get("$ref", "").removeprefix("#/$defs/")
+        kind = defs.get(name, {}).get("properties", {}).get("type", {}).get("const")
+        if set(branch) != {"$ref"} or not isinstance(kind, str):
+            return None
+        branches.setdefault(kind, []).append(name)
+    return branches
+
+
 def problem(definition: str, value: Any) -> str | None:
     """Why ``value`` breaks ``$defs/definition``, or None when it keeps to it."""
+    branches = by_type(definition)
+    if branches is not None and isinstance(value, dict) and isinstance(value.get("type"), str):
+        # a oneOf holds when exactly one branch does, and a branch requiring another type cannot:
+        # checking the few of this type is the same verdict, without a pass through every branch
+        candidates = branches.get(value["type"], [])
+        if sum(validator(name).is_valid(value) for name in candidates) == 1:
+            return None
     error = best_match(validator(definition).iter_errors(value))
     if error is None:
         return None
