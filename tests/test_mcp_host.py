@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 from client import Wire, of_type, reply_text
+import mcphost.connection
 import mcphost.host
 from mcphost.tool import McpTool
 from core import Config, load_config
@@ -57,6 +58,9 @@ def hosted_config(router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config
     monkeypatch.setenv("ASSISTANT_AUTO_TITLE", "false")
     monkeypatch.setenv("ASSISTANT_SHUTDOWN_GRACE", "0.5")
     monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 0.0)  # a failed server may be retried at once
+    # the wait for a stopped server to exit before the next signal: shorter than the daemon's own,
+    # as a hung test server is stopped often; the host still goes through every step
+    monkeypatch.setattr(mcphost.connection, "STOP_GRACE", 0.2)
     return load_config()
 
 
@@ -414,7 +418,7 @@ async def test_a_broken_server_never_fails_the_turn(
 
 
 async def test_a_starting_server_does_not_block_the_daemon(hosting: Any, router: FakeRouter) -> None:
-    wire = await hosting({"hang": server("hang")}, "start_timeout = 3\n")
+    wire = await hosting({"hang": server("hang")}, "start_timeout = 1\n")
     asked = await wire.send({"type": "ask", "text": "hello"})
     status = await wire.send({"type": "status"})
     order: list[str] = []
@@ -528,9 +532,11 @@ async def mcp_list(*args: str) -> tuple[int, str, str]:
 
 
 async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
-    hosting: Any, router: FakeRouter
+    hosting: Any, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, f"start_timeout = {SLOW_START}\n")
+    # the second listing shows the failure the first met, not a new start waited out again
+    monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 60.0)
     code, out, err = await mcp_list()
     assert code == 0, err
     assert "\x1b" not in out and "\x9b" not in out
