@@ -23,9 +23,10 @@ already stored (written through ``HistoryStore`` before the daemon starts; the
 samples are spread over ``--conversations`` of them, each visited once unrecorded
 first, when the daemon compacts it).  Overhead is the daemon median minus the direct
 median.  Budget: 5 ms for a new conversation and at 200 turns, 10 ms from 2,000 turns
-on, judged as the range over several runs.  ``--old-model-list`` runs the daemon with
-every model list past ``MODELS_TTL``, as a question after a minute's pause finds it:
-the list is fetched again before the turn, and the overhead includes that.
+on, judged as the range over several runs.  ``--old-model-list`` cuts the daemon's
+``MODELS_TTL`` to ``OLD_LIST_TTL`` and puts pairs that far apart, so each question finds
+the model list old, as one after a minute's pause does: the list is fetched again
+before the turn, and the overhead includes that.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ TARGET_LONG = 0.010  # seconds, median, from LONG_HISTORY turns on
 LONG_HISTORY = 2000
 VERBOSE = False
 RUN_TIMEOUT = 90.0  # the whole measurement, whatever --runs says
-# interpreter arguments that run the daemon (the script named next) with every model list old
-OLD_MODEL_LIST = ["-c", "import runpy, sys; import core.router; core.router.MODELS_TTL = 0.0; "
+# --old-model-list: the daemon's list trusted this long, and pairs this far apart, so that each
+# question finds it old once, as after a pause (not twice, as a TTL of 0 would: a turn in a
+# conversation asks for its model again once the question is stored)
+OLD_LIST_TTL = 0.05
+# interpreter arguments that run the daemon (the script named next) with that TTL
+OLD_MODEL_LIST = ["-c", f"import runpy, sys; import core.router; core.router.MODELS_TTL = {OLD_LIST_TTL}; "
                   "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"]
 
 
@@ -161,11 +166,14 @@ class Conversations:
 
 
 async def measure(
-    samples: Samples | None, runs: int, http: httpx.AsyncClient, url: str, client: Wire, convs: Conversations
+    samples: Samples | None, runs: int, http: httpx.AsyncClient, url: str, client: Wire, convs: Conversations,
+    pause: float,
 ) -> None:
-    """``runs`` pairs (direct, daemon); ``samples`` None is a warm-up (it also learns each body)."""
+    """``runs`` pairs (direct, daemon), ``pause`` seconds apart; ``samples`` None is a warm-up
+    (it also learns each body)."""
     chat = f"{url}/chat/completions"
     for i in range(runs):
+        await asyncio.sleep(pause)
         cid = convs.ids[i % len(convs.ids)]
         body = convs.bodies.get(cid)
         direct: tuple[float, float] | None = None
@@ -196,13 +204,14 @@ async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: lis
         (Samples("(a) new conversation"), Conversations([None])),
         (Samples(f"(b) {args.history} turns of history"), Conversations(list(histories))),
     ]
+    pause = OLD_LIST_TTL if args.old_model_list else 0.0
     async with asyncio.timeout(RUN_TIMEOUT), httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         client = await open_client(daemon.socket_path)
         try:
             for samples, convs in cases:
-                await measure(None, len(convs.ids) + args.warmup, http, url, client, convs)
+                await measure(None, len(convs.ids) + args.warmup, http, url, client, convs, pause)
                 convs.mismatches = 0  # a first ask may compact: only the measured ones count
-                await measure(samples, args.runs, http, url, client, convs)
+                await measure(samples, args.runs, http, url, client, convs, pause)
         finally:
             await client.close()
     return cases
