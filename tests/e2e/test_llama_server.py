@@ -536,10 +536,10 @@ async def test_the_server_reuses_the_conversation_from_turn_to_turn(config: Conf
 async def test_questions_after_the_model_list_went_old(
     config: Config, small_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every question finds the model list past MODELS_TTL (as one after a pause does): it is
-    answered with the model as last known while the list and /props are asked again beside
-    its generation, and the server still reuses the conversation from turn to turn. The
-    router is named `localhost`, as many set it: its connections open ahead all the same."""
+    """Every question finds the model list past MODELS_TTL (as one after a pause does): the
+    list (and the lone model's /props) is asked again before the question goes on, and the
+    server still reuses the conversation from turn to turn. The router is named `localhost`,
+    as many set it."""
     monkeypatch.setattr(router_module, "MODELS_TTL", 0.0)
     named = dataclasses.replace(config, router_url=small_server.v1.replace("127.0.0.1", "localhost"))
     assert named.router_url != small_server.v1
