@@ -69,7 +69,7 @@ HEADER_LIMIT = 64 * 1024  # request line and headers
 BATCH_BYTES = 64 * 1024  # coalesce unpaced SSE events into writes of about this size
 EMBED_DIM = 8
 START_TIMEOUT = 10.0
-HOLD_MAX = 30.0  # seconds a held /models answer waits at most (models_open)
+HOLD_MAX = 30.0  # seconds a held answer waits at most (models_open, props_open, embeddings_open)
 HOLD_POLL = 0.005
 COMPLETE_DEFAULT = "Fake title"
 ARGUMENT_PIECES = 3  # tool-call arguments stream in this many chunks
@@ -239,6 +239,10 @@ class FakeRouter:
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.models_open = threading.Event()  # cleared: /models answers wait until it is set again
         self.models_open.set()
+        self.props_open = threading.Event()  # cleared: /props answers (a model loading) wait so too
+        self.props_open.set()
+        self.embeddings_open = threading.Event()  # cleared: embedding answers wait so too
+        self.embeddings_open.set()
         self.models_answered = 0  # /models answers sent
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.time() when each chat request's body was read
@@ -392,6 +396,8 @@ class FakeRouter:
             self.embeddings = True
             self.props_delay = 0.0
             self.models_open.set()
+            self.props_open.set()
+            self.embeddings_open.set()
             self.models_answered = 0
 
     def _note_disconnect(self) -> None:
@@ -468,10 +474,7 @@ class FakeRouter:
         if route[1] != "/health" and self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
             return await _send(writer, 401, _error_body(401, "Invalid API Key", "authentication_error"), request)
         if route == ("GET", "/models"):
-            for _ in range(int(HOLD_MAX / HOLD_POLL)):  # a test holds it with models_open.clear()
-                if self.models_open.is_set():
-                    break
-                await asyncio.sleep(HOLD_POLL)
+            await _until_open(self.models_open)
             kept = await _send(writer, 200, self._models_body(), request)
             with self._cond:
                 self.models_answered += 1
@@ -524,6 +527,7 @@ class FakeRouter:
         """llama-server's /props, of ``wanted`` (``?model=`` on its router mode) or the first model."""
         if self.props_delay:
             await asyncio.sleep(self.props_delay)
+        await _until_open(self.props_open)
         if not self.props or not self.models:
             return await _not_found(writer, request)
         model = self._model(wanted) if wanted else self.models[0]
@@ -739,6 +743,7 @@ class FakeRouter:
             delay, fail, dim = self.embed_delay, self.embed_fail, self.embed_dim
         if delay:
             await asyncio.sleep(delay)
+        await _until_open(self.embeddings_open)
         if fail:
             return await _send(writer, 500, _error_body(500, "fake embedder failure", "server_error"), request)
         if not self.embeddings:
@@ -933,6 +938,15 @@ def _ollama_show(model: FakeModel) -> dict[str, Any]:
                        "llama.context_length": model.trained},
         "capabilities": capabilities,
     }
+
+
+async def _until_open(gate: threading.Event) -> None:
+    """Hold an answer while a test keeps ``gate`` cleared (HOLD_MAX at most): the gate is set
+    from the test's thread, so the server's loop looks at it every HOLD_POLL."""
+    for _ in range(int(HOLD_MAX / HOLD_POLL)):
+        if gate.is_set():
+            return
+        await asyncio.sleep(HOLD_POLL)
 
 
 async def _not_found(writer: asyncio.StreamWriter, request: _Request) -> bool:

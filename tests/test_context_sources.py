@@ -100,15 +100,17 @@ async def test_llama_swap_loads_only_a_conversations_own_model(config: Config) -
             await daemon.stop()
         daemon, wire = await session()
         try:
-            fake.props_delay = 30.0  # the model takes long to load: the turn is cancelled meanwhile
+            fake.props_open.clear()  # the model takes long to load: the turn is cancelled meanwhile
             rid = await wire.send({"type": "ask", "text": "once more", "conversation": own})
             assert (await wire.until(rid, ("user",)))[-1]["type"] == "user"
             await wire.request({"type": "cancel", "conversation": own})
             events = await wire.until(rid)
             assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "cancelled"
+            fake.props_open.set()  # loaded at last: the open does not wait out its lookup of the size
             turns = (await wire.request({"type": "open", "conversation": own}))["turns"]
             assert [(t["text"], t["status"]) for t in turns][-1] == ("once more", "cancelled")
         finally:
+            fake.props_open.set()
             await wire.close()
             await daemon.stop()
 
@@ -211,7 +213,7 @@ async def test_what_props_said_of_tools_stands_while_the_list_is_fetched_again(s
     async with serve("llama-server", [FakeModel("plain", tools=False)]) as (fake, wire):
         first = await wire.ask("hello")
         assert "tools" not in fake.requests[-1]
-        fake.props_delay = 2.0
+        fake.props_open.clear()  # /props answers once the turn is done
         other = await Wire.open(config.socket_path, timeout=10)
         try:
             asked = fake.hits["/props"]
@@ -220,9 +222,10 @@ async def test_what_props_said_of_tools_stands_while_the_list_is_fetched_again(s
             events = await wire.ask("again", conversation=first[0]["conversation"])
             assert events[-1]["type"] == "done"
             assert "tools" not in fake.requests[-1]
+            fake.props_open.set()
             assert (await other.until(rid, ("models", "error")))[-1]["type"] == "models"
         finally:
-            fake.props_delay = 0.0
+            fake.props_open.set()
             await other.close()
 
 

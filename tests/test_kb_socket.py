@@ -160,7 +160,7 @@ async def test_what_a_folder_holds_besides_files_is_named_up_to_a_bound(kwire: W
 async def test_a_remove_waiting_for_another_connections_add_holds_up_nothing_else(
     kwire: Wire, router: FakeRouter, docs: Path, config: Config
 ) -> None:
-    router.embed_delay = 3.0  # the add sits in its embedding phase
+    router.embeddings_open.clear()  # the add sits in its embedding phase until the list is answered
     added = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})
     await kwire.until(added, ("progress",))  # under way
     other = await Wire.open(config.socket_path, timeout=60)
@@ -169,8 +169,10 @@ async def test_a_remove_waiting_for_another_connections_add_holds_up_nothing_els
                              + json.dumps({"type": "kb_list", "id": "list"}).encode() + b"\n")
         first = await other.read()
         assert first["id"] == "list"  # answered while the remove waits for the add
+        router.embeddings_open.set()
         assert (await other.until("rm", ("kb", "error")))[-1]["type"] == "kb"
     finally:
+        router.embeddings_open.set()
         await other.close()
 
 
@@ -357,14 +359,20 @@ async def test_the_kb_commands(daemon: RunningDaemon, docs: Path) -> None:
     assert "no knowledge bases yet" in out
 
 
-async def test_a_slow_embedder_does_not_hold_the_reply(kwire: Wire, router: FakeRouter, docs: Path) -> None:
-    await kb_add(kwire, "notes", docs)
-    await kwire.request({"type": "kb_link", "kb": "notes"})
-    router.embed_delay = 30.0  # the query's embedding would take half a minute
-    # the turn finishes long before that: the wait for the embedder is bounded (QUERY_TIMEOUT)
-    events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
-    assert events[-1]["type"] == "done"
-    assert "Honey bees dance" in question_of(router)
+async def test_a_slow_embedder_does_not_hold_the_reply(
+    config: Config, router: FakeRouter, docs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kbinject import service
+
+    monkeypatch.setattr(service, "QUERY_TIMEOUT", 0.2)  # the bound the turn waits out, made short
+    async with serving(dataclasses.replace(config, embedding_model="fake-embed")) as (_daemon, kwire):
+        await kb_add(kwire, "notes", docs)
+        await kwire.request({"type": "kb_link", "kb": "notes"})
+        router.embed_delay = 30.0  # the query's embedding would take half a minute
+        # the turn finishes long before that: the wait for the embedder is bounded (QUERY_TIMEOUT)
+        events = await asyncio.wait_for(kwire.ask("why do honey bees dance?"), 15)
+        assert events[-1]["type"] == "done"
+        assert "Honey bees dance" in question_of(router)
 
 
 async def test_kb_edges(kwire: Wire, router: FakeRouter, docs: Path, tmp_path: Path) -> None:
