@@ -127,6 +127,7 @@ class Reply:
     legacy_error: bool = False  # mid-stream error as llama-server's old ``error:`` field
     drop_after: int | None = None  # close the connection after this many chunks
     hang: bool = False  # send the chunks, then nothing until the client hangs up
+    hold: threading.Event | None = None  # streamed: after the first chunk, the rest waits until it is set
     first_content_null: bool = True
     fill: bool = False  # instead of text: words until max_tokens or the context ends the reply
 
@@ -684,7 +685,13 @@ class FakeRouter:
         if reply.drop_after is not None:
             pieces = pieces[: reply.drop_after]
         try:
-            await self._write_events(chunks.prologue() + pieces, reply.delay, reader, writer)
+            events = chunks.prologue() + pieces
+            if reply.hold is not None:  # the first chunk, then the rest when the test says
+                first = len(events) - len(pieces) + 1
+                await self._write_events(events[:first], reply.delay, reader, writer)
+                await _until_open(reply.hold)
+                events = events[first:]
+            await self._write_events(events, reply.delay, reader, writer)
             if reply.drop_after is not None:
                 # Flush what was sent, then close without the final chunk: a crashed server.
                 writer.transport.set_write_buffer_limits(0)

@@ -13,6 +13,7 @@ import errno
 import os
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,13 +86,16 @@ def stored_turn(db: Path, cid: int, turn: int) -> tuple[str, str]:
 
 
 async def fill_mid_reply(wire: Wire, router: FakeRouter, config: Config) -> tuple[list[dict], Path]:
-    """Ask for a slow reply, fill the disk once it streams; the turn's events and the filler."""
-    router.script(Reply(text=WORDS, delay=0.03))
+    """Ask for a reply, fill the disk once it streams, then let the rest come; the turn's events
+    and the filler."""
+    rest = threading.Event()
+    router.script(Reply(text=WORDS, hold=rest))
     rid = await wire.send({"type": "ask", "text": "Tell me forty words"})
     async for event in wire.stream(rid):
         if event["type"] == "delta":
             break
     filler = fill(config.data_dir.parent)
+    rest.set()
     return await wire.until(rid), filler  # every event of the turn, those read already too
 
 

@@ -213,7 +213,8 @@ async def test_open_says_running_of_the_turn_it_shows_running(
 
 async def test_open_of_one_turn(wire: Wire, router: FakeRouter) -> None:
     cid = (await wire.ask("first"))[0]["conversation"]
-    router.script(Reply(chunks=["slow ", "reply"], delay=0.3))
+    rest = threading.Event()  # the second turn runs until the opens are done
+    router.script(Reply(chunks=["slow ", "reply"], hold=rest))
     rid = await wire.send({"type": "ask", "text": "second", "conversation": cid})
     await wire.until(rid, ("user",))
     whole = await wire.request({"type": "open", "conversation": cid})
@@ -227,6 +228,7 @@ async def test_open_of_one_turn(wire: Wire, router: FakeRouter) -> None:
     assert (missing["code"], missing["message"]) == ("not_found", f"conversation {cid} has no turn 3; it has 2")
     bad = await wire.request({"type": "open", "conversation": cid, "turn": 0})
     assert bad["code"] == "bad_request" and "'turn'" in bad["message"]
+    rest.set()
     assert (await wire.until(rid))[-1]["type"] == "done"
 
 
@@ -395,12 +397,14 @@ async def test_a_reply_another_program_keeps_from_the_database_is_kept_and_saved
     await running.start()
     wire = await running.connect()
     try:
-        router.script(Reply(chunks=["partial ", "words"], delay=0.3))
+        rest = threading.Event()
+        router.script(Reply(chunks=["partial ", "words"], hold=rest))
         rid = await wire.send({"type": "ask", "text": "tell me"})
         cid = (await wire.until_reply(rid, "partial "))[0]["conversation"]
         # the sqlite3 tool in a write transaction, while the reply ends
         other = sqlite3.connect(config.db_path, timeout=0.1, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
+        rest.set()
         try:
             end = (await wire.until(rid))[-1]
             assert end["type"] == "error" and end["code"] == "disk_full", end
