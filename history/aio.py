@@ -147,11 +147,6 @@ class AsyncHistory:
         """
         return await asyncio.to_thread(quick_check, self._store.path)
 
-    async def run(self, fn: Callable[[HistoryStore], T]) -> T:
-        """Run fn(store) on the history thread and return its result (for callers not yet
-        moved to the typed methods below)."""
-        return await self._call(fn, self._store)
-
     async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, a store method, on the history thread; a full disk is DiskFull."""
         if self._closed:
