@@ -1,7 +1,7 @@
 """The protocol's contract, checked on every line the tests' clients send and read.
 
 ``docs/protocol.schema.json`` is what a client author codes against. ``watch`` wraps
-``core.wire.Wire`` for one test (conftest's autouse ``protocol_contract``), so every
+``client.wire.Wire`` for one test (conftest's autouse ``protocol_contract``), so every
 event any test reads through a ``Wire`` — the fixtures', a test's own, the command-line
 client's run in-process — is checked against it:
 
