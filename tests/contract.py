@@ -66,8 +66,31 @@ def by_type(definition: str) -> dict[str, list[str]] | None:
     return branches
 
 
+# (definition, JSON) of small values found to keep to it: a test reads the same deltas, statuses
+# and answers many times over, and the verdict on a value never changes
+KEPT: set[tuple[str, str]] = set()
+KEPT_MAX_CHARS = 2000
+KEPT_MAX = 100_000
+
+
 def problem(definition: str, value: Any) -> str | None:
     """Why ``value`` breaks ``$defs/definition``, or None when it keeps to it."""
+    try:
+        text = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        text = None
+    key = (definition, text) if text is not None and len(text) <= KEPT_MAX_CHARS else None
+    if key in KEPT:
+        return None
+    why = _problem(definition, value)
+    if why is None and key is not None:
+        if len(KEPT) >= KEPT_MAX:
+            KEPT.clear()
+        KEPT.add(key)
+    return why
+
+
+def _problem(definition: str, value: Any) -> str | None:
     branches = by_type(definition)
     if branches is not None and isinstance(value, dict) and isinstance(value.get("type"), str):
         # a oneOf holds when exactly one branch does, and a branch requiring another type cannot:
