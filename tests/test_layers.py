@@ -15,6 +15,7 @@ behind a lazy import; and on what a client command loads, run without the venv.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -122,11 +123,12 @@ def test_production_code_never_imports_the_tests() -> None:
     assert not offenders
 
 
-def _all_imports(path: Path) -> set[str]:
+@functools.cache  # each module is read by its package's test and by the one on the tests
+def _all_imports(path: Path) -> frozenset[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
-    return names
+    return frozenset(names)
