@@ -425,3 +425,12 @@ async def test_the_schema_parses_strictly_with_no_key_twice_in_an_object() -> No
         contract.strict_json('{"description": "a", "oneOf": [], "description": "b"}')
     assert contract.strict_json('{"a": {"description": "x"}, "b": {"description": "y"}}')
     assert "request.cancel" in contract.strict_json(contract.SCHEMA_PATH.read_text())["$defs"]
+
+
+async def test_the_documents_example_events_keep_to_the_schema() -> None:
+    # every event line of docs/PROTOCOL.md's examples is what a client author copies from
+    text = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith('{"type":')]
+    assert len(lines) > 10
+    for line in lines:
+        contract.check_event(contract.strict_json(line))
