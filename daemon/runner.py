@@ -146,7 +146,9 @@ class TurnState:
     @property
     def title(self) -> str | None:
         """The conversation's title as the turn began (None: it has none)."""
-        return self.past.conversation.title or None if self.past is not None else None
+        if self.past is None:
+            return None
+        return self.past.conversation.title or None
 
     def emit_progress(self, emit: Emit) -> Progress:
         def progress(stage: str, detail: str, sources: list[dict[str, Any]] | None = None) -> None:
