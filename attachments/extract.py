@@ -47,7 +47,7 @@ from . import pdf
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
 from .classify import Kind, classify
 from .imagecache import encode as encode_probed
-from .imagecache import reserve_pixels
+from .imagecache import reserve_pixels, thumbnail
 from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
 from .tasks import gather_all
 
@@ -78,13 +78,20 @@ class Chip:
     kind: Kind
     pages: int | None
     truncated: bool
+    path: str = ""
+    size: int = 0  # bytes
+    sha256: str | None = None  # None: a text file too large to be read whole was not hashed
+    thumbnail: str | None = None  # an image's thumbnail in the data dir (None: none could be made)
 
     def to_json(self) -> dict[str, Any]:
-        """The chip as the protocol sends it (``pages`` only for a PDF)."""
+        """The chip as the protocol sends it (``pages`` only for a PDF, ``thumbnail`` only for an image)."""
         data: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.pages is not None:
             data["pages"] = self.pages
         data["truncated"] = self.truncated
+        data.update(path=self.path, size=self.size, sha256=self.sha256)
+        if self.kind == "image":
+            data["thumbnail"] = self.thumbnail
         return data
 
 
@@ -158,6 +165,7 @@ class _Extracted:
     images: list[ImageAttachment] = field(default_factory=list)
     pages: int | None = None
     truncated: bool = False
+    thumbnail: str | None = None
 
 
 def _stage_file(path: str) -> _Staged:
@@ -245,7 +253,8 @@ async def _extract_image(item: _Staged, probe: Probe) -> _Extracted:
     encoded = await encode_probed(probe, item.name)
     image = ImageAttachment(item.name, item.path, probe.sha256, None, encoded.data_url, encoded.mime,
                             encoded.width, encoded.height)
-    return _Extracted(None, 0, None, probe.sha256, 0, "characters", images=[image])
+    shown = await thumbnail(probe.sha256, encoded)
+    return _Extracted(None, 0, None, probe.sha256, 0, "characters", images=[image], thumbnail=shown)
 
 
 async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
@@ -310,7 +319,7 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         size_bytes=item.size,
         sha256=done.sha256,
         mime=item.mime,
-        chip=Chip(item.name, item.kind, done.pages, cut),
+        chip=Chip(item.name, item.kind, done.pages, cut, item.path, item.size, done.sha256, done.thumbnail),
         text_block=block,
         images=done.images,
         full_text=done.full_text,

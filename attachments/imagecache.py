@@ -16,6 +16,10 @@ An image file of 250 KB may hold 8000 x 8000 pixels, 256 MB decoded. So:
   thread also keeps the memory in one malloc arena: decodes spread over the worker
   threads each left their own 256 MB arena behind (``bench/bench_images.py``). The
   others wait on the event loop, not in a worker thread.
+- **A thumbnail per image file**, for the canvas's chip: made once per file hash from
+  what the model is sent (at most 2048 px, so never a full-size decode), on the same
+  decode thread, and kept in ``thumbnails_dir`` (``<data dir>/thumbnails``); the same
+  file attached again reuses it. One that cannot be made leaves the chip without.
 - **A pixel budget per question and across questions**: the pixels one question's
   images will decode are reserved together before any is decoded, and a question
   that would take the pixels waiting across all questions past
@@ -37,10 +41,10 @@ from pathlib import Path
 
 from core.errors import TooManyPixels
 
-from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, probe_image
+from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_image
 
-__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "cached_image", "configure_image_cache",
-           "decodes", "load_image", "reserve_pixels"]
+__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "THUMBNAIL_PX", "cached_image", "configure_image_cache",
+           "decodes", "load_image", "reserve_pixels", "thumbnail"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ DECODE_THREAD = "image"
 MAX_WAITING_PIXELS = 16 * MAX_IMAGE_PIXELS  # two questions of eight images at the limit
 CACHE_BYTES = 256 * 1024 * 1024
 CACHE_VERSION = 1  # part of each entry's name: a change in how images are encoded starts afresh
+THUMBNAIL_PX = 256  # a thumbnail's longest side: a chip's picture, not the image
 
 
 class _State:
@@ -55,6 +60,7 @@ class _State:
 
     def __init__(self) -> None:
         self.cache_dir: Path | None = None
+        self.thumbnails_dir: Path | None = None
         self.waiting = 0  # pixels reserved by questions, not yet decoded
         self.decoder: ThreadPoolExecutor | None = None  # made on the first decode
         self.decodes = 0  # images decoded since start: a resend from the cache adds none
@@ -63,15 +69,21 @@ class _State:
 _state = _State()
 
 
-def configure_image_cache(folder: Path | None) -> None:
-    """Keep encoded images in ``folder`` (made 0700 when missing); None keeps none."""
-    _state.cache_dir = folder
+def configure_image_cache(folder: Path | None, thumbnails: Path | None = None) -> None:
+    """Keep encoded images in ``folder`` and chips' thumbnails in ``thumbnails`` (each made 0700
+    when missing); None keeps none."""
+    _state.cache_dir = _folder(folder, "images are decoded on every turn")
+    _state.thumbnails_dir = _folder(thumbnails, "image chips have no thumbnail")
+
+
+def _folder(folder: Path | None, without: str) -> Path | None:
     if folder is not None:
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            logger.warning("no image cache in %s (%s): images are decoded on every turn", folder, exc)
-            _state.cache_dir = None
+            logger.warning("cannot use %s (%s): %s", folder, exc, without)
+            return None
+    return folder
 
 
 def decodes() -> int:
@@ -187,6 +199,45 @@ async def encode(probe: Probe, name: str) -> EncodedImage:
     _state.decodes += 1
     await asyncio.to_thread(_store, probe, encoded)
     return encoded
+
+
+async def thumbnail(sha256: str, encoded: EncodedImage) -> str | None:
+    """The path of the thumbnail of the image file of hash ``sha256``, made from ``encoded`` (what
+    the model is sent) unless it exists; None when there is no folder for it or it cannot be made."""
+    folder = _state.thumbnails_dir
+    if folder is None:
+        return None
+    path = folder / f"{sha256}.png"
+    if await asyncio.to_thread(path.is_file):
+        return str(path)  # the same file attached before
+    if _state.decoder is None:
+        _state.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
+    made = await asyncio.get_running_loop().run_in_executor(_state.decoder, _make_thumbnail, encoded, path)
+    return str(path) if made else None
+
+
+def _make_thumbnail(encoded: EncodedImage, path: Path) -> bool:
+    """Write a PNG of at most ``THUMBNAIL_PX`` a side at ``path`` (blocking); False if it cannot."""
+    import io
+
+    image_module = pillow()
+    raw = base64.b64decode(encoded.data_url.partition(",")[2])
+    temporary = path.with_suffix(".tmp")
+    try:
+        with image_module.open(io.BytesIO(raw)) as image:
+            image.draft("RGB", (THUMBNAIL_PX, THUMBNAIL_PX))  # a JPEG decodes at a fraction of its size
+            image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+            alpha = image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
+            small = image.convert("RGBA" if alpha else "RGB")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            small.save(handle, format="PNG", optimize=True)
+        os.replace(temporary, path)
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's errors of a bad image, or a full disk
+        logger.debug("no thumbnail at %s (%s)", path, exc)
+        temporary.unlink(missing_ok=True)
+        return False
+    return True
 
 
 async def load_image(path: str, name: str, expected: str | None = None) -> tuple[EncodedImage, str] | None:

@@ -134,7 +134,7 @@ class Turn:
             ) from None
 
     def _status(self, event: dict[str, Any]) -> int:
-        if event["type"] == "error":
+        if event["type"] == "error" or event.get("saved") is False:  # not saved yet: a full disk
             return EXIT_ERROR
         reason = event.get("finish_reason")
         if reason == "cancelled" and self.cancelling:
@@ -175,6 +175,8 @@ class Turn:
             elsewhere = reason == "cancelled" and not self.cancelling
             self.terminal.note(f"[{CANCELLED_ELSEWHERE if elsewhere else STOPPED.get(reason, reason)}]")
         self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
+        if event.get("saved") is False:
+            self.terminal.note(f"assistant: {event.get('note') or 'the reply is not saved yet'}")
         if self.stats:  # asked for: said also when the server reports none (Ollama, vLLM)
             self.terminal.note(describe_timings(event.get("timings") or {}))
         return self._status(event)

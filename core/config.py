@@ -72,6 +72,54 @@ class Config:
     def embeddings_base(self) -> str:
         return self.embedding_url or self.router_url
 
+    def shown(self) -> dict[str, Any]:
+        """The settings in effect as the ``config`` request shows them: secrets masked (the
+        ``api_key``, a password in a URL; MCP servers by name and transport only, since their
+        ``env`` and ``headers`` carry tokens), a default that is not set as ``null``."""
+        mcp = self.mcp
+        return {
+            "router_url": masked_url(self.router_url),
+            "api_key": SECRET_MASK if self.api_key else None,
+            "model": self.model or None,
+            "system_prompt": self.system_prompt,
+            "ctx_max": self.ctx_max or None,
+            "assumed_ctx": self.assumed_ctx,
+            "max_reply_tokens": self.max_reply_tokens or None,
+            "compact_at": self.compact_at,
+            "image_tokens": self.image_tokens,
+            "models": {name: {"image_tokens": tokens} for name, tokens in sorted(self.model_image_tokens.items())},
+            "embedding_model": self.embedding_model or None,
+            "embedding_url": masked_url(self.embeddings_base),
+            "kb_top_k": self.kb_top_k,
+            "request_timeout": self.request_timeout,
+            "connect_timeout": self.connect_timeout,
+            "auto_title": self.auto_title,
+            "shutdown_grace": self.shutdown_grace,
+            "mcp": {
+                "servers": [{"name": s.name, "transport": s.transport} for s in mcp.servers],
+                "default": list(mcp.default) if mcp.default is not None else None,
+                "call_timeout": mcp.call_timeout,
+                "start_timeout": mcp.start_timeout,
+                "max_result_chars": mcp.max_result_chars,
+                "tools_share": mcp.tools_share,
+            },
+            "socket": str(self.socket_path),
+            "data_dir": str(self.data_dir),
+            "config_path": str(self.config_path) if self.config_path is not None else None,
+        }
+
+
+SECRET_MASK = "********"  # a secret that is set, as shown to a client
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its user part masked (``http://me:********@host/v1``)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username or ''}:{SECRET_MASK}@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+
 
 MODEL_KEYS = ("image_tokens",)  # what a [models."<id>"] table may set
 

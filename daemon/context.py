@@ -30,9 +30,8 @@ cannot fit on its own is refused (``context_overflow``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from core import (
     BUDGET_CHARS_PER_TOKEN,
@@ -46,7 +45,7 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from history import AsyncHistory, Compaction, Conversation, TurnContext
-from kbinject import KnowledgeBases
+from kbinject import Hit, KnowledgeBases
 from recall import (
     IN_PLACE_REQUEST,
     attachment_manifest,
@@ -66,7 +65,19 @@ KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
 COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
 NO_SUMMARY = "{previous}(Later turns could not be summarised: conversation_search finds what was said in them.)"
 
-Progress = Callable[[str, str], None]
+
+
+class Progress(Protocol):
+    """Where a turn's ``progress`` events go: a stage, a line for a person, and for ``kb`` the
+    passages' sources (docs/PROTOCOL.md, "Knowledge bases")."""
+
+    def __call__(self, stage: str, detail: str, sources: list[dict[str, Any]] | None = None) -> None: ...
+
+
+def passage_source(hit: Hit) -> dict[str, Any]:
+    """Where one injected passage comes from, as the ``kb`` progress and ``open`` show it."""
+    return {"kb": hit.kb, "file": hit.document, "path": hit.path, "chunk": hit.chunk, "chunks": hit.chunks,
+            "page": hit.page, "similarity": hit.similarity}
 
 
 def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,6 +122,7 @@ class Prompt:
     tokens: int
     budget: Budget
     encoded: EncodedPrefix | None = None  # its first messages as JSON made once (the replayed turns)
+    sources: list[dict[str, Any]] = field(default_factory=list)  # the knowledge-base passages it carries
 
     @property
     def max_tokens(self) -> int:
@@ -185,13 +197,14 @@ class ContextBuilder:
             raise self._too_big(model, budget, tokens, current)
         # after an overflow the estimate has proved low: no passages this time
         kb_ids = past.kb_ids if past else None
-        block = None if force else await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
+        block, sources = (None, []) if force else await self._knowledge(
+            cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
         if block:
             question = prompt[-1]
             prompt[-1] = with_passages(question, block)
             cost = model.image_tokens
             tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
-        return Prompt(prompt, tokens, budget, encoded)
+        return Prompt(prompt, tokens, budget, encoded, sources)
 
     async def _replayed(
         self, cid: int, turn: int, model: ModelInfo, budget: Budget, past: TurnContext | None
@@ -335,23 +348,24 @@ class ContextBuilder:
     async def _knowledge(
         self, cid: int, query: str, mode: str, ctx_used: int, ctx_max: int, progress: Progress,
         kb_ids: list[int] | None,
-    ) -> str | None:
-        """The knowledge-base block for this turn, if the mode, the links and the context allow."""
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """The knowledge-base block for this turn, if the mode, the links and the context allow,
+        and the sources of its passages (every ``kb`` progress carries them: [] when none)."""
         injection = await self.kbs.context_block(cid, query, mode, ctx_used, ctx_max, kb_ids)
+        sources = [passage_source(hit) for hit in injection.hits] if injection.block else []
         if injection.skipped_reason:
-            progress("kb", injection.skipped_reason)
+            progress("kb", injection.skipped_reason, [])
         elif injection.block:
-            sources = sorted({hit.kb for hit in injection.hits})
-            progress("kb", f"{len(injection.hits)} passage(s) from {', '.join(sources)}")
+            progress("kb", passages_detail(injection.hits), sources)
         elif injection.search is not None:
             # a search ran and found nothing to add: the canvas is told why not
             why = f" ({injection.note})" if injection.note else ""
-            progress("kb", f"no knowledge-base passage matched the question{why}")
+            progress("kb", f"no knowledge-base passage matched the question{why}", [])
         elif injection.note:
-            progress("kb", injection.note)  # the search failed
+            progress("kb", injection.note, [])  # the search failed
         if injection.note:
             logger.debug("kb: %s", injection.note)
-        return injection.block
+        return injection.block, sources
 
     def system_prompt(self, conversation: Conversation | None) -> str:
         """The conversation's own system prompt (``settings``, or ``system`` on its first ``ask``),
@@ -374,6 +388,12 @@ class ContextBuilder:
         entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
         return entry.system
+
+
+def passages_detail(hits: list[Hit]) -> str:
+    """The ``kb`` progress line for a person: how many passages, from which documents."""
+    documents = list(dict.fromkeys(f"{hit.document} ({hit.kb})" for hit in hits))
+    return f"{len(hits)} passage(s) from {', '.join(documents)}"
 
 
 BUSY_STATUSES = (429, 502, 503, 504)  # a server loading a model, overloaded, or a proxy without it

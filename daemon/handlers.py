@@ -26,7 +26,7 @@ from core.errors import (
 from core.models import image_cost
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, SearchHit, search_words
+from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from .connection import Emit
@@ -69,7 +69,10 @@ class Handlers:
             raise BadRequest("cancel needs either 'conversation' (to stop its turn) or 'kb' (to stop adding to it)")
         if request.has("kb"):
             kb = kb_name(request.get("kb"))
-            emit({"type": "cancelled", "kb": kb, "running": self.kbs.cancel(kb, sent=request.received)})
+            running = self.kbs.cancel(kb, sent=request.received)
+            if not running:
+                await self.kbs.get(kb)  # not_found for a knowledge base that does not exist
+            emit({"type": "cancelled", "kb": kb, "running": running})
             return
         cid: int = request.get("conversation")
         stopped, turn = await self.engine.stop(cid)  # answered once the turn has ended and is stored
@@ -87,15 +90,7 @@ class Handlers:
         cid: int = request.get("conversation")
         conv = await self._conversation(cid)
         before = self.engine.running_turn(cid)
-        if request.has("turn"):  # that turn alone
-            n: int = request.get("turn")
-            one = await self.history.turn(cid, n)
-            if one is None:
-                raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
-            read = [one]
-        else:
-            read = await self.history.turns(cid)
-        turns = self.history.shown(read)  # with any kept in memory
+        turns = self.history.shown(await self._open_turns(request, conv))  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
         live = {before, self.engine.running_turn(cid)}
@@ -118,8 +113,29 @@ class Handlers:
             "created_at": conv.created_at,
             "updated_at": conv.updated_at,
             "running": running,
+            "total": conv.turns,
             "turns": shown,
         })
+
+    async def _open_turns(self, request: Request, conv: Conversation) -> list[Turn]:
+        """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
+        ``limit``; ``limit`` alone: the last ones), or every one."""
+        cid = conv.id
+        paged = request.has("from_turn") or request.has("limit")
+        if request.has("turn"):  # that turn alone
+            if paged:
+                raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
+            n: int = request.get("turn")
+            one = await self.history.turn(cid, n)
+            if one is None:
+                raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
+            return [one]
+        if not paged:
+            return await self.history.turns(cid)
+        limit: int | None = request.get("limit")
+        # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
+        first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
+        return await self.history.turns(cid, first, limit)
 
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -202,6 +218,7 @@ class Handlers:
         query: str = request.get("query")
         cid: int | None = request.get("conversation")
         limit: int = request.get("limit", DEFAULT_SEARCH_LIMIT)
+        offset: int = request.get("offset", 0)
         if not query.strip():
             raise BadRequest("search needs words in 'query'")
         if len(search_words(query)) > MAX_SEARCH_WORDS:
@@ -209,9 +226,9 @@ class Handlers:
         if cid is not None:
             await self._conversation(cid)
         # one hit past the limit says whether there are more
-        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid)
+        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid, offset)
         groups = group_hits(hits[:limit], convs)
-        emit({"type": "results", "query": query, "total": sum(len(g["hits"]) for g in groups),
+        emit({"type": "results", "query": query, "offset": offset, "total": sum(len(g["hits"]) for g in groups),
               "more": len(hits) > limit, "conversations": groups})
 
     async def on_kb_add(self, request: Request, emit: Emit) -> None:
@@ -263,6 +280,10 @@ class Handlers:
             "data_dir": str(self.config.data_dir),
             "mcp": self.engine.mcp.status() if self.engine.mcp else [],
         })
+
+    async def on_config(self, request: Request, emit: Emit) -> None:
+        """The settings in effect (read-only; secrets masked), and the default model they give."""
+        emit({"type": "config", **self.config.shown(), "default_model": self.router.default_model()})
 
     # -- MCP (issue 13): the hosted servers, and what `assistant.py mcp serve` reads ------------
 

@@ -44,8 +44,11 @@ logger = logging.getLogger(__name__)
 MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the client checks it too)
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
+MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/search.py): none lie past it
 
-FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null"]
+FieldKind = Literal[
+    "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset"
+]
 NULLABLE = ("str_or_null", "str_list_or_null")  # null means something (the default), not "absent"
 
 # Requests that change what later requests see: every later line on the connection waits
@@ -72,7 +75,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
-    "open": {"conversation": S("int", required=True), "turn": S("int")},
+    "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
     "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
@@ -84,12 +87,13 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "system": S("str_or_null"),
         "mcp_servers": S("str_list_or_null"),
     },
-    "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit")},
+    "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit"), "offset": S("offset")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
     "kb_list": {},
     "kb_remove": {"kb": S("str", required=True)},
     "kb_link": {"kb": S("str", required=True), "conversation": S("int"), "linked": S("bool")},
     "status": {},
+    "config": {},
     # MCP (docs/PROTOCOL.md, "MCP servers"): the hosted servers and their tools; a named KB searched
     "mcp_servers": {},
     "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},
@@ -105,6 +109,7 @@ _KIND_NAMES = {
     "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
     "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
     "str_list_or_null": "a list of strings or null",
+    "offset": f"an integer from 0 to {MAX_SEARCH_OFFSET}",
 }
 
 
@@ -151,6 +156,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
     if kind == "timestamp":
         return isinstance(value, str) and TIMESTAMP.fullmatch(value) is not None
+    if kind == "offset":
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEARCH_OFFSET
     raise AssertionError(kind)
 
 
@@ -180,7 +187,7 @@ def request_id(obj: dict[str, Any]) -> Any:
 def _whole(kind: FieldKind, value: Any) -> Any:
     """An integer field's value written with a zero fraction (``50.0``, ``1e1``: JSON Schema's
     integers too) as the integer it is."""
-    if kind in ("int", "limit") and isinstance(value, float) and value.is_integer():
+    if kind in ("int", "limit", "offset") and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 

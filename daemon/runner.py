@@ -125,6 +125,7 @@ class TurnState:
     round_start: int = 0  # where the current round's text begins in the reply
     prompt: list[dict[str, Any]] = field(default_factory=list)  # the last prompt sent: the title extends it
     tools: list[dict[str, Any]] | None = None  # the tools offered with it
+    sources: list[dict[str, Any]] = field(default_factory=list)  # the knowledge-base passages it carried
     past: TurnContext | None = None  # what history held for the prompt before this turn
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
@@ -142,10 +143,20 @@ class TurnState:
         """The context the conversation filled before this turn."""
         return self.past.conversation.ctx_used if self.past is not None else 0
 
+    @property
+    def title(self) -> str | None:
+        """The conversation's title as the turn began (None: it has none)."""
+        if self.past is None:
+            return None
+        return self.past.conversation.title or None
+
     def emit_progress(self, emit: Emit) -> Progress:
-        def progress(stage: str, detail: str) -> None:
-            emit({"type": "progress", "conversation": self.conversation, "turn": self.turn,
-                  "stage": stage, "detail": detail})
+        def progress(stage: str, detail: str, sources: list[dict[str, Any]] | None = None) -> None:
+            event = {"type": "progress", "conversation": self.conversation, "turn": self.turn,
+                     "stage": stage, "detail": detail}
+            if sources is not None:
+                event["sources"] = sources
+            emit(event)
         return progress
 
 
@@ -288,14 +299,16 @@ class TurnRunner:
         a new conversation's first reply."""
         outcome = await self._converse_guarded(state, slot, emit)
         slot.finishing = True  # a cancel from here on would lose the outcome's event
-        stored = await self._finish(state, outcome)
+        saved = await self._finish(state, outcome) is not None
         failure = outcome.failure
-        if stored is None:
-            failure = DiskFull(self.history.kept_message())  # the reply waits in memory for room
         if failure is not None:
+            if not saved:  # the error stays what it was, and says the disk is full too
+                failure.message = f"{failure.message}; {self.history.kept_message()}"
             emit(error_event(failure, conversation=state.conversation, turn=state.turn))
         else:
-            emit(self._done_event(state, outcome.finish_reason))
+            # a reply a full disk keeps in memory for now is done all the same: the client has
+            # its usage and ctx_used, and ``saved: false`` says it is not on disk yet
+            emit(self._done_event(state, outcome.finish_reason, saved))
         if outcome.foreign_cancel:
             raise asyncio.CancelledError
         if state.new_conversation and state.reply and self.config.auto_title:
@@ -339,7 +352,7 @@ class TurnRunner:
                         progress=progress, query=state.query, kb_injection=state.kb_injection, past=state.past,
                         tools=definitions, tool_tokens=tool_tokens)
         prompt = await build(state.model)
-        state.prompt_estimate = prompt.tokens
+        state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
         def waiting() -> None:  # said by the router client when the first request has gone out
             progress("waiting", f"waiting for {display_name(state.model.id)}")
@@ -403,7 +416,10 @@ class TurnRunner:
             if exc.n_ctx is not None:
                 state.model = self.router.learn_context(state.model.id, exc.n_ctx)
             prompt = await build(state.model, force=not explained)
-            return await self._stream_round(state, prompt, tools, emit), prompt  # ``waiting`` was said
+            state.sources = prompt.sources
+            # the steps of a request start again: ``compacting`` and ``kb`` (when they happen) were
+            # sent for the new prompt, so ``waiting`` is sent again as it leaves
+            return await self._stream_round(state, prompt, tools, emit, waiting), prompt
 
     async def _last_words(self, state: TurnState, prompt: Prompt, end: StreamEnd, emit: Emit) -> str | None:
         """The turn's finish reason. A model that called a tool nobody offered (or one past the
@@ -551,13 +567,14 @@ class TurnRunner:
             finish_reason=outcome.finish_reason, error=failure.message if failure else None,
             error_code=failure.code if failure else None, prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None, ctx_used=ctx_used,
+            sources=state.sources,
         )
         # a second cancel (shutdown after a user's cancel) must not lose the write
         return stored if await asyncio.shield(self.history.finish(stored)) else None
 
-    def _done_event(self, state: TurnState, finish_reason: str | None) -> dict[str, Any]:
+    def _done_event(self, state: TurnState, finish_reason: str | None, saved: bool) -> dict[str, Any]:
         usage = state.usage
-        return {
+        event = {
             "type": "done",
             "conversation": state.conversation,
             "turn": state.turn,
@@ -567,7 +584,13 @@ class TurnRunner:
             "ctx_used": state.ctx_used,
             "ctx_max": state.model.ctx_max,
             "timings": state.timings.to_json() if state.timings else None,
+            "model": state.model.id,
+            "title": state.title,
+            "saved": saved,
         }
+        if not saved:
+            event["note"] = self.history.kept_message()
+        return event
 
     def _title(self, state: TurnState) -> None:
         """Ask the model for a title for a new conversation's first reply, in the background

@@ -111,7 +111,7 @@ class Server:
                 "or set ASSISTANT_DATA_DIR to a folder you own"
             )
         self._history = await AsyncHistory.open(self.config.db_path)
-        configure_image_cache(self.config.data_dir / "images")
+        configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
         try:
             interrupted = await self._history.interrupt_running()
         except Exception as exc:  # a full disk: serve what can be served, and say so

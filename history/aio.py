@@ -256,8 +256,8 @@ class AsyncHistory:
     async def save_partial(self, cid: int, turn: int, reply: str) -> None:
         return await self._call(self._store.save_partial, cid, turn, reply)
 
-    async def turns(self, cid: int) -> list[Turn]:
-        return await self._call(self._store.turns, cid)
+    async def turns(self, cid: int, from_turn: int = 1, limit: int | None = None) -> list[Turn]:
+        return await self._call(self._store.turns, cid, from_turn, limit)
 
     async def turn(self, cid: int, n: int) -> Turn | None:
         return await self._call(self._store.turn, cid, n)
@@ -287,9 +287,9 @@ class AsyncHistory:
         return await self._call(self._store.search_all, query, limit)
 
     async def search_with_conversations(
-        self, query: str, limit: int, cid: int | None = None
+        self, query: str, limit: int, cid: int | None = None, offset: int = 0
     ) -> tuple[list[SearchHit], dict[int, Conversation]]:
-        return await self._call(self._store.search_with_conversations, query, limit, cid)
+        return await self._call(self._store.search_with_conversations, query, limit, cid, offset)
 
     # -- a full disk ---------------------------------------------------------------------
 

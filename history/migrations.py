@@ -411,6 +411,14 @@ def m007_conversation_system_prompt(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE conversations ADD COLUMN system_prompt TEXT")
 
 
+def m008_turn_sources(conn: sqlite3.Connection) -> None:
+    """`turns.sources`: the knowledge-base passages a turn's prompt carried."""
+    # JSON list of {kb, file, path, chunk, chunks, page, similarity}: the passages themselves
+    # are not stored with the question (docs/DESIGN.md, "Prompt layout"), so `open` shows where
+    # the answer's context came from by this list alone; '[]' for a turn that got none.
+    conn.execute("ALTER TABLE turns ADD COLUMN sources TEXT NOT NULL DEFAULT '[]'")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -419,6 +427,7 @@ MIGRATIONS: list[Migration] = [
     m005_message_fts_automerge,
     m006_knowledge_bases,
     m007_conversation_system_prompt,
+    m008_turn_sources,
 ]
 
 

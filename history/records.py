@@ -149,6 +149,8 @@ class Turn(FromRow):
     completion_tokens: int | None
     created_at: str
     updated_at: str
+    # the knowledge-base passages its prompt carried (m008): where they came from, not their text
+    sources: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
 
     @property
     def usage(self) -> dict[str, int | None] | None:
@@ -178,6 +180,7 @@ class Turn(FromRow):
             "model": self.model,
             # the shape of a ``done`` event's: an object whose counts may be null
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
+            "sources": self.sources,
             "created_at": self.created_at,
         }
 
@@ -198,6 +201,7 @@ class TurnOutcome:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     ctx_used: int | None = None
+    sources: list[dict[str, Any]] = field(default_factory=list)  # its knowledge-base passages'
 
     @property
     def key(self) -> tuple[int, int]:
@@ -208,7 +212,7 @@ class TurnOutcome:
         return replace(
             turn, messages=self.messages, reply=self.reply, status=self.status, finish_reason=self.finish_reason,
             error=self.error, error_code=self.error_code, prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
+            completion_tokens=self.completion_tokens, sources=self.sources,
         )
 
 

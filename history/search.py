@@ -73,12 +73,14 @@ AND +rowid IN (
 )
 """
 # bm25() is selected once under an alias and ordered by it: `ORDER BY rank` would have
-# FTS5 rank in its own sorter and again for the output column.
+# FTS5 rank in its own sorter and again for the output column. Equal scores go newest first,
+# as the hits are shown: without it which of them a LIMIT keeps is the sorter's choice, and
+# `search` pages (``offset``) would repeat or skip hits.
 RANKED_HITS = """
 SELECT rowid AS id, bm25(message_fts) AS score
 FROM message_fts
 WHERE message_fts MATCH :weighed AND rowid BETWEEN :lo AND :hi {role} {frequent}
-ORDER BY score
+ORDER BY score, id DESC
 LIMIT :limit
 """
 NEWEST_HITS = f"""

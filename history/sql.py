@@ -51,13 +51,21 @@ UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
 TURN_COLUMNS = """
 t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
 t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
-t.created_at, t.updated_at
+t.created_at, t.updated_at, t.sources
 """
 SELECT_TURNS = f"""
 SELECT {TURN_COLUMNS}
 FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
 WHERE t.conversation_id = ? AND c.deleted_at IS NULL
 ORDER BY t.turn
+"""
+# a page of turns: ``open`` with ``from_turn``/``limit`` (the primary key's order)
+SELECT_TURN_RANGE = f"""
+SELECT {TURN_COLUMNS}
+FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn >= ? AND c.deleted_at IS NULL
+ORDER BY t.turn
+LIMIT ?
 """
 SELECT_TURN = f"""
 SELECT {TURN_COLUMNS}
@@ -119,7 +127,7 @@ UPDATE turns SET reply = ? WHERE conversation_id = ? AND turn = ? AND status = '
 FINISH_TURN = """
 UPDATE turns
 SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_code = ?,
-    prompt_tokens = ?, completion_tokens = ?, updated_at = ?
+    prompt_tokens = ?, completion_tokens = ?, sources = ?, updated_at = ?
 WHERE conversation_id = ? AND turn = ?
 """
 SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"

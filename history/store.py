@@ -318,7 +318,7 @@ class HistoryStore:
         turn = Turn(
             conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
             status="running", error=None, error_code=None, finish_reason=None, model=model,
-            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now,
+            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[],
         )
         return conversation, turn
 
@@ -386,8 +386,10 @@ class HistoryStore:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         ctx_used: int | None = None,
+        sources: list[dict[str, Any]] | None = None,
     ) -> Turn:
-        """Store the turn's final messages and outcome and re-index it.
+        """Store the turn's final messages and outcome (``sources``: its knowledge-base passages')
+        and re-index it.
 
         Raises LookupError when the turn does not exist. A turn whose conversation was
         deleted while it ran is still saved, but not indexed: deleted conversations
@@ -401,7 +403,7 @@ class HistoryStore:
                 sql.FINISH_TURN,
                 (
                     _dumps(messages), reply, status, finish_reason, error, error_code,
-                    prompt_tokens, completion_tokens, now, cid, turn,
+                    prompt_tokens, completion_tokens, _dumps(sources or []), now, cid, turn,
                 ),
             )
             if updated.rowcount == 0:
@@ -419,12 +421,17 @@ class HistoryStore:
         return self.finish_turn(
             o.conversation, o.turn, messages=o.messages, reply=o.reply, status=o.status,
             finish_reason=o.finish_reason, error=o.error, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
-            completion_tokens=o.completion_tokens, ctx_used=o.ctx_used,
+            completion_tokens=o.completion_tokens, ctx_used=o.ctx_used, sources=o.sources,
         )
 
-    def turns(self, cid: int) -> list[Turn]:
-        """Every turn of a live conversation, in order ([] if missing or deleted)."""
-        return [Turn.from_row(row) for row in self._conn.execute(sql.SELECT_TURNS, (cid,))]
+    def turns(self, cid: int, from_turn: int = 1, limit: int | None = None) -> list[Turn]:
+        """The turns of a live conversation, in order ([] if missing or deleted): every one, or at
+        most ``limit`` from turn ``from_turn`` on."""
+        if from_turn == 1 and limit is None:
+            rows = self._conn.execute(sql.SELECT_TURNS, (cid,))
+        else:
+            rows = self._conn.execute(sql.SELECT_TURN_RANGE, (cid, from_turn, -1 if limit is None else limit))
+        return [Turn.from_row(row) for row in rows]
 
     def answered_turns(
         self, cid: int, before: int, after: int = 0
@@ -536,10 +543,12 @@ class HistoryStore:
         return search.search(self._conn, self._phrases, query, limit, cap=search.ALL_CAP)
 
     def search_with_conversations(
-        self, query: str, limit: int, cid: int | None = None
+        self, query: str, limit: int, cid: int | None = None, offset: int = 0
     ) -> tuple[list[SearchHit], dict[int, Conversation]]:
-        """``search_all`` (or ``search_conversation`` of ``cid``), and the live conversations
-        of the hits by id: a search's answer, read in one trip."""
-        hits = self.search_conversation(cid, query, limit) if cid is not None else self.search_all(query, limit)
+        """``search_all`` (or ``search_conversation`` of ``cid``) past the first ``offset`` hits,
+        and the live conversations of the hits by id: a search's answer, read in one trip."""
+        wanted = offset + limit
+        hits = self.search_conversation(cid, query, wanted) if cid is not None else self.search_all(query, wanted)
+        hits = hits[offset:]
         found = {c: self._conversation(c) for c in {hit.conversation_id for hit in hits}}
         return hits, {c: conversation for c, conversation in found.items() if conversation is not None}

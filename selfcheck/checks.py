@@ -9,6 +9,7 @@ Needs nothing beyond the project's own dependencies (no pytest).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -189,7 +190,9 @@ async def _pdf(ctx: Context) -> None:
     pdf = make_pdf(ctx.scratch / "two.pdf", ["The answer is forty-two.", None])
     events = await ctx.wire.ask("read", files=[str(pdf)], model="fake-vision")
     chip = _user(events)["files"][0]
-    expect(chip == {"name": "two.pdf", "kind": "pdf", "pages": 2, "truncated": False}, f"chip: {chip}")
+    expect(chip == {"name": "two.pdf", "kind": "pdf", "pages": 2, "truncated": False, "path": str(pdf),
+                    "size": pdf.stat().st_size, "sha256": hashlib.sha256(pdf.read_bytes()).hexdigest()},
+           f"chip: {chip}")
     expect("The answer is forty-two." in _sent_text(ctx), "the PDF's text did not reach the model")
     expect(_sent_images(ctx) == 1, f"page images sent: {_sent_images(ctx)}")
 

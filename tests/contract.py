@@ -25,15 +25,30 @@ from jsonschema.exceptions import best_match
 
 from client import Wire
 
-__all__ = ["SCHEMA_PATH", "check_event", "check_request", "watch"]
+__all__ = ["SCHEMA_PATH", "check_event", "check_request", "strict_json", "watch"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 MALFORMED = ("bad_request", "unknown_type")  # refusals of a request the schema should reject too
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct: a duplicate is an error (``json``'s default keeps
+    the last one silently, where a strict parser refuses the whole file)."""
+    seen = [key for key, _ in pairs]
+    twice = sorted({key for key in seen if seen.count(key) > 1})
+    if twice:
+        raise ValueError(f"duplicate key(s) {', '.join(map(repr, twice))} in one object")
+    return dict(pairs)
+
+
+def strict_json(text: str) -> Any:
+    """JSON text parsed as a strict parser would: no duplicate keys."""
+    return json.loads(text, object_pairs_hook=unique_keys)
+
+
 @cache
 def schema() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+    loaded: dict[str, Any] = strict_json(SCHEMA_PATH.read_text())
     Draft202012Validator.check_schema(loaded)
     return loaded
 

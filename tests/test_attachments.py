@@ -35,6 +35,7 @@ from attachments import (
     FULL_TEXT_CAP,
     MAX_FILES,
     MAX_PAGE_IMAGES,
+    Chip,
     Prepared,
     budget_chars,
     estimate_files,
@@ -81,6 +82,11 @@ async def prepare_one(path: Path | str, **options: Any) -> Prepared:
     return prepared
 
 
+def drawn(chip: Chip) -> dict[str, Any]:
+    """What a chip shows of its file, without where the file is (path, size, hash, thumbnail)."""
+    return {k: v for k, v in chip.to_json().items() if k in ("name", "kind", "pages", "truncated")}
+
+
 def decode(data_url: str) -> tuple[str, bytes]:
     """The MIME type and bytes of a base64 data URL."""
     head, _, payload = data_url.partition(",")
@@ -123,7 +129,7 @@ async def test_text_files_are_text(tmp_path: Path, name: str, content: bytes) ->
     path.write_bytes(content)
     prepared = await prepare_one(path)
     assert prepared.kind == "text"
-    assert prepared.chip.to_json() == {"name": name, "kind": "text", "truncated": False}
+    assert drawn(prepared.chip) == {"name": name, "kind": "text", "truncated": False}
     assert prepared.text_block == f"--- file: {name} ---\n{content.decode()}"
     assert prepared.full_text == content.decode()
     assert prepared.images == []
@@ -145,10 +151,10 @@ def test_classify_by_content_when_the_name_says_nothing(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_an_image_and_a_pdf_are_classified(tmp_path: Path) -> None:
     image, pdf = await prepare(make_png(tmp_path / "shot.png"), make_pdf(tmp_path / "doc.pdf", ["Hello"]))
-    assert (image.kind, image.mime, image.chip.to_json()) == (
+    assert (image.kind, image.mime, drawn(image.chip)) == (
         "image", "image/png", {"name": "shot.png", "kind": "image", "truncated": False})
     assert (pdf.kind, pdf.mime, pdf.pages) == ("pdf", "application/pdf", 1)
-    assert pdf.chip.to_json() == {"name": "doc.pdf", "kind": "pdf", "pages": 1, "truncated": False}
+    assert drawn(pdf.chip) == {"name": "doc.pdf", "kind": "pdf", "pages": 1, "truncated": False}
 
 
 @pytest.mark.asyncio
@@ -226,7 +232,7 @@ async def test_pdf_text_page_and_blank_page_give_text_and_one_image(tmp_path: Pa
     path = make_pdf(tmp_path / "report.pdf", ["Quarterly numbers went up.", None])
     prepared = await prepare_one(path)
     assert prepared.pages == 2
-    assert prepared.chip.to_json() == {"name": "report.pdf", "kind": "pdf", "pages": 2, "truncated": False}
+    assert drawn(prepared.chip) == {"name": "report.pdf", "kind": "pdf", "pages": 2, "truncated": False}
     block = prepared.text_block
     assert block is not None and block.startswith("--- file: report.pdf (2 pages) ---\n[page 1]\n")
     assert "Quarterly numbers went up." in block

@@ -312,7 +312,7 @@ async def test_what_the_schema_takes_the_daemon_takes(wire: Wire) -> None:
     assert (await wire.request({"type": "status", "id": rid}))["id"] == rid
     # a KB name with whitespace around it is the name, as the schema's pattern says
     refused = await wire.request({"type": "cancel", "kb": "\tnotes ", "conversation": None})
-    assert refused["type"] == "cancelled"
+    assert refused["code"] == "not_found" and "'notes'" in refused["message"]  # taken, and no such KB
 
 
 async def test_a_before_in_other_digits_is_no_updated_at(wire: Wire) -> None:
@@ -416,3 +416,21 @@ async def test_the_hook_fails_an_event_the_schema_does_not_list() -> None:
         contract.check_event({"type": "error", "code": "busy", "message": "m"}, "ask")
     assert not contract.check_request({"type": "ask", "text": "   "})
     assert contract.check_request({"type": "ask", "text": "hi", "colour": "blue"})  # unknown fields are ignored
+
+
+async def test_the_schema_parses_strictly_with_no_key_twice_in_an_object() -> None:
+    # a strict parser (as a client's may be) refuses an object with a key twice: the suite reads
+    # the schema so, and so must every client's
+    with pytest.raises(ValueError, match="duplicate key"):
+        contract.strict_json('{"description": "a", "oneOf": [], "description": "b"}')
+    assert contract.strict_json('{"a": {"description": "x"}, "b": {"description": "y"}}')
+    assert "request.cancel" in contract.strict_json(contract.SCHEMA_PATH.read_text())["$defs"]
+
+
+async def test_the_documents_example_events_keep_to_the_schema() -> None:
+    # every event line of docs/PROTOCOL.md's examples is what a client author copies from
+    text = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith('{"type":')]
+    assert len(lines) > 10
+    for line in lines:
+        contract.check_event(contract.strict_json(line))

@@ -123,8 +123,10 @@ async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_r
     events, filler = await fill_mid_reply(wire, router, config)
     assert reply_text(events) == WORDS  # the client saw the whole reply
     end = events[-1]
-    assert end["type"] == "error" and end["code"] == "disk_full"
-    assert "kept in memory" in end["message"] and "free some space" in end["message"]
+    # done, with what a canvas shows of it (usage, ctx_used), and word that it is not saved yet
+    assert end["type"] == "done" and end["saved"] is False and end["text"] == WORDS
+    assert end["finish_reason"] == "stop" and end["ctx_used"] > 0 and end["model"] == "fake-text"
+    assert "kept in memory" in end["note"] and "free some space" in end["note"]
     cid, turn = end["conversation"], end["turn"]
     # not running: open shows the outcome kept in memory
     opened = await wire.request({"type": "open", "conversation": cid})
@@ -141,6 +143,22 @@ async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_r
     assert stored_turn(config.db_path, cid, turn) == ("complete", WORDS)
     events = await wire.ask("And now?", conversation=cid)
     assert of_type(events, "done")
+    await wire.close()
+
+
+async def test_a_reply_that_fails_on_a_full_disk_keeps_its_own_error(daemon: RunningDaemon, router: FakeRouter) -> None:
+    wire = await daemon.connect()
+    router.script(Reply(text=WORDS, delay=0.03, error="the model crashed"))  # an error after the words
+    rid = await wire.send({"type": "ask", "text": "Tell me forty words"})
+    async for event in wire.stream(rid):
+        if event["type"] == "delta":
+            break
+    filler = fill(daemon.config.data_dir.parent)
+    end = (await wire.until(rid))[-1]
+    # the turn failed for its own reason: that stays its code, and its message says the disk is full too
+    assert end["type"] == "error" and end["code"] == "router_error", end
+    assert "the model crashed" in end["message"] and "kept in memory" in end["message"]
+    filler.unlink()
     await wire.close()
 
 

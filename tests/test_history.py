@@ -444,6 +444,7 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "finish_reason": "stop",
         "model": "gemma",
         "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+        "sources": [],
         "created_at": turn.created_at,
     }
 

@@ -211,6 +211,38 @@ async def test_auto_injection_puts_the_best_passages_before_the_question(
     assert "tools" not in router.requests[-1] or "kb_search" not in json.dumps(router.requests[-1]["tools"])
 
 
+async def test_the_kb_progress_names_the_passages_sources_and_open_keeps_them(
+    kwire: Wire, router: FakeRouter, docs: Path
+) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    events = await kwire.ask("why do honey bees dance?")
+    [kb] = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
+    sources = kb["sources"]
+    assert sources and {s["kb"] for s in sources} == {"notes"}
+    bees = next(s for s in sources if s["file"] == "bees.md")
+    assert bees["path"] == str(docs / "bees.md") and (bees["chunk"], bees["chunks"], bees["page"]) == (1, 1, None)
+    assert len(sources) == question_of(router).count("\nSource: notes (")  # one per passage sent
+    assert "bees.md (notes)" in kb["detail"]  # the documents, not just the knowledge base
+    cid = events[-1]["conversation"]
+    # stored with the turn: open shows where the answer's context came from
+    turn = (await kwire.request({"type": "open", "conversation": cid}))["turns"][0]
+    assert turn["sources"] == sources
+    # a turn that got no passage says so the same way
+    await kwire.request({"type": "settings", "conversation": cid, "kb_injection": "off"})
+    await kwire.ask("and the tides?", conversation=cid)
+    opened = await kwire.request({"type": "open", "conversation": cid, "turn": 2})
+    assert opened["turns"][0]["sources"] == []
+
+
+async def test_a_kb_progress_that_adds_nothing_has_no_sources(kwire: Wire, docs: Path) -> None:
+    await kb_add(kwire, "notes", docs)
+    await kwire.request({"type": "kb_link", "kb": "notes"})
+    events = await kwire.ask("zebra quartz xylophone")
+    [kb] = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
+    assert kb["sources"] == [] and "no knowledge-base passage matched" in kb["detail"]
+
+
 @pytest.mark.parametrize("mode, block, tool", [("off", False, False), ("tool_only", False, True),
                                                 ("both", True, True), ("auto", True, False)])
 async def test_injection_modes(kwire: Wire, router: FakeRouter, docs: Path, mode: str, block: bool, tool: bool) -> None:
@@ -469,9 +501,18 @@ async def test_a_kb_add_holds_up_only_requests_about_its_kb(kwire: Wire, router:
 async def test_an_add_sent_after_a_cancel_of_its_kb_runs(kwire: Wire, docs: Path) -> None:
     cancel = await kwire.send({"type": "cancel", "kb": "notes"})
     add = await kwire.send({"type": "kb_add", "kb": "notes", "paths": [str(docs)]})  # back to back
-    assert (await kwire.until(cancel, ("cancelled", "error")))[-1]["running"] is False
+    refused = (await kwire.until(cancel, ("cancelled", "error")))[-1]
+    assert refused["code"] == "not_found"  # no such knowledge base yet: nothing to cancel
     result = (await kwire.until(add, ("kb", "error")))[-1]
     assert result["type"] == "kb" and result["cancelled"] is False and result["added"] == 3
+    idle = await kwire.request({"type": "cancel", "kb": "notes"})
+    assert idle == {"type": "cancelled", "kb": "notes", "running": False, "id": idle["id"]}
+
+
+async def test_cancel_of_an_unknown_kb_is_not_found(kwire: Wire) -> None:
+    answer = await kwire.request({"type": "cancel", "kb": "never-added"})
+    assert answer["type"] == "error" and answer["code"] == "not_found"
+    assert "never-added" in answer["message"] and "kb_list" in answer["message"]
 
 
 async def test_cancel_names_a_conversation_or_a_kb(kwire: Wire) -> None:

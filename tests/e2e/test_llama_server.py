@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import random
 import string
@@ -284,7 +285,8 @@ async def test_a_text_file_reaches_the_model(wire: Wire, llama_server: Any, sent
     notes.write_text("Meeting notes. The password for the lab is PURPLE-ELEPHANT-42.\n")
     events = await wire.ask("What is the password in the notes?", files=[str(notes)])
     user = of_type(events, "user")[0]
-    assert user["files"] == [{"name": "notes.txt", "kind": "text", "truncated": False}]
+    assert user["files"] == [{"name": "notes.txt", "kind": "text", "truncated": False, "path": str(notes),
+                              "size": notes.stat().st_size, "sha256": hashlib.sha256(notes.read_bytes()).hexdigest()}]
     assert [e["stage"] for e in of_type(events, "progress")][:1] == ["extracting"]
     done = assert_turn(events)
     assert done["finish_reason"] in FINISHED
@@ -297,7 +299,8 @@ async def test_a_pdf_reaches_the_model(wire: Wire, llama_server: Any, sent: Sent
     pdf = make_pdf(tmp_path / "report.pdf", ["Quarterly report: revenue rose 12 percent.", "Costs fell in March."])
     events = await wire.ask("Summarise the report.", files=[str(pdf)])
     user = of_type(events, "user")[0]
-    assert user["files"] == [{"name": "report.pdf", "kind": "pdf", "pages": 2, "truncated": False}]
+    assert user["files"] == [{"name": "report.pdf", "kind": "pdf", "pages": 2, "truncated": False, "path": str(pdf),
+                              "size": pdf.stat().st_size, "sha256": hashlib.sha256(pdf.read_bytes()).hexdigest()}]
     done = assert_turn(events)
     assert done["finish_reason"] in FINISHED
     question = content_text(sent.chats[0]["messages"][-1])
