@@ -411,6 +411,13 @@ def m007_conversation_system_prompt(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE conversations ADD COLUMN system_prompt TEXT")
 
 
+def m008_turn_ref(conn: sqlite3.Connection) -> None:
+    """`turns.ref`: the client's own reference for the ask that made the turn."""
+    # A client whose connection dropped before the `user` event finds its question by this
+    # (the request id is the connection's, not stored); NULL when the ask carried none.
+    conn.execute("ALTER TABLE turns ADD COLUMN ref TEXT")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -419,6 +426,7 @@ MIGRATIONS: list[Migration] = [
     m005_message_fts_automerge,
     m006_knowledge_bases,
     m007_conversation_system_prompt,
+    m008_turn_ref,
 ]
 
 

@@ -149,6 +149,7 @@ class Turn(FromRow):
     completion_tokens: int | None
     created_at: str
     updated_at: str
+    ref: str | None = None  # the client's own reference, given on its ask
 
     @property
     def usage(self) -> dict[str, int | None] | None:
@@ -179,6 +180,7 @@ class Turn(FromRow):
             # the shape of a ``done`` event's: an object whose counts may be null
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
             "created_at": self.created_at,
+            "ref": self.ref,
         }
 
 

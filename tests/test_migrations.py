@@ -28,6 +28,7 @@ TURN_COLUMNS_M001 = [
 ALL_MIGRATIONS = [
     "m001_initial", "m002_turn_files", "m003_attachments", "m004_compactions",
     "m005_message_fts_automerge", "m006_knowledge_bases", "m007_conversation_system_prompt",
+    "m008_turn_ref",
 ]
 
 
@@ -77,7 +78,7 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert migrate(conn) == ALL_MIGRATIONS
 
         assert table_columns(conn, "conversations") == CONVERSATION_COLUMNS
-        assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files"]
+        assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files", "ref"]
         assert table_columns(conn, "_migrations") == ["name", "applied_at"]
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
@@ -143,7 +144,7 @@ def test_m001_has_no_files_column_and_m002_adds_it(tmp_path: Path) -> None:
         assert "files" not in table_columns(conn, "turns")
 
         assert migrate(conn) == ALL_MIGRATIONS[1:]
-        assert table_columns(conn, "turns")[-1] == "files"
+        assert table_columns(conn, "turns")[-2:] == ["files", "ref"]
 
 
 def build_old_schema(path: Path, *, with_files: bool) -> None:
