@@ -43,7 +43,7 @@ from .protocol import (
     validate,
 )
 
-__all__ = ["Connection", "Emit", "Handler"]
+__all__ = ["Connection", "Emit", "Handler", "Replier"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ REFUSAL_GRACE = 2.0  # seconds a refused client has to read why before it is hun
 MAX_WRITE_BUFFER = 32 * 1024 * 1024
 
 Emit = Callable[[dict[str, Any]], None]
-Handler = Callable[[Request, Emit], Awaitable[None]]
 
 _TOO_LONG = object()  # marks a line that passed MAX_LINE_BYTES
 LEADING_SPACE = re.compile(rb"[ \t\r\n]*")
@@ -115,6 +114,36 @@ async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) 
             start = newline + 1
 
 
+class Replier:
+    """The ``emit`` a request's handler gets: sends each event on the request's connection with
+    the request's ``id``; and what a ``watch`` or a ``follow``, which outlive their request,
+    need to know of that connection (``daemon.live``)."""
+
+    __slots__ = ("connection", "_echo")
+
+    def __init__(self, connection: Connection, request: Request) -> None:
+        self.connection = connection
+        self._echo = {"id": request.id} if request.has_id else None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self._echo is not None:
+            event.update(self._echo)
+        self.connection.send(event)
+
+    @property
+    def gone(self) -> bool:
+        """The client hung up, or was dropped: nothing sent reaches it."""
+        return self.connection.closed
+
+    @property
+    def backlog(self) -> int:
+        """Bytes sent and not yet read by the client."""
+        return self.connection.backlog
+
+
+Handler = Callable[[Request, Replier], Awaitable[None]]
+
+
 class Connection:
     """Serves one client until it hangs up; requests outlive it (a turn is never cut)."""
 
@@ -155,6 +184,13 @@ class Connection:
             self._batching = True
             self._flush()
             asyncio.get_running_loop().call_soon(self._end_batch)
+
+    @property
+    def backlog(self) -> int:
+        """Bytes waiting for the client: queued in this turn of the loop, and in the transport."""
+        if self.closed:
+            return 0
+        return self._pending_bytes + self._writer.transport.get_write_buffer_size()
 
     def _end_batch(self) -> None:
         self._batching = False
@@ -295,11 +331,7 @@ class Connection:
             self._sequenced.pop(key, None)
 
     async def _run(self, request: Request, earlier: set[asyncio.Task[None]]) -> None:
-        def emit(event: dict[str, Any]) -> None:
-            if request.has_id:
-                event["id"] = request.id
-            self.send(event)
-
+        emit = Replier(self, request)
         echo = {"id": request.id} if request.has_id else {}
         started = False
         try:
