@@ -277,11 +277,10 @@ class HistoryStore:
         """Record a new running turn (creating the conversation when cid is None).
 
         `title`, `conversation_model` and `system_prompt` (NULL: the daemon's) describe a
-        conversation created here and are ignored otherwise; the turn's
-        `attachments` are stored with it, in the same transaction. `model` None runs the
-        turn on the conversation's own model, else `default_model`. `ref` is the client's
-        own reference for the ask, kept with the question. Raises LookupError
-        when cid names a missing or deleted conversation.
+        conversation created here and are ignored otherwise; the turn's `attachments` and
+        `ref` (the client's own) are stored with it, in the same transaction. `model` None
+        runs the turn on the conversation's own model, else `default_model`. Raises
+        LookupError when cid names a missing or deleted conversation.
         """
         with self._transaction():
             now = self._now()
@@ -303,18 +302,14 @@ class HistoryStore:
                     model = found.model or default_model
                 self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
                 conversation = dataclasses.replace(found, updated_at=now, turns=number)
-            self._conn.execute(
-                sql.INSERT_TURN,
-                (cid, number, text, _dumps(files), _dumps(messages), model, now, now, ref),
-            )
+            self._conn.execute(sql.INSERT_TURN, (cid, number, text, _dumps(files), _dumps(messages), model, now, now, ref))
             # not indexed for search yet: finish_turn indexes the question with its reply, one
             # FTS write instead of two, and the question reaches the model sooner (a third of
             # this transaction's time went to the index)
             if attachments:
                 self._conn.executemany(sql.INSERT_ATTACHMENT, [
-                    (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
-                     a.pages, a.full_text, now)
-                    for a in attachments
+                    (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages,
+                     a.full_text, now) for a in attachments
                 ])
         # the row as just written (not read back: its JSON would be decoded again)
         turn = Turn(
