@@ -118,9 +118,12 @@ class Turn:
         with Interrupts(self._cancel), self._lost():
             async for event in self.client.stream(rid):
                 if event["type"] == "following":
+                    if self.as_json:
+                        self.terminal.out.write(json_line(event))
                     if event["turn"] is None or event["turn"] != self.turn:
                         return await self._stored()
-                    self._catch_up(event["reply"])
+                    if not self.as_json:
+                        self._catch_up(event["reply"])
                     continue
                 if event["type"] == "user":
                     self.turn = event.get("turn")
@@ -170,6 +173,10 @@ class Turn:
     async def _stored(self) -> int:
         """Show the rest of the turn as stored (it ended while this client was away)."""
         event = await self.client.request({"type": "open", "conversation": self.conversation, "turn": self.turn})
+        if self.as_json:
+            self.terminal.out.write(json_line(event))
+            self.terminal.out.flush()
+            return EXIT_ERROR if event["type"] == "error" or event["turns"][0]["status"] != "complete" else EXIT_OK
         self.terminal.clear_status()
         if event["type"] == "error":
             self.terminal.end_text()
