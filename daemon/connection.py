@@ -167,6 +167,7 @@ class Connection:
         self._opens: set[asyncio.Task[None]] = set()  # the open among them: a barrier answers after
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._largest = 0  # the largest event queued since the client last had nothing to read
         self._oversize = 0  # the size of a batch over the cap still being sent: it may wait whole
         self._batching = False  # an event already left in this turn of the loop
         self.closed = False
@@ -176,8 +177,12 @@ class Connection:
         if self.closed:
             return
         parts = event_parts(event)
+        size = sum(map(len, parts))
+        if not self._pending and not self._writer.transport.get_write_buffer_size():
+            self._largest = 0  # it read everything: what waits from here on is new
+        self._largest = max(self._largest, size)
         self._pending += parts
-        self._pending_bytes += sum(map(len, parts))
+        self._pending_bytes += size
         if self._stalled():
             self._drop()  # within one turn of the loop: a stalled client cannot hold more
         elif not self._batching:
@@ -187,10 +192,12 @@ class Connection:
 
     @property
     def backlog(self) -> int:
-        """Bytes waiting for the client: queued in this turn of the loop, and in the transport."""
+        """Bytes waiting for the client (queued in this turn of the loop, and in the transport)
+        beside the largest event among them: a client reading one large event (an ``open`` of
+        a long conversation) is reading, not stalled."""
         if self.closed:
             return 0
-        return self._pending_bytes + self._writer.transport.get_write_buffer_size()
+        return max(self._pending_bytes + self._writer.transport.get_write_buffer_size() - self._largest, 0)
 
     def _end_batch(self) -> None:
         self._batching = False

@@ -8,7 +8,8 @@ as a ``changed`` event, to each connection that sent ``watch``: no polling, no q
 its own (an event is queued on the watcher's connection like any other).
 
 A watcher that does not read is bounded like any client: once more than
-``WATCH_BACKLOG`` bytes wait for it, it gets one ``missed`` event naming the first
+``WATCH_BACKLOG`` bytes wait for it (beside the largest event waiting, an ``open`` it is
+reading: ``Connection.backlog``), it gets one ``missed`` event naming the first
 ``seq`` it did not get, then nothing until what waits is back under the bound, when
 ``changed`` events resume. It holds at most the bound and one event; the others are
 served meanwhile. ``seq`` counts from the daemon's start (0: nothing changed yet), so a

@@ -20,6 +20,8 @@ from client import Wire
 from client.wire import DaemonGone, reply_text
 from core import Config
 from daemon import live as live_module
+from daemon.connection import Connection, Replier
+from daemon.protocol import Request
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import EVENT_TIMEOUT, RunningDaemon, serving
 from tests.contract import check_event
@@ -273,3 +275,49 @@ async def test_a_follower_across_a_kill_9_sees_the_stored_reply_interrupted(
     turn = (await canvas.request({"type": "open", "conversation": cid, "turn": 1}))["turns"][0]
     assert (turn["status"], turn["reply"], turn["ref"]) == ("interrupted", shown, "canvas-9")
     await canvas.close()
+
+
+class ScriptedTransport:
+    """A transport that keeps what is written until the test says the client read it."""
+
+    def __init__(self) -> None:
+        self.unread = 0
+
+    def get_write_buffer_size(self) -> int:
+        return self.unread
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.unread += sum(map(len, parts))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class ScriptedWriter:
+    def __init__(self) -> None:
+        self.transport = ScriptedTransport()
+
+
+async def test_a_watcher_reading_a_large_event_misses_nothing_and_one_that_stops_is_told() -> None:
+    writer = ScriptedWriter()
+    connection = Connection(asyncio.StreamReader(), writer, handler=None, tasks=set())  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    real_send = connection.send
+    connection.send = lambda event: (sent.append(event), real_send(event))[1]  # type: ignore[method-assign]
+    live = live_module.Live()
+    emit = Replier(connection, Request(type="watch", id="w", has_id=True))
+    assert live.watch(emit) == 0
+    connection.send({"type": "conversation", "turns": "x" * (4 * live_module.WATCH_BACKLOG)})  # an open, being read
+    live.publish("conversation", "deleted", conversation=1)
+    assert sent[-1]["type"] == "changed" and sent[-1]["seq"] == 1  # not missed: the open is one event
+    for n in range(2, 1000):  # it stops reading: changes pile up past the bound
+        live.publish("conversation", "updated", conversation=1, title="t" * 1000)
+        if sent[-1]["type"] == "missed":
+            break
+    assert sent[-1] == {"type": "missed", "seq": n, "message": sent[-1]["message"], "id": "w"}
+    assert n > live_module.WATCH_BACKLOG // 1200  # the bound's worth (changes of about 1.1 KB) was sent first
+    live.publish("conversation", "deleted", conversation=2)
+    assert sent[-1]["type"] == "missed"  # nothing more while it does not read
+    writer.transport.unread = 0  # it read everything
+    live.publish("conversation", "deleted", conversation=3)
+    assert (sent[-1]["type"], sent[-1]["seq"], sent[-1]["conversation"]) == ("changed", n + 2, 3)
