@@ -137,7 +137,7 @@ class Replier:
 
     @property
     def backlog(self) -> int:
-        """Bytes sent and not yet read by the client."""
+        """Bytes sent and not yet read by the client, beside the largest event among them."""
         return self.connection.backlog
 
 
