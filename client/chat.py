@@ -4,7 +4,9 @@ A new conversation, or one continued (``-c`` the latest, ``--cid N``); text pipe
 words given) is its first message, after which the keyboard is read again from the
 terminal. Each reply streams as ``ask``'s does. Ctrl-C while a reply streams cancels it (the
 daemon stops the turn and keeps the partial reply) and comes back to the prompt; Ctrl-C at
-the prompt clears the line; Ctrl-D, ``exit`` or ``quit`` leave. A line ending in ``\\``
+the prompt clears the line; Ctrl-D, ``exit`` or ``quit`` leave. A chat that loses the
+daemon (a restart) connects again: a question not yet sent goes to it, and a reply being
+shown is followed from where it was. A line ending in ``\\``
 goes on on the next line, and ``\"\"\"`` opens and closes a block of lines. ``/file PATH``
 attaches files to the next question. Line editing and a history kept between sessions come
 from the standard library's ``readline`` where it is present.
@@ -13,6 +15,7 @@ from the standard library's ``readline`` where it is present.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import shlex
@@ -33,6 +36,8 @@ CONTINUATION = "... "
 BLOCK = '"""'
 LEAVE = frozenset({"exit", "quit", "/exit", "/quit"})
 HISTORY_LENGTH = 1000
+RECONNECT_FOR = 30.0  # seconds a chat waits for its daemon to come back (a restart) before it gives up
+RECONNECT_PAUSE = 0.2  # seconds between attempts
 HELP = """\
   /file PATH...  attach files to the next question      /file  list them    /drop  forget them
   \"\"\"            start (and end) several lines           a line ending in \\ goes on below
@@ -137,18 +142,42 @@ class Chat:
         try:
             status = await turn.run(request)
         except DaemonGone:
-            if turn.sent or self.reconnect is None:
-                raise  # it may have reached the daemon: never asked twice
-            # the daemon went away while the chat waited for a question (a restart): the
-            # question goes to the daemon there now
-            await self.client.close()
-            self.client = await self.reconnect()
-            self.terminal.note("[reconnected to the daemon]")
-            turn = Turn(self.client, self.terminal, as_json=self.args.json)
-            status = await turn.run(request)
+            if self.reconnect is None or turn.sent and (turn.conversation is None or turn.turn is None):
+                raise  # it may have reached the daemon, with no turn to find it by: never asked twice
+            await self._reconnect()
+            if turn.sent:
+                status = await self._rejoin(turn)
+            else:
+                # the daemon went away while the chat waited for a question (a restart): the
+                # question goes to the daemon there now
+                turn = Turn(self.client, self.terminal, as_json=self.args.json)
+                status = await turn.run(request)
         if turn.conversation is not None:
             self.conversation = turn.conversation
         return status
+
+    async def _rejoin(self, turn: Turn) -> int:
+        """Follow the reply being shown on a new connection, as often as the daemon goes away."""
+        while True:
+            try:
+                return await turn.rejoin(self.client)
+            except DaemonGone:
+                await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        """A new connection to the daemon, waiting for it to be back (``RECONNECT_FOR`` at most)."""
+        assert self.reconnect is not None
+        await self.client.close()
+        deadline = asyncio.get_running_loop().time() + RECONNECT_FOR
+        while True:
+            try:
+                self.client = await self.reconnect()
+                break
+            except DaemonGone:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(RECONNECT_PAUSE)
+        self.terminal.note("[reconnected to the daemon]")
 
     def _read_message(self) -> str | None:
         """The next message typed; None to leave."""

@@ -2,7 +2,9 @@
 
 ``Turn`` sends an ``ask`` and shows its events on a ``Terminal``: the reply's text on
 stdout, the rest on stderr; the first Ctrl-C sends ``cancel`` (once the conversation is
-known) and waits for the ``done`` that keeps the partial reply.
+known) and waits for the ``done`` that keeps the partial reply. A turn whose connection
+was lost can be ``rejoin``ed on a new one (docs/PROTOCOL.md, "Writing a client"): it
+follows the reply if it still runs, else shows the rest of it as stored.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Turn:
         self.conversation: int | None = None
         self.turn: int | None = None  # known from the `user` event
         self.sent = False  # the request went out: it may have reached the daemon
+        self.shown = ""  # the reply's text shown so far
         self.cancelling = False
         self._cancel_sent: asyncio.Future[Any] | None = None
 
@@ -101,8 +104,27 @@ class Turn:
         self.conversation = request.get("conversation")
         rid = await self.client.send(request)
         self.sent = True
+        return await self._events(rid)
+
+    async def rejoin(self, client: Wire) -> int:
+        """Go on showing this turn on ``client``, a new connection: its reply followed from where
+        it was shown, or read as stored when it no longer runs (a restarted daemon)."""
+        self.client = client
+        self._cancel_sent = None
+        rid = await client.send({"type": "follow", "conversation": self.conversation})
+        return await self._events(rid)
+
+    async def _events(self, rid: Any) -> int:
         with Interrupts(self._cancel), self._lost():
             async for event in self.client.stream(rid):
+                if event["type"] == "following":
+                    if self.as_json:
+                        self.terminal.out.write(json_line(event))
+                    if event["turn"] is None or event["turn"] != self.turn:
+                        return await self._stored()
+                    if not self.as_json:
+                        self._catch_up(event["reply"])
+                    continue
                 if event["type"] == "user":
                     self.turn = event.get("turn")
                 if "conversation" in event and event["conversation"] is not None:
@@ -142,6 +164,38 @@ class Turn:
         # cut short by the daemon's stop, or another client's cancel: the reply is not whole
         return EXIT_ERROR if reason in ("cancelled", "interrupted") else EXIT_OK
 
+    def _catch_up(self, reply: str) -> None:
+        """Show what a followed reply said while this client was away."""
+        if reply.startswith(self.shown):
+            self.terminal.text(reply[len(self.shown):])
+            self.shown = reply
+
+    async def _stored(self) -> int:
+        """Show the rest of the turn as stored (it ended while this client was away)."""
+        event = await self.client.request({"type": "open", "conversation": self.conversation, "turn": self.turn})
+        if self.as_json:
+            self.terminal.out.write(json_line(event))
+            self.terminal.out.flush()
+            return EXIT_ERROR if event["type"] == "error" or event["turns"][0]["status"] != "complete" else EXIT_OK
+        self.terminal.clear_status()
+        if event["type"] == "error":
+            self.terminal.end_text()
+            self.terminal.note(f"assistant: {error_text(event)}")
+            return EXIT_ERROR
+        stored = event["turns"][0]
+        reply, status = stored["reply"], stored["status"]
+        if reply.startswith(self.shown):
+            self.terminal.text(reply[len(self.shown):])
+        self.terminal.end_text()
+        if not reply.startswith(self.shown):  # a crash kept the reply as last saved, shorter
+            self.terminal.note(f"[the daemon kept the reply as far as it was saved: {len(reply)} characters]")
+        if status == "error":
+            self.terminal.note(f"assistant: {stored['error']}")
+        elif status != "complete":
+            self.terminal.note(f"[{STOPPED.get(status, status)}]")
+        self.terminal.note(f"(conversation {self.conversation}, turn {self.turn})")
+        return EXIT_OK if status == "complete" else EXIT_ERROR
+
     def _show(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "user":
@@ -150,6 +204,7 @@ class Turn:
                     self.terminal.note(f"[{chip_text(chip)}: only part of it fits the context; the rest is not sent]")
         elif kind == "delta" and self.stream:
             self.terminal.text(event["text"])
+            self.shown += event["text"]
         elif kind == "progress" and not self.cancelling:
             self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
         elif kind == "reasoning" and not self.cancelling:

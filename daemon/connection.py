@@ -43,7 +43,7 @@ from .protocol import (
     validate,
 )
 
-__all__ = ["Connection", "Emit", "Handler"]
+__all__ = ["Connection", "Emit", "Handler", "Replier"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ REFUSAL_GRACE = 2.0  # seconds a refused client has to read why before it is hun
 MAX_WRITE_BUFFER = 32 * 1024 * 1024
 
 Emit = Callable[[dict[str, Any]], None]
-Handler = Callable[[Request, Emit], Awaitable[None]]
 
 _TOO_LONG = object()  # marks a line that passed MAX_LINE_BYTES
 LEADING_SPACE = re.compile(rb"[ \t\r\n]*")
@@ -115,6 +114,36 @@ async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) 
             start = newline + 1
 
 
+class Replier:
+    """The ``emit`` a request's handler gets: sends each event on the request's connection with
+    the request's ``id``; and what a ``watch`` or a ``follow``, which outlive their request,
+    need to know of that connection (``daemon.live``)."""
+
+    __slots__ = ("connection", "_echo")
+
+    def __init__(self, connection: Connection, request: Request) -> None:
+        self.connection = connection
+        self._echo = {"id": request.id} if request.has_id else None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if self._echo is not None:
+            event.update(self._echo)
+        self.connection.send(event)
+
+    @property
+    def gone(self) -> bool:
+        """The client hung up, or was dropped: nothing sent reaches it."""
+        return self.connection.closed
+
+    @property
+    def backlog(self) -> int:
+        """Bytes sent and not yet read by the client, beside the largest event among them."""
+        return self.connection.backlog
+
+
+Handler = Callable[[Request, Replier], Awaitable[None]]
+
+
 class Connection:
     """Serves one client until it hangs up; requests outlive it (a turn is never cut)."""
 
@@ -138,6 +167,7 @@ class Connection:
         self._opens: set[asyncio.Task[None]] = set()  # the open among them: a barrier answers after
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._largest = 0  # the largest event queued since the client last had nothing to read
         self._oversize = 0  # the size of a batch over the cap still being sent: it may wait whole
         self._batching = False  # an event already left in this turn of the loop
         self.closed = False
@@ -147,14 +177,27 @@ class Connection:
         if self.closed:
             return
         parts = event_parts(event)
+        size = sum(map(len, parts))
+        if not self._pending and not self._writer.transport.get_write_buffer_size():
+            self._largest = 0  # it read everything: what waits from here on is new
+        self._largest = max(self._largest, size)
         self._pending += parts
-        self._pending_bytes += sum(map(len, parts))
+        self._pending_bytes += size
         if self._stalled():
             self._drop()  # within one turn of the loop: a stalled client cannot hold more
         elif not self._batching:
             self._batching = True
             self._flush()
             asyncio.get_running_loop().call_soon(self._end_batch)
+
+    @property
+    def backlog(self) -> int:
+        """Bytes waiting for the client (queued in this turn of the loop, and in the transport)
+        beside the largest event among them: a client reading one large event (an ``open`` of
+        a long conversation) is reading, not stalled."""
+        if self.closed:
+            return 0
+        return max(self._pending_bytes + self._writer.transport.get_write_buffer_size() - self._largest, 0)
 
     def _end_batch(self) -> None:
         self._batching = False
@@ -295,11 +338,7 @@ class Connection:
             self._sequenced.pop(key, None)
 
     async def _run(self, request: Request, earlier: set[asyncio.Task[None]]) -> None:
-        def emit(event: dict[str, Any]) -> None:
-            if request.has_id:
-                event["id"] = request.id
-            self.send(event)
-
+        emit = Replier(self, request)
         echo = {"id": request.id} if request.has_id else {}
         started = False
         try:

@@ -1,7 +1,8 @@
 """Request handlers: one method per request type, each emitting its answer.
 
 ``ask`` belongs to the turn engine; the rest are short reads and writes of the
-history and the router's model list.
+history and the router's model list. Each write tells the watchers (``daemon.live``);
+``watch`` and ``follow`` answer at once and go on sending on their connection.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
-from .connection import Emit
+from .connection import Emit, Replier
+from .live import Live
 from .protocol import Request, encode_list
 from .turns import TurnEngine
 
@@ -47,16 +49,18 @@ class Handlers:
     """Dispatches validated requests; see docs/PROTOCOL.md for each answer."""
 
     def __init__(
-        self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases
+        self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases,
+        live: Live,
     ) -> None:
         self.config = config
+        self.live = live
         self.history = history
         self.router = router
         self.engine = engine
         self.kbs = kbs
         self.started = time.monotonic()
 
-    async def __call__(self, request: Request, emit: Emit) -> None:
+    async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
             raise BadRequest(request.fault)
         await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
@@ -84,7 +88,8 @@ class Handlers:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
         items = await self.history.list_conversations(limit, before)
-        emit({"type": "conversations", "items": [c.to_json() for c in items]})
+        emit({"type": "conversations",
+              "items": [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]})
 
     async def on_open(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -145,6 +150,7 @@ class Handlers:
         if not await self.history.delete_conversation(cid):
             raise NotFound(f"conversation {cid} does not exist")
         emit({"type": "deleted", "conversation": cid})
+        self.live.publish("conversation", "deleted", conversation=cid)
         # its search rows go after, a batch at a time, while other work goes on (not holding
         # up this connection's later lines, as a delete does until it is answered)
         self.engine.spawn(unindex_deleted(self.history, cid))
@@ -204,14 +210,11 @@ class Handlers:
         conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)
-        emit({
-            "type": "settings",
-            "conversation": conv.id,
-            "title": conv.title,
-            "model": conv.model,
-            "system": conv.system_prompt,
-            "settings": conv.settings,
-        })
+        shown = {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
+                 "settings": conv.settings}
+        emit({"type": "settings", **shown})
+        if changes:
+            self.live.publish("conversation", "updated", **shown)
 
     async def on_search(self, request: Request, emit: Emit) -> None:
         """Full-text search of the user's conversations, hits grouped by conversation."""
@@ -242,6 +245,9 @@ class Handlers:
 
         result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
         emit({"type": "kb", **result.to_json()})
+        if result.created or result.added or result.updated or result.removed or result.embedded:
+            self.live.publish("kb", "added" if result.created else "changed", kb=result.kb,
+                              documents=result.documents, chunks=result.chunks)
 
     async def on_kb_list(self, request: Request, emit: Emit) -> None:
         emit({"type": "kbs", "items": [info.to_json() for info in await self.kbs.list()]})
@@ -249,10 +255,13 @@ class Handlers:
     async def on_kb_remove(self, request: Request, emit: Emit) -> None:
         info = await self.kbs.remove(request.get("kb"))
         emit({"type": "kb", **info.to_json()})  # what it held, now gone
+        self.live.publish("kb", "removed", kb=info.name)
 
     async def on_kb_link(self, request: Request, emit: Emit) -> None:
-        info = await self.kbs.link(request.get("kb"), request.get("conversation"), request.get("linked", True))
+        linked: bool = request.get("linked", True)
+        info = await self.kbs.link(request.get("kb"), request.get("conversation"), linked)
         emit({"type": "kb", **info.to_json()})
+        self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()
@@ -276,6 +285,7 @@ class Handlers:
             "ctx_source": ctx_source,
             "uptime": round(time.monotonic() - self.started, 3),
             "turns_running": self.engine.running,
+            "running": self.engine.running_turns(),
             "socket": str(self.config.socket_path),
             "data_dir": str(self.config.data_dir),
             "mcp": self.engine.mcp.status() if self.engine.mcp else [],
@@ -284,6 +294,16 @@ class Handlers:
     async def on_config(self, request: Request, emit: Emit) -> None:
         """The settings in effect (read-only; secrets masked), and the default model they give."""
         emit({"type": "config", **self.config.shown(), "default_model": self.router.default_model()})
+
+    # -- live state (issue 30): what changes, and a running reply ------------------------------
+
+    async def on_watch(self, request: Request, emit: Replier) -> None:
+        """Every later change to this connection, as ``changed`` events (``daemon.live``)."""
+        emit({"type": "watching", "seq": self.live.watch(emit)})
+
+    async def on_follow(self, request: Request, emit: Replier) -> None:
+        """The conversation's running turn so far, then its events as they come."""
+        await self.engine.follow(request.get("conversation"), emit)
 
     # -- MCP (issue 13): the hosted servers, and what `assistant.py mcp serve` reads ------------
 

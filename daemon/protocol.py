@@ -72,7 +72,8 @@ class FieldSpec:
 S = FieldSpec
 # The requests this daemon serves and the fields each one reads.
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
-    "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str")},
+    "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str"),
+            "ref": S("str")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
@@ -97,6 +98,9 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     # MCP (docs/PROTOCOL.md, "MCP servers"): the hosted servers and their tools; a named KB searched
     "mcp_servers": {},
     "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},
+    # live state (docs/PROTOCOL.md, "Live state"): every change; a running turn joined
+    "watch": {},
+    "follow": {"conversation": S("int", required=True)},
 }
 
 _KIND_NAMES = {

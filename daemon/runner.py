@@ -51,6 +51,7 @@ from kbinject import injection_mode
 from .background import Background
 from .connection import Emit
 from .context import ContextBuilder, Progress, Prompt, router_messages
+from .live import Live
 from .protocol import Request, error_event
 from .titles import make_title, provisional_title, title_prompt
 
@@ -66,6 +67,7 @@ MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must ans
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
+MAX_REF_CHARS = 128  # an ask's ``ref``: a client's own id for it, stored with the question
 
 StopReason = Literal["cancelled", "interrupted"]
 
@@ -79,11 +81,17 @@ class Ask:
     conversation: int | None  # None: a new conversation
     model: str | None  # the model the ask names
     system: str | None  # a new conversation's own system prompt
+    ref: str | None = None  # the client's own reference, stored with the question
 
     @classmethod
     def of(cls, request: Request) -> Ask:
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"))
+                  request.get("model") or None, request.get("system"), request.get("ref"))
+        if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
+            raise BadRequest(
+                f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
+                "reference of the client's own (a counter, a UUID)"
+            )
         if ask.conversation is not None and ask.system is not None:
             raise BadRequest(
                 f"'system' sets a new conversation's system prompt; change conversation {ask.conversation}'s with "
@@ -113,6 +121,10 @@ class TurnState:
     topic: str  # the question in words: its text, else its files' names (what a title is made from)
     kb_injection: str  # the conversation's kb_injection mode
     new_conversation: bool = False  # the turn started its conversation
+    files: list[dict[str, Any]] = field(default_factory=list)  # the question's chips, as ``user`` shows them
+    ref: str | None = None  # the ask's ``ref``
+    started_at: str = ""  # when the question was stored
+    reasoning_shown: str = ""  # every reasoning delta of the turn, for a ``follow`` joining late
     model_id: str = ""  # the model the turn was stored with (``model`` may still be the default)
     model_final: bool = True  # False: ``model`` is the default as listed, not yet asked about for this turn
     parts: list[str] = field(default_factory=list)  # the reply's deltas, joined on demand
@@ -169,6 +181,36 @@ class Slot:
     storing: bool = False  # the question is on its way to the store: it will be there, whatever happens
     stop: StopReason | None = None  # set by cancel() or shutdown()
     finishing: bool = False  # its outcome is being stored: too late to stop, and it must not be cut
+    # docs/PROTOCOL.md, "follow": other requests' emits that get the turn's events too
+    followers: list[Emit] = field(default_factory=list)
+    stage: str = "starting"  # the last progress stage, or "replying" once text streams after it
+    started: asyncio.Event = field(default_factory=asyncio.Event)  # set once stored, or the ask ended
+    ended: bool = False  # its done or error was sent
+
+    def relay(self, emit: Emit) -> Emit:
+        """``emit``, with each event also sent to the turn's followers (a copy each: every emit
+        sets its own request's id)."""
+        def relayed(event: dict[str, Any]) -> None:
+            kind = event["type"]
+            if kind == "progress":
+                self.stage = event["stage"]
+            elif kind in ("delta", "reasoning"):
+                self.stage = "replying"
+            for follower in self.followers:
+                follower(dict(event))
+            emit(event)
+            if kind in ("done", "error") and self.state is not None:
+                self.ended = True
+                self.followers.clear()
+        return relayed
+
+    def following(self) -> dict[str, Any]:
+        """The ``following`` event of the running turn: what it has so far, from memory."""
+        state = self.state
+        assert state is not None
+        return {"type": "following", "conversation": state.conversation, "turn": state.turn, "text": state.query,
+                "files": state.files, "ref": state.ref, "model": state.model_id, "stage": self.stage,
+                "started_at": state.started_at, "reply": state.reply, "reasoning": state.reasoning_shown}
 
 
 @dataclass
@@ -186,9 +228,10 @@ class TurnRunner:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, context: ContextBuilder,
-        toolbox: Toolbox, background: Background, mcp: McpHost | None = None,
+        toolbox: Toolbox, background: Background, live: Live, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
+        self.live = live  # told of every conversation made and turn started or ended
         self.history = history
         self.router = router
         self.context = context
@@ -223,8 +266,29 @@ class TurnRunner:
         prepared = await self._prepare(ask, model, past, emit)
         slot.storing = True
         state = await self._store_question(ask, prepared, model, final)
-        emit(user_event(state.conversation, state.turn, ask.text, prepared))
+        emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
+        self._tell_started(state.past, state.turn, ask, state.files, state.model_id)
         return state
+
+    def _tell_started(self, past: TurnContext | None, turn: int, ask: Ask, files: list[dict[str, Any]],
+                      model: str | None) -> None:
+        """Tell the watchers of a question stored (and of the conversation it made)."""
+        assert past is not None
+        conv = past.conversation
+        if ask.conversation is None:
+            self.live.publish("conversation", "created", conversation=conv.id, title=conv.title, model=conv.model)
+        self.live.publish("turn", "started", conversation=conv.id, turn=turn, text=ask.text, files=files,
+                          ref=ask.ref, model=model)
+
+    def _tell_ended(self, end: dict[str, Any], ref: str | None, status: str, saved: bool, *,
+                    usage: Usage | None, ctx_used: int) -> None:
+        """Tell the watchers how a turn ended, from its ``done`` or ``error`` event (``saved``
+        False: a full disk keeps it in memory)."""
+        self.live.publish(
+            "turn", "ended", conversation=end["conversation"], turn=end["turn"], ref=ref, status=status,
+            finish_reason=end.get("finish_reason"), code=end.get("code"), usage=usage_json(usage),
+            ctx_used=ctx_used, saved=saved,
+        )
 
     async def _past(self, cid: int) -> TurnContext:
         """The conversation and what its prompt needs from history; ``not_found`` without it."""
@@ -263,7 +327,7 @@ class TurnRunner:
                 cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
                 provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
                 default_model=default_model, system_prompt=ask.system,
-                held_upto=self.context.replays.held_upto(cid) if cid is not None else 0,
+                held_upto=self.context.replays.held_upto(cid) if cid is not None else 0, ref=ask.ref,
             )
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
@@ -278,7 +342,8 @@ class TurnRunner:
         return TurnState(conversation=conv.id, turn=turn.turn, model=model, model_id=turn.model or model.id,
                          model_final=final, messages=[stored], question=question, query=ask.text,
                          topic=ask.question(prepared), kb_injection=injection_mode(conv.settings),
-                         new_conversation=ask.conversation is None, past=past, mcp=mcp)
+                         new_conversation=ask.conversation is None, past=past, mcp=mcp,
+                         files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at)
 
     async def _store_failed(self, ask: Ask, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
@@ -286,11 +351,15 @@ class TurnRunner:
         turn, past = await self._begin(ask, prepared, stored, ask.model, None)
         cid, n = past.conversation.id, turn.turn
         outcome = TurnOutcome(cid, n, [stored], "", "error", error=exc.message, error_code=exc.code)
-        if not await self.history.finish(outcome):
+        saved = await self.history.finish(outcome)
+        if not saved:
             # the error stays what it was (the router was down, say), and says the disk is full too
             exc.message = f"{exc.message}; {self.history.kept_message()}"
-        emit(user_event(cid, n, ask.text, prepared))
-        emit(error_event(exc, conversation=cid, turn=n))
+        emit(user_event(cid, n, ask.text, prepared, ask.ref))
+        self._tell_started(past, n, ask, [p.chip.to_json() for p in prepared], turn.model)
+        failed = error_event(exc, conversation=cid, turn=n)
+        emit(failed)
+        self._tell_ended(failed, ask.ref, "error", saved, usage=None, ctx_used=past.conversation.ctx_used)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 
@@ -304,11 +373,13 @@ class TurnRunner:
         if failure is not None:
             if not saved:  # the error stays what it was, and says the disk is full too
                 failure.message = f"{failure.message}; {self.history.kept_message()}"
-            emit(error_event(failure, conversation=state.conversation, turn=state.turn))
+            end = error_event(failure, conversation=state.conversation, turn=state.turn)
         else:
             # a reply a full disk keeps in memory for now is done all the same: the client has
             # its usage and ctx_used, and ``saved: false`` says it is not on disk yet
-            emit(self._done_event(state, outcome.finish_reason, saved))
+            end = self._done_event(state, outcome.finish_reason, saved)
+        emit(end)
+        self._tell_ended(end, state.ref, outcome.status, saved, usage=state.usage, ctx_used=state.ctx_used)
         if outcome.foreign_cancel:
             raise asyncio.CancelledError
         if state.new_conversation and state.reply and self.config.auto_title:
@@ -483,6 +554,7 @@ class TurnRunner:
                 self._checkpoint(state)
             elif isinstance(event, ReasoningDelta):
                 state.reasoning += event.text
+                state.reasoning_shown += event.text
                 emit({"type": "reasoning", **where, "text": event.text})
             elif isinstance(event, StreamEnd):
                 state.usage = event.usage or state.usage
@@ -580,7 +652,7 @@ class TurnRunner:
             "turn": state.turn,
             "text": state.reply,
             "finish_reason": finish_reason,
-            "usage": usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None},
+            "usage": usage_json(usage),
             "ctx_used": state.ctx_used,
             "ctx_max": state.model.ctx_max,
             "timings": state.timings.to_json() if state.timings else None,
@@ -601,14 +673,20 @@ class TurnRunner:
         prompt = title_prompt(state.prompt, answer if isinstance(answer, str) else "", question, state.reply)
         cid = state.conversation
         task = self._titling[cid] = self.background.spawn(make_title(
-            self.router, self.history, cid, state.model.id, prompt, question, state.tools if state.prompt else None
+            self.router, self.history, cid, state.model.id, prompt, question, state.tools if state.prompt else None,
+            renamed=lambda title: self.live.publish("conversation", "updated", conversation=cid, title=title),
         ))
         task.add_done_callback(lambda _: self._titling.pop(cid, None))
 
 
-def user_event(cid: int, turn: int, text: str, prepared: list[Prepared]) -> dict[str, Any]:
+def usage_json(usage: Usage | None) -> dict[str, Any]:
+    """Usage as events show it: always an object, its counts null when the server said none."""
+    return usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None}
+
+
+def user_event(cid: int, turn: int, text: str, prepared: list[Prepared], ref: str | None) -> dict[str, Any]:
     return {"type": "user", "conversation": cid, "turn": turn, "text": text,
-            "files": [p.chip.to_json() for p in prepared]}
+            "files": [p.chip.to_json() for p in prepared], "ref": ref}
 
 
 def questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -26,6 +26,7 @@ from kbinject import KbSettings, KnowledgeBases
 from .connection import Connection
 from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
+from .live import Live
 from .notify import sd_notify
 from .turns import TurnEngine
 
@@ -58,6 +59,7 @@ class Server:
         self._mcp: McpHost | None = None
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
+        self.live = Live()  # every change, told to the watching connections
 
     @property
     def engine(self) -> TurnEngine | None:
@@ -128,8 +130,9 @@ class Server:
             from mcphost import McpHost
 
             self._mcp = McpHost(self.config.mcp)
-        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self._mcp)
-        self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs)
+        self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
+        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self.live, self._mcp)
+        self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live)
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
 
     async def _check_store(self) -> None:

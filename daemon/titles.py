@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from core.errors import AssistantError
@@ -64,9 +65,10 @@ def title_prompt(asked: list[dict[str, Any]], answer: str, question: str, reply:
 
 async def make_title(
     router: RouterClient, history: AsyncHistory, cid: int, model: str, prompt: list[dict[str, Any]], question: str,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None, renamed: Callable[[str], None] | None = None,
 ) -> None:
     """Ask the model for a short title; keep the provisional one if that fails or was changed.
+    ``renamed`` is told the title once it is the conversation's.
 
     ``tools`` are the ones the turn offered: a template renders them at the top of the
     prompt, so the request offers them too (``tool_choice: none``) to keep the cache's prefix.
@@ -80,4 +82,5 @@ async def make_title(
     if not title:
         return
     # kept when the user has renamed the conversation meanwhile
-    await history.replace_title(cid, provisional_title(question), title)
+    if await history.replace_title(cid, provisional_title(question), title) and renamed is not None:
+        renamed(title)

@@ -2,8 +2,9 @@
 
 ``TurnEngine`` decides whether an ``ask`` may start (one turn per conversation, none
 while shutting down), keeps each running turn's ``Slot`` so that ``cancel``, ``delete``
-and shutdown can stop it, and turns every refusal into an ``error`` event.  What a
-turn does once admitted is ``runner.TurnRunner``'s.
+and shutdown can stop it, ``follow`` can join it and ``status`` list it, and turns every
+refusal into an ``error`` event.  What a turn does once admitted is
+``runner.TurnRunner``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from recall import default_toolbox
 from .background import Background
 from .connection import Emit
 from .context import ContextBuilder
+from .live import Live
 from .protocol import Request, error_event
 from .runner import Slot, StopReason, TurnRunner
 
@@ -40,7 +42,7 @@ class TurnEngine:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases,
-        mcp: McpHost | None = None,
+        live: Live, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
         self.mcp = mcp  # None: no MCP server configured (the SDK is never loaded)
@@ -53,7 +55,7 @@ class TurnEngine:
         self._accepting = True
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, live, mcp=mcp,
         )
 
     @property
@@ -115,6 +117,31 @@ class TurnEngine:
             logger.debug("no turn for a refused ask", exc_info=True)
             return None
         return conv.turns + 1 if conv is not None else None
+
+    def running_turns(self) -> list[dict[str, Any]]:
+        """The turns running now, by conversation, as ``status`` lists them."""
+        return [
+            {"conversation": cid, "turn": slot.state.turn, "stage": slot.stage, "model": slot.state.model_id,
+             "started_at": slot.state.started_at}
+            for cid, slot in sorted(self._slots.items()) if slot.state is not None
+        ]
+
+    async def follow(self, cid: int, emit: Emit) -> None:
+        """Answer a ``follow`` of ``cid``: its running turn so far (``following``), and from then
+        on each of that turn's events to ``emit`` too; ``turn: null`` when none runs."""
+        if cid not in self._slots:
+            await self.conversation(cid)  # not_found for a conversation that does not exist
+        slot = self._slots.get(cid)
+        if slot is not None and slot.state is None:
+            await slot.started.wait()  # its question is on its way to the store
+            slot = self._slots.get(cid)
+        if slot is None or slot.state is None or slot.ended:
+            emit({"type": "following", "conversation": cid, "turn": None})
+            return
+        # in one step of the loop with every delta: the text so far and the deltas after it
+        # are the reply, byte for byte
+        emit(slot.following())
+        slot.followers.append(emit)
 
     def running_turn(self, cid: int) -> int | None:
         """The turn now running in ``cid``, if any."""
@@ -184,14 +211,17 @@ class TurnEngine:
         if cid is not None:
             self._slots[cid] = slot  # before the first await: a second ask is busy at once
         self._in_flight.add(slot)
+        emit = slot.relay(emit)
         try:
             state = await self.runner.start(slot, request, emit)
             if state is None:
                 return  # stored as failed: the router could not be asked
             slot.state = state
             self._slots[state.conversation] = slot  # a new conversation's, now that it has an id
+            slot.started.set()
             await self.runner.answer(state, slot, emit)
         finally:
+            slot.started.set()
             self._in_flight.discard(slot)
             for key in [k for k, v in self._slots.items() if v is slot]:
                 del self._slots[key]

@@ -19,7 +19,8 @@ that cannot be written (a full disk, a database another program holds locked pas
 busy timeout) is not lost: ``finish`` keeps it in memory, retries it with
 back-off (``RETRY_FIRST`` doubling to ``RETRY_MAX`` seconds), writes it before anything
 new is started (``ensure_room``) and tries a last time at ``close``; meanwhile
-``shown`` puts it on the turn as read, so ``open`` never shows it ``running``.
+``shown`` puts it on the turn as read, so ``open`` never shows it ``running``; once it is
+written, ``on_saved`` is told.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class AsyncHistory:
         self._flushing = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
         self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
+        # told of each kept outcome once it is written at last (the daemon tells its watchers)
+        self.on_saved: Callable[[TurnOutcome], None] | None = None
         self.kb = AsyncKnowledgeStore(self, store.kb)
 
     @classmethod
@@ -217,10 +220,11 @@ class AsyncHistory:
         conversation_model: str | None = None,
         default_model: str | None = None,
         system_prompt: str | None = None,
+        ref: str | None = None,
     ) -> tuple[Conversation, Turn]:
         return await self._call(
             self._store.start_turn, cid, text, messages, files, model, title, attachments=attachments,
-            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
+            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt, ref=ref,
         )
 
     async def begin_turn(
@@ -237,11 +241,12 @@ class AsyncHistory:
         default_model: str | None = None,
         system_prompt: str | None = None,
         held_upto: int = 0,
+        ref: str | None = None,
     ) -> tuple[Turn, TurnContext]:
         return await self._call(
             self._store.begin_turn, cid, text, messages, files, model, title, attachments=attachments,
             conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
-            held_upto=held_upto,
+            held_upto=held_upto, ref=ref,
         )
 
     async def attachments(self, cid: int) -> list[Attachment]:
@@ -360,6 +365,8 @@ class AsyncHistory:
                 if self._kept.get(key) is outcome:
                     del self._kept[key]
                 logger.info("turn %d of conversation %d, kept in memory, is saved now", *key)
+                if self.on_saved is not None:
+                    self.on_saved(outcome)
             return True
 
     async def _retry_kept(self) -> None:

@@ -419,6 +419,13 @@ def m008_turn_sources(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN sources TEXT NOT NULL DEFAULT '[]'")
 
 
+def m009_turn_ref(conn: sqlite3.Connection) -> None:
+    """`turns.ref`: the client's own reference for the ask that made the turn."""
+    # A client whose connection dropped before the `user` event finds its question by this
+    # (the request id is the connection's, not stored); NULL when the ask carried none.
+    conn.execute("ALTER TABLE turns ADD COLUMN ref TEXT")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -428,6 +435,7 @@ MIGRATIONS: list[Migration] = [
     m006_knowledge_bases,
     m007_conversation_system_prompt,
     m008_turn_sources,
+    m009_turn_ref,
 ]
 
 

@@ -151,6 +151,7 @@ class Turn(FromRow):
     updated_at: str
     # the knowledge-base passages its prompt carried (m008): where they came from, not their text
     sources: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
+    ref: str | None = None  # the client's own reference, given on its ask  (m009)
 
     @property
     def usage(self) -> dict[str, int | None] | None:
@@ -182,6 +183,7 @@ class Turn(FromRow):
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
             "sources": self.sources,
             "created_at": self.created_at,
+            "ref": self.ref,
         }
 
 

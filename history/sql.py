@@ -51,7 +51,7 @@ UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
 TURN_COLUMNS = """
 t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
 t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
-t.created_at, t.updated_at, t.sources
+t.created_at, t.updated_at, t.sources, t.ref
 """
 SELECT_TURNS = f"""
 SELECT {TURN_COLUMNS}
@@ -117,8 +117,8 @@ ORDER BY t.turn
 
 INSERT_TURN = """
 INSERT INTO turns (conversation_id, turn, text, files, messages, status, model,
-                   created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)
+                   created_at, updated_at, ref)
+VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
 """
 # Only a running turn takes checkpoints: a late one must not overwrite a final reply.
 SAVE_PARTIAL = """

@@ -272,14 +272,15 @@ class HistoryStore:
         conversation_model: str | None = None,
         default_model: str | None = None,
         system_prompt: str | None = None,
+        ref: str | None = None,
     ) -> tuple[Conversation, Turn]:
         """Record a new running turn (creating the conversation when cid is None).
 
         `title`, `conversation_model` and `system_prompt` (NULL: the daemon's) describe a
-        conversation created here and are ignored otherwise; the turn's
-        `attachments` are stored with it, in the same transaction. `model` None runs the
-        turn on the conversation's own model, else `default_model`. Raises LookupError
-        when cid names a missing or deleted conversation.
+        conversation created here and are ignored otherwise; the turn's `attachments` and
+        `ref` (the client's own) are stored with it, in the same transaction. `model` None
+        runs the turn on the conversation's own model, else `default_model`. Raises
+        LookupError when cid names a missing or deleted conversation.
         """
         with self._transaction():
             now = self._now()
@@ -301,24 +302,20 @@ class HistoryStore:
                     model = found.model or default_model
                 self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
                 conversation = dataclasses.replace(found, updated_at=now, turns=number)
-            self._conn.execute(
-                sql.INSERT_TURN,
-                (cid, number, text, _dumps(files), _dumps(messages), model, now, now),
-            )
+            self._conn.execute(sql.INSERT_TURN, (cid, number, text, _dumps(files), _dumps(messages), model, now, now, ref))
             # not indexed for search yet: finish_turn indexes the question with its reply, one
             # FTS write instead of two, and the question reaches the model sooner (a third of
             # this transaction's time went to the index)
             if attachments:
                 self._conn.executemany(sql.INSERT_ATTACHMENT, [
-                    (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256,
-                     a.pages, a.full_text, now)
-                    for a in attachments
+                    (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages,
+                     a.full_text, now) for a in attachments
                 ])
         # the row as just written (not read back: its JSON would be decoded again)
         turn = Turn(
             conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
             status="running", error=None, error_code=None, finish_reason=None, model=model,
-            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[],
+            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[], ref=ref,
         )
         return conversation, turn
 
@@ -336,13 +333,14 @@ class HistoryStore:
         default_model: str | None = None,
         system_prompt: str | None = None,
         held_upto: int = 0,
+        ref: str | None = None,
     ) -> tuple[Turn, TurnContext]:
         """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``
         with ``held_upto``): one call, so the daemon stores a question and reads its conversation
         in one trip to this thread."""
         conversation, turn = self.start_turn(
             cid, text, messages, files, model, title, attachments=attachments,
-            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
+            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt, ref=ref,
         )
         if cid is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],

@@ -134,8 +134,8 @@ class Ingest:
 
     async def _add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None,
                    stop: asyncio.Event) -> AddResult:
-        record, _ = await self.history.kb.ensure(name)
-        result = AddResult(kb=name)
+        record, created = await self.history.kb.ensure(name)
+        result = AddResult(kb=name, created=created)
         found = await in_ingest_thread(collect, list(paths)) if not stop.is_set() else Collected()
         result.errors += found.errors
         result.skipped += found.skipped

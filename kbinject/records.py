@@ -87,6 +87,7 @@ class AddResult:
     errors: list[FileNote] = field(default_factory=list)  # bad paths, unreadable files
     cancelled: bool = False  # a cancel stopped it: what was stored whole is kept
     unread: int = 0  # files the cancel left unread
+    created: bool = False  # the add made the KB (not in the ``kb`` event: the watchers are told)
 
     def to_json(self) -> dict[str, Any]:
         """The ``kb`` event's fields."""

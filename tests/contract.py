@@ -142,8 +142,16 @@ def check_request(request: dict[str, Any]) -> bool:
     return request_problem(request) is None
 
 
-# the events that come before the one that ends a request (docs/PROTOCOL.md, "Writing a client")
-STREAMED = frozenset({"user", "progress", "reasoning", "delta", "tool"})
+# the events that come before the one that ends a request (docs/PROTOCOL.md, "Writing a client");
+# a watch never ends, and a follow of a running turn goes on to that turn's done or error
+STREAMED = frozenset({"user", "progress", "reasoning", "delta", "tool", "watching", "changed", "missed"})
+
+
+def ends_request(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is the last one its request gets."""
+    if event["type"] == "following":
+        return event.get("turn") is None
+    return event["type"] not in STREAMED
 
 
 def _no_constant(name: str) -> Any:
@@ -190,7 +198,7 @@ class Sent:
         assert key not in self.ended, (
             f"an event after the one that ended request {json.dumps(request)[:300]}: {json.dumps(event)[:300]}"
         )
-        if event["type"] not in STREAMED:
+        if ends_request(event):
             self.ended.add(key)
         if not valid:
             # refused: files are read (``progress: extracting``) before a file is refused

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from client import Wire
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 from tests.test_client import ROOT, cli, piped
@@ -258,3 +259,57 @@ async def test_a_restart_of_the_daemon_between_questions_is_not_the_chats_end(
     turns = (await (wire := await daemon.connect()).request({"type": "open", "conversation": 1}))["turns"]
     await wire.close()
     assert [t["text"] for t in turns] == ["first question", "second question"]  # asked once, in its conversation
+
+
+async def test_a_chat_that_loses_the_daemon_mid_reply_follows_the_reply_again(
+    term: list[Terminal], daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    words = ["alpha", " bravo", " charlie", " delta", " echo", " foxtrot"]
+    router.script(Reply(chunks=words, delay=0.2))
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("spell it\n")
+    await chat.expect("alpha")
+    assert daemon.server is not None
+    for connection in list(daemon.server._connections):  # the chat's: lost, as in a network hiccup
+        connection._writer.transport.abort()
+    await chat.expect("[reconnected to the daemon]")
+    rest = await chat.expect("(conversation 1, turn 1")
+    await chat.expect("> ")
+    # the rest of the reply, each word once: followed from where it was shown, not asked again
+    assert "foxtrot" in rest
+    assert [chat.seen.count(word.strip().encode()) for word in words] == [1] * len(words)
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+    assert len([r for r in router.requests if r["path"].endswith("/chat/completions")]) == 1
+
+
+async def test_a_reply_that_ended_while_the_chat_was_away_is_shown_as_stored(
+    term: list[Terminal], daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    words = ["alpha", " bravo", " charlie", " delta"]
+    router.script(Reply(chunks=words, delay=0.2))
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("spell it\n")
+    await chat.expect("alpha")
+    assert daemon.server is not None
+    socket_path = daemon.config.socket_path
+    aside = socket_path.with_name("aside.sock")
+    socket_path.rename(aside)  # the chat cannot connect again until the reply has ended
+    for connection in list(daemon.server._connections):
+        connection._writer.transport.abort()
+    wire = await Wire.open(aside, timeout=30.0)
+    follow = await wire.send({"type": "follow", "conversation": 1})
+    if (await wire.until(follow, ("following",)))[-1]["turn"] is not None:
+        assert (await wire.until(follow))[-1]["type"] == "done"  # it ends while the chat is away
+    await wire.close()
+    aside.rename(socket_path)
+    await chat.expect("[reconnected to the daemon]")
+    rest = await chat.expect("(conversation 1, turn 1)")
+    assert "delta" in rest
+    assert [chat.seen.count(word.strip().encode()) for word in words] == [1] * len(words)
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0

@@ -120,6 +120,9 @@ async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_r
 ) -> None:
     config = daemon.config
     wire = await daemon.connect()
+    watcher = await daemon.connect()
+    watch = await watcher.send({"type": "watch"})
+    await watcher.until(watch, ("watching",))
     events, filler = await fill_mid_reply(wire, router, config)
     assert reply_text(events) == WORDS  # the client saw the whole reply
     end = events[-1]
@@ -135,15 +138,20 @@ async def test_a_reply_the_full_disk_cannot_take_is_kept_and_written_when_room_r
     assert opened["turns"][0]["reply"] == WORDS
     assert stored_turn(config.db_path, cid, turn)[0] == "running"  # the disk really took nothing
     filler.unlink()
-    # retried with back-off, without anyone asking
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SETTLE_SECONDS
-    while stored_turn(config.db_path, cid, turn) != ("complete", WORDS) and loop.time() < deadline:
-        await asyncio.sleep(0.05)
+    # retried with back-off, without anyone asking; a watcher is told when it is saved at last
+    told: list[tuple[str, bool | None, str | None]] = []
+    async with asyncio.timeout(SETTLE_SECONDS):
+        async for event in watcher.stream(watch):
+            if event["type"] == "changed" and event["kind"] == "turn":
+                told.append((event["action"], event.get("saved"), event.get("status")))
+                if event["action"] == "saved":
+                    break
+    assert told == [("started", None, None), ("ended", False, "complete"), ("saved", None, "complete")]
     assert stored_turn(config.db_path, cid, turn) == ("complete", WORDS)
     events = await wire.ask("And now?", conversation=cid)
     assert of_type(events, "done")
     await wire.close()
+    await watcher.close()
 
 
 async def test_a_reply_that_fails_on_a_full_disk_keeps_its_own_error(daemon: RunningDaemon, router: FakeRouter) -> None:

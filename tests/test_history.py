@@ -446,6 +446,7 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "usage": {"prompt_tokens": 9, "completion_tokens": 4},
         "sources": [],
         "created_at": turn.created_at,
+        "ref": None,
     }
 
 
@@ -918,3 +919,13 @@ def test_answered_turns_start_after_a_compaction(store: HistoryStore) -> None:
     assert store.answered_turns(cid, 5, after=4) == []
     store.delete_conversation(cid)
     assert store.answered_turns(cid, 5) == []
+
+
+def test_a_turn_keeps_the_ref_its_ask_carried(tmp_path: Path) -> None:
+    with HistoryStore(tmp_path / "history.db") as store:
+        conversation, started = store.start_turn(None, "q", [user("q")], [], None, ref="canvas-7")
+        _, plain = store.start_turn(conversation.id, "q2", [user("q2")], [], None)
+        assert started.ref == "canvas-7"
+        assert [t.ref for t in store.turns(conversation.id)] == ["canvas-7", None]
+        assert store.turn(conversation.id, 1).to_json()["ref"] == "canvas-7"  # type: ignore[union-attr]
+        assert plain.to_json()["ref"] is None
