@@ -217,7 +217,10 @@ async def test_a_stop_while_the_question_is_stored_keeps_the_turn_and_says_so(
     assert rows == [(events[-1]["conversation"], events[-1]["turn"], "interrupted")]
 
 
-async def test_requests_cut_short_by_a_stop_are_told_so(config: Config) -> None:
+async def test_requests_cut_short_by_a_stop_are_told_so(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon import server
+
+    monkeypatch.setattr(server, "REQUEST_GRACE", 0.01)  # what the settings request is given before it is cut
     with FakeRouter(models=[FakeModel("a"), FakeModel("b")], models_format="bare") as fake:
         running = RunningDaemon(dataclasses.replace(config, router_url=fake.url, shutdown_grace=0.2))
         await running.start()

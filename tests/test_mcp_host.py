@@ -24,6 +24,7 @@ import mcphost.host
 from mcphost.tool import McpTool
 from core import Config, load_config
 from core.tokens import text_weight
+from daemon import server as daemon_server
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.conftest import RunningDaemon
 from tests.test_client import cli
@@ -61,6 +62,9 @@ def hosted_config(router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config
     # the wait for a stopped server to exit before the next signal: shorter than the daemon's own,
     # as a hung test server is stopped often; the host still goes through every step
     monkeypatch.setattr(mcphost.connection, "STOP_GRACE", 0.2)
+    # a request waiting on a server's start when the daemon stops (mcp_servers) is given up on
+    # after this, and only then are the servers stopped
+    monkeypatch.setattr(daemon_server, "REQUEST_GRACE", 0.01)
     return load_config()
 
 
