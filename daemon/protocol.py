@@ -21,6 +21,7 @@ from typing import Any, Literal
 from common import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from core.errors import AssistantError, BadRequest, UnknownType
 from core.jsontext import compact_json, strict_loads, without_lone_surrogates
+from core.sampling import sampling_problem
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
@@ -45,8 +46,10 @@ MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the 
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 
-FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null"]
-NULLABLE = ("str_or_null", "str_list_or_null")  # null means something (the default), not "absent"
+FieldKind = Literal["str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null",
+                    "temperature", "top_p"]
+# null means something (the default), not "absent"
+NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
 
 # Requests that change what later requests see: every later line on the connection waits
 # until they are answered (docs/PROTOCOL.md, "Order"). ``ask`` and ``kb_add`` run long and
@@ -83,6 +86,8 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "model": S("str_or_null"),
         "system": S("str_or_null"),
         "mcp_servers": S("str_list_or_null"),
+        "temperature": S("temperature"),  # null: the model's (core/sampling.py)
+        "top_p": S("top_p"),
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
@@ -105,6 +110,8 @@ _KIND_NAMES = {
     "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
     "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
     "str_list_or_null": "a list of strings or null",
+    "temperature": "a number from 0 to 2, or null",
+    "top_p": "a number above 0 and at most 1, or null",
 }
 
 
@@ -147,6 +154,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value is None or _valid("str_list", value)
     if kind == "kb_mode":
         return value in KB_INJECTION_MODES
+    if kind in ("temperature", "top_p"):
+        return value is None or sampling_problem(kind, value) is None
     if kind == "limit":
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
     if kind == "timestamp":

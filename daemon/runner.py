@@ -43,7 +43,7 @@ from core.errors import (
     RouterUnreachable,
     no_conversation,
 )
-from core.models import display_name
+from core.models import display_name, sampling_params
 from core.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage
 from core.tools import Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
@@ -136,6 +136,7 @@ class TurnState:
     tools: list[dict[str, Any]] | None = None  # the tools offered with it
     past: TurnContext | None = None  # what history held for the prompt before this turn
     calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
@@ -341,6 +342,8 @@ class TurnRunner:
     async def _converse(self, state: TurnState, emit: Emit) -> str | None:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times."""
         progress = state.emit_progress(emit)
+        settings = state.past.conversation.settings if state.past else {}
+        state.sampling = sampling_params(self.config, state.model.id, settings)
         offered, ctx = await self._offer(state, progress)
         definitions = [t.definition() for t in offered] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
@@ -513,8 +516,11 @@ class TurnRunner:
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
-        chat = partial(self.router.stream_chat, state.model.id, prompt.messages, sent=sent,
-                       encoded=prompt.encoded, max_tokens=prompt.max_tokens)
+        params: dict[str, Any] = {"max_tokens": prompt.max_tokens, **state.sampling}
+
+        def chat(tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None = sent) -> AsyncIterator[StreamEvent]:
+            return self.router.stream_chat(state.model.id, prompt.messages, tools, sent=sent,
+                                           encoded=prompt.encoded, **params)
         started = False
         try:
             async for event in chat(tools):
