@@ -27,6 +27,7 @@ from .jsontext import strict_loads
 from .tokens import estimate_tools
 
 __all__ = [
+    "TOOL_GUIDANCE",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -49,6 +50,14 @@ H = TypeVar("H")  # the history a tool reads: the daemon's ``history.AsyncHistor
 SUMMARY_MAX_CHARS = 120  # the one line the UI shows per call
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: no id or count beyond it
 ERROR_PREFIX = "Error: "
+# added to the system prompt whenever tools are offered, the same bytes every turn (the server's
+# prompt cache): what a small model needs told (issue 33: without it, Qwen2.5-Coder-1.5B searched
+# the conversation for "what is 12 times 12?" and called the same tool again and again)
+TOOL_GUIDANCE = (
+    "Call a tool only when the answer needs something not shown here (an earlier detail, a file's "
+    "text, the user's documents), never for general knowledge, arithmetic or greetings. When a tool "
+    "result arrives, answer from it; never repeat a call."
+)
 # what a call made a second time in one turn gets after its first result: small models call
 # the same search again and again instead of answering from what it found (issue 33)
 REPEAT_NOTE = (
