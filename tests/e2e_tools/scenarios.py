@@ -179,7 +179,8 @@ async def mcp(wire: Wire, n: int, workdir: Path) -> Run:
     answer = await wire.request({"type": "settings", "conversation": talk.cid, "mcp_servers": [MCP_SERVER]})
     if answer["type"] == "error":
         raise RuntimeError(f"settings failed: {answer}")
-    await talk.asking(f"Use the {MCP_SERVER}__add tool to add {a} and {b}, and tell me the sum.")
+    # not "use the calc__add tool to ...": asked so, the model wrote the call as unfenced JSON text
+    await talk.asking(f"What is {a} plus {b}? Use the add tool.")
     return talk.run
 
 
