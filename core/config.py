@@ -20,6 +20,7 @@ from common import SETTINGS, default_socket_path
 
 from .errors import AssistantError
 from .mcpconfig import McpSettings, parse_mcp
+from .sampling import SAMPLING_KEYS, sampling_problem
 from .tokens import DEFAULT_IMAGE_TOKENS
 
 __all__ = ["Config", "ConfigError", "load_config"]
@@ -57,6 +58,11 @@ class Config:
     image_tokens: int = DEFAULT_IMAGE_TOKENS  # flat token cost of one image in estimates
     # the [models."<id>"] tables' image_tokens: a model's own image cost (core.models.image_cost)
     model_image_tokens: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # sampling sent with every turn's requests; None: not sent, the server's default (core/sampling.py)
+    temperature: float | None = None
+    top_p: float | None = None
+    # the [models."<id>"] tables' temperature and top_p (core.models.sampling_params)
+    model_sampling: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
@@ -121,7 +127,7 @@ def masked_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
 
 
-MODEL_KEYS = ("image_tokens",)  # what a [models."<id>"] table may set
+MODEL_KEYS = ("image_tokens", *SAMPLING_KEYS)  # what a [models."<id>"] table may set
 
 
 def _data_dir(env: Mapping[str, str]) -> Path:
@@ -140,7 +146,7 @@ def _config_file(env: Mapping[str, str]) -> Path:
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Turn a TOML or environment value into the field's type, or say what is wrong."""
-    kind = type(getattr(Config, key))
+    kind = float if key in SAMPLING_KEYS else type(getattr(Config, key))  # those default to None: unset
     try:
         if kind is bool:
             if isinstance(value, bool):
@@ -166,12 +172,13 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{source}: {key} must be {article} {kind.__name__}, not {value!r}; fix it and restart") from None
 
 
-def _model_tables(tables: Any, source: str) -> dict[str, int]:
-    """The ``[models."<id>"]`` tables: each model's ``image_tokens``."""
+def _model_tables(tables: Any, source: str) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+    """The ``[models."<id>"]`` tables: each model's ``image_tokens``, and its sampling settings."""
     example = 'e.g. [models."qwen2.5-vl-7b"] with image_tokens = 1200'
     if not isinstance(tables, dict):
         raise ConfigError(f"{source}: models must be a table of tables, one per model id ({example}); fix it and restart")
     costs: dict[str, int] = {}
+    sampling: dict[str, dict[str, float]] = {}
     for model, table in tables.items():
         where = f'[models."{model}"]'
         if not isinstance(table, dict):
@@ -188,7 +195,13 @@ def _model_tables(tables: Any, source: str) -> dict[str, int]:
             if cost < 0:
                 raise ConfigError(f"{source} {where}: image_tokens must not be negative; fix it and restart")
             costs[model] = cost
-    return costs
+        for key in SAMPLING_KEYS:
+            if key in table:
+                value = _coerce(key, table[key], f"{source} {where}")
+                if problem := sampling_problem(key, value):
+                    raise ConfigError(f"{source} {where}: {key} {problem}; fix it and restart")
+                sampling.setdefault(model, {})[key] = value
+    return costs, sampling
 
 
 def _url_problem(url: str) -> str | None:
@@ -228,6 +241,9 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise refuse(key, "must be a positive number of seconds")
     if values.get("shutdown_grace", 0.0) < 0:
         raise refuse("shutdown_grace", "must not be negative (seconds)")
+    for key in SAMPLING_KEYS:
+        if values.get(key) is not None and (problem := sampling_problem(key, values[key])):
+            raise refuse(key, problem)
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
@@ -253,7 +269,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         if "models" in table:  # per-model tables, file only like [mcp]
-            values["model_image_tokens"] = _model_tables(table.pop("models"), str(path))
+            values["model_image_tokens"], values["model_sampling"] = _model_tables(table.pop("models"), str(path))
         for key, value in table.items():
             if key not in SETTINGS:
                 raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(SETTINGS)}, [mcp], [models]")

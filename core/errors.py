@@ -18,7 +18,8 @@ traceback goes to the log.  Every message says what the user can do.
     ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
-    │   └── RouterContextOverflow     router_context_overflow
+    │   ├── RouterContextOverflow     router_context_overflow
+    │   └── RouterFormatError         router_error    the model wrote a tool call the server could not read
     ├── DiskFull                      disk_full       the disk holding the history is full
     ├── ShuttingDown                  shutting_down   the daemon is stopping
     └── InternalError                 internal        a bug; the log has the traceback
@@ -41,6 +42,7 @@ __all__ = [
     "NotFound",
     "RouterContextOverflow",
     "RouterError",
+    "RouterFormatError",
     "RouterUnreachable",
     "EXIT_STARTUP",
     "ShuttingDown",
@@ -161,6 +163,12 @@ class RouterContextOverflow(RouterError):
     def __init__(self, message: str, status: int | None = None, n_ctx: int | None = None) -> None:
         super().__init__(message, status)
         self.n_ctx = n_ctx
+
+
+class RouterFormatError(RouterError):
+    """The model began a tool call the model server could not parse: llama-server's "the model
+    produced output that does not match the expected ... format". The turn asks once more
+    without tools before it reports this (``daemon.runner``)."""
 
 
 class DiskFull(AssistantError):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .config import Config
+from .sampling import SAMPLING_KEYS
 
 ASSUMED_CTX = Config.assumed_ctx  # a size is never 0: until told, the configured default is assumed
 
@@ -26,6 +27,7 @@ __all__ = [
     "ModelInfo",
     "display_name",
     "image_cost",
+    "sampling_params",
     "listed_context",
     "enough",
     "listed_modalities",
@@ -59,6 +61,20 @@ def image_cost(config: Config, model: str) -> int:
         if name in own:
             return own[name]
     return config.image_tokens
+
+
+def sampling_params(config: Config, model: str, conversation: dict[str, Any]) -> dict[str, float]:
+    """The sampling fields of a turn's requests to ``model`` (``core/sampling.py``): the
+    conversation's settings, else the model's ``[models]`` table (by id or ``display_name``),
+    else the configuration's top-level keys; only those set somewhere."""
+    tables = config.model_sampling
+    own = next((tables[name] for name in (model, display_name(model)) if name in tables), {})
+    params: dict[str, float] = {}
+    for key in SAMPLING_KEYS:
+        chosen = next((v for v in (conversation.get(key), own.get(key), getattr(config, key)) if v is not None), None)
+        if chosen is not None:
+            params[key] = float(chosen)
+    return params
 
 
 @dataclass(frozen=True)

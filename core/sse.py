@@ -38,7 +38,7 @@ from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RouterContextOverflow, RouterError
+from .errors import RouterContextOverflow, RouterError, RouterFormatError
 from .jsontext import SURROGATE_ESCAPE, without_lone_surrogates
 
 __all__ = [
@@ -75,6 +75,9 @@ OVERFLOW_PATTERN = re.compile(
     r"|too (?:many|long) .*context",
     re.IGNORECASE,
 )
+# llama-server's words when the model's output starts a tool call its chat format's parser
+# cannot read ("... does not match the expected peg-native format"; the format's name varies)
+FORMAT_PATTERN = re.compile(r"does not match the expected .*format", re.IGNORECASE)
 # The context size in an overflow message without an ``n_ctx`` field: vLLM and OpenAI say
 # "maximum context length is 4096 tokens", llama-server "the available context size (4096 tokens)".
 OVERFLOW_CTX_PATTERN = re.compile(
@@ -323,6 +326,8 @@ def error_from_body(
             status,
             _overflow_ctx(body, message),
         )
+    if FORMAT_PATTERN.search(message):
+        return RouterFormatError(f"{where}: {message}{tail}", status)
     return RouterError(f"{where}: {message}{tail}", status)
 
 

@@ -5,9 +5,10 @@ this turn (``available``), and runs with the ``ToolContext`` of the turn: its ow
 conversation and nothing else, so no argument can reach another conversation.
 
 ``Toolbox.call`` never raises (``CancelledError`` aside): an unknown tool, one not offered
-this turn, arguments that are not a JSON object, a ``ToolError`` or any exception in the
-tool all become an ``"Error: ..."`` result the model reads and can act on, and the turn
-goes on (llm's ``execute_tool_calls``). Unexpected exceptions are logged with their
+this turn, arguments that are not a JSON object or do not fit the tool's schema
+(``argschema``: checked before the tool runs, the field named), a ``ToolError`` or any
+exception in the tool all become an ``"Error: ..."`` result the model reads and can act
+on, and the turn goes on (llm's ``execute_tool_calls``). Unexpected exceptions are logged with their
 traceback; tool output never is.
 """
 
@@ -21,15 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .argschema import ArgumentMismatch, check_arguments
 from .jsontext import strict_loads
 from .tokens import estimate_tools
 
 __all__ = [
+    "TOOL_GUIDANCE",
     "Tool",
     "ToolContext",
     "ToolError",
     "ToolResult",
     "Toolbox",
+    "TurnCalls",
     "error_result",
     "fit_results",
     "integer_argument",
@@ -46,6 +50,24 @@ H = TypeVar("H")  # the history a tool reads: the daemon's ``history.AsyncHistor
 SUMMARY_MAX_CHARS = 120  # the one line the UI shows per call
 MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: no id or count beyond it
 ERROR_PREFIX = "Error: "
+# added to the system prompt whenever tools are offered, the same bytes every turn (the server's
+# prompt cache): what a small model needs told (issue 33: without it, Qwen2.5-Coder-1.5B searched
+# the conversation for "what is 12 times 12?" and called the same tool again and again)
+TOOL_GUIDANCE = (
+    "Call a tool only when the answer needs something not shown here (an earlier detail, a file's "
+    "text, the user's documents), never for general knowledge, arithmetic or greetings. When a tool "
+    "result arrives, answer from it; never repeat a call."
+)
+# what a call made a second time in one turn gets after its first result: small models call
+# the same search again and again instead of answering from what it found (issue 33)
+REPEAT_NOTE = (
+    "You already made this exact call in this turn; the result above is the same as before. "
+    "Do not call it again: answer the user from this result."
+)
+REPEAT_ERROR_NOTE = (
+    "You already made this exact call in this turn and it failed the same way. Do not repeat it: "
+    "change the arguments, or answer the user with what you have."
+)
 
 
 @dataclass
@@ -182,16 +204,6 @@ def integer_argument(arguments: dict[str, Any], key: str) -> int | None:
     if not -MAX_INTEGER <= number <= MAX_INTEGER:
         raise ToolError(f"{key} {number} is out of range; use a value from the tool's results")
     return number
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    if isinstance(value, int):
-        return value
-    raise ToolError(f"{key} must be an integer, not {json_content(value)}")
 
 
 def string_argument(arguments: dict[str, Any], key: str) -> str | None:
@@ -268,10 +280,11 @@ class Toolbox:
             known = ", ".join(t.name for t in offered) or "none"
             return error_result(name, f"there is no tool named {name!r}; the tools here are: {known}")
         try:
-            result = await tool.run(parse_arguments(raw_arguments), ctx)
+            arguments = check_arguments(tool.parameters, parse_arguments(raw_arguments))
+            result = await tool.run(arguments, ctx)
         except asyncio.CancelledError:
             raise
-        except ToolError as exc:
+        except (ToolError, ArgumentMismatch) as exc:
             logger.debug("tool %s refused: %s", name, one_line(str(exc)))  # may quote the model's values
             return error_result(name, str(exc))
         except Exception as exc:
@@ -279,3 +292,47 @@ class Toolbox:
             return error_result(name, f"the tool failed ({type(exc).__name__}: {exc})")
         logger.debug("tool %s: %s", name, result.summary)
         return result
+
+
+class TurnCalls:
+    """The calls one turn has made: a call made again (same tool, same arguments) is not run
+    again but answered from its first result, with a note telling the model to answer from it."""
+
+    def __init__(self, toolbox: Toolbox) -> None:
+        self.toolbox = toolbox
+        self._first: dict[str, ToolResult] = {}  # call key -> its first result
+
+    @staticmethod
+    def key(name: str, raw_arguments: str | dict[str, Any] | None) -> str:
+        """The call as a key: its name and its arguments as sorted JSON (as sent, when they are not JSON)."""
+        try:
+            arguments: Any = parse_arguments(raw_arguments)
+        except ToolError:
+            arguments = raw_arguments
+        return name + "\0" + json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+    async def run(
+        self, offered: Sequence[Tool], calls: Sequence[tuple[str, str | dict[str, Any] | None]], ctx: ToolContext
+    ) -> list[ToolResult]:
+        """One round's calls: the new ones run concurrently (one of each when the round repeats
+        itself), the ones made before answered from their first result; in the calls' order."""
+        keys = [self.key(name, raw) for name, raw in calls]
+        new = {key: call for key, call in zip(keys, calls) if key not in self._first}
+        ran = await asyncio.gather(*(self.toolbox.call(offered, name, raw, ctx) for name, raw in new.values()))
+        fresh = dict(zip(new, ran))
+        results = []
+        for key, (name, _raw) in zip(keys, calls):
+            if key in fresh:
+                result = self._first[key] = fresh.pop(key)
+            else:
+                result = repeated(name, self._first[key])
+            results.append(result)
+        return results
+
+
+def repeated(name: str, first: ToolResult) -> ToolResult:
+    """The answer to a call made again: the first result and a note to answer from it (images
+    are not shown twice)."""
+    note = REPEAT_NOTE if first.ok else REPEAT_ERROR_NOTE
+    return ToolResult(content=f"{first.content}\n\n{note}", ok=first.ok,
+                      summary=one_line(f"{name} repeated: answered from the first result"))

@@ -44,6 +44,7 @@ from core import (
 from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, RouterError, RouterUnreachable
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
+from core.tools import TOOL_GUIDANCE
 from history import AsyncHistory, Compaction, Conversation, TurnContext
 from kbinject import Hit, KnowledgeBases
 from recall import (
@@ -176,6 +177,8 @@ class ContextBuilder:
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
         instructions = self.system_prompt(past.conversation if past else None)
+        if tools and instructions:  # the same whenever tools are offered: a stable prefix
+            instructions = f"{instructions}\n\n{TOOL_GUIDANCE}"
         own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens)
         own += tool_tokens
         if own > budget.prompt_limit:

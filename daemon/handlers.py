@@ -207,6 +207,9 @@ class Handlers:
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):
             changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
+        for key in ("temperature", "top_p"):  # null: the model's again (core/sampling.py)
+            if request.has(key):
+                changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from common import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
 from core.errors import AssistantError, BadRequest, UnknownType
 from core.jsontext import compact_json, strict_loads, without_lone_surrogates
+from core.sampling import sampling_problem
 from history import MAX_CONVERSATION_ID
 
 __all__ = [
@@ -47,9 +48,11 @@ KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
 MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/search.py): none lie past it
 
 FieldKind = Literal[
-    "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset"
+    "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
+    "temperature", "top_p",
 ]
-NULLABLE = ("str_or_null", "str_list_or_null")  # null means something (the default), not "absent"
+# null means something (the default), not "absent"
+NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
 
 # Requests that change what later requests see: every later line on the connection waits
 # until they are answered (docs/PROTOCOL.md, "Order"). ``ask`` and ``kb_add`` run long and
@@ -87,6 +90,8 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "model": S("str_or_null"),
         "system": S("str_or_null"),
         "mcp_servers": S("str_list_or_null"),
+        "temperature": S("temperature"),  # null: the model's (core/sampling.py)
+        "top_p": S("top_p"),
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit"), "offset": S("offset")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
@@ -114,6 +119,8 @@ _KIND_NAMES = {
     "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
     "str_list_or_null": "a list of strings or null",
     "offset": f"an integer from 0 to {MAX_SEARCH_OFFSET}",
+    "temperature": "a number from 0 to 2, or null",
+    "top_p": "a number above 0 and at most 1, or null",
 }
 
 
@@ -156,6 +163,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value is None or _valid("str_list", value)
     if kind == "kb_mode":
         return value in KB_INJECTION_MODES
+    if kind in ("temperature", "top_p"):
+        return value is None or sampling_problem(kind, value) is None
     if kind == "limit":
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
     if kind == "timestamp":

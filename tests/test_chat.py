@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from client import Wire
+from core.tools import TOOL_GUIDANCE
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 from tests.test_client import ROOT, cli, piped
@@ -190,7 +191,7 @@ async def test_continue_the_latest_conversation_with_a_system_prompt(term: list[
     await chat.expect("chat: conversation 1")
     await chat.expect("> ")
     assert "(conversation 1, turn 2," in await chat.say("more", "You said: more")
-    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Be terse."}
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": f"Be terse.\n\n{TOOL_GUIDANCE}"}
     chat.type("exit\n")
     assert await chat.exit_code() == 0
 

@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from client.render import FOR_THE_COMMAND_LINE
 from common import ADVICE, __version__
+from core.tools import TOOL_GUIDANCE
 from core import Config
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import make_png
@@ -168,10 +169,10 @@ async def test_model_and_system_prompt(daemon: RunningDaemon, router: FakeRouter
     code, _, err = await cli("ask", "-m", "fake-vision", "-s", "Answer in French.", "hello")
     assert code == 0, err
     assert router.requests[-1]["model"] == "fake-vision"
-    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Answer in French."}
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": f"Answer in French.\n\n{TOOL_GUIDANCE}"}
     code, _, err = await cli("ask", "-c", "-s", "Answer in German.", "again")
     assert code == 0, err
-    assert router.requests[-1]["messages"][0] == {"role": "system", "content": "Answer in German."}
+    assert router.requests[-1]["messages"][0] == {"role": "system", "content": f"Answer in German.\n\n{TOOL_GUIDANCE}"}
     code, out, _ = await cli("settings", "1")
     assert "system prompt: 'Answer in German.'" in out and "model: fake-vision" in out
 

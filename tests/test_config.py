@@ -154,19 +154,19 @@ def test_assistant_config_naming_a_missing_file_is_an_error(tmp_path: Path) -> N
 
 
 def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
-    env = {"ASSISTANT_ROUTERURL": "x", "ASSISTANT_SOCKETT": "y", "ASSISTANT_ROUTER_URL": "z", "ASSISTANT_ZZZZ": "1",
+    env = {"ASSISTANT_ROUTERURL": "x", "ASSISTANT_SOCKETT": "y", "ASSISTANT_ROUTER_URL": "z", "ASSISTANT_ZZZZZZZZZZZZZZZZ": "1",
            "ASSISTANT_CACHE_DIR": "/c", "OTHER": "o"}
     warnings = unknown_variables(env)
     assert warnings[0] == "ASSISTANT_ROUTERURL is not a setting and is ignored; did you mean ASSISTANT_ROUTER_URL?"
     assert warnings[1].endswith("did you mean ASSISTANT_SOCKET?")
-    assert warnings[2].startswith("ASSISTANT_ZZZZ is not a setting") and "ASSISTANT_MODEL" in warnings[2]
+    assert warnings[2].startswith("ASSISTANT_ZZZZZZZZZZZZZZZZ is not a setting") and "ASSISTANT_MODEL" in warnings[2]
     assert len(warnings) == 3
 
 
 def test_the_settings_the_client_knows_are_the_configs() -> None:
     """``common.SETTINGS`` (what the client, without ``core``, warns against) names every field
     of ``Config`` a user sets, in its order: a field added to one is added to the other."""
-    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens")  # tables, and the paths
+    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens", "model_sampling")  # tables, and the paths
     assert SETTINGS == tuple(f.name for f in dataclasses.fields(Config) if f.name not in not_set)
 
 

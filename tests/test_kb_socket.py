@@ -22,6 +22,7 @@ import pytest_asyncio
 
 from client import Wire, of_type
 from core import Config
+from core.tools import TOOL_GUIDANCE
 from kbinject.embedder import DIMENSION_PROBE
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf
@@ -203,7 +204,9 @@ async def test_auto_injection_puts_the_best_passages_before_the_question(
     kb_progress = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert kb_progress and "notes" in kb_progress[0]["detail"]
     # the system message stays the same on every turn; the passages go with the question
-    assert router.requests[-1]["messages"][0] == {"role": "system", "content": Config().system_prompt}
+    # the system message is the system prompt and the tool guidance, as on every turn: no passages
+    system = {"role": "system", "content": f"{Config().system_prompt}\n\n{TOOL_GUIDANCE}"}
+    assert router.requests[-1]["messages"][0] == system
     question = question_of(router)
     assert question.startswith("[Knowledge Base Context]") and question.endswith("why do honey bees dance?")
     assert "[End Knowledge Base Context]\n\nwhy do honey bees dance?" in question
@@ -271,7 +274,8 @@ async def test_a_kb_linked_to_one_conversation_stays_there(kwire: Wire, router: 
 async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: FakeRouter, docs: Path) -> None:
     await kb_add(kwire, "notes", docs)
     await kwire.request({"type": "kb_link", "kb": "notes"})
-    events = await kwire.ask("bees " * 180, model="fake-tiny")  # ~200 of 300 tokens before any passage
+    # ~250 of 300 tokens before any passage, with the tool guidance and conversation_search's definition
+    events = await kwire.ask("bees " * 130, model="fake-tiny")
     skipped = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert skipped and "skipped" in skipped[0]["detail"] and "85%" in skipped[0]["detail"]
     assert "[Knowledge Base Context]" not in question_of(router)

@@ -172,15 +172,16 @@ async def test_a_deleted_conversations_files_are_gone(history: AsyncHistory) -> 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"action": "delete"}, "action must be 'list' or 'read'"),
-        ({}, "action must be 'list' or 'read'"),
+        # checked against the tool's schema before it runs (core/argschema.py)
+        ({"action": "delete"}, 'action must be one of: list, read; not "delete"'),
+        ({}, "action is required"),
         ({"action": "read"}, "action=read needs attachment_id"),
         ({"action": "read", "attachment_id": "two"}, "attachment_id must be an integer"),
         ({"action": "read", "attachment_id": True}, "attachment_id must be an integer"),
         ({"action": "read", "attachment_id": 999}, "no attachment 999 in this conversation"),
         ({"action": "read", "attachment_id": 2**63}, "attachment_id 9223372036854775808 is out of range"),
         ({"action": "read", "attachment_id": 1, "offset": -(2**70)}, "offset"),
-        ({"action": 7}, "action must be a string"),
+        ({"action": 7}, "action must be a string, not 7"),
     ],
 )
 async def test_bad_recall_arguments(history: AsyncHistory, arguments: dict[str, Any], message: str) -> None:
@@ -425,10 +426,10 @@ async def test_search_role_filter_and_result_count(history: AsyncHistory) -> Non
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({}, "query must be some keywords"),
+        ({}, "query is required (Search keywords)"),  # the schema, before the tool runs
         ({"query": "   "}, "query must be some keywords"),
         ({"query": ["a"]}, "query must be a string"),
-        ({"query": "a", "role_filter": "system"}, "role_filter must be one of all, user, assistant"),
+        ({"query": "a", "role_filter": "system"}, 'role_filter must be one of: all, user, assistant; not "system"'),
         ({"query": "a", "max_results": "many"}, "max_results must be an integer"),
     ],
 )

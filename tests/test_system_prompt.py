@@ -3,17 +3,32 @@ it or with ``settings``, stored with the conversation, and the same bytes on eve
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from client import Wire
 from core import Config
-from selfcheck.fakerouter import FakeRouter
+from core.tools import TOOL_GUIDANCE
+from selfcheck.fakerouter import FakeModel, FakeRouter, default_models
 
 pytestmark = pytest.mark.asyncio
 
 PIRATE = "You answer as a pirate would."
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    # "bare" model entries: what a model can do comes from /props (chat_template_caps.supports_tools)
+    with FakeRouter(models=[*default_models(), FakeModel("fake-plain", tools=False)], models_format="bare") as fake:
+        yield fake
+
+
+def system(text: str) -> dict[str, Any]:
+    """The system message of a conversation offered tools: its prompt, then the tool guidance."""
+    return {"role": "system", "content": f"{text}\n\n{TOOL_GUIDANCE}"}
 
 
 def system_of(request: dict[str, Any]) -> dict[str, Any] | None:
@@ -27,12 +42,12 @@ async def test_a_new_conversation_keeps_its_system_prompt_byte_for_byte(wire: Wi
     await wire.ask("and again", conversation=1)
     await wire.ask("once more", conversation=1)
     first, second, third = (system_of(r) for r in router.requests[-3:])
-    assert first == {"role": "system", "content": PIRATE}
+    assert first == system(PIRATE)
     assert first == second == third  # the prompt cache's prefix starts here
     opened = await wire.request({"type": "open", "conversation": 1})
     assert opened["system"] == PIRATE
     other = await wire.ask("a conversation of the default kind")
-    assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}
+    assert system_of(router.requests[-1]) == system(Config.system_prompt)
     assert (await wire.request({"type": "open", "conversation": other[-1]["conversation"]}))["system"] is None
 
 
@@ -56,14 +71,14 @@ async def test_settings_change_the_system_prompt_and_null_restores_the_default(
     changed = await wire.request({"type": "settings", "conversation": 1, "system": PIRATE})
     assert changed["type"] == "settings" and changed["system"] == PIRATE
     await wire.ask("ahoy?", conversation=1)
-    assert system_of(router.requests[-1]) == {"role": "system", "content": PIRATE}
+    assert system_of(router.requests[-1]) == system(PIRATE)
     await wire.request({"type": "settings", "conversation": 1, "system": ""})
     await wire.ask("plain?", conversation=1)
     assert system_of(router.requests[-1]) is None  # '': no system message at all
     restored = await wire.request({"type": "settings", "conversation": 1, "system": None})
     assert restored["system"] is None
     await wire.ask("default?", conversation=1)
-    assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}
+    assert system_of(router.requests[-1]) == system(Config.system_prompt)
     renamed = await wire.request({"type": "settings", "conversation": 1, "title": "Ahoy"})
     assert renamed["system"] is None  # a setting left out stays as it is
 
@@ -71,3 +86,19 @@ async def test_settings_change_the_system_prompt_and_null_restores_the_default(
 async def test_a_system_prompt_of_the_wrong_type_is_a_bad_request(wire: Wire) -> None:
     events = await wire.ask("hello", system=42)
     assert events[-1]["code"] == "bad_request" and "'system'" in events[-1]["message"]
+
+
+async def test_the_tool_guidance_is_there_only_with_tools_and_never_changes(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    cid = (await wire.ask("hello"))[-1]["conversation"]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the code is WR-58213")
+    await wire.ask("keep this", conversation=cid, files=[str(notes)])  # attachment_recall offered from here
+    await wire.ask("thanks", conversation=cid)
+    first, second, third = (r["messages"][0] for r in router.requests[-3:])
+    assert first == second == third == system(Config.system_prompt)  # the same bytes whatever is offered
+    assert [len(r["tools"]) for r in router.requests[-3:]] == [1, 2, 2]
+    await wire.ask("hello", model="fake-plain")  # a chat template without tools: none, and no guidance
+    assert "tools" not in router.requests[-1]
+    assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}

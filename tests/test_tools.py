@@ -449,8 +449,9 @@ async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: Fa
     book = tmp_path / "book.txt"
     book.write_text("a long line of text for the reader\n" * 400)  # 14,000 characters
     cid = await ask_with_file(wire, book, model="fake-small")
-    reads = [{"id": f"r{n}", "name": "attachment_recall", "arguments": '{"action": "read", "attachment_id": 1}'}
-             for n in range(3)]
+    # three different reads (the same call made three times would run once: test_tool_guards.py)
+    reads = [{"id": f"r{n}", "name": "attachment_recall",
+              "arguments": f'{{"action": "read", "attachment_id": 1, "offset": {n * 35}}}'} for n in range(3)]
     router.script(Reply(tool_calls=reads), Reply(text="read it"))
     events = await wire.ask("read it three times", conversation=cid)
     assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 1500-token context
