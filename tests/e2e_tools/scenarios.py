@@ -179,7 +179,8 @@ async def mcp(wire: Wire, n: int, workdir: Path) -> Run:
     answer = await wire.request({"type": "settings", "conversation": talk.cid, "mcp_servers": [MCP_SERVER]})
     if answer["type"] == "error":
         raise RuntimeError(f"settings failed: {answer}")
-    # not "use the calc__add tool to ...": asked so, the model wrote the call as unfenced JSON text
+    # asked this way or "use the calc__add tool to ...", the model wrote the call as unfenced JSON
+    # text, which llama-server does not read as a call (2 of 2, bench/RESULTS.md)
     await talk.asking(f"What is {a} plus {b}? Use the add tool.")
     return talk.run
 
