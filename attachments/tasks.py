@@ -30,17 +30,8 @@ async def gather_all(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
             for coroutine in coroutines:
                 tasks.append(group.create_task(coroutine))
     except BaseExceptionGroup as failed:
-        failed.__traceback__ = None  # it holds TaskGroup.__aexit__'s frame, which holds it (3.11)
-        failure = _earliest(tasks) or failed.exceptions[0]
-    else:
-        return [task.result() for task in tasks]
-    # raised outside the except block (its context would be the group, which holds it), with
-    # nothing here holding it once its traceback holds this frame: no cycle is left behind
-    tasks.clear()
-    try:
-        raise failure
-    finally:
-        del failure
+        raise (_earliest(tasks) or failed.exceptions[0]) from None
+    return [task.result() for task in tasks]
 
 
 def _earliest(tasks: list[asyncio.Task[T]]) -> BaseException | None:
