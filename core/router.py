@@ -306,7 +306,12 @@ class RouterClient:
         self._tell_unlisted(models)
         if len(models) == 1:
             # a lone model is a plain llama-server (or alike): /props is cheap and also says
-            # whether its template takes tools; a router of several may load a model to answer
+            # whether its template takes tools; a router of several may load a model to answer.
+            # Until it has answered, the model counts as not fully told, so that a turn meanwhile
+            # waits for it rather than offer tools the template would drop (and word its
+            # system prompt for them: the next turn's prompt would then differ from its start)
+            if not self._swap:
+                self._missing.setdefault(models[0].id, Missing(False, False))
             await self._probe(models[0], may_load=False)
 
     def _tell_unlisted(self, models: list[ModelInfo]) -> None:

@@ -45,7 +45,7 @@ from core.errors import (
 )
 from core.models import display_name, sampling_params
 from core.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage
-from core.tools import Tool, Toolbox, ToolContext, TurnCalls
+from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
 from kbinject import injection_mode
 
@@ -619,6 +619,7 @@ class TurnRunner:
                 raise
             logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
             self._no_tools.add(state.model.id)
+            without_guidance(prompt)  # as every later prompt of this model will be: the same prefix
             async for event in chat(None, sent=None):  # the refused request went out: ``sent`` was called
                 yield event
 
@@ -719,6 +720,16 @@ class TurnRunner:
 def usage_json(usage: Usage | None) -> dict[str, Any]:
     """Usage as events show it: always an object, its counts null when the server said none."""
     return usage.to_json() if usage else {"prompt_tokens": None, "completion_tokens": None}
+
+
+def without_guidance(prompt: Prompt) -> None:
+    """The prompt's system message without the tool-use guidance (a server that takes no tools
+    is asked again without them, and without words about them)."""
+    first = prompt.messages[0] if prompt.messages else {}
+    content = first.get("content")
+    if first.get("role") == "system" and isinstance(content, str) and content.endswith(f"\n\n{TOOL_GUIDANCE}"):
+        prompt.messages[0] = {**first, "content": content.removesuffix(f"\n\n{TOOL_GUIDANCE}")}
+        prompt.encoded = None  # the JSON made for the prompt's start holds the old system message
 
 
 def user_event(cid: int, turn: int, text: str, prepared: list[Prepared], ref: str | None) -> dict[str, Any]:

@@ -309,6 +309,10 @@ async def test_a_router_that_refuses_tools_is_asked_without_them(wire: Wire, rou
     assert "tools" in router.requests[-2] and "tools" not in router.requests[-1]
     await wire.ask("third", conversation=cid)
     assert "tools" not in router.requests[-1]  # remembered for this model
+    # asked again without the words about tools too, as every later prompt: one prefix from then on
+    refused, retried, third = (r["messages"] for r in router.requests[-3:])
+    assert "Call a tool" in refused[0]["content"] and "Call a tool" not in retried[0]["content"]
+    assert third[: len(retried)] == retried
 
 
 async def test_compaction_summarises_old_turns_and_keeps_them(wire: Wire, router: FakeRouter) -> None:
