@@ -64,6 +64,7 @@ from .sse import (
     Timings,
     ToolCall,
     Usage,
+    call_in_text,
     error_from_body,
     parse_chat_stream,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "StreamEvent",
     "Timings",
     "ToolCall",
+    "call_in_text",
     "Usage",
 ]
 

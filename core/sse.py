@@ -34,7 +34,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ __all__ = [
     "Timings",
     "ToolCall",
     "Usage",
+    "call_in_text",
     "error_from_body",
     "is_context_overflow",
     "parse_chat_stream",
@@ -60,6 +61,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DONE_SENTINEL = "[DONE]"
+# a reply's whole text inside one ``` fence (a language tag allowed): what ``call_in_text`` unwraps
+FENCE_PATTERN = re.compile(r"\A```[A-Za-z]*[ \t]*\n?(.*?)\n?```\Z", re.DOTALL)
 # How much of a server's raw, non-JSON error text reaches the user.
 MAX_ERROR_TEXT = 500
 # Error ``type``/``code`` values that mean "the prompt does not fit the context".
@@ -118,6 +121,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    from_text: bool = False  # the model wrote it as its reply's text (``call_in_text``)
 
     def to_openai(self) -> dict[str, Any]:
         """The call as it goes back to the router in the assistant message's ``tool_calls``."""
@@ -200,6 +204,36 @@ class StreamEnd:
 
 
 StreamEvent = ContentDelta | ReasoningDelta | StreamEnd
+
+
+def call_in_text(text: str, offered: Collection[str], call_id: str) -> ToolCall | None:
+    """The tool call a reply's whole text is, or None.
+
+    Small local models write a call as plain text when their server's parser does not catch
+    it (Qwen2.5-Coder-1.5B: a bare ``{"name": "calc__add", "arguments": {...}}``, which
+    llama-server left as content): the call was meant, and nothing would run. A call is the
+    whole text, stripped, optionally inside one ``` fence: one JSON object with exactly
+    ``name`` (an offered tool's) and ``arguments`` (an object, or a JSON string of one). A
+    reply that merely holds such an object among words, or names a tool not offered, is text.
+    """
+    body = text.strip()
+    fenced = FENCE_PATTERN.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    if not body.startswith("{"):
+        return None
+    try:
+        value = json.loads(body)
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or value["name"] not in offered:
+            return None
+        arguments = value["arguments"]
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+    except (ValueError, RecursionError, TypeError):  # TypeError: a name that cannot be looked up
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(call_id, value["name"], json.dumps(arguments, ensure_ascii=False), from_text=True)
 
 
 def _looks_complete(data: str) -> bool:

@@ -44,7 +44,9 @@ from core.errors import (
     no_conversation,
 )
 from core.models import display_name, sampling_params
-from core.router import ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage
+from core.router import (
+    ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
+)
 from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
 from kbinject import injection_mode
@@ -542,7 +544,8 @@ class TurnRunner:
             if result.images and call.name not in showing:
                 showing.append(call.name)
             emit({"type": "tool", **where, "name": call.name, "server": server, "tool": own,
-                  "arguments": parse_arguments(call.arguments), "ok": result.ok, "summary": result.summary})
+                  "arguments": parse_arguments(call.arguments), "ok": result.ok, "summary": result.summary,
+                  **({"from_text": True} if call.from_text else {})})
         if images:
             # tool messages carry text only: a returned image is shown in a message of its own,
             # for this turn's prompt (history keeps the tool's text; the image is not stored)
@@ -593,7 +596,13 @@ class TurnRunner:
                 state.usage = event.usage or state.usage
                 calls = event.tool_calls if tools else []  # calls nobody offered are not run
                 state.unoffered = bool(event.tool_calls) and not tools
-                self._add_assistant(state, state.reply[round_start:].removeprefix(ROUND_SEPARATOR), calls)
+                text = state.reply[round_start:].removeprefix(ROUND_SEPARATOR)
+                if tools and not calls and (written := written_call(state, text, tools)):
+                    # the round's text was the call: the stored reply and its message hold the call
+                    # (the client saw the text as deltas; the ``tool`` event says ``from_text``)
+                    calls, text = [written], ""
+                    state.parts[:] = [state.reply[:round_start]]
+                self._add_assistant(state, text, calls)
                 state.round_start = len(state.reply)  # this round's text is stored with its message
                 state.timings = event.timings or state.timings
                 state.prompt, state.tools = prompt.messages, tools  # what the title request extends
@@ -715,6 +724,12 @@ class TurnRunner:
             renamed=lambda title: self.live.publish("conversation", "updated", conversation=cid, title=title),
         ))
         task.add_done_callback(lambda _: self._titling.pop(cid, None))
+
+
+def written_call(state: TurnState, text: str, tools: list[dict[str, Any]]) -> ToolCall | None:
+    """The call a round's whole text is, when the server returned none (``call_in_text``)."""
+    offered = {tool["function"]["name"] for tool in tools}
+    return call_in_text(text, offered, f"call_text_{len(state.messages)}")
 
 
 def usage_json(usage: Usage | None) -> dict[str, Any]:

@@ -1,0 +1,87 @@
+"""A tool call the model wrote as its reply's text, through the real socket (issue 33): when a
+round's whole text is one JSON call of an offered tool and the server returned no
+``tool_calls`` (Qwen2.5-Coder-1.5B's unfenced calls, which llama-server leaves as content),
+the daemon runs it; JSON naming a tool not offered, or JSON among words, stays the reply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+import pytest
+
+from client import Wire, of_type, reply_text
+from selfcheck.fakerouter import FakeRouter, Reply
+
+pytestmark = pytest.mark.asyncio
+
+SEARCH = {"name": "conversation_search", "arguments": {"query": "locker"}}
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    with FakeRouter() as fake:
+        yield fake
+
+
+async def conversation(wire: Wire) -> int:
+    events = await wire.ask("my locker code is 4471")
+    assert events[-1]["type"] == "done", events[-1]
+    return int(of_type(events, "user")[0]["conversation"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps(SEARCH),
+        f"  \n{json.dumps(SEARCH, indent=2)}\n",
+        f"```json\n{json.dumps(SEARCH)}\n```",
+        json.dumps({"name": "conversation_search", "arguments": json.dumps({"query": "locker"})}),
+    ],
+    ids=["bare", "indented", "fenced", "arguments-as-string"],
+)
+async def test_a_reply_that_is_one_json_call_runs_the_tool(wire: Wire, router: FakeRouter, text: str) -> None:
+    cid = await conversation(wire)
+    router.script(Reply(text=text), Reply(text="It is 4471."))
+    events = await wire.ask("what was my locker code?", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    [tool] = of_type(events, "tool")
+    assert tool["name"] == "conversation_search" and tool["ok"] is True, tool
+    assert tool["arguments"] == {"query": "locker"} and tool["from_text"] is True
+    # the next request carries the call as a call, and its result
+    messages = router.requests[-1]["messages"]
+    [called] = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    assert called["tool_calls"][0]["function"]["name"] == "conversation_search"
+    assert "conversation_search" not in (called.get("content") or "")
+    [result] = [m["content"] for m in messages if m["role"] == "tool"]
+    assert "4471" in json.loads(result)["results"][0]["excerpt"]
+    # what is kept is the answer, not the call's text
+    opened = await wire.request({"type": "open", "conversation": cid})
+    turn = opened["turns"][1]
+    assert turn["reply"] == "It is 4471." and [t["name"] for t in turn["tools"]] == ["conversation_search"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({"name": "delete_everything", "arguments": {}}),
+        f"Let me search: {json.dumps(SEARCH)}",
+        f"{json.dumps(SEARCH)} and then I will answer",
+        json.dumps({**SEARCH, "why": "to find it"}),
+        json.dumps({"name": "conversation_search", "arguments": ["locker"]}),
+    ],
+    ids=["unknown-tool", "after-words", "before-words", "extra-key", "arguments-not-an-object"],
+)
+async def test_json_that_is_not_exactly_a_call_of_an_offered_tool_stays_text(
+    wire: Wire, router: FakeRouter, text: str
+) -> None:
+    cid = await conversation(wire)
+    asked = len(router.requests)
+    router.script(Reply(text=text))
+    events = await wire.ask("what was my locker code?", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    assert of_type(events, "tool") == []
+    assert len(router.requests) == asked + 1  # no round followed
+    assert reply_text(events) == text
+    opened = await wire.request({"type": "open", "conversation": cid})
+    assert opened["turns"][1]["reply"] == text and opened["turns"][1]["tools"] == []
+
