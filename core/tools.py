@@ -301,6 +301,7 @@ class TurnCalls:
     def __init__(self, toolbox: Toolbox) -> None:
         self.toolbox = toolbox
         self._first: dict[str, ToolResult] = {}  # call key -> its first result
+        self.last_round_repeated = False  # every call of the last round had been made before
 
     @staticmethod
     def key(name: str, raw_arguments: str | dict[str, Any] | None) -> str:
@@ -318,6 +319,7 @@ class TurnCalls:
         itself), the ones made before answered from their first result; in the calls' order."""
         keys = [self.key(name, raw) for name, raw in calls]
         new = {key: call for key, call in zip(keys, calls) if key not in self._first}
+        self.last_round_repeated = not new
         ran = await asyncio.gather(*(self.toolbox.call(offered, name, raw, ctx) for name, raw in new.values()))
         fresh = dict(zip(new, ran))
         results = []

@@ -66,8 +66,9 @@ __all__ = ["Slot", "StopReason", "TurnRunner", "TurnState"]
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SECONDS = 1.0  # how often a streaming reply is saved against a crash
-# rounds of tool calls in one turn; the round after the last is asked without tools and with
-# LAST_ROUND_NOTE, so a model that keeps calling still ends the turn with an answer
+# rounds of tool calls in one turn; the round after the last, and a round after one that only
+# repeated earlier calls, is "closed": the tools stay in the request (they are part of the prompt's
+# cached prefix) with ``tool_choice: none`` and LAST_ROUND_NOTE, so the turn ends with an answer
 MAX_TOOL_ROUNDS = 8
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
@@ -443,22 +444,26 @@ class TurnRunner:
         def waiting() -> None:  # said by the router client when the first request has gone out
             progress("waiting", f"waiting for {display_name(state.model.id)}")
 
+        closed = False
         for round_no in range(MAX_TOOL_ROUNDS + 1):
-            tools = definitions if round_no < MAX_TOOL_ROUNDS else None
-            if offered and tools is None:
+            closed = closed or round_no == MAX_TOOL_ROUNDS
+            if offered and closed:
                 add_user_note(prompt.messages, LAST_ROUND_NOTE)
             if round_no == 0:
-                end, prompt = await self._first_round(state, prompt, tools, emit, waiting, build)
+                end, prompt = await self._first_round(state, prompt, definitions, emit, waiting, build)
             else:
-                end = await self._stream_round(state, prompt, tools, emit)
-            if not end.tool_calls or tools is None:
-                return await self._last_words(state, prompt, end, emit)
+                end = await self._stream_round(state, prompt, definitions, emit, closed=closed)
+            if not end.tool_calls or closed:
+                return await self._last_words(state, prompt, definitions, end, emit)
             append(prompt, router_messages(state.messages[-1:]), state.model)
             # the calls of a round share half of what is left of the context
             room = budget_chars(prompt.budget.ctx_max, prompt.tokens)
             ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
             append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit), state.model)
-        raise AssertionError("the last round offers no tools")
+            # a model that only repeats calls it made (each answered from its first result) is
+            # looping: a small model given the same result again calls again (issue 33's runs)
+            closed = state.calls is not None and state.calls.last_round_repeated
+        raise AssertionError("the last round is closed")
 
     async def _offer(self, state: TurnState, progress: Progress) -> tuple[list[Tool], ToolContext]:
         """The tools this turn offers, and the context they run in. What is offered depends on the
@@ -506,13 +511,15 @@ class TurnRunner:
             # sent for the new prompt, so ``waiting`` is sent again as it leaves
             return await self._stream_round(state, prompt, tools, emit, waiting), prompt
 
-    async def _last_words(self, state: TurnState, prompt: Prompt, end: StreamEnd, emit: Emit) -> str | None:
-        """The turn's finish reason. A model that called a tool nobody offered (or one past the
-        last round) and said nothing is told so, once, and answers in words."""
+    async def _last_words(
+        self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, end: StreamEnd, emit: Emit
+    ) -> str | None:
+        """The turn's finish reason. A model that called a tool nobody offered (or one in a closed
+        round) and said nothing is told so, once, and answers in words."""
         if state.unoffered and silent(state.messages[-1]):
             state.messages.pop()
             add_user_note(prompt.messages, NO_TOOLS_NOTE)
-            end = await self._stream_round(state, prompt, None, emit)
+            end = await self._stream_round(state, prompt, tools, emit, closed=True)
         return end.finish_reason
 
     async def _run_tools(
@@ -555,33 +562,35 @@ class TurnRunner:
 
     async def _stream_round(
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,
-        sent: Callable[[], None] | None = None,
+        sent: Callable[[], None] | None = None, *, closed: bool = False,
     ) -> StreamEnd:
-        """One round; when the server could not read the tool call the model wrote (llama-server's
-        "does not match the expected ... format"), the round is asked once more without tools.
-        What the failed attempt streamed stays in the reply (the client has shown it)."""
+        """One round (``closed``: the tools are sent, not to be called); when the server could not
+        read the tool call the model wrote (llama-server's "does not match the expected ...
+        format"), the round is asked once more, closed. What the failed attempt streamed stays in
+        the reply (the client has shown it)."""
         try:
-            return await self._stream_once(state, prompt, tools, emit, sent)
+            return await self._stream_once(state, prompt, tools, emit, sent, closed=closed)
         except RouterFormatError as exc:
-            if not tools:
+            if not tools or closed:
                 raise
             logger.warning("%s wrote a tool call the server could not read; asking without tools", state.model.id)
             add_user_note(prompt.messages, UNREAD_CALL_NOTE)
             try:
-                return await self._stream_once(state, prompt, None, emit)
+                return await self._stream_once(state, prompt, tools, emit, closed=True)
             except RouterFormatError as again:
                 raise RouterFormatError(UNREAD_CALL_MESSAGE.format(detail=again.message), again.status) from exc
 
     async def _stream_once(
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,
-        sent: Callable[[], None] | None = None,
+        sent: Callable[[], None] | None = None, *, closed: bool = False,
     ) -> StreamEnd:
         """One request and its streamed answer; ``sent`` is called when the request has gone out."""
         where = {"conversation": state.conversation, "turn": state.turn}
         round_start = state.round_start = len(state.reply)
         separate = bool(state.reply)  # a later round's text starts a new paragraph
         state.usage = None  # an earlier round's: one that ends without its own is estimated instead
-        async for event in self._stream(state, prompt, tools, sent):
+        callable_tools = None if closed else tools
+        async for event in self._stream(state, prompt, tools, sent, closed):
             if isinstance(event, ContentDelta):
                 text = ROUND_SEPARATOR + event.text if separate else event.text
                 separate = False
@@ -594,10 +603,10 @@ class TurnRunner:
                 emit({"type": "reasoning", **where, "text": event.text})
             elif isinstance(event, StreamEnd):
                 state.usage = event.usage or state.usage
-                calls = event.tool_calls if tools else []  # calls nobody offered are not run
-                state.unoffered = bool(event.tool_calls) and not tools
+                calls = event.tool_calls if callable_tools else []  # calls nobody offered are not run
+                state.unoffered = bool(event.tool_calls) and not callable_tools
                 text = state.reply[round_start:].removeprefix(ROUND_SEPARATOR)
-                if tools and not calls and (written := written_call(state, text, tools)):
+                if callable_tools and not calls and (written := written_call(state, text, callable_tools)):
                     # the round's text was the call: the stored reply and its message hold the call
                     # (the client saw the text as deltas; the ``tool`` event says ``from_text``)
                     calls, text = [written], ""
@@ -611,9 +620,12 @@ class TurnRunner:
 
     async def _stream(
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None,
+        closed: bool,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
         params: dict[str, Any] = {"max_tokens": prompt.max_tokens, **state.sampling}
+        if closed and tools:
+            params["tool_choice"] = "none"
 
         def chat(tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None = sent) -> AsyncIterator[StreamEvent]:
             return self.router.stream_chat(state.model.id, prompt.messages, tools, sent=sent,
@@ -628,6 +640,7 @@ class TurnRunner:
                 raise
             logger.warning("%s refused tools (%s); asking without them from now on", state.model.id, exc.message)
             self._no_tools.add(state.model.id)
+            params.pop("tool_choice", None)
             without_guidance(prompt)  # as every later prompt of this model will be: the same prefix
             async for event in chat(None, sent=None):  # the refused request went out: ``sent`` was called
                 yield event

@@ -628,7 +628,7 @@ class FakeRouter:
                 return queue.popleft()
         if not stream:
             return Reply(text=COMPLETE_DEFAULT)
-        if self.repeat_calls and body.get("tools"):
+        if self.repeat_calls and _may_call(body):
             again = _last_calls(body)
             if again:
                 return Reply(tool_calls=again)
@@ -661,7 +661,7 @@ class FakeRouter:
         if overflow is not None:
             return await _send(writer, 400, overflow, request)
         reply = self.next_reply(body, stream)
-        if reply.unparsed is not None and body.get("tools"):
+        if reply.unparsed is not None and _may_call(body):
             # llama-server sends no call it could not parse: the text so far, then the error
             status = 500 if reply.unparsed == "status" else 200
             reply = dataclasses.replace(reply, tool_calls=None, status=status, error=FORMAT_ERROR)
@@ -932,6 +932,12 @@ class _Chunks:
         if self.timings is not None:
             answer["timings"] = self.timings
         return answer
+
+
+def _may_call(body: dict[str, Any]) -> bool:
+    """Whether the request lets the model call a tool: llama-server renders the tools of a request
+    with ``tool_choice: none`` into the prompt all the same, but reads no call from the reply."""
+    return bool(body.get("tools")) and body.get("tool_choice") != "none"
 
 
 def _last_calls(body: dict[str, Any]) -> list[dict[str, Any]]:

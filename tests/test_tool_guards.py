@@ -2,7 +2,7 @@
 real tools (issue 33) scripted on the fake router. Arguments are checked against the tool's
 schema before it runs, a call made again is answered from its first result, the rounds are
 capped with an answer at the end, and a call the server could not parse has its round asked
-again without tools."""
+again with the tools closed (still sent, for the prompt cache, with ``tool_choice: none``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from client import Wire, of_type, reply_text
 from core.tools import REPEAT_ERROR_NOTE, REPEAT_NOTE
-from daemon.runner import LAST_ROUND_NOTE, MAX_TOOL_ROUNDS, UNREAD_CALL_NOTE
+from daemon.runner import LAST_ROUND_NOTE, UNREAD_CALL_NOTE
 from selfcheck.fakerouter import FORMAT_ERROR, FakeRouter, Reply
 
 pytestmark = pytest.mark.asyncio
@@ -93,25 +93,32 @@ async def test_an_attachment_id_that_is_not_a_number_is_refused_before_the_tool_
     assert events[-1]["type"] == "done"
 
 
-async def test_a_call_made_again_is_answered_from_its_first_result(wire: Wire, router: FakeRouter) -> None:
+def closed(request: dict[str, Any]) -> bool:
+    """A request whose tools are sent (the prompt's cached prefix holds them) but not to be called."""
+    return bool(request.get("tools")) and request.get("tool_choice") == "none"
+
+
+async def test_a_call_made_again_is_answered_from_its_first_result_then_the_tools_close(
+    wire: Wire, router: FakeRouter
+) -> None:
     cid = await conversation(wire)
     router.repeat_calls = True  # the model answers every tool result with the same call
     router.script(call("conversation_search", {"query": "locker"}))
     events = await wire.ask("what was my locker code?", conversation=cid)
-    tools = of_type(events, "tool")
-    assert len(tools) == MAX_TOOL_ROUNDS
-    assert "repeated" not in tools[0]["summary"]
-    assert all("repeated: answered from the first result" in t["summary"] for t in tools[1:])
-    first, *again = tool_contents(router.requests[-1])
+    first_call, again_call = of_type(events, "tool")
+    assert "repeated" not in first_call["summary"]
+    assert "repeated: answered from the first result" in again_call["summary"]
+    first, again = tool_contents(router.requests[-1])
     assert "4471" in json.loads(first)["results"][0]["excerpt"]
-    assert again and all(c == f"{first}\n\n{REPEAT_NOTE}" for c in again)
-    # the rounds are capped: the last request offers no tools and says to answer
-    last = router.requests[-1]
-    assert "tools" not in last and LAST_ROUND_NOTE in last["messages"][-1]["content"]
+    assert again == f"{first}\n\n{REPEAT_NOTE}"
+    # a round of nothing but repeats is a loop: the next round is closed and says to answer
+    *calling, last = router.requests[-3:]
+    assert not any(closed(r) for r in calling) and closed(last)
+    assert last["tools"] == calling[0]["tools"] and LAST_ROUND_NOTE in last["messages"][-1]["content"]
     assert events[-1]["type"] == "done", events[-1]
     assert reply_text(events).startswith("You said: ")
     opened = await wire.request({"type": "open", "conversation": cid})
-    assert opened["turns"][1]["status"] == "complete" and len(opened["turns"][1]["tools"]) == MAX_TOOL_ROUNDS
+    assert opened["turns"][1]["status"] == "complete" and len(opened["turns"][1]["tools"]) == 2
 
 
 async def test_the_same_call_twice_in_one_round_runs_once(wire: Wire, router: FakeRouter) -> None:
@@ -124,17 +131,17 @@ async def test_the_same_call_twice_in_one_round_runs_once(wire: Wire, router: Fa
     assert first.startswith("Error: query must be a string") and second == f"{first}\n\n{REPEAT_ERROR_NOTE}"
 
 
-async def test_a_call_the_server_could_not_parse_is_asked_again_without_tools(wire: Wire, router: FakeRouter) -> None:
+async def test_a_call_the_server_could_not_parse_is_asked_again_with_the_tools_closed(wire: Wire, router: FakeRouter) -> None:
     cid = await conversation(wire)
     router.script(call("conversation_search", {"query": "locker"}, unparsed="status"), Reply(text="It is 4471."))
     events = await wire.ask("what was my locker code?", conversation=cid)
     assert events[-1]["type"] == "done", events[-1]
     assert reply_text(events) == "It is 4471." and not of_type(events, "tool")
     tried, again = router.requests[-2:]
-    assert "tools" in tried and "tools" not in again
+    assert not closed(tried) and closed(again)
     assert again["messages"][-1]["content"].endswith(UNREAD_CALL_NOTE)
     await wire.ask("thanks", conversation=cid)
-    assert "tools" in router.requests[-1]  # the next turn offers them again
+    assert not closed(router.requests[-1])  # the next turn offers them again
 
 
 async def test_a_call_that_fails_mid_stream_keeps_what_streamed_and_is_asked_again(
@@ -146,7 +153,7 @@ async def test_a_call_that_fails_mid_stream_keeps_what_streamed_and_is_asked_aga
     events = await wire.ask("what was my locker code?", conversation=cid)
     assert events[-1]["type"] == "done", events[-1]
     assert reply_text(events) == "Let me look.\n\nIt is 4471."
-    assert "tools" not in router.requests[-1]
+    assert closed(router.requests[-1])
     opened = await wire.request({"type": "open", "conversation": cid})
     assert opened["turns"][1]["status"] == "complete" and opened["turns"][1]["reply"].endswith("It is 4471.")
 
