@@ -49,6 +49,11 @@ def _result(hit: SearchHit) -> dict[str, Any]:
     }
 
 
+NOTHING_EARLIER = "This is the conversation's first turn: there is nothing earlier to search. Answer the user directly."
+NOTHING_FOUND = ("No earlier turn matches these words. Answer from what you know, or say that the conversation "
+                 "does not mention it; do not search again with the same words.")
+
+
 class ConversationSearch(Tool):
     """Find earlier messages of this conversation by keywords."""
 
@@ -99,6 +104,10 @@ class ConversationSearch(Tool):
             "total": len(results),
             "conversation": cid,
         }
+        if not results:
+            # a small model given a bare empty list searches again, or answers "I can't assist"
+            # (issue 33's runs): say what the empty list means and what to do
+            body["note"] = NOTHING_EARLIER if turn <= 1 else NOTHING_FOUND
         body = fit_results(body, ctx.max_chars)
         found = body["total"]
         return ToolResult(
