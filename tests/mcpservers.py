@@ -1,8 +1,11 @@
 """Small MCP servers the tests host, run as ``python tests/mcpservers.py MODE``.
 
-- ``good``: the SDK's ``MCPServer`` over stdio with a few tools (echo, add, a PNG image,
+- ``sdk``: the SDK's ``MCPServer`` over stdio with a few tools (echo, add, a PNG image,
   a tool error, a huge result, a slow one, one that exits the process);
-- ``http PORT``: the same server over streamable HTTP at ``http://127.0.0.1:PORT/mcp``;
+- ``good``: the same tools, answered as ``sdk`` answers them, by hand: the SDK's import
+  alone takes over a second, paid at every start of a test's server (most tests host
+  this one; a few host ``sdk`` and ``http``, so the SDK's own server is tested too);
+- ``http PORT``: the SDK's server over streamable HTTP at ``http://127.0.0.1:PORT/mcp``;
 - ``hang``: reads its stdin and never answers (not even ``initialize``);
 - ``garbage``: answers every line with lines that are not JSON-RPC;
 - ``flood``: answers ``initialize`` with one line of 40 MiB and no newline in sight;
@@ -30,7 +33,7 @@ def note_start() -> None:
             fh.write(f"{os.getpid()}\n")
 
 
-def good() -> None:
+def sdk() -> None:
     build_good().run("stdio")
 
 
@@ -80,6 +83,102 @@ def build_good():  # type: ignore[no-untyped-def]
         os._exit(3)
 
     return server
+
+
+def _schema(tool: str, properties: dict, required: list, output: bool = True) -> dict:  # type: ignore[type-arg]
+    """A tool's listing as the SDK makes it from the function's signature (pydantic's titles)."""
+    inputs = {"properties": {name: {"title": name.capitalize(), **spec} for name, spec in properties.items()},
+              **({"required": required} if required else {}), "type": "object", "title": f"{tool}Arguments"}
+    listing = {"inputSchema": inputs, "name": tool}
+    if output:
+        listing["outputSchema"] = {"properties": {"result": {"title": "Result", "type": "string"}},
+                                   "required": ["result"], "type": "object", "title": f"{tool}Output"}
+    return listing
+
+
+GOOD_TOOLS = [
+    {"description": "Echo the text back, uppercased.", **_schema("echo", {"text": {"type": "string"}}, ["text"])},
+    {"description": "Add two integers.", **_schema("add", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])},
+    {"description": "A small red PNG.", **_schema("picture", {}, [], output=False)},
+    {"description": "Always fails.", **_schema("broken", {}, [])},
+    {"description": "A result far over any cap.",
+     **_schema("huge", {"size": {"default": 500000, "type": "integer"}, "char": {"default": "x", "type": "string"}}, [])},
+    {"description": "Takes its time.", **_schema("slow", {"seconds": {"type": "number"}}, ["seconds"])},
+    {"description": "Exits the server's process at once.", **_schema("die", {}, [])},
+]
+
+
+def good() -> None:
+    """``sdk``'s tools without the SDK: JSON-RPC lines on stdio, each call in a thread of its own
+    (as the SDK runs each request in a task), answered as the SDK answers."""
+    import json
+    import threading
+
+    lock = threading.Lock()
+
+    def send(message: dict) -> None:  # type: ignore[type-arg]
+        line = json.dumps({"jsonrpc": "2.0", **message}) + "\n"
+        with lock:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def call(rid: object, name: str, arguments: dict) -> None:  # type: ignore[type-arg]
+        try:
+            text = good_call(name, arguments)
+        except Exception as exc:  # the SDK's words for any failure of a tool
+            detail = f": {exc}" if isinstance(exc, (KeyError, TypeError, ValueError)) else ""
+            send({"id": rid, "result": {"content": [{"type": "text", "text": f"Error executing tool {name}{detail}"}],
+                                        "isError": True}})
+            return
+        if name == "picture":
+            send({"id": rid, "result": {"content": [{"data": text, "mimeType": "image/png", "type": "image"}],
+                                        "isError": False}})
+        else:
+            send({"id": rid, "result": {"content": [{"text": text, "type": "text"}], "isError": False,
+                                        "structuredContent": {"result": text}}})
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        method, rid, params = request.get("method"), request.get("id"), request.get("params") or {}
+        if rid is None:
+            continue  # a notification
+        if method == "initialize":
+            send({"id": rid, "result": {"capabilities": {"tools": {"listChanged": False}},
+                                        "protocolVersion": params["protocolVersion"],
+                                        "serverInfo": {"name": "test-good", "version": ""}}})
+        elif method == "tools/list":
+            send({"id": rid, "result": {"tools": GOOD_TOOLS}})
+        elif method == "tools/call":
+            threading.Thread(target=call, args=(rid, params["name"], params.get("arguments") or {}), daemon=True).start()
+        else:
+            send({"id": rid, "result": {}})
+
+
+def good_call(name: str, arguments: dict) -> str:  # type: ignore[type-arg]
+    """What ``sdk``'s tool ``name`` returns (base64 for the picture)."""
+    if name == "echo":
+        return str(arguments["text"]).upper()
+    if name == "add":
+        return str(int(arguments["a"]) + int(arguments["b"]))
+    if name == "picture":
+        import base64
+        import io
+
+        from PIL import Image as Pil
+
+        buffer = io.BytesIO()
+        Pil.new("RGB", (4, 4), "red").save(buffer, "PNG")
+        return base64.b64encode(buffer.getvalue()).decode()
+    if name == "broken":
+        raise RuntimeError("the disk is on fire")
+    if name == "huge":
+        return str(arguments.get("char", "x")) * int(arguments.get("size", 500_000))
+    if name == "slow":
+        time.sleep(float(arguments["seconds"]))
+        return "finally"
+    if name == "die":
+        os._exit(3)
+    raise ValueError(f"Unknown tool: {name}")
 
 
 def hang() -> None:
@@ -166,4 +265,4 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     note_start()
     print(f"test MCP server {sys.argv[1]} starting", file=sys.stderr, flush=True)
-    {"good": good, "http": http, "hang": hang, "garbage": garbage, "flood": flood, "raw": raw}[sys.argv[1]]()
+    {"good": good, "sdk": sdk, "http": http, "hang": hang, "garbage": garbage, "flood": flood, "raw": raw}[sys.argv[1]]()

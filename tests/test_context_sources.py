@@ -209,20 +209,24 @@ async def test_a_turn_does_not_wait_behind_a_models_request(
 async def test_what_props_said_of_tools_stands_while_the_list_is_fetched_again(serve: Serve, config: Config) -> None:
     """A lone llama-server's /props says whether its template takes tools; no model list says
     it. While a new list's /props is asked (a ``models`` request fetches the list each time), a
-    turn takes the model from that list: without tools, as /props said before."""
+    turn waits for that list, then takes the model from it: without tools, as /props said."""
     async with serve("llama-server", [FakeModel("plain", tools=False)]) as (fake, wire):
         first = await wire.ask("hello")
         assert "tools" not in fake.requests[-1]
-        fake.props_open.clear()  # /props answers once the turn is done
+        fake.props_open.clear()  # /props answers when the test says
         other = await Wire.open(config.socket_path, timeout=10)
         try:
             asked = fake.hits["/props"]
             rid = await other.send({"type": "models"})
             assert await soon(lambda: fake.hits["/props"] > asked)  # the new list's lone model is being asked
-            events = await wire.ask("again", conversation=first[0]["conversation"])
+            sent = len(fake.requests)
+            turn = asyncio.create_task(wire.ask("again", conversation=first[0]["conversation"]))
+            await asyncio.sleep(0.2)
+            assert not turn.done() and len(fake.requests) == sent  # the turn waits for the list
+            fake.props_open.set()
+            events = await turn
             assert events[-1]["type"] == "done"
             assert "tools" not in fake.requests[-1]
-            fake.props_open.set()
             assert (await other.until(rid, ("models", "error")))[-1]["type"] == "models"
         finally:
             fake.props_open.set()

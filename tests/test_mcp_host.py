@@ -33,8 +33,9 @@ pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = Path(__file__).resolve().parent / "mcpservers.py"
-# a start_timeout that a good server meets on a slow machine (importing the SDK alone is slow)
+# a start_timeout that the SDK's server meets on a slow machine (importing the SDK alone is slow)
 SLOW_START = 4
+QUICK_START = 2  # for servers without the SDK: a server that never answers is waited out this long
 GOOD_TOOLS = ["good__add", "good__broken", "good__die", "good__echo", "good__huge", "good__picture", "good__slow"]
 
 
@@ -150,7 +151,11 @@ async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(
     assert sorted(made) == GOOD_TOOLS
 
 
-async def test_a_call_comes_back_as_a_tool_message_is_stored_and_shown(wire: Wire, router: FakeRouter) -> None:
+@pytest.mark.parametrize("mode", ["good", "sdk"])  # the hand-written server answers as the SDK's does
+async def test_a_call_comes_back_as_a_tool_message_is_stored_and_shown(
+    hosting: Any, router: FakeRouter, mode: str
+) -> None:
+    wire = await hosting({"good": server(mode)}, "start_timeout = 60\n")  # the SDK's import, on a busy machine
     router.script(call("good__echo", {"text": "quiet words"}), Reply(text="It shouted."))
     events = await wire.ask("use echo")
     cid = events[0]["conversation"]
@@ -400,7 +405,7 @@ async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router:
 @pytest.mark.parametrize(
     "mode, spec, error",
     [
-        ("hang", server("hang"), f"did not start within {SLOW_START} s"),
+        ("hang", server("hang"), f"did not start within {QUICK_START} s"),
         ("garbage", server("garbage"), "lines that are not JSON-RPC"),
         ("flood", server("flood"), "a message over 16 MiB"),
         ("missing", 'command = "/nonexistent/mcp-server"\n', "no such program"),
@@ -410,7 +415,7 @@ async def test_a_call_that_hangs_times_out_as_a_tool_error(hosting: Any, router:
 async def test_a_broken_server_never_fails_the_turn(
     hosting: Any, router: FakeRouter, mode: str, spec: str, error: str
 ) -> None:
-    wire = await hosting({"good": server("good"), mode: spec}, f"start_timeout = {SLOW_START}\n")
+    wire = await hosting({"good": server("good"), mode: spec}, f"start_timeout = {QUICK_START}\n")
     events = await wire.ask("hello")
     assert events[-1]["type"] == "done"
     assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
@@ -511,14 +516,17 @@ async def test_without_mcp_servers_status_lists_none(tmp_path: Path, router: Fak
 # A server whose tool description would clear the screen, and one whose stderr is in colour
 # (and which never answers, so that its stderr ends up in its last error).
 NASTY = """
-from mcp.server.mcpserver import MCPServer
-server = MCPServer("nasty")
-@server.tool(description="Clears \\x1b[2Jthe screen and \\x9b31mpaints")
-def paint() -> str:
-    return "done"
-server.run("stdio")
+import json, sys
+tool = {"name": "paint", "description": "Clears \\x1b[2Jthe screen and \\x9b31mpaints", "inputSchema": {"type": "object"}}
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" in request:
+        result = {"tools": [tool]} if request["method"] == "tools/list" else {
+            "protocolVersion": request["params"].get("protocolVersion"), "capabilities": {"tools": {}},
+            "serverInfo": {"name": "nasty", "version": "1"}}
+        print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
 """
-LOUD = 'import sys; sys.stderr.write("\\x1b[31mred alert\\x1b[0m\\n"); sys.stderr.flush(); sys.stdin.read()'
+LOUD = 'import sys; sys.stderr.write("\\x1b[31mred alert\\x1b[0m\\n"); sys.exit(1)'
 
 
 def python_server(code: str) -> str:
@@ -538,7 +546,7 @@ async def mcp_list(*args: str) -> tuple[int, str, str]:
 async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
     hosting: Any, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, f"start_timeout = {SLOW_START}\n")
+    await hosting({"nasty": python_server(NASTY), "loud": python_server(LOUD)}, f"start_timeout = {QUICK_START}\n")
     # the second listing shows the failure the first met, not a new start waited out again
     monkeypatch.setattr(mcphost.host, "BACKOFF_FIRST", 60.0)
     code, out, err = await mcp_list()
