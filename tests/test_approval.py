@@ -18,6 +18,8 @@ import pytest_asyncio
 from client import Wire, of_type
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
+from tests.test_chat import Terminal as ChatTerminal
+from tests.test_client import cli
 from tests.test_mcp_host import SERVERS, call, hosted_config, tool_messages, write_config
 
 pytestmark = pytest.mark.asyncio
@@ -228,3 +230,58 @@ async def test_an_asker_gone_a_cancel_and_a_stop_deny(start: Any, router: FakeRo
     await stopping
     await watcher.close()
     assert written(notes) == ["y"]
+
+
+async def test_ask_without_a_terminal_denies_unless_told_to_approve(
+    start: Any, router: FakeRouter, notes: Path
+) -> None:
+    await start()
+    router.script(call(WRITE, {"text": "piped\nline"}), Reply(text="could not"))
+    code, out, err = await cli("ask", "note it")
+    assert code == 0 and out == "could not\n"
+    assert 'the model wants to run write_note (MCP server notes)' in err and 'text: "piped\\nline"' in err
+    assert "[denied: no terminal to ask at" in err and written(notes) == []
+    router.script(call(WRITE, {"text": "by name"}), Reply(text="done"))
+    assert (await cli("ask", "note it", "--approve", WRITE))[0] == 0
+    router.script(call(WRITE, {"text": "all"}), Reply(text="done"))
+    assert (await cli("ask", "note it", "--approve-all"))[0] == 0
+    assert written(notes) == ["by name", "all"]
+    code, out, _err = await cli("open", "1")
+    assert "denied: notes__write_note" in out and "nobody could be asked" not in out and "by you" in out
+
+
+async def test_chat_asks_at_the_terminal(start: Any, router: FakeRouter, notes: Path) -> None:
+    _daemon, wire = await start()
+    chat = ChatTerminal.spawn("chat")
+    try:
+        await chat.expect("> ")
+        router.script(call(WRITE, {"text": "x" * 500}), Reply(text="written down"))
+        chat.type("note five hundred x\n")
+        shown = await chat.expect("Allow? [y/N/a(lways in this conversation)] ")
+        assert "write_note (MCP server notes)" in shown and "(502 characters)" in shown
+        chat.type("y\n")
+        await chat.expect("written down")
+        await chat.expect("> ")
+        router.script(call(WRITE, {"text": "no"}), Reply(text="left alone"))
+        chat.type("note no\n")
+        await chat.expect("Allow?")
+        chat.type("n\n")
+        await chat.expect("[denied]")
+        await chat.expect("left alone")
+        await chat.expect("> ")
+        # Ctrl-C at the question: denied, and the reply stopped (the chat goes on)
+        router.script(call(WRITE, {"text": "stop"}))
+        chat.type("note stop\n")
+        await chat.expect("Allow?")
+        chat.type("\x03")
+        await chat.expect("[cancelled; the partial reply is kept]")
+        await chat.expect("> ")
+        chat.type("exit\n")
+        assert await chat.exit_code() == 0
+    finally:
+        chat.close()
+    assert written(notes) == ["x" * 500]
+    turns = (await wire.request({"type": "open", "conversation": 1}))["turns"]
+    assert [(a["allowed"], a["by"]) for t in turns for a in t["approvals"]] == [
+        (True, "user"), (False, "user"), (False, "cancel"),
+    ]
