@@ -65,8 +65,6 @@ class Approver:
             self.terminal.note("[denied: no terminal to ask at; ask --approve TOOL or --approve-all allows it]")
             return False, "once"
         with keyboard as fd:
-            self.terminal.err.write(PROMPT)
-            self.terminal.err.flush()
             answer = (await self._read(fd)).strip().lower()
         if answer in ("a", "always"):
             return True, "conversation"
@@ -83,7 +81,9 @@ class Approver:
     async def _read(self, fd: int) -> str:
         """One line typed (the terminal's line mode gives it whole); "" at its end."""
         loop = asyncio.get_running_loop()
-        answer = self._answer = loop.create_future()
+        answer = self._answer = loop.create_future()  # before the question shows: a Ctrl-C at once denies
+        self.terminal.err.write(PROMPT)
+        self.terminal.err.flush()
 
         def readable() -> None:
             try:

@@ -161,7 +161,7 @@ class Turn:
         self.terminal.end_text()
         allow, remember = await self.approver.decide(event)
         if self.cancelling:
-            allow = False
+            return  # Ctrl-C: the cancel on its way denies the call and stops the reply
         remember = remember if allow else "once"
         await self.client.send({"type": "approve", "conversation": event["conversation"], "call": event["call"],
                                 "allow": allow, "remember": remember})
