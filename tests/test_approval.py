@@ -97,6 +97,9 @@ async def test_an_acting_call_runs_once_allowed_and_never_when_denied(
     assert progress[-1] == "approval" and written(notes) == []  # it waits, and nothing ran
     [running] = (await other.request({"type": "status"}))["running"]
     assert running["stage"] == "approval"
+    following = await other.request({"type": "follow", "conversation": 1})  # joining late: the question too
+    assert [(e["type"], e["call"], e["arguments"]) for e in following["approvals"]] == [
+        ("approval", "1.1", {"text": "one"})]
     changed = await change_of(other, watching, "approval")
     assert changed["action"] == "asked" and changed["call"] == "1.1" and changed["arguments"] == {"text": "one"}
 
