@@ -139,9 +139,9 @@ class Approvals:
         """A client's answer (``approve``); ``NotPending`` for a call that waits for none."""
         waiting = self._waiting.get((cid, call))
         if waiting is None or waiting.answer.done():
-            earlier = self._decided.get(cid, {}).get(call)
-            if earlier is not None or waiting is not None:
-                how = "allowed" if earlier is not None and earlier.allowed else "denied"
+            earlier = waiting.answer.result() if waiting is not None else self._decided.get(cid, {}).get(call)
+            if earlier is not None:
+                how = "allowed" if earlier.allowed else "denied"
                 raise NotPending(f"call {call} of conversation {cid} was already answered ({how}); "
                                  "a call is answered once")
             asked = ", ".join(c for (n, c) in self._waiting if n == cid) or "none"

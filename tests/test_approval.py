@@ -168,7 +168,9 @@ async def test_remember_approves_the_tool_for_the_conversation_until_revoked(
     await wire.request({"type": "approve", "conversation": 2, "call": "1.1", "allow": False})
     await wire.until(rid)
 
-    revoked = await wire.request({"type": "settings", "conversation": 1, "approved_tools": []})
+    code, out, _err = await cli("settings", "1", "--revoke", WRITE)  # the command line's way
+    assert code == 0 and "tools approved for this conversation: none" in out
+    revoked = await wire.request({"type": "settings", "conversation": 1})
     assert "approved_tools" not in revoked["settings"]
     router.script(call(WRITE, {"text": "d"}), Reply(text="ok"))
     rid = await wire.send({"type": "ask", "text": "note d", "conversation": 1})
