@@ -129,6 +129,7 @@ def main() -> int:
         config = workdir / "config.toml"
         config.write_text(
             f"[mcp.servers.bench]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVER))}]\n"
+            'approval = "auto"\n'  # the round trip, not a person's answer, is measured
         )
         with Daemon(workdir, url, settings={"ASSISTANT_CONFIG": str(config)}) as daemon:
             direct, hosted = asyncio.run(measure(daemon.socket_path, args.samples, args.warmup))

@@ -24,6 +24,7 @@ from typing import Any, TextIO, TypeAlias
 
 from common import MAX_LIST_LIMIT, default_socket_path, socket_path_problem, unknown_variables
 
+from .approve import Approver
 from .render import RENDERERS, describe_kb_add, error_text, json_line
 from .terminal import (
     EXIT_ERROR,
@@ -67,7 +68,8 @@ async def _ask(client: Wire, args: argparse.Namespace, terminal: Terminal) -> in
         request["model"] = args.model
     if files:
         request["files"] = files
-    turn = Turn(client, terminal, as_json=args.json, stream=not args.no_stream, stats=args.stats)
+    approver = Approver(terminal, approve_all=args.approve_all, approve=args.approve or ())
+    turn = Turn(client, terminal, as_json=args.json, stream=not args.no_stream, stats=args.stats, approver=approver)
     return await turn.run(request)
 
 
@@ -125,8 +127,16 @@ def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
-def _settings_request(args: argparse.Namespace) -> dict[str, Any]:
+async def _settings_request(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     request: dict[str, Any] = {"type": "settings", "conversation": args.conversation_id}
+    if args.revoke_all:
+        request["approved_tools"] = []
+    elif args.revoke:  # the list less those named: the rest stay approved
+        shown = await client.request({"type": "settings", "conversation": args.conversation_id})
+        if shown["type"] == "error":
+            raise Refused(shown)
+        approved = (shown.get("settings") or {}).get("approved_tools") or []
+        request["approved_tools"] = [name for name in approved if name not in args.revoke]
     for key, value, to_default in (("title", args.title, False), ("kb_injection", args.kb, False),
                                    ("model", args.model, args.default_model),
                                    ("system", args.system, args.default_system)):
@@ -169,7 +179,7 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "kb":
         return _kb_request(args)
     if args.command == "settings":
-        return _settings_request(args)
+        return await _settings_request(client, args)
     if args.command == "estimate":
         return await _estimate_request(client, args)
     if args.command == "mcp":  # `mcp list` (mcpserve adds its parser)
@@ -270,6 +280,11 @@ def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     ask.add_argument("--no-stream", action="store_true", help="print the reply once it is complete")
     ask.add_argument("--stats", action="store_true",
                      help="after the reply, show what the model server read, reused from its cache and wrote")
+    ask.add_argument("--approve", action="append", metavar="TOOL",
+                     help="let the model run this tool that may act without asking (SERVER__TOOL, repeatable)")
+    ask.add_argument("--approve-all", action="store_true",
+                     help="let the model run every tool that may act without asking (without a terminal, "
+                          "such calls are otherwise denied)")
 
     chat = sub.add_parser("chat", parents=[options], help="an interactive conversation (Ctrl-C stops a reply)")
     chat.add_argument("text", nargs="*", metavar="WORDS", help="a first question (text piped in comes first)")
@@ -298,6 +313,10 @@ def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> No
     system = settings.add_mutually_exclusive_group()
     system.add_argument("-s", "--system", help="its system prompt ('' for none)")
     system.add_argument("--default-system", action="store_true", help="use the daemon's system_prompt")
+    revoke = settings.add_mutually_exclusive_group()
+    revoke.add_argument("--revoke", action="append", metavar="TOOL",
+                        help="ask again before TOOL (SERVER__TOOL) runs, after 'a' approved it (repeatable)")
+    revoke.add_argument("--revoke-all", action="store_true", help="ask again before every tool that may act")
 
     estimate = sub.add_parser("estimate", parents=[options], help="what a question with files would cost")
     _add_question(estimate)

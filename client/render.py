@@ -66,10 +66,31 @@ def _render_conversation(event: dict[str, Any], out: TextIO) -> None:
             print(f"      file: {chip_text(chip)}", file=out)
         for tool in turn.get("tools") or ():
             print(f"      tool: {tool.get('name')} — {tool.get('summary')}", file=out)
+        for decided in turn.get("approvals") or ():
+            print(f"      {describe_approval(decided)}", file=out)
         reply = turn["reply"] or ""
         status = turn.get("status")
         marker = "" if status == "complete" else f"  [{status}{': ' + turn['error'] if turn.get('error') else ''}]"
         print(f"[{turn['turn']}] assistant: {reply}{marker}", file=out)
+
+
+# who decided a call of a tool that may act, as ``open`` tells it
+DECIDED_BY = {
+    "user": "by you", "conversation": "approved for this conversation", "timeout": "no answer in time",
+    "gone": "nobody left to ask", "cancel": "the reply was stopped", "shutdown": "the daemon stopped",
+    "policy": "nobody could be asked",
+}
+
+
+def describe_approval(decided: dict[str, Any]) -> str:
+    """One approval or denial kept with a turn: what, by whom (and which program), when."""
+    verdict = "allowed" if decided.get("allowed") else "denied"
+    by = DECIDED_BY.get(decided.get("by", ""), decided.get("by", ""))
+    client = f" with {decided['client']}" if decided.get("client") else ""
+    arguments = json.dumps(decided.get("arguments"), ensure_ascii=False)
+    if len(arguments) > 120:
+        arguments = arguments[:119] + "…"
+    return f"{verdict}: {decided.get('name')} {arguments} — {by}{client}, {decided.get('at')}"
 
 
 def _render_models(event: dict[str, Any], out: TextIO) -> None:
@@ -168,6 +189,8 @@ def render_settings(event: dict[str, Any], out: TextIO) -> None:
     shown = "the default" if system is None else (repr(system) if system else "none")
     print(f"  system prompt: {shown}", file=out)
     print(f"  kb_injection: {(event.get('settings') or {}).get('kb_injection', 'auto')}", file=out)
+    approved = (event.get("settings") or {}).get("approved_tools") or []
+    print(f"  tools approved for this conversation: {', '.join(approved) or 'none'}", file=out)
 
 
 def describe_timings(timings: dict[str, Any]) -> str:

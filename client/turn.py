@@ -4,7 +4,9 @@
 stdout, the rest on stderr; the first Ctrl-C sends ``cancel`` (once the conversation is
 known) and waits for the ``done`` that keeps the partial reply. A turn whose connection
 was lost can be ``rejoin``ed on a new one (docs/PROTOCOL.md, "Writing a client"): it
-follows the reply if it still runs, else shows the rest of it as stored.
+follows the reply if it still runs, else shows the rest of it as stored. A call of a tool that
+may act is answered by the turn's ``Approver`` (asked at the terminal; a Ctrl-C there denies it
+and stops the reply).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from .approve import Approver
 from .render import chip_text, describe_timings, error_text, json_line
 from .terminal import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Interrupts, Terminal
 from .wire import DaemonGone, Wire
@@ -75,9 +78,10 @@ class Turn:
     """One ``ask`` streamed to a terminal; Ctrl-C cancels it and waits for the partial reply."""
 
     def __init__(self, client: Wire, terminal: Terminal, *, as_json: bool = False, stream: bool = True,
-                 stats: bool = False) -> None:
+                 stats: bool = False, approver: Approver | None = None) -> None:
         self.client = client
         self.terminal = terminal
+        self.approver = approver or Approver(terminal)  # answers the daemon's approval events
         self.as_json = as_json
         self.stream = stream
         self.stats = stats
@@ -89,6 +93,7 @@ class Turn:
         self._cancel_sent: asyncio.Future[Any] | None = None
 
     def _cancel(self) -> None:
+        self.approver.interrupt()  # a call being asked about is denied, and the reply stopped
         self.cancelling = True
         self.terminal.status("cancelling… (Ctrl-C again to stop waiting)")
         self._send_cancel()
@@ -124,6 +129,14 @@ class Turn:
                         return await self._stored()
                     if not self.as_json:
                         self._catch_up(event["reply"])
+                    for waiting in event.get("approvals") or ():  # asked while this client was away
+                        await self._approve(waiting)
+                    continue
+                if event["type"] == "approval":
+                    if self.as_json:
+                        self.terminal.out.write(json_line(event))
+                        self.terminal.out.flush()
+                    await self._approve(event)
                     continue
                 if event["type"] == "user":
                     self.turn = event.get("turn")
@@ -141,6 +154,20 @@ class Turn:
                     return self._finish(event)
                 self._show(event)
         raise AssertionError("stream() ends only by raising")  # pragma: no cover
+
+    async def _approve(self, event: dict[str, Any]) -> None:
+        """Answer a call waiting for approval (one answered elsewhere meanwhile is refused, unseen)."""
+        self.terminal.clear_status()
+        self.terminal.end_text()
+        allow, remember = await self.approver.decide(event)
+        if self.cancelling:
+            return  # Ctrl-C: the cancel on its way denies the call and stops the reply
+        remember = remember if allow else "once"
+        await self.client.send({"type": "approve", "conversation": event["conversation"], "call": event["call"],
+                                "allow": allow, "remember": remember})
+        if not self.as_json:
+            self.terminal.note("[allowed for this conversation]" if remember == "conversation"
+                               else f"[{'allowed' if allow else 'denied'}]")
 
     @contextlib.contextmanager
     def _lost(self) -> Iterator[None]:

@@ -65,6 +65,8 @@ class Config:
     model_sampling: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     auto_title: bool = True  # ask the model for a title after a conversation's first turn
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
+    # seconds a call of an acting tool waits for a person's answer before it is denied
+    approval_timeout: float = 120.0
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
     socket_path: Path = Path()
     data_dir: Path = Path()
@@ -101,8 +103,9 @@ class Config:
             "connect_timeout": self.connect_timeout,
             "auto_title": self.auto_title,
             "shutdown_grace": self.shutdown_grace,
+            "approval_timeout": self.approval_timeout,
             "mcp": {
-                "servers": [{"name": s.name, "transport": s.transport} for s in mcp.servers],
+                "servers": [{"name": s.name, "transport": s.transport, "approval": s.approval} for s in mcp.servers],
                 "default": list(mcp.default) if mcp.default is not None else None,
                 "call_timeout": mcp.call_timeout,
                 "start_timeout": mcp.start_timeout,
@@ -236,7 +239,7 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise refuse(key, "must not be negative")
     if values.get("assumed_ctx", Config.assumed_ctx) < 512:
         raise refuse("assumed_ctx", "must be at least 512 tokens")
-    for key in ("request_timeout", "connect_timeout"):
+    for key in ("request_timeout", "connect_timeout", "approval_timeout"):
         if values.get(key, 1.0) <= 0:
             raise refuse(key, "must be a positive number of seconds")
     if values.get("shutdown_grace", 0.0) < 0:

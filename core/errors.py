@@ -10,6 +10,7 @@ traceback goes to the log.  Every message says what the user can do.
     ├── LineTooLong                   line_too_long   a request line over 1 MiB
     ├── NotFound                      not_found       no such conversation / turn / KB
     ├── Busy                          busy            a turn already runs in that conversation
+    ├── NotPending                    not_pending     an answer to a call that waits for none
     ├── FileRefused                   file_refused    an attached file cannot be used
     │   ├── TooManyFiles              too_many_files
     │   ├── UnsupportedKind           unsupported_kind
@@ -40,6 +41,7 @@ __all__ = [
     "LineTooLong",
     "NoVision",
     "NotFound",
+    "NotPending",
     "RouterContextOverflow",
     "RouterError",
     "RouterFormatError",
@@ -100,6 +102,13 @@ class Busy(AssistantError):
     """A turn is already running in the conversation."""
 
     code = "busy"
+
+
+class NotPending(AssistantError):
+    """An ``approve`` for a call that is not waiting for one: answered already, unknown, or its
+    turn ended."""
+
+    code = "not_pending"
 
 
 class FileRefused(AssistantError):

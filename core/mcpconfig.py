@@ -13,14 +13,19 @@
     env = { "DEBUG" = "0" }
     cwd = "/home/me"
 
+    approval = "ask"           # ask before its acting tools run ("auto": never ask)
+    auto_approve = ["list_directory"]   # run these at once, whatever their annotations say
+    always_ask = ["read_file"]          # ask for these, whatever their annotations say
+
     [mcp.servers.web]          # streamable HTTP
     url = "http://127.0.0.1:8931/mcp"
     headers = { "Authorization" = "Bearer ..." }
 
 A server name becomes the prefix of its tools' names (``files__read_file``), so it is
 kept to what OpenAI function names allow and never holds ``__`` (docs/DESIGN.md, "MCP").
-Every configured server is trusted as the user: it runs as the user, and the model may
-call any of its tools without asking.
+A server runs as the user; a tool of it that may act (any tool its server does not annotate
+``readOnlyHint: true``) runs only once a person allows it, unless the server is ``approval =
+"auto"`` or names it in ``auto_approve`` (``McpServerSpec.asks``; docs/DESIGN.md, "Approval").
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ SERVER_NAME = re.compile(r"^[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)*$")  # no "__": it 
 MAX_SERVER_NAME = 24  # leaves 38 of the 64 characters of a function name to the tool's own name
 STDIO_KEYS = {"command", "args", "env", "cwd"}
 HTTP_KEYS = {"url", "headers"}
+APPROVAL_KEYS = {"approval", "auto_approve", "always_ask"}  # either transport
+APPROVAL_MODES = ("ask", "auto")
 SETTINGS = {"default", "call_timeout", "start_timeout", "max_result_chars", "tools_share", "servers"}
 
 
@@ -55,10 +62,22 @@ class McpServerSpec:
     cwd: str | None = None
     url: str = ""
     headers: tuple[tuple[str, str], ...] = ()
+    approval: str = "ask"  # "auto": its tools run without asking
+    auto_approve: tuple[str, ...] = ()  # tools (their names on the server) run without asking
+    always_ask: tuple[str, ...] = ()  # tools asked about even when annotated read-only
 
     @property
     def transport(self) -> str:
         return "http" if self.url else "stdio"
+
+    def asks(self, tool: str, read_only: bool) -> bool:
+        """Whether a call of ``tool`` waits for a person's approval: the lists first, then the
+        server's ``approval``, then the tool's own ``readOnlyHint``."""
+        if tool in self.always_ask:
+            return True
+        if tool in self.auto_approve or self.approval == "auto":
+            return False
+        return not read_only
 
 
 @dataclass(frozen=True)
@@ -105,10 +124,11 @@ def _server(name: str, table: Any, source: str) -> McpServerSpec:
                              f"at most {MAX_SERVER_NAME} characters")
     if not isinstance(table, dict):
         raise _error(source, f"{where} must be a table")
-    unknown = set(table) - STDIO_KEYS - HTTP_KEYS
+    unknown = set(table) - STDIO_KEYS - HTTP_KEYS - APPROVAL_KEYS
     if unknown:
         raise _error(source, f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(STDIO_KEYS | HTTP_KEYS))}")
+                             f"known: {', '.join(sorted(STDIO_KEYS | HTTP_KEYS | APPROVAL_KEYS))}")
+    approval = _approval(table, where, source)
     command, url = table.get("command"), table.get("url")
     if (command is None) == (url is None):
         raise _error(source, f"{where} needs either command (a program to run) or url (streamable HTTP)")
@@ -117,7 +137,8 @@ def _server(name: str, table: Any, source: str) -> McpServerSpec:
             raise _error(source, f"{where}: url must start with http:// or https://")
         if set(table) & STDIO_KEYS:
             raise _error(source, f"{where}: command, args, env and cwd are for stdio servers, not a url")
-        return McpServerSpec(name, url=url, headers=_pairs(table.get("headers", {}), f"{where} headers", source))
+        return McpServerSpec(name, url=url, headers=_pairs(table.get("headers", {}), f"{where} headers", source),
+                             **approval)
     if not isinstance(command, str) or not command:
         raise _error(source, f"{where}: command must be a program name or path")
     if "headers" in table:
@@ -129,8 +150,20 @@ def _server(name: str, table: Any, source: str) -> McpServerSpec:
         cwd = os.path.expanduser(cwd)  # as a shell would: the file is the user's
     return McpServerSpec(
         name, command=command, args=_strings(table.get("args", []), f"{where} args", source),
-        env=_pairs(table.get("env", {}), f"{where} env", source), cwd=cwd,
+        env=_pairs(table.get("env", {}), f"{where} env", source), cwd=cwd, **approval,
     )
+
+
+def _approval(table: dict[str, Any], where: str, source: str) -> dict[str, Any]:
+    """A server's ``approval``, ``auto_approve`` and ``always_ask``, as ``McpServerSpec`` fields."""
+    mode = table.get("approval", "ask")
+    if mode not in APPROVAL_MODES:
+        raise _error(source, f'{where}: approval must be "ask" (ask before acting tools run) or "auto" (never ask)')
+    auto = _strings(table.get("auto_approve", []), f"{where} auto_approve", source)
+    ask = _strings(table.get("always_ask", []), f"{where} always_ask", source)
+    if both := sorted(set(auto) & set(ask)):
+        raise _error(source, f"{where}: {', '.join(both)} is in both auto_approve and always_ask; keep one")
+    return {"approval": mode, "auto_approve": auto, "always_ask": ask}
 
 
 def _number(table: dict[str, Any], key: str, default: float, low: float, high: float, source: str) -> float:

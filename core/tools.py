@@ -20,7 +20,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .argschema import ArgumentMismatch, check_arguments
 from .jsontext import strict_loads
@@ -28,6 +28,8 @@ from .tokens import estimate_tools
 
 __all__ = [
     "TOOL_GUIDANCE",
+    "Approval",
+    "Gate",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -64,6 +66,16 @@ REPEAT_NOTE = (
     "You already made this exact call in this turn; the result above is the same as before. "
     "Do not call it again: answer the user from this result."
 )
+# what the model reads for a call that was not allowed to run, by who or what denied it
+DECLINED = {
+    "user": "the user declined this call",
+    "timeout": "the user did not answer in time",
+    "gone": "nobody was there to approve it",
+    "cancel": "the user stopped the reply",
+    "shutdown": "the assistant is stopping",
+    "policy": "calls of this tool need a person's approval, and none can be asked here",
+}
+DECLINED_NOTE = "It did not run. Do not call it again: answer the user without it, saying what you would have done."
 REPEAT_ERROR_NOTE = (
     "You already made this exact call in this turn and it failed the same way. Do not repeat it: "
     "change the arguments, or answer the user with what you have."
@@ -90,6 +102,14 @@ class ToolContext(Generic[H]):
     has_attachments: bool | None = None
     kb_ids: list[int] | None = None
     image_chars: int = 0  # what showing one image takes of max_chars
+    gate: Gate | None = None  # what lets a call of a tool that acts run; None: none runs
+
+
+class Gate(Protocol):
+    """What decides whether a call of a tool that may act runs: a person asked, or a policy."""
+
+    async def __call__(self, tool: Tool, arguments: dict[str, Any]) -> Approval:
+        """The decision; ``CancelledError`` when the turn stops meanwhile."""
 
 
 @dataclass
@@ -100,6 +120,24 @@ class ToolResult:
     ok: bool
     summary: str  # one line
     images: list[dict[str, Any]] = field(default_factory=list)  # image_url parts to show a vision model
+    approval: Approval | None = None  # how a call of a tool that may act was let run, or stopped
+
+
+@dataclass(frozen=True)
+class Approval:
+    """How a call of a tool that may act was decided, and by whom (docs/PROTOCOL.md, "Approval")."""
+
+    allowed: bool
+    # "user" (a client answered), "conversation" (the tool was approved for the conversation
+    # earlier); denials also "timeout", "gone", "cancel", "shutdown", "policy"
+    by: str
+    at: str = ""  # when, ISO 8601 UTC
+    remember: bool = False  # the user approved the tool for the rest of the conversation
+    client: str | None = None  # the program that answered, when known
+
+    def to_json(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "by": self.by, "at": self.at, "remember": self.remember,
+                "client": self.client}
 
 
 class ToolError(Exception):
@@ -132,6 +170,8 @@ class Tool(ABC):
     description: str
     parameters: dict[str, Any]  # JSON Schema of the arguments object
     server: str | None = None  # the MCP server a hosted tool comes from; None for ours
+    acts: bool = False  # a call waits for the turn's Gate (ours only read)
+    annotations: dict[str, Any] | None = None  # what its server says of it (MCP ToolAnnotations)
 
     @property
     def own_name(self) -> str:
@@ -281,7 +321,11 @@ class Toolbox:
             return error_result(name, f"there is no tool named {name!r}; the tools here are: {known}")
         try:
             arguments = check_arguments(tool.parameters, parse_arguments(raw_arguments))
+            approval = await self._approval(tool, arguments, ctx)
+            if approval is not None and not approval.allowed:
+                return declined(name, approval)
             result = await tool.run(arguments, ctx)
+            result.approval = approval
         except asyncio.CancelledError:
             raise
         except (ToolError, ArgumentMismatch) as exc:
@@ -292,6 +336,22 @@ class Toolbox:
             return error_result(name, f"the tool failed ({type(exc).__name__}: {exc})")
         logger.debug("tool %s: %s", name, result.summary)
         return result
+
+    @staticmethod
+    async def _approval(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> Approval | None:
+        """The decision on a call of a tool that may act (None: it only reads, nothing to decide)."""
+        if not tool.acts:
+            return None
+        if ctx.gate is None:
+            return Approval(allowed=False, by="policy")
+        return await ctx.gate(tool, arguments)
+
+
+def declined(name: str, approval: Approval) -> ToolResult:
+    """The result of a call that was not allowed to run: the model is told why."""
+    why = DECLINED.get(approval.by, "it was not allowed")
+    return ToolResult(content=f"{ERROR_PREFIX}{why}. {DECLINED_NOTE}", ok=False, approval=approval,
+                      summary=one_line(f"{name} not run: {why}"))
 
 
 class TurnCalls:

@@ -58,14 +58,32 @@ LEADING_SPACE = re.compile(rb"[ \t\r\n]*")
 LINES_PER_TURN = 32  # requests started from one client before the loop serves the others
 
 
-def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process on the other end (``SO_PEERCRED``), None if unknown."""
+def peer_credentials(sock: socket.socket) -> tuple[int, int] | None:
+    """The pid and uid of the process on the other end (``SO_PEERCRED``), None if unknown."""
     try:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         return None
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process on the other end, None if unknown."""
+    creds = peer_credentials(sock)
+    return creds[1] if creds else None
+
+
+def peer_program(sock: Any) -> str | None:
+    """The name of the program on the other end (``/proc/PID/comm``), None if unknown."""
+    creds = peer_credentials(sock) if sock is not None else None
+    if not creds:
+        return None
+    try:
+        with open(f"/proc/{creds[0]}/comm", encoding="utf-8", errors="replace") as comm:
+            return comm.read().strip() or None
+    except OSError:
+        return None
 
 
 async def read_lines(reader: asyncio.StreamReader, limit: int = MAX_LINE_BYTES) -> AsyncIterator[bytes | object]:
@@ -140,6 +158,20 @@ class Replier:
         """Bytes sent and not yet read by the client, beside the largest event among them."""
         return self.connection.backlog
 
+    @property
+    def listening(self) -> bool:
+        """The client can still send requests (an ``approve``): it has not hung up or closed its side."""
+        return self.connection.listening
+
+    def on_hang_up(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once the client can send no more requests; the canceller of that."""
+        return self.connection.on_hang_up(callback)
+
+    @property
+    def program(self) -> str | None:
+        """The program on the other end (who answered an approval), when known."""
+        return peer_program(self.connection.socket)
+
 
 Handler = Callable[[Request, Replier], Awaitable[None]]
 
@@ -171,6 +203,8 @@ class Connection:
         self._oversize = 0  # the size of a batch over the cap still being sent: it may wait whole
         self._batching = False  # an event already left in this turn of the loop
         self.closed = False
+        self.listening = True  # False once the client can send no more requests
+        self._hang_ups: list[Callable[[], None]] = []  # told when it stops listening (daemon.approvals)
 
     def send(self, event: dict[str, Any]) -> None:
         """Queue one event; dropped silently once the client is gone."""
@@ -240,12 +274,38 @@ class Connection:
         self._pending_bytes = 0
         self.closed = True
         self._writer.transport.abort()
+        self._hung_up()
+
+    @property
+    def socket(self) -> Any:
+        """The connection's socket (uvloop's stands in for a ``socket.socket``), None when closed."""
+        return self._writer.get_extra_info("socket")
 
     def close(self) -> None:
         if not self.closed:
             self._flush()
             self.closed = True
             self._writer.close()
+        self._hung_up()
+
+    def on_hang_up(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (soon, from the loop) once the client can send no more requests: it
+        hung up, shut its writing side, or was dropped. Returns what forgets it again."""
+        if not self.listening:
+            asyncio.get_running_loop().call_soon(callback)
+            return lambda: None
+        self._hang_ups.append(callback)
+        return lambda: self._hang_ups.remove(callback) if callback in self._hang_ups else None
+
+    def _hung_up(self) -> None:
+        """No request can come any more: tell those waiting for one (an approval's answer)."""
+        if not self.listening:
+            return
+        self.listening = False
+        callbacks, self._hang_ups = self._hang_ups, []
+        loop = asyncio.get_running_loop()
+        for callback in callbacks:
+            loop.call_soon(callback)
 
     async def serve(self) -> None:
         sock = self._writer.get_extra_info("socket")
@@ -269,6 +329,7 @@ class Connection:
                         logger.exception("could not start a request")
                         self.send(error_event(InternalError()))
             # the client is done sending (`echo ... | socat` half-closes): answer what it asked
+            self._hung_up()
             if self._mine:
                 await asyncio.wait(self._mine)
         except (ConnectionError, OSError) as exc:

@@ -20,6 +20,7 @@ from core.errors import (
     AssistantError,
     BadRequest,
     NotFound,
+    NotPending,
     RouterError,
     RouterUnreachable,
     no_conversation,
@@ -210,6 +211,9 @@ class Handlers:
         for key in ("temperature", "top_p"):  # null: the model's again (core/sampling.py)
             if request.has(key):
                 changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
+        if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)
+            approved = sorted(set(request.get("approved_tools") or ())) or None
+            changes["settings"] = {**changes.get("settings", {}), "approved_tools": approved}
         conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)
@@ -307,6 +311,21 @@ class Handlers:
     async def on_follow(self, request: Request, emit: Replier) -> None:
         """The conversation's running turn so far, then its events as they come."""
         await self.engine.follow(request.get("conversation"), emit)
+
+    # -- approval (issue 32): a person's answer to a call of a tool that may act ------------------
+
+    async def on_approve(self, request: Request, emit: Replier) -> None:
+        """Allow or deny a call waiting for approval, once (``daemon.approvals``)."""
+        cid: int = request.get("conversation")
+        if self.engine.running_turn(cid) is None:
+            await self._conversation(cid)  # not_found for a conversation that does not exist
+            raise NotPending(f"no turn of conversation {cid} is running, so no call waits for approval; "
+                             "its calls were decided when it ended (open shows how)")
+        remember = request.get("remember", "once") == "conversation"
+        approval = self.engine.approvals.answer(cid, request.get("call"), request.get("allow"), remember,
+                                                emit.program)
+        emit({"type": "approved", "conversation": cid, "call": request.get("call"), "allow": approval.allowed,
+              "remember": "conversation" if approval.remember else "once"})
 
     # -- MCP (issue 13): the hosted servers, and what `assistant.py mcp serve` reads ------------
 

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # far under the connection's own cap (connection.MAX_WRITE_BUFFER), which would drop it
 WATCH_BACKLOG = 1024 * 1024
 
-ChangeKind = Literal["conversation", "turn", "kb"]
+ChangeKind = Literal["conversation", "turn", "kb", "approval"]
 
 
 @dataclass
@@ -55,6 +55,10 @@ class Live:
         first); the ``seq`` of the last change before."""
         self._watches[emit.connection] = _Watch(emit)
         return self.seq
+
+    def watchers(self) -> list[Replier]:
+        """The watching connections that can still send requests (answer an approval)."""
+        return [watch.emit for watch in self._watches.values() if watch.emit.listening]
 
     def publish(self, kind: ChangeKind, action: str, **fields: Any) -> None:
         """One change: ``changed`` to every watcher, with the next ``seq``."""

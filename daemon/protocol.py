@@ -45,11 +45,12 @@ logger = logging.getLogger(__name__)
 MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the client checks it too)
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
+REMEMBER = ("once", "conversation")  # an approve's reach: this call, or the tool for the conversation's rest
 MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/search.py): none lie past it
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p",
+    "temperature", "top_p", "remember",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -92,6 +93,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "mcp_servers": S("str_list_or_null"),
         "temperature": S("temperature"),  # null: the model's (core/sampling.py)
         "top_p": S("top_p"),
+        "approved_tools": S("str_list_or_null"),  # tools approved for the conversation (daemon/approvals.py)
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit"), "offset": S("offset")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
@@ -106,6 +108,9 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     # live state (docs/PROTOCOL.md, "Live state"): every change; a running turn joined
     "watch": {},
     "follow": {"conversation": S("int", required=True)},
+    # a person's answer to a call waiting for approval (docs/PROTOCOL.md, "Approval")
+    "approve": {"conversation": S("int", required=True), "call": S("str", required=True),
+                "allow": S("bool", required=True), "remember": S("remember")},
 }
 
 _KIND_NAMES = {
@@ -121,6 +126,7 @@ _KIND_NAMES = {
     "offset": f"an integer from 0 to {MAX_SEARCH_OFFSET}",
     "temperature": "a number from 0 to 2, or null",
     "top_p": "a number above 0 and at most 1, or null",
+    "remember": "one of " + ", ".join(REMEMBER),
 }
 
 
@@ -163,6 +169,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value is None or _valid("str_list", value)
     if kind == "kb_mode":
         return value in KB_INJECTION_MODES
+    if kind == "remember":
+        return value in REMEMBER
     if kind in ("temperature", "top_p"):
         return value is None or sampling_problem(kind, value) is None
     if kind == "limit":

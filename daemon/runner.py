@@ -51,6 +51,7 @@ from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
 from kbinject import injection_mode
 
+from .approvals import Approvals, Asker, TurnGate
 from .background import Background
 from .connection import Emit
 from .context import ContextBuilder, Progress, Prompt, router_messages
@@ -152,6 +153,7 @@ class TurnState:
     sources: list[dict[str, Any]] = field(default_factory=list)  # the knowledge-base passages it carried
     past: TurnContext | None = None  # what history held for the prompt before this turn
     calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
+    approvals: list[dict[str, Any]] = field(default_factory=list)  # how its calls of acting tools were decided
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
@@ -200,6 +202,7 @@ class Slot:
     stage: str = "starting"  # the last progress stage, or "replying" once text streams after it
     started: asyncio.Event = field(default_factory=asyncio.Event)  # set once stored, or the ask ended
     ended: bool = False  # its done or error was sent
+    asker: Asker | None = None  # decides its calls of tools that may act (daemon.approvals)
 
     def relay(self, emit: Emit) -> Emit:
         """``emit``, with each event also sent to the turn's followers (a copy each: every emit
@@ -242,9 +245,10 @@ class TurnRunner:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, context: ContextBuilder,
-        toolbox: Toolbox, background: Background, live: Live, mcp: McpHost | None = None,
+        toolbox: Toolbox, background: Background, live: Live, approvals: Approvals, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
+        self.approvals = approvals  # the calls waiting for a person's answer
         self.live = live  # told of every conversation made and turn started or ended
         self.history = history
         self.router = router
@@ -393,6 +397,7 @@ class TurnRunner:
             # its usage and ctx_used, and ``saved: false`` says it is not on disk yet
             end = self._done_event(state, outcome.finish_reason, saved)
         emit(end)
+        self.approvals.forget(state.conversation)
         self._tell_ended(end, state.ref, outcome.status, saved, usage=state.usage, ctx_used=state.ctx_used)
         if outcome.foreign_cancel:
             raise asyncio.CancelledError
@@ -405,7 +410,7 @@ class TurnRunner:
             if slot.stop is not None:
                 raise asyncio.CancelledError  # cancelled while it was starting
             await self._settle_model(state)
-            return Outcome(finish_reason=await self._converse(state, emit))
+            return Outcome(finish_reason=await self._converse(state, emit, slot.asker))
         except asyncio.CancelledError:
             reason = slot.stop or "interrupted"
             return Outcome(reason, reason, foreign_cancel=slot.stop is None)
@@ -426,12 +431,12 @@ class TurnRunner:
             # token, or queue behind it all the same (one slot). It is a few tokens long.
             await asyncio.wait([titling])
 
-    async def _converse(self, state: TurnState, emit: Emit) -> str | None:
+    async def _converse(self, state: TurnState, emit: Emit, asker: Asker | None) -> str | None:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times."""
         progress = state.emit_progress(emit)
         settings = state.past.conversation.settings if state.past else {}
         state.sampling = sampling_params(self.config, state.model.id, settings)
-        offered, ctx = await self._offer(state, progress)
+        offered, ctx = await self._offer(state, progress, asker)
         definitions = [t.definition() for t in offered] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
         tool_tokens = sum(t.tokens for t in offered if t.server is not None)
@@ -465,17 +470,20 @@ class TurnRunner:
             closed = state.calls is not None and state.calls.last_round_repeated
         raise AssertionError("the last round is closed")
 
-    async def _offer(self, state: TurnState, progress: Progress) -> tuple[list[Tool], ToolContext]:
-        """The tools this turn offers, and the context they run in. What is offered depends on the
+    async def _offer(self, state: TurnState, progress: Progress, asker: Asker | None) -> tuple[list[Tool], ToolContext]:
+        """The tools this turn offers, and the context they run in (with the gate its calls of
+        tools that may act wait at: ``asker`` decides them). What is offered depends on the
         conversation, not on the prompt: a compaction's summary request can offer the same tools
         (the top of the cached prompt)."""
         past = state.past
+        gate = None if asker is None else TurnGate(
+            state.conversation, state.turn, self.history, self.live, self.approvals, asker, state.approvals, progress)
         ctx = ToolContext(
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
             max_chars=0, image_chars=state.model.image_tokens * BUDGET_CHARS_PER_TOKEN,
             kb_injection=state.kb_injection,
             has_attachments=(past is not None and past.has_attachments) or has_files(state.messages[0]),
-            kb_ids=past.kb_ids if past else None,
+            kb_ids=past.kb_ids if past else None, gate=gate,
         )
         if not state.model.tools or state.model.id in self._no_tools:
             return [], ctx
@@ -528,8 +536,10 @@ class TurnRunner:
         """Run one round's tool calls concurrently (one made before in this turn is answered from
         its first result: ``TurnCalls``); their messages for the prompt."""
         where = {"conversation": state.conversation, "turn": state.turn}
-        for call in calls:
-            emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
+        acting = {t.name for t in offered if t.acts}
+        for call in calls:  # one that may act says so once allowed (TurnGate)
+            if call.name not in acting:
+                emit({"type": "progress", **where, "stage": "tool", "detail": f"running {call.name}"})
         if state.calls is None:
             state.calls = TurnCalls(self.toolbox)
         results = await state.calls.run(offered, [(c.name, c.arguments) for c in calls], ctx)
@@ -552,7 +562,8 @@ class TurnRunner:
                 showing.append(call.name)
             emit({"type": "tool", **where, "name": call.name, "server": server, "tool": own,
                   "arguments": parse_arguments(call.arguments), "ok": result.ok, "summary": result.summary,
-                  **({"from_text": True} if call.from_text else {})})
+                  **({"from_text": True} if call.from_text else {}),
+                  **({"approval": result.approval.to_json()} if result.approval else {})})
         if images:
             # tool messages carry text only: a returned image is shown in a message of its own,
             # for this turn's prompt (history keeps the tool's text; the image is not stored)
@@ -699,7 +710,7 @@ class TurnRunner:
             finish_reason=outcome.finish_reason, error=failure.message if failure else None,
             error_code=failure.code if failure else None, prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None, ctx_used=ctx_used,
-            sources=state.sources,
+            sources=state.sources, approvals=state.approvals,
         )
         # a second cancel (shutdown after a user's cancel) must not lose the write
         return stored if await asyncio.shield(self.history.finish(stored)) else None

@@ -22,8 +22,9 @@ from history import AsyncHistory, Conversation
 from kbinject import KnowledgeBases
 from recall import default_toolbox
 
+from .approvals import Approvals, Asker, SocketAsker
 from .background import Background
-from .connection import Emit
+from .connection import Emit, Replier
 from .context import ContextBuilder
 from .live import Live
 from .protocol import Request, error_event
@@ -53,9 +54,11 @@ class TurnEngine:
         self._asks: set[asyncio.Task[Any]] = set()  # every ask in flight, started or not
         self._background = Background()
         self._accepting = True
+        self.live = live
+        self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, live, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, live, self.approvals, mcp=mcp,
         )
 
     @property
@@ -69,12 +72,14 @@ class TurnEngine:
 
     # -- public -----------------------------------------------------------------------------
 
-    async def ask(self, request: Request, emit: Emit) -> None:
+    async def ask(self, request: Request, emit: Emit, asker: Asker | None = None) -> None:
         """Serve one ``ask``: events go to ``emit``, the turn goes to history.
 
         Every refusal is an ``error`` carrying ``conversation`` and ``turn`` (the
         turn it would have been; null when the conversation does not exist, and for
         ``busy``: the refused question is no turn, the running one goes on).
+        ``asker`` decides the calls of tools that may act; by default the clients are asked
+        (``SocketAsker``), a door with nobody to ask gives a ``Refuser``.
         """
         cid: int | None = request.get("conversation")
         current = asyncio.current_task()
@@ -88,7 +93,7 @@ class TurnEngine:
             if cid is not None and cid in self._slots:
                 # the refused question is no turn, and the running one is not failed by it
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
-            await self._ask(request, cid, emit)
+            await self._ask(request, cid, emit, asker)
         except AssistantError as exc:
             emit(error_event(exc, conversation=cid, turn=await self._refused_turn(request, exc)))
         except asyncio.CancelledError:
@@ -140,7 +145,7 @@ class TurnEngine:
             return
         # in one step of the loop with every delta: the text so far and the deltas after it
         # are the reply, byte for byte
-        emit(slot.following())
+        emit({**slot.following(), "approvals": self.approvals.waiting(cid)})
         slot.followers.append(emit)
 
     def running_turn(self, cid: int) -> int | None:
@@ -184,6 +189,7 @@ class TurnEngine:
     async def shutdown(self, grace: float) -> None:
         """Take no new turns; let running ones finish within ``grace``, then stop them."""
         self._accepting = False
+        self.approvals.close()  # a call waiting for a person is denied: its turn goes on to an answer
         if self._asks:
             logger.info("waiting up to %.1fs for %d running turn(s)", grace, len(self._asks))
             _done, pending = await asyncio.wait(self._asks, timeout=grace)
@@ -203,7 +209,7 @@ class TurnEngine:
 
     # -- admission ------------------------------------------------------------------------------
 
-    async def _ask(self, request: Request, cid: int | None, emit: Emit) -> None:
+    async def _ask(self, request: Request, cid: int | None, emit: Emit, asker: Asker | None) -> None:
         """The admitted ask's turn: started (its conversation busy from then on), then answered."""
         current = asyncio.current_task()
         assert current is not None
@@ -211,7 +217,9 @@ class TurnEngine:
         if cid is not None:
             self._slots[cid] = slot  # before the first await: a second ask is busy at once
         self._in_flight.add(slot)
+        asking = emit
         emit = slot.relay(emit)
+        slot.asker = asker or SocketAsker(self.approvals, emit, lambda: self._answerers(asking, slot))
         try:
             state = await self.runner.start(slot, request, emit)
             if state is None:
@@ -225,6 +233,11 @@ class TurnEngine:
             self._in_flight.discard(slot)
             for key in [k for k, v in self._slots.items() if v is slot]:
                 del self._slots[key]
+
+    def _answerers(self, asking: Emit, slot: Slot) -> list[Replier]:
+        """Who can answer the turn's approvals now: its asker, its followers, the watchers."""
+        emits = [asking, *slot.followers, *self.live.watchers()]
+        return [e for e in emits if isinstance(e, Replier) and e.listening]
 
     async def conversation(self, cid: int | None) -> Conversation | None:
         """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""

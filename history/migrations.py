@@ -426,6 +426,14 @@ def m009_turn_ref(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN ref TEXT")
 
 
+def m010_turn_approvals(conn: sqlite3.Connection) -> None:
+    """`turns.approvals`: how each call of a tool that may act was allowed or denied."""
+    # JSON list of {call, name, server, tool, arguments, allowed, by, at, remember, client}, in
+    # the order decided: a column of the turn rather than a field of its tool messages, because a
+    # call denied by a cancel or a stop has no tool message, and its denial is kept all the same.
+    conn.execute("ALTER TABLE turns ADD COLUMN approvals TEXT NOT NULL DEFAULT '[]'")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -436,6 +444,7 @@ MIGRATIONS: list[Migration] = [
     m007_conversation_system_prompt,
     m008_turn_sources,
     m009_turn_ref,
+    m010_turn_approvals,
 ]
 
 

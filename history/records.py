@@ -152,6 +152,8 @@ class Turn(FromRow):
     # the knowledge-base passages its prompt carried (m008): where they came from, not their text
     sources: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
     ref: str | None = None  # the client's own reference, given on its ask  (m009)
+    # how each call of a tool that may act was allowed or denied (m010)
+    approvals: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
 
     @property
     def usage(self) -> dict[str, int | None] | None:
@@ -184,6 +186,7 @@ class Turn(FromRow):
             "sources": self.sources,
             "created_at": self.created_at,
             "ref": self.ref,
+            "approvals": self.approvals,
         }
 
 
@@ -204,6 +207,7 @@ class TurnOutcome:
     completion_tokens: int | None = None
     ctx_used: int | None = None
     sources: list[dict[str, Any]] = field(default_factory=list)  # its knowledge-base passages'
+    approvals: list[dict[str, Any]] = field(default_factory=list)  # its calls' approvals and denials
 
     @property
     def key(self) -> tuple[int, int]:
@@ -214,7 +218,7 @@ class TurnOutcome:
         return replace(
             turn, messages=self.messages, reply=self.reply, status=self.status, finish_reason=self.finish_reason,
             error=self.error, error_code=self.error_code, prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens, sources=self.sources,
+            completion_tokens=self.completion_tokens, sources=self.sources, approvals=self.approvals,
         )
 
 

@@ -51,7 +51,7 @@ UPDATE conversations SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL
 TURN_COLUMNS = """
 t.conversation_id, t.turn, t.text, t.files, t.messages, t.reply, t.status, t.error,
 t.error_code, t.finish_reason, t.model, t.prompt_tokens, t.completion_tokens,
-t.created_at, t.updated_at, t.sources, t.ref
+t.created_at, t.updated_at, t.sources, t.ref, t.approvals
 """
 SELECT_TURNS = f"""
 SELECT {TURN_COLUMNS}
@@ -127,7 +127,7 @@ UPDATE turns SET reply = ? WHERE conversation_id = ? AND turn = ? AND status = '
 FINISH_TURN = """
 UPDATE turns
 SET messages = ?, reply = ?, status = ?, finish_reason = ?, error = ?, error_code = ?,
-    prompt_tokens = ?, completion_tokens = ?, sources = ?, updated_at = ?
+    prompt_tokens = ?, completion_tokens = ?, sources = ?, approvals = ?, updated_at = ?
 WHERE conversation_id = ? AND turn = ?
 """
 SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"

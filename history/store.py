@@ -316,6 +316,7 @@ class HistoryStore:
             conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
             status="running", error=None, error_code=None, finish_reason=None, model=model,
             prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[], ref=ref,
+            approvals=[],
         )
         return conversation, turn
 
@@ -385,9 +386,10 @@ class HistoryStore:
         completion_tokens: int | None = None,
         ctx_used: int | None = None,
         sources: list[dict[str, Any]] | None = None,
+        approvals: list[dict[str, Any]] | None = None,
     ) -> Turn:
-        """Store the turn's final messages and outcome (``sources``: its knowledge-base passages')
-        and re-index it.
+        """Store the turn's final messages and outcome (``sources``: its knowledge-base passages';
+        ``approvals``: how its calls of acting tools were decided) and re-index it.
 
         Raises LookupError when the turn does not exist. A turn whose conversation was
         deleted while it ran is still saved, but not indexed: deleted conversations
@@ -401,7 +403,7 @@ class HistoryStore:
                 sql.FINISH_TURN,
                 (
                     _dumps(messages), reply, status, finish_reason, error, error_code,
-                    prompt_tokens, completion_tokens, _dumps(sources or []), now, cid, turn,
+                    prompt_tokens, completion_tokens, _dumps(sources or []), _dumps(approvals or []), now, cid, turn,
                 ),
             )
             if updated.rowcount == 0:
@@ -420,6 +422,7 @@ class HistoryStore:
             o.conversation, o.turn, messages=o.messages, reply=o.reply, status=o.status,
             finish_reason=o.finish_reason, error=o.error, error_code=o.error_code, prompt_tokens=o.prompt_tokens,
             completion_tokens=o.completion_tokens, ctx_used=o.ctx_used, sources=o.sources,
+            approvals=o.approvals,
         )
 
     def turns(self, cid: int, from_turn: int = 1, limit: int | None = None) -> list[Turn]:

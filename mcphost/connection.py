@@ -285,11 +285,18 @@ async def _list_tools(session: ClientSession) -> list[RemoteTool]:
         for t in page.tools:
             if t.name not in known:  # a tool listed twice (or a page repeated) is offered once
                 known.add(t.name)
-                tools.append(RemoteTool(t.name, t.description or "", dict(t.input_schema or {})))
+                tools.append(RemoteTool(t.name, t.description or "", dict(t.input_schema or {}), _annotations(t)))
         cursor = page.next_cursor
         if not cursor:
             break
     return tools
+
+
+def _annotations(tool: mcp_types.Tool) -> dict[str, Any]:
+    """A tool's annotations as the protocol spells them (``readOnlyHint``), those it sets only."""
+    if tool.annotations is None:
+        return {}
+    return tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 async def _ignore(message: Any) -> None:

@@ -15,6 +15,13 @@ class RemoteTool:
     name: str
     description: str
     input_schema: dict[str, Any]
+    # its ToolAnnotations as the server gives them (readOnlyHint, destructiveHint ...), {} for none
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def read_only(self) -> bool:
+        """Whether its server says it only reads (``readOnlyHint: true``)."""
+        return self.annotations.get("readOnlyHint") is True
 
 
 @dataclass

@@ -90,6 +90,8 @@ class McpTool(Tool):
             description = description[: MAX_DESCRIPTION_CHARS - 1] + "…"
         self.description = f"{description} (MCP server {self.server})"
         self.parameters = canonical(remote.input_schema)
+        self.annotations = remote.annotations
+        self.acts = handle.spec.asks(remote.name, remote.read_only)  # docs/DESIGN.md, "Approval"
         self.max_result_chars = max_result_chars
         # made once (McpHost keeps a server's tools while its connection lasts), not for every
         # tool on every turn before its first token (bench/bench_mcp.py)

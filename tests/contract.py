@@ -144,7 +144,7 @@ def check_request(request: dict[str, Any]) -> bool:
 
 # the events that come before the one that ends a request (docs/PROTOCOL.md, "Writing a client");
 # a watch never ends, and a follow of a running turn goes on to that turn's done or error
-STREAMED = frozenset({"user", "progress", "reasoning", "delta", "tool", "watching", "changed", "missed"})
+STREAMED = frozenset({"user", "progress", "reasoning", "delta", "tool", "approval", "watching", "changed", "missed"})
 
 
 def ends_request(event: dict[str, Any]) -> bool:

@@ -1,7 +1,8 @@
 """Small MCP servers the tests host, run as ``python tests/mcpservers.py MODE``.
 
 - ``sdk``: the SDK's ``MCPServer`` over stdio with a few tools (echo, add, a PNG image,
-  a tool error, a huge result, a slow one, one that exits the process);
+  a tool error, a huge result, a slow one, one that exits the process; echo and add are
+  annotated read-only);
 - ``good``: the same tools, answered as ``sdk`` answers them, by hand: the SDK's import
   alone takes over a second, paid at every start of a test's server (most tests host
   this one; a few host ``sdk`` and ``http``, so the SDK's own server is tested too);
@@ -14,7 +15,10 @@
   ``closed`` (refuses every call with an error whose words say "closed"), ``video``
   (answers with a content block of no known type), ``images`` (answers with as many
   PNGs as ``text`` says), ``child`` (starts a child that outlives it, its pid written to
-  the file ``MCP_TEST_CHILD`` names, and exits when ``echo`` gets "die").
+  the file ``MCP_TEST_CHILD`` names, and exits when ``echo`` gets "die"), ``acting`` (a tool
+  that acts, ``write_note``, appending its ``text`` to the file ``MCP_TEST_NOTES`` names, and
+  one its annotations call read-only, ``read_notes``, reading that file back: no SDK, so it
+  starts in a moment).
 
 Each writes a line to the file named by ``MCP_TEST_STARTS`` (when set) as it starts,
 so a test can count (re)starts.
@@ -44,14 +48,16 @@ def http() -> None:
 
 def build_good():  # type: ignore[no-untyped-def]
     from mcp.server.mcpserver import Image, MCPServer
+    from mcp.types import ToolAnnotations
 
     server = MCPServer("test-good")
+    computes = ToolAnnotations(readOnlyHint=True)  # runs without asking (the others may act)
 
-    @server.tool(description="Echo the text back, uppercased.")
+    @server.tool(description="Echo the text back, uppercased.", annotations=computes)
     def echo(text: str) -> str:
         return text.upper()
 
-    @server.tool(description="Add two integers.")
+    @server.tool(description="Add two integers.", annotations=computes)
     def add(a: int, b: int) -> str:
         return str(a + b)
 
@@ -97,8 +103,10 @@ def _schema(tool: str, properties: dict, required: list, output: bool = True) ->
 
 
 GOOD_TOOLS = [
-    {"description": "Echo the text back, uppercased.", **_schema("echo", {"text": {"type": "string"}}, ["text"])},
-    {"description": "Add two integers.", **_schema("add", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])},
+    {"description": "Echo the text back, uppercased.", **_schema("echo", {"text": {"type": "string"}}, ["text"]),
+     "annotations": {"readOnlyHint": True}},
+    {"description": "Add two integers.", **_schema("add", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"]),
+     "annotations": {"readOnlyHint": True}},
     {"description": "A small red PNG.", **_schema("picture", {}, [], output=False)},
     {"description": "Always fails.", **_schema("broken", {}, [])},
     {"description": "A result far over any cap.",
@@ -204,6 +212,20 @@ def flood() -> None:
     time.sleep(3600)
 
 
+def notes(params: dict) -> str:  # type: ignore[type-arg]
+    """``acting``'s tools: ``write_note`` appends a line to the notes file, ``read_notes`` reads it."""
+    path = os.environ["MCP_TEST_NOTES"]
+    if params["name"] == "write_note":
+        with open(path, "a") as fh:
+            fh.write(params["arguments"]["text"] + "\n")
+        return "written"
+    try:
+        with open(path) as fh:
+            return fh.read() or "(no notes)"
+    except FileNotFoundError:
+        return "(no notes)"
+
+
 def raw() -> None:
     import base64
     import io
@@ -218,6 +240,12 @@ def raw() -> None:
                       "inputSchema": {"type": "object", "properties": {"x": {"type": "number", "default": float("nan")}}}})
     if mode == "twice":
         tools = tools * 2
+    if mode == "acting":
+        text_only = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+        tools = [{"name": "write_note", "description": "Append a line to the notes.", "inputSchema": text_only,
+                  "annotations": {"destructiveHint": False}},
+                 {"name": "read_notes", "description": "Read the notes.", "inputSchema": {"type": "object"},
+                  "annotations": {"readOnlyHint": True, "title": "Read notes"}}]
     if mode == "child":  # as npx, uvx or a shell wrapper leave one: it holds stdout open too
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         with open(os.environ["MCP_TEST_CHILD"], "a") as fh:
@@ -248,6 +276,8 @@ def raw() -> None:
             send({"id": rid, "result": {}})
         elif mode == "closed":
             send({"id": rid, "error": {"code": -32602, "message": "Invalid arguments: the issue is closed"}})
+        elif mode == "acting":
+            send({"id": rid, "result": {"content": [{"type": "text", "text": notes(request["params"])}]}})
         elif mode == "video":
             send({"id": rid, "result": {"content": [{"type": "text", "text": "before"}, {"type": "video", "url": "x"}]}})
         else:

@@ -156,7 +156,7 @@ async def test_config_shows_the_settings_in_effect_with_secrets_masked(secret_co
     assert (shown["model"], shown["default_model"]) == (None, "fake-text")
     assert shown["system_prompt"] == config.system_prompt
     assert (shown["ctx_max"], shown["assumed_ctx"], shown["compact_at"]) == (None, 4096, 0.75)
-    assert shown["mcp"]["servers"] == [{"name": "web", "transport": "http"}]
+    assert shown["mcp"]["servers"] == [{"name": "web", "transport": "http", "approval": "ask"}]
     assert shown["config_path"] == str(config.config_path) and shown["data_dir"] == str(config.data_dir)
     line = json.dumps(shown)
     assert "sk-very-secret" not in line and "tok-secret" not in line

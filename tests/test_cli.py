@@ -322,6 +322,7 @@ async def test_settings_command(daemon: RunningDaemon, router: FakeRouter) -> No
     assert code == 0, err
     assert out.splitlines() == [
         "conversation 1: Greetings", "  model: fake-vision", "  system prompt: 'Be brief.'", "  kb_injection: off",
+        "  tools approved for this conversation: none",
     ]
     code, out, _ = await cli("settings", "1", "--default-model", "--default-system")
     assert "  model: the default" in out and "  system prompt: the default" in out

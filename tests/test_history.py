@@ -421,10 +421,13 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
     ]
     conversation, _ = store.start_turn(None, "find the budget", [user("find the budget")],
                                        [{"name": "b.txt", "kind": "text"}], "gemma")
+    denied = {"call": "1.1", "name": "files__write", "server": "files", "tool": "write", "arguments": {"text": "x"},
+              "allowed": False, "by": "user", "at": "2026-12-03T20:00:00.000000Z", "remember": False, "client": "python3"}
     turn = store.finish_turn(
         conversation.id, 1, messages=messages, reply="The budget is 12k.",
-        status="complete", finish_reason="stop", prompt_tokens=9, completion_tokens=4,
+        status="complete", finish_reason="stop", prompt_tokens=9, completion_tokens=4, approvals=[denied],
     )
+    assert store.turn(conversation.id, 1).approvals == [denied]  # as read back, not only as written
     assert turn.to_json() == {
         "turn": 1,
         "text": "find the budget",
@@ -447,6 +450,7 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "sources": [],
         "created_at": turn.created_at,
         "ref": None,
+        "approvals": [denied],
     }
 
 

@@ -40,7 +40,8 @@ GOOD_TOOLS = ["good__add", "good__broken", "good__die", "good__echo", "good__hug
 
 
 def server(mode: str, starts: Path | None = None) -> str:
-    spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\n'
+    """A test server's table; its tools run without asking (tests/test_approval.py asks)."""
+    spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "{mode}"]\napproval = "auto"\n'
     if starts is not None:  # the server notes each start of its process there
         spec += f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\n"
     return spec
@@ -216,6 +217,7 @@ async def test_a_japanese_result_is_cut_to_the_room_it_has(wire: Wire, router: F
 def raw(mode: str, **env: str) -> str:
     """The hand-written server of ``tests/mcpservers.py raw``, odd as ``mode`` says."""
     spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(SERVERS))}, "raw", "{mode}"]\n'
+    spec += 'approval = "auto"\n'
     if env:
         spec += "env = { " + ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items()) + " }\n"
     return spec
@@ -322,7 +324,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def stubborn_server(starts: Path, overlap: Path) -> str:
     args = ["-c", STUBBORN, str(overlap), str(SERVERS), "good"]
     return (f"command = {json.dumps(sys.executable)}\nargs = {json.dumps(args)}\n"
-            f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\n")
+            f"env = {{ MCP_TEST_STARTS = {json.dumps(str(starts))} }}\napproval = \"auto\"\n")
 
 
 async def test_a_restart_waits_for_the_old_process_and_keeps_the_new_connection(

@@ -30,6 +30,7 @@ ALL_MIGRATIONS = [
     "m005_message_fts_automerge", "m006_knowledge_bases", "m007_conversation_system_prompt",
     "m008_turn_sources",
     "m009_turn_ref",
+    "m010_turn_approvals",
 ]
 
 
@@ -79,7 +80,7 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert migrate(conn) == ALL_MIGRATIONS
 
         assert table_columns(conn, "conversations") == CONVERSATION_COLUMNS
-        assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files", "sources", "ref"]
+        assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files", "sources", "ref", "approvals"]
         assert table_columns(conn, "_migrations") == ["name", "applied_at"]
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
@@ -145,7 +146,7 @@ def test_m001_has_no_files_column_and_m002_adds_it(tmp_path: Path) -> None:
         assert "files" not in table_columns(conn, "turns")
 
         assert migrate(conn) == ALL_MIGRATIONS[1:]
-        assert table_columns(conn, "turns")[-3:] == ["files", "sources", "ref"]
+        assert table_columns(conn, "turns")[-4:] == ["files", "sources", "ref", "approvals"]
 
 
 def build_old_schema(path: Path, *, with_files: bool) -> None:
@@ -318,9 +319,9 @@ def test_a_file_from_before_compactions_upgrades(tmp_path: Path, monkeypatch: py
         assert conn.execute("SELECT v FROM message_fts_config WHERE k = 'automerge'").fetchone() == (8,)
 
 
-def test_m008_m009_give_every_turn_no_sources_and_no_ref(tmp_path: Path) -> None:
-    # a history.db of m007 with a turn in it: after m008 and m009 the turn reads as one that got no
-    # passages and whose ask carried no ref
+def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_path: Path) -> None:
+    # a history.db of m007 with a turn in it: after m008 to m010 the turn reads as one that got no
+    # passages, whose ask carried no ref, and that asked no approval
     db = tmp_path / "history.db"
     with connect(db) as conn:
         conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
@@ -333,5 +334,5 @@ def test_m008_m009_give_every_turn_no_sources_and_no_ref(tmp_path: Path) -> None
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
-        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref"]
-        assert conn.execute("SELECT sources, ref FROM turns").fetchone() == ("[]", None)
+        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals"]
+        assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")

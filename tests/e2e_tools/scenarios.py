@@ -207,6 +207,7 @@ def mcp_config_text() -> str:
         "[mcp]\ndefault = []\n\n"
         f"[mcp.servers.{MCP_SERVER}]\ncommand = {json.dumps(sys.executable)}\n"
         f"args = [{json.dumps(str(ROOT / 'tests' / 'mcpservers.py'))}, \"good\"]\n"
+        'approval = "auto"\n'  # its add only computes: no person is asked in a measured run
     )
 
 
