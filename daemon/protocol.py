@@ -140,6 +140,9 @@ class Request:
     fault: str | None = None
     invalid: str | None = None
     received: float = field(default_factory=time.monotonic)  # when its line was read
+    # sampling an OpenAI client sets for its one turn (daemon/openai_door.py): temperature, top_p,
+    # max_tokens, stop, seed; never read from the socket
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)

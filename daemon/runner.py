@@ -93,11 +93,12 @@ class Ask:
     model: str | None  # the model the ask names
     system: str | None  # a new conversation's own system prompt
     ref: str | None = None  # the client's own reference, stored with the question
+    overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling (``Request.overrides``)
 
     @classmethod
     def of(cls, request: Request) -> Ask:
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"), request.get("ref"))
+                  request.get("model") or None, request.get("system"), request.get("ref"), request.overrides)
         if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
             raise BadRequest(
                 f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
@@ -151,7 +152,8 @@ class TurnState:
     sources: list[dict[str, Any]] = field(default_factory=list)  # the knowledge-base passages it carried
     past: TurnContext | None = None  # what history held for the prompt before this turn
     calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
-    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p (and a door's stop, seed): sent when set
+    overrides: dict[str, Any] = field(default_factory=dict)  # the ask's own sampling, over the settings'
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
@@ -356,7 +358,8 @@ class TurnRunner:
                          model_final=final, messages=[stored], question=question, query=ask.text,
                          topic=ask.question(prepared), kb_injection=injection_mode(conv.settings),
                          new_conversation=ask.conversation is None, past=past, mcp=mcp,
-                         files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at)
+                         files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at,
+                         overrides=ask.overrides)
 
     async def _store_failed(self, ask: Ask, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
@@ -429,7 +432,7 @@ class TurnRunner:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times."""
         progress = state.emit_progress(emit)
         settings = state.past.conversation.settings if state.past else {}
-        state.sampling = sampling_params(self.config, state.model.id, settings)
+        state.sampling = {**sampling_params(self.config, state.model.id, settings), **state.overrides}
         offered, ctx = await self._offer(state, progress)
         definitions = [t.definition() for t in offered] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
@@ -613,7 +616,9 @@ class TurnRunner:
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
-        params: dict[str, Any] = {"max_tokens": prompt.max_tokens, **state.sampling}
+        # a client's max_tokens may shorten the reply, never lengthen it past the room kept for the next question
+        params: dict[str, Any] = {**state.sampling, "max_tokens": min(prompt.max_tokens, state.sampling.get(
+            "max_tokens", prompt.max_tokens))}
 
         def chat(tools: list[dict[str, Any]] | None, sent: Callable[[], None] | None = sent) -> AsyncIterator[StreamEvent]:
             return self.router.stream_chat(state.model.id, prompt.messages, tools, sent=sent,

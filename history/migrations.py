@@ -426,6 +426,26 @@ def m009_turn_ref(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE turns ADD COLUMN ref TEXT")
 
 
+CREATE_THREADS = """
+CREATE TABLE threads (
+    digest TEXT NOT NULL,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+    turns INTEGER NOT NULL,
+    PRIMARY KEY (digest, conversation_id)
+) WITHOUT ROWID
+"""
+
+
+def m010_threads(conn: sqlite3.Connection) -> None:
+    """`threads`: how a stateless client (the OpenAI door) finds the conversation it continues."""
+    # A client of the OpenAI API resends the whole conversation each time: `digest` names the
+    # texts of its user and assistant messages (history.thread_digest) as they stood after
+    # `turns` turns of the conversation, so its next request finds that conversation in one
+    # seek. A row whose conversation has gone on since (another client, a regenerated reply)
+    # no longer matches, and the request starts a branch instead.
+    conn.execute(CREATE_THREADS)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -436,6 +456,7 @@ MIGRATIONS: list[Migration] = [
     m007_conversation_system_prompt,
     m008_turn_sources,
     m009_turn_ref,
+    m010_threads,
 ]
 
 

@@ -30,6 +30,7 @@ ALL_MIGRATIONS = [
     "m005_message_fts_automerge", "m006_knowledge_bases", "m007_conversation_system_prompt",
     "m008_turn_sources",
     "m009_turn_ref",
+    "m010_threads",
 ]
 
 
@@ -81,6 +82,7 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "conversations") == CONVERSATION_COLUMNS
         assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files", "sources", "ref"]
         assert table_columns(conn, "_migrations") == ["name", "applied_at"]
+        assert table_columns(conn, "threads") == ["digest", "conversation_id", "turns"]
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
             "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
@@ -333,5 +335,5 @@ def test_m008_m009_give_every_turn_no_sources_and_no_ref(tmp_path: Path) -> None
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
-        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref"]
+        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_threads"]
         assert conn.execute("SELECT sources, ref FROM turns").fetchone() == ("[]", None)
