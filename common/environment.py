@@ -16,7 +16,7 @@ from pathlib import Path
 from .limits import MAX_SOCKET_PATH
 
 __all__ = [
-    "OPENAI_KEY_FILE", "PATH_VARIABLES", "SETTINGS", "default_data_dir", "default_socket_path", "socket_path_problem",
+    "OPENAI_KEY_FILE", "PATH_VARIABLES", "SETTINGS", "default_config_path", "default_data_dir", "default_socket_path", "socket_path_problem",
     "unknown_variables",
 ]
 
@@ -51,6 +51,14 @@ def default_data_dir(env: Mapping[str, str]) -> Path:
         return Path(env["ASSISTANT_DATA_DIR"])
     base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
     return Path(base) / "assistant"
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    """``$ASSISTANT_CONFIG``, else ``$XDG_CONFIG_HOME/assistant/config.toml``."""
+    if env.get("ASSISTANT_CONFIG"):
+        return Path(env["ASSISTANT_CONFIG"])
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "assistant" / "config.toml"
 
 
 def default_socket_path(env: Mapping[str, str]) -> Path:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from common import SETTINGS, default_data_dir, default_socket_path
+from common import SETTINGS, default_config_path, default_data_dir, default_socket_path
 
 from .errors import AssistantError
 from .mcpconfig import McpSettings, parse_mcp
@@ -172,13 +172,6 @@ def openai_listen_problem(listen: str) -> str | None:
     return None
 
 
-def _config_file(env: Mapping[str, str]) -> Path:
-    if env.get("ASSISTANT_CONFIG"):
-        return Path(env["ASSISTANT_CONFIG"])
-    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
-    return Path(base) / "assistant" / "config.toml"
-
-
 def _coerce(key: str, value: Any, source: str) -> Any:
     """Turn a TOML or environment value into the field's type, or say what is wrong."""
     kind = float if key in SAMPLING_KEYS else type(getattr(Config, key))  # those default to None: unset
@@ -286,7 +279,7 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Build the configuration from the TOML file and ``ASSISTANT_*`` variables."""
     env = os.environ if env is None else env
-    path = _config_file(env)
+    path = default_config_path(env)
     if env.get("ASSISTANT_CONFIG") and not path.is_file():
         raise ConfigError(
             f"ASSISTANT_CONFIG names {path}, which is not a file; create it, or unset ASSISTANT_CONFIG "

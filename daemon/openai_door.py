@@ -208,14 +208,19 @@ class OpenAIDoor:
             )
             self.live.publish("conversation", "created", conversation=conv.id, title=conv.title, model=conv.model)
             return conv.id
-        conv = await self.history.get_conversation(cid)
-        if conv is not None and chat.system is not None and conv.system_prompt != chat.system:
-            # the client's system message is the conversation's system prompt, as ``settings`` sets it
-            conv = await self.history.update_conversation(cid, system_prompt=chat.system)
-            if conv is not None:
-                self.live.publish("conversation", "updated", conversation=cid, title=conv.title, model=conv.model,
-                                  system=conv.system_prompt, settings=conv.settings)
+        if chat.system is not None:
+            await self._set_system(cid, chat.system)
         return cid
+
+    async def _set_system(self, cid: int, system: str) -> None:
+        """The client's system message as the conversation's system prompt, as ``settings`` sets it."""
+        conv = await self.history.get_conversation(cid)
+        if conv is None or conv.system_prompt == system:
+            return
+        changed = await self.history.update_conversation(cid, system_prompt=system)
+        if changed is not None:
+            self.live.publish("conversation", "updated", conversation=cid, title=changed.title, model=changed.model,
+                              system=changed.system_prompt, settings=changed.settings)
 
     async def _run(self, ask: Request, relay: TurnRelay, reply: HttpReply) -> None:
         """The turn, cancelled (its partial reply kept) when the client hangs up."""

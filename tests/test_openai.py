@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,6 +30,8 @@ from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon
 
 pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -148,9 +151,18 @@ async def test_the_sdk_streams_continues_and_branches(
     with pytest.raises(openai.APIStatusError) as failed:
         await client.chat.completions.create(model="fake-text", messages=[{"role": "user", "content": "Fail?"}])
     assert failed.value.status_code == 502 and failed.value.code == "router_error"
+    # a changed system message is the conversation's system prompt from then on
+    router.script(Reply(text="Paris, I said."))
+    answer = await client.chat.completions.create(model="fake-text", messages=[
+        {"role": "system", "content": "Answer in French."}, *history[1:], {"role": "user", "content": "How many live there?"},
+        {"role": "assistant", "content": "About two million."}, {"role": "user", "content": "Again?"}])
+    assert answer.id == "chatcmpl-1-3"
+    assert router.requests[-1]["messages"][0]["content"].startswith("Answer in French.")
+    assert (await wire.request({"type": "open", "conversation": 1}))["system"] == "Answer in French."
     listed = await wire.request({"type": "conversations"})
     # the failed question is kept, as every question the router failed is; the refused ones are not
-    assert [c["title"] for c in listed["items"]][0] == "Fail?" and len(listed["items"]) == 3
+    assert sorted(c["title"] for c in listed["items"]) == ["Capital of France?", "Capital of France?", "Fail?"]
+    await client.close()
 
 
 async def test_files_go_through_the_attachment_pipeline(door: tuple[str, str], router: FakeRouter, wire: Wire,
@@ -234,6 +246,11 @@ async def test_a_curl_style_reader_and_a_client_that_hangs_up(
 async def test_llm_continues_one_conversation(
     door: tuple[str, str], router: FakeRouter, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the key as the user gets it, from the command line
+    printed = await asyncio.create_subprocess_exec(sys.executable, str(ROOT / "assistant.py"), "openai-key",
+                                                   stdout=asyncio.subprocess.PIPE)
+    out, _ = await printed.communicate()
+    assert printed.returncode == 0 and out.decode().strip() == door[1]
     home = tmp_path / "llm"
     home.mkdir()
     (home / "extra-openai-models.yaml").write_text(
