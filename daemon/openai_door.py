@@ -25,7 +25,7 @@ from typing import Any
 from common import OPENAI_KEY_FILE
 from core.config import Config
 from core.errors import AssistantError, BadRequest, RouterError, RouterUnreachable, StartupError
-from core.jsontext import strict_loads
+from core.jsontext import compact_json, strict_loads
 from core.router import RouterClient
 from history import AsyncHistory, thread_digest
 
@@ -176,7 +176,7 @@ class OpenAIDoor:
                 cid = await self._conversation(chat)
             except AssistantError as exc:
                 raise http_error(exc) from None
-            paths = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+            paths = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS) if chat.uploads else []
             relay = TurnRelay(reply, chat)
             await self._run(_ask_request(chat, cid, paths), relay, reply)
             if relay.recordable:
@@ -280,6 +280,7 @@ class TurnRelay:
         self.parts: list[str] = []
         self.reasoning: list[str] = []
         self._base: dict[str, Any] = {}
+        self._content = ("", "")  # a content chunk's JSON around its text, made once the turn is known
 
     @property
     def text(self) -> str:
@@ -299,10 +300,16 @@ class TurnRelay:
             self._base = {"id": f"chatcmpl-{self.conversation}-{self.turn}", "created": self.created,
                           "model": self.chat.model, "system_fingerprint": None,
                           "assistant": {"conversation": self.conversation, "turn": self.turn}}
+            marker = "\x00"  # a delta's text goes where this stands in the chunk's JSON
+            chunk = compact_json(self._chunk_of([{"index": 0, "delta": {"content": marker}, "finish_reason": None}]))
+            head, _, tail = chunk.partition(compact_json(marker))
+            self._content = (head, tail)
             self.stored.set()
         elif kind == "delta":
             self.parts.append(event["text"])
-            self._chunk({"content": event["text"]})
+            if self.chat.stream:
+                self._start()
+                self.reply.event(f"{self._content[0]}{compact_json(event['text'])}{self._content[1]}")
         elif kind == "reasoning":
             self.reasoning.append(event["text"])
             self._chunk({"reasoning_content": event["text"]})
@@ -327,9 +334,12 @@ class TurnRelay:
             self._start()
             self._send([{"index": 0, "delta": delta, "finish_reason": None}])
 
-    def _send(self, choices: list[dict[str, Any]], **extra: Any) -> None:
+    def _chunk_of(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         usage = {"usage": None} if self.chat.include_usage else {}
-        self.reply.event({**self._base, "object": "chat.completion.chunk", "choices": choices, **usage, **extra})
+        return {**self._base, "object": "chat.completion.chunk", "choices": choices, **usage, **extra}
+
+    def _send(self, choices: list[dict[str, Any]], **extra: Any) -> None:
+        self.reply.event(self._chunk_of(choices, **extra))
 
     def finish(self) -> None:
         """The response's end: the last chunks and ``[DONE]``, the whole body, or the error."""

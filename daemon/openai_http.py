@@ -110,6 +110,8 @@ class HttpReply:
         self._writer = writer
         self.started = False  # the status line went out
         self.status = 0
+        self._pending: list[bytes] = []  # written in this turn of the loop after its first write
+        self._batching = False
 
     @property
     def gone(self) -> bool:
@@ -123,6 +125,26 @@ class HttpReply:
         return "\r\n".join(lines).encode("latin-1")
 
     def _write(self, data: bytes) -> None:
+        """The first write in a turn of the loop leaves at once (a first token is not held back),
+        the rest of that turn's in one write at its end, as the socket's connection does."""
+        if self._batching:
+            self._pending.append(data)
+            return
+        self._send([data])
+        self._batching = True
+        asyncio.get_running_loop().call_soon(self._end_batch)
+
+    def flush(self) -> None:
+        """Send what waits for the end of this turn of the loop now (the connection is closing)."""
+        self._end_batch()
+
+    def _end_batch(self) -> None:
+        self._batching = False
+        if self._pending:
+            self._send(self._pending)
+            self._pending = []
+
+    def _send(self, data: list[bytes]) -> None:
         if self.gone:
             return
         transport = self._writer.transport
@@ -130,7 +152,7 @@ class HttpReply:
             logger.warning("an OpenAI client is not reading its reply; dropping it")
             transport.abort()
             return
-        self._writer.write(data)
+        transport.writelines(data)
 
     def json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
@@ -144,7 +166,7 @@ class HttpReply:
         self._write(self._head(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}))
 
     def event(self, data: dict[str, Any] | str) -> None:
-        """One ``data:`` event: a JSON object, or text as it is (``[DONE]``)."""
+        """One ``data:`` event: a JSON object, or JSON text as it is (``[DONE]``, a chunk made ahead)."""
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         self._write(f"data: {text}\n\n".encode("utf-8", "surrogatepass"))
 
@@ -180,6 +202,7 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         if not reply.started:
             reply.error(HttpError(500, "internal error, see the daemon's log", kind="server_error"))
     finally:
+        reply.flush()
         with contextlib.suppress(ConnectionError, OSError, RuntimeError):
             if writer.can_write_eof() and not writer.transport.is_closing():
                 writer.write_eof()
