@@ -48,6 +48,7 @@ from client import Wire
 
 TARGET_OVERHEAD = 0.005  # seconds, median, first token through the door over direct
 KEY = "bench-key"
+RELAY_MODEL = "fake-vision"  # the fake's larger context: a long question, echoed, fits it and the reply's cap
 RUN_TIMEOUT = 300.0
 
 
@@ -102,8 +103,8 @@ async def socket_ttft(client: Wire, question: str) -> float:
     return first
 
 
-def chat_body(question: str) -> dict[str, Any]:
-    return {"model": "fake-text", "stream": True, "messages": [{"role": "user", "content": question}]}
+def chat_body(question: str, model: str = "fake-text") -> dict[str, Any]:
+    return {"model": model, "stream": True, "messages": [{"role": "user", "content": question}]}
 
 
 async def first_tokens(args: argparse.Namespace, http: httpx.AsyncClient, door: str, router: str,
@@ -127,7 +128,7 @@ async def relay(args: argparse.Namespace, http: httpx.AsyncClient, door: str, ro
     auth = {"Authorization": f"Bearer {KEY}"}
     rates: dict[str, list[float]] = {"door": [], "direct": []}
     for _ in range(args.relay_runs):
-        first, total, chunks = await stream_timed(http, f"{door}/chat/completions", chat_body(question), auth)
+        first, total, chunks = await stream_timed(http, f"{door}/chat/completions", chat_body(question, RELAY_MODEL), auth)
         rates["door"].append(chunks / (total - first))
         sent = await last_chat(http, router)
         first, total, chunks = await stream_timed(http, f"{router}/chat/completions", sent, {})
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="first-token samples a path (default 100)")
     parser.add_argument("--warmup", type=int, default=10, help="unrecorded rounds first (default 10)")
-    parser.add_argument("--words", type=int, default=2000, help="chunks of the relayed reply (default 2000)")
+    parser.add_argument("--words", type=int, default=1000, help="chunks of the relayed reply (default 1000)")
     parser.add_argument("--relay-runs", type=int, default=5, help="relayed replies a path (default 5)")
     parser.add_argument("--clients", type=int, default=8, help="clients asking at once (default 8)")
     parser.add_argument("--rounds", type=int, default=5, help="times they ask at once (default 5)")

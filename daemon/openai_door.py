@@ -54,11 +54,6 @@ OPENAI_CODES = {"context_overflow": "context_length_exceeded", "router_context_o
                 "not_found": "model_not_found"}
 # how a turn ends, as OpenAI says it: a stop (a cancel, a shutdown) is a stop
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
-# Tools that act need someone to approve them (issue 32). An OpenAI client cannot be asked:
-# the door's turns run with no interactive approver, so such a tool is refused unless the
-# configuration approves it in advance. Approval is not on this branch yet: this is where the
-# door says so, and where the ask it builds is to carry it (``_ask_request``).
-INTERACTIVE_APPROVER = None
 
 
 def door_key(config: Config) -> str:
@@ -248,7 +243,11 @@ class OpenAIDoor:
 
 def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> Request:
     """The ``ask`` a chat request makes (a new conversation's system prompt is the client's).
-    It carries no approver of tools: ``INTERACTIVE_APPROVER``."""
+
+    No interactive approver: tools that act need someone to approve each call (issue 32), and
+    an OpenAI client cannot be asked, so the door's asks are to carry "no approver" here, and
+    such a tool is refused unless the configuration approves it in advance.
+    """
     args: dict[str, Any] = {"text": chat.question, "files": paths, "model": chat.model}
     if cid is None:
         args["system"] = chat.system
