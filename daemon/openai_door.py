@@ -325,8 +325,8 @@ class TurnRelay:
 
     def _start(self) -> None:
         if not self.reply.started:
-            self.reply.start_stream(self._headers())
-            self._send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            self.reply.start_stream(self._headers(), self._chunk_of([role]))
 
     def _chunk(self, delta: dict[str, Any]) -> None:
         if self.chat.stream:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -130,7 +131,8 @@ class HttpReply:
         if self._batching:
             self._pending.append(data)
             return
-        self._send([data])
+        self._send([*self._pending, data])  # with what was held for it (a stream's head)
+        self._pending = []
         self._batching = True
         asyncio.get_running_loop().call_soon(self._end_batch)
 
@@ -162,13 +164,15 @@ class HttpReply:
     def error(self, exc: HttpError) -> None:
         self.json(exc.status, exc.body(), exc.headers)
 
-    def start_stream(self, headers: dict[str, str]) -> None:
-        self._write(self._head(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}))
+    def start_stream(self, headers: dict[str, str], first: dict[str, Any]) -> None:
+        """The stream's head and ``first`` event, held to leave in one write with the next event
+        (a first token's, the one the client waits for), or with what ends the stream."""
+        self._pending += [self._head(200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                            **headers}), _event_bytes(first)]
 
     def event(self, data: dict[str, Any] | str) -> None:
         """One ``data:`` event: a JSON object, or JSON text as it is (``[DONE]``, a chunk made ahead)."""
-        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        self._write(f"data: {text}\n\n".encode("utf-8", "surrogatepass"))
+        self._write(_event_bytes(data))
 
     def comment(self, text: str) -> None:
         """An SSE comment line, which clients skip: what the daemon does meanwhile, for a person reading."""
@@ -181,12 +185,21 @@ class HttpReply:
                 pass
 
 
+def _event_bytes(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode("utf-8", "surrogatepass")
+
+
 Handler = Callable[[HttpRequest, HttpReply], Awaitable[None]]
 
 
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: Handler) -> None:
     """Read one request, have ``handle`` answer it, close. A failure of ours is a 500, never a dead daemon."""
     reply = HttpReply(reader, writer)
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # chunks are small and each one awaited: none may wait for the client's ACK (Nagle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         try:
             async with asyncio.timeout(HEAD_SECONDS):
