@@ -227,6 +227,16 @@ async def test_a_curl_style_reader_and_a_client_that_hangs_up(
     conv = await wire.request({"type": "open", "conversation": 2})
     assert (conv["turns"][0]["status"], conv["turns"][0]["reply"]) == ("cancelled", "partial")
 
+    # the daemon's own tools run inside the turn; the stream shows each call as a comment line
+    router.script(Reply(tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "Count"}'}]),
+                  Reply(text="Found it."))
+    head, lines = await raw_http(door, *post(door, {"model": "fake-text", "stream": True,
+                                                    "messages": [{"role": "user", "content": "Search it"}]}))
+    assert [line for line in lines if line.startswith(":")] == [": tool conversation_search ok: searched for 'Count': 0 results"]
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Found it."
+    assert router.requests[-1]["messages"][-1]["role"] == "tool"
+
     # what the HTTP side refuses: no key, a body too large, a chunked body, an unknown path
     head, lines = await raw_http(door, *post(door, {"model": "fake-text", "messages": []}, key=""))
     assert head.startswith("HTTP/1.1 401") and json.loads(lines[0])["error"]["code"] == "invalid_api_key"
@@ -240,7 +250,7 @@ async def test_a_curl_style_reader_and_a_client_that_hangs_up(
     head, _ = await raw_http(door, f"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer nope\r\n\r\n")
     assert head.startswith("HTTP/1.1 401")
     listed = await wire.request({"type": "conversations"})
-    assert len(listed["items"]) == 2
+    assert len(listed["items"]) == 3
 
 
 async def test_llm_continues_one_conversation(
