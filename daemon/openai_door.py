@@ -196,6 +196,9 @@ class OpenAIDoor:
             return None
         digest = thread_digest(chat.earlier)
         cid = await self.history.thread_conversation(digest)
+        if cid is None and chat.tool_results is not None:
+            raise BadRequest("these tool results answer calls of no conversation the daemon has; send them with "
+                             "the messages as they were when the tools were called")
         if cid is None:
             conv = await self.history.import_conversation(
                 chat.earlier, digest, title=provisional_title(chat.earlier[0][0]), model=chat.model,
@@ -235,9 +238,12 @@ class OpenAIDoor:
             hangup.cancel()
 
     async def _record(self, chat: ChatAsk, relay: TurnRelay) -> None:
-        """Name the conversation by its turns with this one: the client's next request finds it."""
-        assert relay.conversation is not None and relay.turn is not None
-        digest = thread_digest([*chat.earlier, (chat.question, relay.text)])
+        """Name the conversation by its turns with this one: the client's next request finds it.
+        A turn taken up with tool results is the last of ``earlier``, its reply now the whole one."""
+        assert relay.conversation is not None and relay.turn is not None and relay.end is not None
+        turns = chat.earlier if chat.tool_results is None else chat.earlier[:-1]
+        question = chat.question if chat.tool_results is None else chat.earlier[-1][0]
+        digest = thread_digest([*turns, (question, relay.end["text"])])
         await self.history.add_thread(digest, relay.conversation, relay.turn)
 
 
@@ -253,7 +259,7 @@ def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> Request:
         args["system"] = chat.system
     else:
         args["conversation"] = cid
-    return Request("ask", args=args, overrides=chat.sampling)
+    return Request("ask", args=args, overrides=chat.sampling, client_tools=chat.tools, tool_results=chat.tool_results)
 
 
 def http_error(exc: AssistantError) -> HttpError:
@@ -354,14 +360,20 @@ class TurnRelay:
             return
         reason = end["finish_reason"] if end["finish_reason"] in FINISH_REASONS else "stop"
         usage = _usage(end["usage"])
+        calls = end.get("tool_calls") or []
         if self.chat.stream:
             self._start()
+            if calls:
+                self._send([{"index": 0, "delta": {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]},
+                             "finish_reason": None}])
             self._send([{"index": 0, "delta": {}, "finish_reason": reason}])
             if self.chat.include_usage:
                 self._send([], usage=usage)
             self.reply.event("[DONE]")
             return
-        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         self.reply.json(200, {**self._base, "object": "chat.completion", "usage": usage, "choices": [

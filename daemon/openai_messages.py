@@ -54,6 +54,9 @@ class ChatAsk:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, max_tokens, stop, seed
     stream: bool = False
     include_usage: bool = False
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the client's own, offered beside the daemon's
+    # the results of the client's tools the last turn called (``question`` is then ""), or None
+    tool_results: list[dict[str, Any]] | None = None
 
 
 def read_chat(body: Any) -> ChatAsk:
@@ -72,42 +75,76 @@ def read_chat(body: Any) -> ChatAsk:
     options = body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise BadRequest("'stream' must be true or false, and 'stream_options' an object")
-    system, turns = _thread(messages)
-    question_text, uploads = turns.pop()
+    system, turns, results = _thread(messages)
+    question_text, uploads = turns.pop() if results is None else ("", [])
     return ChatAsk(model=model, system=system, earlier=_pairs(turns),
                    question=question_text, uploads=uploads, sampling=_sampling(body), stream=stream,
-                   include_usage=bool(options.get("include_usage")) and stream)
+                   include_usage=bool(options.get("include_usage")) and stream, tools=_tools(body),
+                   tool_results=results)
 
 
-def _thread(messages: list[dict[str, Any]]) -> tuple[str | None, list[Any]]:
-    """The system text, and the rest as a list alternating (question, files) and reply text,
-    ending with the new question."""
+def _thread(messages: list[dict[str, Any]]) -> tuple[str | None, list[Any], list[dict[str, Any]] | None]:
+    """The system text; the rest as a list alternating (question, files) and reply text, ending
+    with the new question; and the tool results the messages end with (None: they end with a
+    question). A reply the model went on with after tool results is one turn's reply."""
     systems: list[str] = []
     turns: list[Any] = []  # [(text, uploads), reply, (text, uploads), reply, ..., (text, uploads)]
+    results: list[dict[str, Any]] = []  # the tool messages since the last assistant message
     for n, message in enumerate(messages):
-        role, content = message.get("role"), message.get("content")
+        role, content, where = message.get("role"), message.get("content"), f"messages[{n}]"
         if role in ("system", "developer"):
-            systems.append(_text(content, f"messages[{n}]"))
+            systems.append(_text(content, where))
         elif role == "user":
-            text = _text(content, f"messages[{n}]")
-            last = n == len(messages) - 1
-            uploads = _uploads(content, n) if last else []
+            text, uploads = _text(content, where), _uploads(content, n) if n == len(messages) - 1 else []
             if turns and isinstance(turns[-1], tuple):  # two questions in a row: one turn's question
-                earlier, _ = turns.pop()
-                text = f"{earlier}\n\n{text}"
+                text = f"{turns.pop()[0]}\n\n{text}"
             turns.append((text, uploads))
         elif role == "assistant":
-            if not turns or not isinstance(turns[-1], tuple):
-                raise BadRequest(f"messages[{n}]: an assistant message must follow a user message")
-            turns.append(_text(content, f"messages[{n}]") if content is not None else "")
+            if not turns:
+                raise BadRequest(f"{where}: an assistant message must follow a user message")
+            text = _text(content, where) if content is not None else ""
+            if isinstance(turns[-1], str):
+                turns[-1] = "\n\n".join(part for part in (turns[-1].strip(), text.strip()) if part)
+            else:
+                turns.append(text)
+            results = []
+        elif role == "tool":
+            if not turns or not isinstance(turns[-1], str):
+                raise BadRequest(f"{where}: a tool message must follow the assistant message that called the tool")
+            results.append(_tool_result(message, where))
         else:
-            raise BadRequest(f"messages[{n}]: role {role!r} is not served here; send system, user and assistant "
-                             "messages (tools the client defines are not run through this door)")
+            raise BadRequest(f"{where}: role {role!r} is not served here; send system, user, assistant and tool "
+                             "messages")
+    systems_text = "\n\n".join(systems) if systems else None
+    if messages[-1].get("role") == "tool":
+        return systems_text, turns, results
     if not turns or not isinstance(turns[-1], tuple):
-        raise BadRequest("the last message must be the user's question")
+        raise BadRequest("the last message must be the user's question, or the results of the tools called")
     if not turns[-1][0].strip() and not turns[-1][1]:
         raise BadRequest("the last user message has no text and no files; ask a question")
-    return ("\n\n".join(systems) if systems else None), turns
+    return systems_text, turns, None
+
+
+def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
+    call = message.get("tool_call_id")
+    if not isinstance(call, str) or not call:
+        raise BadRequest(f"{where}: a tool message needs the 'tool_call_id' of the call it answers")
+    return {"role": "tool", "tool_call_id": call, "content": _text(message.get("content") or "", where)}
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The client's own function tools, as the router is to be offered them."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list of function tools")
+    offered = []
+    for n, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise BadRequest(f'tools[{n}] must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}')
+        offered.append({"type": "function", "function": {
+            key: value for key, value in function.items() if key in ("name", "description", "parameters", "strict")}})
+    return offered
 
 
 def _pairs(turns: list[Any]) -> list[tuple[str, str]]:

@@ -255,6 +255,9 @@ class AsyncHistory:
     async def add_thread(self, digest: str, cid: int, turns: int) -> None:
         await self._call(self._store.add_thread, digest, cid, turns)
 
+    async def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
+        return await self._call(self._store.reopen_turn, cid, held_upto)
+
     async def import_conversation(
         self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
         system_prompt: str | None,

@@ -159,3 +159,11 @@ WHERE h.digest = ? AND c.deleted_at IS NULL
 ORDER BY h.conversation_id DESC LIMIT 1
 """
 INSERT_THREAD = "INSERT OR REPLACE INTO threads (digest, conversation_id, turns) VALUES (?, ?, ?)"
+# A turn that ended on calls to a client's own tools, taken up again with their results: the
+# conversation's last turn, and only such a one.
+REOPEN_TURN = """
+UPDATE turns SET status = 'running', finish_reason = NULL, updated_at = ?
+WHERE conversation_id = ? AND status = 'complete' AND finish_reason = 'tool_calls'
+  AND turn = (SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = ?)
+RETURNING turn
+"""

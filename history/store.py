@@ -365,6 +365,22 @@ class HistoryStore:
         with self._transaction():
             self._conn.execute(sql.INSERT_THREAD, (digest, cid, turns))
 
+    def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
+        """Take up again the last turn of ``cid``, which ended on calls to a client's own tools (the
+        OpenAI door): running again, and what its prompt needs from before it. LookupError when
+        its last turn did not end so (or it is missing or deleted)."""
+        with self._transaction():
+            now = self._now()
+            row = self._conn.execute(sql.REOPEN_TURN, (now, cid, cid)).fetchone() if self._is_live(cid) else None
+            if row is None:
+                raise LookupError(f"the last turn of conversation {cid} is not waiting for tool results")
+            turn = row[0]
+            self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
+            found = self._turn_row(cid, turn)
+            context = self.turn_context(cid, held_upto, before=turn)
+        assert found is not None and context is not None
+        return found, context
+
     def import_conversation(
         self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
         system_prompt: str | None,

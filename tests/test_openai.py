@@ -253,6 +253,51 @@ async def test_a_curl_style_reader_and_a_client_that_hangs_up(
     assert len(listed["items"]) == 3
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+async def test_a_clients_own_tool_ends_the_response_and_its_result_continues_the_turn(
+    door: tuple[str, str], router: FakeRouter, wire: Wire
+) -> None:
+    client = sdk(door)
+    router.script(Reply(tool_calls=[{"id": "w1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]))
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    stream = await client.chat.completions.create(model="fake-text", messages=question, tools=[WEATHER], stream=True)
+    chunks = [chunk async for chunk in stream]
+    [call] = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
+    assert (call.id, call.function.name, call.function.arguments) == ("w1", "get_weather", '{"city": "Paris"}')
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    offered = [tool["function"]["name"] for tool in router.requests[-1]["tools"]]
+    assert "get_weather" in offered and "conversation_search" in offered  # beside the daemon's own
+
+    # the client runs it and sends the result: the same turn goes on, and is stored whole
+    router.script(Reply(text="Sunny, 21 degrees."))
+    answer = await client.chat.completions.create(model="fake-text", tools=[WEATHER], messages=[
+        *question, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": "w1", "content": "sunny, 21 C"}])
+    assert answer.id == "chatcmpl-1-1" and answer.choices[0].message.content == "Sunny, 21 degrees."
+    sent = router.requests[-1]["messages"]
+    assert [m["role"] for m in sent[-3:]] == ["user", "assistant", "tool"] and sent[-1]["content"] == "sunny, 21 C"
+    conv = await wire.request({"type": "open", "conversation": 1})
+    assert [(t["reply"], t["status"], t["finish_reason"]) for t in conv["turns"]] == [
+        ("Sunny, 21 degrees.", "complete", "stop")]
+
+    # and the conversation goes on from there as any other
+    router.script(Reply(text="Cooler."))
+    went_on = [*question, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": "w1", "content": "sunny, 21 C"},
+               {"role": "assistant", "content": "Sunny, 21 degrees."}, {"role": "user", "content": "Tomorrow?"}]
+    answer = await client.chat.completions.create(model="fake-text", tools=[WEATHER], messages=went_on)
+    assert answer.id == "chatcmpl-1-2"
+    with pytest.raises(openai.BadRequestError) as stale:  # results for a turn that called no tool of the client's
+        await client.chat.completions.create(model="fake-text", messages=[
+            *went_on, {"role": "assistant", "content": "Cooler.", "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": "w1", "content": "rain"}])
+    assert "not waiting for tool results" in stale.value.message
+    await client.close()
+
+
 async def test_llm_continues_one_conversation(
     door: tuple[str, str], router: FakeRouter, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
