@@ -25,6 +25,7 @@ from typing import Any, TextIO, TypeAlias
 from common import MAX_LIST_LIMIT, default_socket_path, socket_path_problem, unknown_variables
 
 from .approve import Approver
+from .openaikey import openai_key
 from .render import RENDERERS, describe_kb_add, error_text, json_line
 from .terminal import (
     EXIT_ERROR,
@@ -269,6 +270,7 @@ def add_client_commands(sub: Subcommands) -> None:
     _add_kb(sub, options)
     sub.add_parser("models", parents=[options], help="list the router's models")
     sub.add_parser("status", parents=[options], help="the daemon's and the router's state")
+    sub.add_parser("openai-key", help="print the key OpenAI clients send to the daemon's OpenAI door")
 
 
 def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
@@ -372,6 +374,8 @@ def run_client(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO =
     terminal = Terminal(out, err)
 
     def run() -> int:
+        if args.command == "openai-key":  # a file's content: no daemon needed
+            return _print_openai_key(terminal)
         if args.command in ("ask", "estimate"):  # read before connecting: a usage error needs no daemon
             args.question = compose_question(args.text, piped_stdin())
             if args.command == "ask" and not args.question.strip() and not args.file:
@@ -379,6 +383,16 @@ def run_client(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO =
         return asyncio.run(_run(args, terminal))
 
     return guarded(terminal, run)
+
+
+def _print_openai_key(terminal: Terminal) -> int:
+    key = openai_key()
+    if key is None:
+        terminal.note("assistant: the OpenAI door has no key yet: set openai_listen (e.g. 127.0.0.1:8765) in "
+                      "config.toml and start the daemon, which makes one; or set openai_key yourself")
+        return EXIT_ERROR
+    terminal.text(key + "\n")
+    return EXIT_OK
 
 
 def guarded(terminal: Terminal, run: Callable[[], int]) -> int:

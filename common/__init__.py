@@ -15,7 +15,16 @@ configuration, ``tomllib``, the budgets) behind it.
 """
 
 from .advice import ADD_KB, ADVICE, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
-from .environment import PATH_VARIABLES, SETTINGS, default_socket_path, socket_path_problem, unknown_variables
+from .environment import (
+    OPENAI_KEY_FILE,
+    PATH_VARIABLES,
+    SETTINGS,
+    default_config_path,
+    default_data_dir,
+    default_socket_path,
+    socket_path_problem,
+    unknown_variables,
+)
 from .limits import MAX_LIST_LIMIT, MAX_REQUEST_BYTES, MAX_SOCKET_PATH
 from .version import __version__
 
@@ -28,9 +37,12 @@ __all__ = [
     "MAX_LIST_LIMIT",
     "MAX_REQUEST_BYTES",
     "MAX_SOCKET_PATH",
+    "OPENAI_KEY_FILE",
     "PATH_VARIABLES",
     "SETTINGS",
     "__version__",
+    "default_config_path",
+    "default_data_dir",
     "default_socket_path",
     "socket_path_problem",
     "unknown_variables",

@@ -15,13 +15,17 @@ from pathlib import Path
 
 from .limits import MAX_SOCKET_PATH
 
-__all__ = ["PATH_VARIABLES", "SETTINGS", "default_socket_path", "socket_path_problem", "unknown_variables"]
+__all__ = [
+    "OPENAI_KEY_FILE", "PATH_VARIABLES", "SETTINGS", "default_config_path", "default_data_dir", "default_socket_path", "socket_path_problem",
+    "unknown_variables",
+]
 
 # the keys a user may set, in the order Config declares them (tests/test_config.py holds the two together)
 SETTINGS = (
     "router_url", "api_key", "model", "system_prompt", "ctx_max", "assumed_ctx", "max_reply_tokens",
     "embedding_model", "embedding_url", "kb_top_k", "compact_at", "request_timeout", "connect_timeout",
-    "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace", "approval_timeout",
+    "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace", "approval_timeout", "openai_listen",
+    "openai_key",
 )
 # ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
 PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")
@@ -37,6 +41,25 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
         hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(known)}"
         warnings.append(f"{var} is not a setting and is ignored{hint}")
     return warnings
+
+
+OPENAI_KEY_FILE = "openai_key"  # under the data folder: the OpenAI door's generated key (mode 0600)
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    """``$ASSISTANT_DATA_DIR``, else ``$XDG_DATA_HOME/assistant`` (``~/.local/share/assistant``)."""
+    if env.get("ASSISTANT_DATA_DIR"):
+        return Path(env["ASSISTANT_DATA_DIR"])
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
+    return Path(base) / "assistant"
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    """``$ASSISTANT_CONFIG``, else ``$XDG_CONFIG_HOME/assistant/config.toml``."""
+    if env.get("ASSISTANT_CONFIG"):
+        return Path(env["ASSISTANT_CONFIG"])
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "assistant" / "config.toml"
 
 
 def default_socket_path(env: Mapping[str, str]) -> Path:

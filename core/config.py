@@ -8,6 +8,7 @@ Paths follow the XDG base directories; see ``socket_path`` and ``data_dir``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from common import SETTINGS, default_socket_path
+from common import SETTINGS, default_config_path, default_data_dir, default_socket_path
 
 from .errors import AssistantError
 from .mcpconfig import McpSettings, parse_mcp
@@ -67,6 +68,10 @@ class Config:
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
     # seconds a call of an acting tool waits for a person's answer before it is denied
     approval_timeout: float = 120.0
+    # the OpenAI-compatible door (daemon/openai_door.py): "host:port" on loopback, "" = off; and
+    # the key its clients must send ("" with the door on: one generated under the data folder)
+    openai_listen: str = ""
+    openai_key: str = ""
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
     socket_path: Path = Path()
     data_dir: Path = Path()
@@ -75,6 +80,11 @@ class Config:
     @property
     def db_path(self) -> Path:
         return self.data_dir / "history.db"
+
+    @property
+    def openai_address(self) -> tuple[str, int] | None:
+        """The OpenAI door's host and port (validated at load: ``openai_listen_problem``), None when off."""
+        return split_listen(self.openai_listen) if self.openai_listen else None
 
     @property
     def embeddings_base(self) -> str:
@@ -104,6 +114,8 @@ class Config:
             "auto_title": self.auto_title,
             "shutdown_grace": self.shutdown_grace,
             "approval_timeout": self.approval_timeout,
+            "openai_listen": self.openai_listen or None,
+            "openai_key": SECRET_MASK if self.openai_key else None,
             "mcp": {
                 "servers": [{"name": s.name, "transport": s.transport, "approval": s.approval} for s in mcp.servers],
                 "default": list(mcp.default) if mcp.default is not None else None,
@@ -133,18 +145,34 @@ def masked_url(url: str) -> str:
 MODEL_KEYS = ("image_tokens", *SAMPLING_KEYS)  # what a [models."<id>"] table may set
 
 
-def _data_dir(env: Mapping[str, str]) -> Path:
-    if env.get("ASSISTANT_DATA_DIR"):
-        return Path(env["ASSISTANT_DATA_DIR"])
-    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
-    return Path(base) / "assistant"
+LOOPBACK_NAMES = ("localhost",)
 
 
-def _config_file(env: Mapping[str, str]) -> Path:
-    if env.get("ASSISTANT_CONFIG"):
-        return Path(env["ASSISTANT_CONFIG"])
-    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".config")
-    return Path(base) / "assistant" / "config.toml"
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:port`` for IPv6) as its host and port; ValueError when it is neither."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ValueError(listen)
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def openai_listen_problem(listen: str) -> str | None:
+    """What is wrong with an ``openai_listen`` value, or None: it must be a loopback address and
+    a port, since anything else would open the user's history to the network."""
+    try:
+        host, _port = split_listen(listen)
+    except ValueError:
+        return "must be host:port, such as 127.0.0.1:8765 (or [::1]:8765)"
+    if host.lower() in LOOPBACK_NAMES:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return (f"must be a loopback address (127.0.0.0/8, ::1 or localhost), not {host!r}: the door serves "
+                "your history to whoever reaches it")
+    return None
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:
@@ -247,12 +275,14 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
     for key in SAMPLING_KEYS:
         if values.get(key) is not None and (problem := sampling_problem(key, values[key])):
             raise refuse(key, problem)
+    if values.get("openai_listen") and (problem := openai_listen_problem(values["openai_listen"])):
+        raise refuse("openai_listen", problem)
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Build the configuration from the TOML file and ``ASSISTANT_*`` variables."""
     env = os.environ if env is None else env
-    path = _config_file(env)
+    path = default_config_path(env)
     if env.get("ASSISTANT_CONFIG") and not path.is_file():
         raise ConfigError(
             f"ASSISTANT_CONFIG names {path}, which is not a file; create it, or unset ASSISTANT_CONFIG "
@@ -287,6 +317,6 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         **values,
         socket_path=default_socket_path(env),
-        data_dir=_data_dir(env),
+        data_dir=default_data_dir(env),
         config_path=path if path.is_file() else None,
     )

@@ -95,11 +95,19 @@ class Ask:
     model: str | None  # the model the ask names
     system: str | None  # a new conversation's own system prompt
     ref: str | None = None  # the client's own reference, stored with the question
+    overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling (``Request.overrides``)
+    client_tools: list[dict[str, Any]] = field(default_factory=list)  # ``Request.client_tools``
+    tool_results: list[dict[str, Any]] | None = None  # ``Request.tool_results``
 
     @classmethod
     def of(cls, request: Request) -> Ask:
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"), request.get("ref"))
+                  request.get("model") or None, request.get("system"), request.get("ref"), request.overrides,
+                  request.client_tools, request.tool_results)
+        if ask.tool_results is not None:
+            if ask.conversation is None:
+                raise BadRequest("tool results continue a conversation's last turn; name the conversation")
+            return ask
         if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
             raise BadRequest(
                 f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
@@ -154,7 +162,12 @@ class TurnState:
     past: TurnContext | None = None  # what history held for the prompt before this turn
     calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
     approvals: list[dict[str, Any]] = field(default_factory=list)  # how its calls of acting tools were decided
-    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p (and a door's stop, seed): sent when set
+    overrides: dict[str, Any] = field(default_factory=dict)  # the ask's own sampling, over the settings'
+    client_tools: list[dict[str, Any]] = field(default_factory=list)  # an OpenAI client's own, offered beside ours
+    client_calls: list[ToolCall] = field(default_factory=list)  # the calls to them the turn ended on
+    # a turn taken up again (``TurnRunner.resume``): its messages after the question, for the router
+    resumed: list[dict[str, Any]] = field(default_factory=list)
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
@@ -265,6 +278,8 @@ class TurnRunner:
         """The question stored and shown (``user``); None when it was stored as failed because
         the router could not be asked (the client is told). A refusal raises: nothing stored."""
         ask = Ask.of(request)
+        if ask.tool_results is not None:
+            return await self._resume(slot, ask, emit)
         past = await self._past(ask.conversation) if ask.conversation is not None and ask.files else None
         await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
         # the model as far as it is known before the question is stored: named on the ask, the
@@ -286,6 +301,33 @@ class TurnRunner:
         state = await self._store_question(ask, prepared, model, final)
         emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
         self._tell_started(state.past, state.turn, ask, state.files, state.model_id)
+        return state
+
+    async def _resume(self, slot: Slot, ask: Ask, emit: Emit) -> TurnState:
+        """The conversation's last turn, which ended on calls to the client's own tools, taken up
+        again with their results (``ask.tool_results``): running, then answered as any turn."""
+        assert ask.conversation is not None and ask.tool_results is not None
+        model = await self.router.model_info(ask.model)
+        cid = ask.conversation
+        await self.history.ensure_room()
+        slot.storing = True
+        try:
+            turn, past = await self.history.reopen_turn(cid, self.context.replays.held_upto(cid))
+        except LookupError:
+            raise BadRequest(f"the last turn of conversation {cid} is not waiting for tool results; send the "
+                             "results right after the assistant message that called the tools") from None
+        results = [{**result, "ok": True, "summary": "run by the client"} for result in ask.tool_results]
+        messages = [*turn.messages, *results]
+        conv = past.conversation
+        mcp = self.config.mcp.chosen(conv.settings.get("mcp_servers")) if self.mcp else ()
+        state = TurnState(conversation=cid, turn=turn.turn, model=model, model_id=turn.model or model.id,
+                          messages=messages, question=text_only(messages[0]), query=turn.text, topic=turn.text,
+                          kb_injection=injection_mode(conv.settings), past=past, mcp=mcp, files=turn.files,
+                          ref=turn.ref, started_at=turn.created_at, overrides=ask.overrides,
+                          client_tools=ask.client_tools, parts=[turn.reply], resumed=router_messages(messages[1:]))
+        emit({"type": "user", "conversation": cid, "turn": turn.turn, "text": turn.text, "files": turn.files,
+              "ref": turn.ref})
+        self._tell_started(past, turn.turn, ask, turn.files, state.model_id)
         return state
 
     def _tell_started(self, past: TurnContext | None, turn: int, ask: Ask, files: list[dict[str, Any]],
@@ -361,7 +403,8 @@ class TurnRunner:
                          model_final=final, messages=[stored], question=question, query=ask.text,
                          topic=ask.question(prepared), kb_injection=injection_mode(conv.settings),
                          new_conversation=ask.conversation is None, past=past, mcp=mcp,
-                         files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at)
+                         files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at,
+                         overrides=ask.overrides, client_tools=ask.client_tools)
 
     async def _store_failed(self, ask: Ask, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
@@ -435,13 +478,17 @@ class TurnRunner:
         """Stream from the router; tool calls loop back in, at most MAX_TOOL_ROUNDS times."""
         progress = state.emit_progress(emit)
         settings = state.past.conversation.settings if state.past else {}
-        state.sampling = sampling_params(self.config, state.model.id, settings)
+        state.sampling = {**sampling_params(self.config, state.model.id, settings), **state.overrides}
         offered, ctx = await self._offer(state, progress, asker)
-        definitions = [t.definition() for t in offered] or None
+        client = self._client_tools(state, offered)
+        theirs = {tool["function"]["name"] for tool in client}
+        definitions = [*(t.definition() for t in offered), *client] or None
         # hosted tools can be many and long: their definitions count in the prompt's estimate
         tool_tokens = sum(t.tokens for t in offered if t.server is not None)
-        build = partial(self.context.build, state.conversation, state.turn, current=[state.question],
-                        progress=progress, query=state.query, kb_injection=state.kb_injection, past=state.past,
+        # a turn taken up again had its passages when it began: none are added before its tool results
+        build = partial(self.context.build, state.conversation, state.turn, current=[state.question, *state.resumed],
+                        progress=progress, query=state.query, past=state.past,
+                        kb_injection="off" if state.resumed else state.kb_injection,
                         tools=definitions, tool_tokens=tool_tokens)
         prompt = await build(state.model)
         state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
@@ -464,11 +511,23 @@ class TurnRunner:
             # the calls of a round share half of what is left of the context
             room = budget_chars(prompt.budget.ctx_max, prompt.tokens)
             ctx = dataclasses.replace(ctx, max_chars=room // len(end.tool_calls))
-            append(prompt, await self._run_tools(state, offered, end.tool_calls, ctx, emit), state.model)
+            ours = [call for call in end.tool_calls if call.name not in theirs]
+            if ours:
+                append(prompt, await self._run_tools(state, offered, ours, ctx, emit), state.model)
+            if len(ours) < len(end.tool_calls):  # the client runs its own, and sends their results back
+                state.client_calls = [call for call in end.tool_calls if call.name in theirs]
+                return "tool_calls"
             # a model that only repeats calls it made (each answered from its first result) is
             # looping: a small model given the same result again calls again (issue 33's runs)
             closed = state.calls is not None and state.calls.last_round_repeated
         raise AssertionError("the last round is closed")
+
+    def _client_tools(self, state: TurnState, offered: list[Tool]) -> list[dict[str, Any]]:
+        """An OpenAI client's own tools offered beside ours (one named as ours is not: ours runs)."""
+        if not state.client_tools or not state.model.tools or state.model.id in self._no_tools:
+            return []
+        names = {tool.name for tool in offered}
+        return [tool for tool in state.client_tools if tool["function"]["name"] not in names]
 
     async def _offer(self, state: TurnState, progress: Progress, asker: Asker | None) -> tuple[list[Tool], ToolContext]:
         """The tools this turn offers, and the context they run in (with the gate its calls of
@@ -634,7 +693,9 @@ class TurnRunner:
         closed: bool,
     ) -> AsyncIterator[StreamEvent]:
         """The router's stream; a server that refuses ``tools`` is asked again without them."""
-        params: dict[str, Any] = {"max_tokens": prompt.max_tokens, **state.sampling}
+        # a client's max_tokens may shorten the reply, never lengthen it past the room kept for the next question
+        params: dict[str, Any] = {**state.sampling, "max_tokens": min(prompt.max_tokens, state.sampling.get(
+            "max_tokens", prompt.max_tokens))}
         if closed and tools:
             params["tool_choice"] = "none"
 
@@ -731,6 +792,8 @@ class TurnRunner:
             "title": state.title,
             "saved": saved,
         }
+        if state.client_calls:  # the OpenAI door's client runs them (docs/PROTOCOL.md, "done")
+            event["tool_calls"] = [call.to_openai() for call in state.client_calls]
         if not saved:
             event["note"] = self.history.kept_message()
         return event
@@ -803,6 +866,16 @@ def silent(message: dict[str, Any]) -> bool:
     """Whether a stored assistant message says nothing at all (no text, reasoning or calls)."""
     return (message.get("role") == "assistant" and not message.get("content")
             and not message.get("reasoning_content") and not message.get("tool_calls"))
+
+
+def text_only(question: dict[str, Any]) -> dict[str, Any]:
+    """A stored question as the router takes it again without its files' images (a turn taken up
+    again: the model saw them in its first request)."""
+    content = question.get("content")
+    if not isinstance(content, list):
+        return {"role": "user", "content": content or ""}
+    texts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return {"role": "user", "content": texts or ""}
 
 
 def has_files(question: dict[str, Any]) -> bool:

@@ -28,6 +28,7 @@ from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
 from .live import Live
 from .notify import sd_notify
+from .openai_door import OpenAIDoor
 from .turns import TurnEngine
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Server:
         self._mcp: McpHost | None = None
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
+        self.door: OpenAIDoor | None = None  # the OpenAI door, when openai_listen is set
         self.live = Live()  # every change, told to the watching connections
 
     @property
@@ -133,6 +135,9 @@ class Server:
         self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self.live, self._mcp)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live)
+        if self.config.openai_address is not None:
+            self.door = OpenAIDoor(self.config, self._engine, self._history, self._router, self.live)
+            await self.door.start()
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
 
     async def _check_store(self) -> None:
@@ -183,6 +188,8 @@ class Server:
         sd_notify("STOPPING=1")
         if self._server is not None:
             self._server.close()  # stop accepting; open connections stay for the turns' last events
+        if self.door is not None:
+            self.door.stop_listening()
         for task in self._background:
             task.cancel()
         if self._engine is not None:
@@ -196,6 +203,8 @@ class Server:
                 await asyncio.wait(pending)  # they end before the history they use is closed
         for connection in list(self._connections):
             connection.close()
+        if self.door is not None:
+            await self.door.close()
         if self._mcp is not None:
             await self._mcp.close()  # the servers' processes end with the daemon
         if self._kbs is not None:

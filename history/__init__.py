@@ -46,6 +46,7 @@ from .records import (
     utc_timestamp,
 )
 from .store import UNSET, HistoryStore
+from .threads import IMPORTED, thread_digest
 
 __all__ = [
     "AsyncHistory",
@@ -54,6 +55,7 @@ __all__ = [
     "Compaction",
     "Conversation",
     "HistoryStore",
+    "IMPORTED",
     "KB_CHUNK_SHIFT",
     "KbChunk",
     "KbDocument",
@@ -86,6 +88,7 @@ __all__ = [
     "quoted_phrases",
     "search_words",
     "split_rowid",
+    "thread_digest",
     "tool_calls",
     "turn_message_range",
     "turn_rowid_range",

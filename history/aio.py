@@ -249,6 +249,23 @@ class AsyncHistory:
             held_upto=held_upto, ref=ref,
         )
 
+    async def thread_conversation(self, digest: str) -> int | None:
+        return await self._call(self._store.thread_conversation, digest)
+
+    async def add_thread(self, digest: str, cid: int, turns: int) -> None:
+        await self._call(self._store.add_thread, digest, cid, turns)
+
+    async def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
+        return await self._call(self._store.reopen_turn, cid, held_upto)
+
+    async def import_conversation(
+        self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
+        system_prompt: str | None,
+    ) -> Conversation:
+        return await self._call(
+            self._store.import_conversation, turns, digest, title=title, model=model, system_prompt=system_prompt,
+        )
+
     async def attachments(self, cid: int) -> list[Attachment]:
         return await self._call(self._store.attachments, cid)
 

@@ -432,6 +432,24 @@ def m010_turn_approvals(conn: sqlite3.Connection) -> None:
     # the order decided: a column of the turn rather than a field of its tool messages, because a
     # call denied by a cancel or a stop has no tool message, and its denial is kept all the same.
     conn.execute("ALTER TABLE turns ADD COLUMN approvals TEXT NOT NULL DEFAULT '[]'")
+CREATE_THREADS = """
+CREATE TABLE threads (
+    digest TEXT NOT NULL,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+    turns INTEGER NOT NULL,
+    PRIMARY KEY (digest, conversation_id)
+) WITHOUT ROWID
+"""
+
+
+def m011_threads(conn: sqlite3.Connection) -> None:
+    """`threads`: how a stateless client (the OpenAI door) finds the conversation it continues."""
+    # A client of the OpenAI API resends the whole conversation each time: `digest` names the
+    # texts of its user and assistant messages (history.thread_digest) as they stood after
+    # `turns` turns of the conversation, so its next request finds that conversation in one
+    # seek. A row whose conversation has gone on since (another client, a regenerated reply)
+    # no longer matches, and the request starts a branch instead.
+    conn.execute(CREATE_THREADS)
 
 
 MIGRATIONS: list[Migration] = [
@@ -445,6 +463,7 @@ MIGRATIONS: list[Migration] = [
     m008_turn_sources,
     m009_turn_ref,
     m010_turn_approvals,
+    m011_threads,
 ]
 
 

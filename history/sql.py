@@ -149,3 +149,21 @@ ORDER BY k.through_turn DESC, k.id DESC
 LIMIT 1
 """
 SELECT_TURN_EXISTS = "SELECT 1 FROM turns WHERE conversation_id = ? AND turn = ?"
+
+# The OpenAI door's threads (migrations.m011_threads): the newest live conversation the
+# digest names that has had no turn since.
+SELECT_THREAD = """
+SELECT h.conversation_id FROM threads AS h JOIN conversations AS c ON c.id = h.conversation_id
+WHERE h.digest = ? AND c.deleted_at IS NULL
+  AND h.turns = (SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = c.id)
+ORDER BY h.conversation_id DESC LIMIT 1
+"""
+INSERT_THREAD = "INSERT OR REPLACE INTO threads (digest, conversation_id, turns) VALUES (?, ?, ?)"
+# A turn that ended on calls to a client's own tools, taken up again with their results: the
+# conversation's last turn, and only such a one.
+REOPEN_TURN = """
+UPDATE turns SET status = 'running', finish_reason = NULL, updated_at = ?
+WHERE conversation_id = ? AND status = 'complete' AND finish_reason = 'tool_calls'
+  AND turn = (SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = ?)
+RETURNING turn
+"""

@@ -51,6 +51,7 @@ from .records import (
     TurnOutcome,
     TurnStatus,
 )
+from .threads import IMPORTED
 
 logger = logging.getLogger(__name__)
 
@@ -352,6 +353,55 @@ class HistoryStore:
             assert found is not None
             context = found
         return turn, context
+
+    # -- threads: the OpenAI door's conversations, found by their texts (history/threads.py) --
+
+    def thread_conversation(self, digest: str) -> int | None:
+        """The newest live conversation whose turns, all of them, are the thread ``digest`` names."""
+        row = self._conn.execute(sql.SELECT_THREAD, (digest,)).fetchone()
+        return row[0] if row else None
+
+    def add_thread(self, digest: str, cid: int, turns: int) -> None:
+        """Record that conversation ``cid``'s first ``turns`` turns are the thread ``digest``."""
+        with self._transaction():
+            self._conn.execute(sql.INSERT_THREAD, (digest, cid, turns))
+
+    def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
+        """Take up again the last turn of ``cid``, which ended on calls to a client's own tools (the
+        OpenAI door): running again, and what its prompt needs from before it. LookupError when
+        its last turn did not end so (or it is missing or deleted)."""
+        with self._transaction():
+            now = self._now()
+            row = self._conn.execute(sql.REOPEN_TURN, (now, cid, cid)).fetchone() if self._is_live(cid) else None
+            if row is None:
+                raise LookupError(f"the last turn of conversation {cid} is not waiting for tool results")
+            turn = row[0]
+            self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
+            found = self._turn_row(cid, turn)
+            context = self.turn_context(cid, held_upto, before=turn)
+        assert found is not None and context is not None
+        return found, context
+
+    def import_conversation(
+        self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
+        system_prompt: str | None,
+    ) -> Conversation:
+        """A new conversation holding ``turns`` (question, reply) a client brought, stored complete
+        with finish reason ``imported`` and searchable, recorded as the thread ``digest``."""
+        with self._transaction():
+            now = self._now()
+            cid = self._insert_conversation(title, model, system_prompt, now)
+            for number, (question, reply) in enumerate(turns, 1):
+                messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+                self._conn.execute(sql.INSERT_TURN, (cid, number, question, "[]", _dumps(messages), model, now, now, None))
+                self._conn.execute(sql.FINISH_TURN, (
+                    _dumps(messages), reply, "complete", IMPORTED, None, None, None, None, "[]", "[]", now, cid, number,
+                ))
+                self._phrases.indexed(index_turn(self._conn, cid, number, messages))
+            self._conn.execute(sql.INSERT_THREAD, (digest, cid, len(turns)))
+            conversation = self._conversation(cid)
+        assert conversation is not None
+        return conversation
 
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""

@@ -290,3 +290,24 @@ async def test_chat_asks_at_the_terminal(start: Any, router: FakeRouter, notes: 
     assert [(a["allowed"], a["by"]) for t in turns for a in t["approvals"]] == [
         (True, "user"), (False, "user"), (False, "cancel"),
     ]
+
+
+async def test_the_openai_door_denies_an_acting_tool_and_runs_a_reading_one(
+    start: Any, router: FakeRouter, notes: Path
+) -> None:
+    """An OpenAI client cannot be asked: a tool that may act is denied unless approved in advance."""
+    import openai
+
+    daemon, wire = await start(openai_listen="127.0.0.1:0")
+    host, port = daemon.server.door.address
+    key = (daemon.config.data_dir / "openai_key").read_text().strip()
+    router.script(Reply(tool_calls=[{"id": "w", "name": WRITE, "arguments": json.dumps({"text": "rm -rf"})},
+                                    {"id": "r", "name": READ, "arguments": "{}"}]), Reply(text="I may not."))
+    client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=key, max_retries=0)
+    answer = await client.chat.completions.create(model="fake-text", messages=[{"role": "user", "content": "note it"}])
+    assert answer.choices[0].message.content == "I may not." and written(notes) == []
+    denied, read = tool_messages(router.requests[-1])
+    assert "none can be asked here. It did not run" in denied["content"], denied
+    assert read["content"] == "(no notes)"  # read-only: ran without asking
+    [turn] = (await wire.request({"type": "open", "conversation": 1}))["turns"]
+    assert [(a["name"], a["allowed"], a["by"]) for a in turn["approvals"]] == [(WRITE, False, "policy")]

@@ -76,12 +76,27 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ({"ASSISTANT_ROUTER_URL": "http://[::1"}, "router_url is not a URL"),
         ({"ASSISTANT_ROUTER_URL": "http://"}, "router_url names no host"),
         ({"ASSISTANT_EMBEDDING_URL": "http//x"}, "embedding_url must start with http"),
+        # the OpenAI door serves the history: never beyond this machine
+        ({"ASSISTANT_OPENAI_LISTEN": "0.0.0.0:8765"}, "openai_listen must be a loopback address"),
+        ({"ASSISTANT_OPENAI_LISTEN": "[::]:8765"}, "openai_listen must be a loopback address"),
+        ({"ASSISTANT_OPENAI_LISTEN": "192.168.1.2:80"}, "openai_listen must be a loopback address"),
+        ({"ASSISTANT_OPENAI_LISTEN": "example.com:80"}, "openai_listen must be a loopback address"),
+        ({"ASSISTANT_OPENAI_LISTEN": "8765"}, "openai_listen must be host:port"),
+        ({"ASSISTANT_OPENAI_LISTEN": "127.0.0.1:99999"}, "openai_listen must be host:port"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, env: dict[str, str], words: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config({"HOME": str(tmp_path), **env})
     assert words in info.value.message
+
+
+def test_the_openai_door_listens_on_loopback(tmp_path: Path) -> None:
+    for listen, address in (("127.0.0.1:8765", ("127.0.0.1", 8765)), ("127.3.4.5:1", ("127.3.4.5", 1)),
+                            ("[::1]:8765", ("::1", 8765)), ("localhost:0", ("localhost", 0))):
+        config = load_config({"HOME": str(tmp_path), "ASSISTANT_OPENAI_LISTEN": listen})
+        assert config.openai_address == address
+    assert load_config({"HOME": str(tmp_path)}).openai_address is None
 
 
 def test_unknown_key_in_the_file(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ ALL_MIGRATIONS = [
     "m008_turn_sources",
     "m009_turn_ref",
     "m010_turn_approvals",
+    "m011_threads",
 ]
 
 
@@ -82,6 +83,7 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "conversations") == CONVERSATION_COLUMNS
         assert table_columns(conn, "turns") == TURN_COLUMNS_M001 + ["files", "sources", "ref", "approvals"]
         assert table_columns(conn, "_migrations") == ["name", "applied_at"]
+        assert table_columns(conn, "threads") == ["digest", "conversation_id", "turns"]
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
             "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
@@ -334,5 +336,5 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
-        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals"]
+        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
