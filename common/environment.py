@@ -21,7 +21,7 @@ __all__ = ["PATH_VARIABLES", "SETTINGS", "default_socket_path", "socket_path_pro
 SETTINGS = (
     "router_url", "api_key", "model", "system_prompt", "ctx_max", "assumed_ctx", "max_reply_tokens",
     "embedding_model", "embedding_url", "kb_top_k", "compact_at", "request_timeout", "connect_timeout",
-    "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace",
+    "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace", "ocr_languages", "ocr_images",
 )
 # ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
 PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")

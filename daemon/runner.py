@@ -24,7 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +44,7 @@ from core.errors import (
     no_conversation,
 )
 from core.models import display_name, sampling_params
+from core.presets import Preset, find_preset
 from core.router import (
     ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
 )
@@ -93,11 +94,16 @@ class Ask:
     model: str | None  # the model the ask names
     system: str | None  # a new conversation's own system prompt
     ref: str | None = None  # the client's own reference, stored with the question
+    preset: Preset | None = None  # the preset whose prompt goes before ``text`` (core/presets.py)
 
     @classmethod
-    def of(cls, request: Request) -> Ask:
+    def of(cls, request: Request, presets: Mapping[str, Preset]) -> Ask:
+        named = request.get("preset")
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"), request.get("ref"))
+                  request.get("model") or None, request.get("system"), request.get("ref"),
+                  find_preset(presets, named) if named is not None else None)
+        if ask.preset is not None and not ask.files:
+            ask.preset.check([])
         if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
             raise BadRequest(
                 f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
@@ -117,6 +123,14 @@ class Ask:
     def question(self, prepared: list[Prepared]) -> str:
         """What the question is about in words: its text, else its files' names."""
         return self.text or " ".join(p.name for p in prepared)
+
+    def with_preset(self, prepared: list[Prepared]) -> Ask:
+        """The ask as sent: its preset's prompt before its text, once the files suit the preset
+        (BadRequest naming the kinds otherwise)."""
+        if self.preset is None:
+            return self
+        self.preset.check([(p.name, p.preset_kinds()) for p in prepared])
+        return dataclasses.replace(self, text=self.preset.question(self.text), preset=None)
 
 
 @dataclass
@@ -259,7 +273,7 @@ class TurnRunner:
     async def start(self, slot: Slot, request: Request, emit: Emit) -> TurnState | None:
         """The question stored and shown (``user``); None when it was stored as failed because
         the router could not be asked (the client is told). A refusal raises: nothing stored."""
-        ask = Ask.of(request)
+        ask = Ask.of(request, self.config.presets)
         past = await self._past(ask.conversation) if ask.conversation is not None and ask.files else None
         await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
         # the model as far as it is known before the question is stored: named on the ask, the
@@ -273,10 +287,12 @@ class TurnRunner:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=named or "", input_modalities=("text", "image"))
             prepared = await self._prepare(ask, offline, past, emit)
+            ask = ask.with_preset(prepared)
             slot.storing = True
             await self._store_failed(ask, prepared, exc, emit)
             return None
         prepared = await self._prepare(ask, model, past, emit)
+        ask = ask.with_preset(prepared)
         slot.storing = True
         state = await self._store_question(ask, prepared, model, final)
         emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
@@ -317,8 +333,14 @@ class TurnRunner:
         turn = past.conversation.turns + 1 if past else 1
         emit({"type": "progress", "conversation": ask.conversation, "turn": turn, "stage": "extracting",
               "detail": f"reading {len(ask.files)} file(s)"})
+
+        def reading(done: int, total: int) -> None:  # scanned pages (and images) read by tesseract
+            emit({"type": "progress", "conversation": ask.conversation, "turn": turn, "stage": "ocr",
+                  "detail": f"reading scanned pages by OCR: {done} of {total}", "done": done, "total": total})
+
         ctx_used = past.conversation.ctx_used if past else 0
-        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max, ctx_used=ctx_used)
+        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max,
+                                   ctx_used=ctx_used, on_ocr=reading)
 
     async def _begin(
         self, ask: Ask, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,

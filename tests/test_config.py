@@ -166,7 +166,8 @@ def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
 def test_the_settings_the_client_knows_are_the_configs() -> None:
     """``common.SETTINGS`` (what the client, without ``core``, warns against) names every field
     of ``Config`` a user sets, in its order: a field added to one is added to the other."""
-    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens", "model_sampling")  # tables, and the paths
+    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens", "model_sampling",
+               "presets")  # tables, and the paths
     assert SETTINGS == tuple(f.name for f in dataclasses.fields(Config) if f.name not in not_set)
 
 
