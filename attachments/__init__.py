@@ -30,6 +30,7 @@ from .extract import (
 )
 from .imagecache import configure_image_cache, decodes
 from .ocr import OcrSupport, configure_ocr, ocr_support
+from .ocr import page_texts as ocr_page_texts
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
@@ -56,6 +57,7 @@ __all__ = [
     "estimate_files",
     "fair_shares",
     "image_ref",
+    "ocr_page_texts",
     "ocr_support",
     "prepare_files",
     "read_pdf_text",

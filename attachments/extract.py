@@ -307,22 +307,22 @@ async def _extract_pdf(
 ) -> _Extracted:
     """A PDF's extraction: its text layer, and its pages without text rendered or read by OCR."""
     hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
+    pending: list[asyncio.Future[Any]] = [hashing]
     try:
         text = await pdf.read_text(item.path, item.name)
         plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
-
-        async def read() -> dict[int, str | None]:
-            sha256 = await hashing  # the cache's key
-            return await ocr.read_pages(item.path, item.name, sha256, plan.read, text.sizes, progress)
-
-        rendering = gather_all(
+        # pages render while tesseract reads (the file's hash is the OCR cache's key)
+        rendering = asyncio.ensure_future(gather_all(
             pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in plan.shown
-        )
-        rendered, found = await gather_all([rendering, read()])
+        ))
+        pending.append(rendering)
         sha256 = await hashing
+        found = await ocr.read_pages(item.path, item.name, sha256, plan.read, text.sizes, progress)
+        rendered = await rendering
     finally:
-        hashing.cancel()
-        await asyncio.gather(hashing, return_exceptions=True)
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     images = [
         ImageAttachment(item.name, item.path, sha256, page, encoded.data_url, encoded.mime,
                         encoded.width, encoded.height, found.get(page))

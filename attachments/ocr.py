@@ -48,6 +48,7 @@ __all__ = [
     "OcrSupport",
     "configure_ocr",
     "ocr_images",
+    "page_texts",
     "ocr_support",
     "read_image",
     "read_pages",
@@ -296,6 +297,17 @@ async def read_pages(
     read = await gather_all(one(page) for page in missing)
     found.update(zip(missing, read))
     return {page: found[page] for page in pages}
+
+
+async def page_texts(path: str, name: str, sha256: str, text: pdf.PdfText, limit: int = KB_OCR_PAGES) -> list[str]:
+    """A PDF's page texts with its first ``limit`` pages without a text layer read by OCR (after
+    ``pdf.OCR_MARK``) when OCR is available: what a knowledge base indexes."""
+    scanned, _rest = pdf.pages_to_show(text, limit)
+    if not scanned or not (await ocr_support()).available:
+        return text.page_texts
+    found = await read_pages(path, name, sha256, scanned, text.sizes)
+    return [f"{pdf.OCR_MARK}\n{read}" if (read := found.get(number)) else page
+            for number, page in enumerate(text.page_texts, start=1)]
 
 
 async def read_image(image: bytes, name: str, sha256: str, progress: OcrProgress | None = None) -> str:
