@@ -408,7 +408,7 @@ async def _kb_modes(ctx: Context) -> None:
 
 
 async def _run(verbose: bool) -> int:
-    failures = 0
+    failures = skipped = 0
     models = [
         *default_models(),
         FakeModel("fake-tiny", n_ctx=400),  # a 600-character text budget
@@ -437,8 +437,9 @@ async def _run(verbose: bool) -> int:
             try:
                 await asyncio.wait_for(fn(ctx), 60)
                 print(f"  ok    {description}")
-            except Skipped as skipped:
-                print(f"  skip  {description}: {skipped}")
+            except Skipped as why:
+                skipped += 1
+                print(f"  skip  {description}: {why}")
             except Exception as exc:  # every failure is reported, the run goes on
                 failures += 1
                 print(f"  FAIL  {description}: {exc}")
@@ -447,7 +448,7 @@ async def _run(verbose: bool) -> int:
         await ctx.wire.close()
         ctx.server.request_stop()
         await ctx.task
-    print(f"self-check: {len(CHECKS) - failures} passed, {failures} failed")
+    print(f"self-check: {len(CHECKS) - failures - skipped} passed, {skipped} skipped, {failures} failed")
     return 1 if failures else 0
 
 
