@@ -294,7 +294,10 @@ async def _extract_image(item: _Staged, probe: Probe, *, vision: bool, progress:
     if not vision:
         raw = base64.b64decode(encoded.data_url.partition(",")[2])
         found = await ocr.read_image(raw, item.name, probe.sha256, progress)
-        body = f"{pdf.OCR_MARK}\n{found}" if found.strip() else f"{pdf.OCR_MARK} (no text found in the image)"
+        if found is None:
+            body = f"{pdf.OCR_MARK} (tesseract could not read the image)"
+        else:
+            body = f"{pdf.OCR_MARK}\n{found}" if found.strip() else f"{pdf.OCR_MARK} (no text found in the image)"
         return _Extracted(body, text_weight(body), body, probe.sha256, len(body), "characters", thumbnail=shown,
                           read_by_ocr=True)
     image = ImageAttachment(item.name, item.path, probe.sha256, None, encoded.data_url, encoded.mime,

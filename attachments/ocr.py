@@ -310,9 +310,9 @@ async def page_texts(path: str, name: str, sha256: str, text: pdf.PdfText, limit
             for number, page in enumerate(text.page_texts, start=1)]
 
 
-async def read_image(image: bytes, name: str, sha256: str, progress: OcrProgress | None = None) -> str:
+async def read_image(image: bytes, name: str, sha256: str, progress: OcrProgress | None = None) -> str | None:
     """The OCR text of an image file (``image``: what the model would be sent, at most 2048 px);
-    raises FileRefused when tesseract cannot read it."""
+    None when tesseract cannot read it."""
     if (text := await asyncio.to_thread(_cached, sha256, 0)) is not None:
         return text
     if progress is not None:
@@ -320,6 +320,9 @@ async def read_image(image: bytes, name: str, sha256: str, progress: OcrProgress
     try:
         async with _limit():
             text = await _tesseract(image, name)
+    except FileRefused as exc:  # said in the file's block, as for a page
+        logger.info("OCR of %s failed: %s", name, exc.message)
+        return None
     finally:
         if progress is not None:
             progress.finished()

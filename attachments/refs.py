@@ -192,7 +192,7 @@ async def resolve_image_refs(messages: Sequence[dict[str, Any]], *, vision: bool
             if (m_index, p_index) in futures:
                 parts.append(futures[m_index, p_index].result())
             elif _is_ref(part) and part.get("ocr"):  # a scanned page: its text, read by OCR
-                parts.append({"type": "text", "text": f"{_unavailable(part, OCR_MARK)['text']}\n{part['ocr']}"})
+                parts.append({"type": "text", "text": f"{_unavailable(part, OCR_MARK[1:-1])['text']}\n{part['ocr']}"})
             elif _is_ref(part):
                 parts.append(_unavailable(part, "not shown: the model cannot see images"))
             else:

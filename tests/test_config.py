@@ -76,6 +76,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ({"ASSISTANT_ROUTER_URL": "http://[::1"}, "router_url is not a URL"),
         ({"ASSISTANT_ROUTER_URL": "http://"}, "router_url names no host"),
         ({"ASSISTANT_EMBEDDING_URL": "http//x"}, "embedding_url must start with http"),
+        ({"ASSISTANT_OCR_LANGUAGES": "eng, deu"}, 'ocr_languages must be tesseract language codes joined by +, e.g. "eng"'),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, env: dict[str, str], words: str) -> None:
@@ -137,6 +138,12 @@ def test_models_tables_give_a_model_its_own_image_cost(tmp_path: Path) -> None:
         ("[models.qwen]\nimage_tokens = -1\n", 'c.toml [models."qwen"]: image_tokens must not be negative'),
         # a dotted id unquoted is a table in a table
         ("[models.qwen2.5-vl]\nimage_tokens = 9\n", 'quote a model id with dots in it, as in [models."qwen2.5-vl"]'),
+        # presets: a new one needs kinds and a prompt; kinds are the presets' own
+        ('[presets.haiku]\ntitle = "Haiku"\n', "c.toml [presets.haiku]: a new preset needs kinds and prompt"),
+        ('[presets.haiku]\nkinds = ["poem"]\nprompt = "x"\n', "kinds must be a list of some of text, code, pdf, scanned"),
+        ('[presets.review]\nprompt = ""\n', "c.toml [presets.review]: prompt must be some text"),
+        ('[presets.review]\nsystem = "x"\n', "unknown key 'system'; known keys: title, kinds, prompt"),
+        ('[presets."two words"]\nkinds = ["text"]\nprompt = "x"\n', "a preset's name is letters, digits, _ and -"),
     ],
 )
 def test_a_bad_models_table_is_named(tmp_path: Path, text: str, words: str) -> None:

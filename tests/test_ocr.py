@@ -138,6 +138,12 @@ async def test_a_vision_model_sees_the_page_and_its_text_is_searched_and_indexed
         assert "[page 2: no text layer, sent as an image]" in question[0]["text"]
         found = await wire.request({"type": "search", "query": "48213"})
         assert found["total"] == 1  # its OCR text, stored with the page's reference
+        # the conversation moves to a text-only model: the page's text takes the image's place
+        cid = events[-1]["conversation"]
+        assert (await wire.ask("and the number?", conversation=cid, model="fake-text"))[-1]["type"] == "done"
+        replayed = router.requests[-1]["messages"][-3]["content"]
+        assert [p["type"] for p in replayed] == ["text", "text", "text"]
+        assert replayed[2]["text"].startswith("[image letter.pdf (page 2) read by OCR]\n") and "48213" in replayed[2]["text"]
 
         rid = await wire.send({"type": "kb_add", "kb": "letters", "paths": [str(pdf)]})
         added = (await wire.until(rid, ("kb", "error")))[-1]
