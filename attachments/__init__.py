@@ -25,6 +25,7 @@ from .extract import (
     Prepared,
     estimate_files,
     prepare_files,
+    read_sent_pages,
     read_text_file,
     too_many_files,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "ocr_support",
     "prepare_files",
     "read_pdf_text",
+    "read_sent_pages",
     "read_text_file",
     "resolve_image_refs",
     "suffix_of",

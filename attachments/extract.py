@@ -60,6 +60,7 @@ __all__ = [
     "Prepared",
     "estimate_files",
     "prepare_files",
+    "read_sent_pages",
     "read_text_file",
     "too_many_files",
 ]
@@ -109,7 +110,6 @@ class ImageAttachment:
     mime: str
     width: int
     height: int
-    ocr: str | None = None  # a rendered page's OCR text: stored with its reference, for search
 
     def label(self) -> str:
         """The text part naming the image just before it."""
@@ -144,6 +144,8 @@ class Prepared:
     pages: int | None = None
     scanned: bool = False  # a PDF with pages without a text layer
     read_by_ocr: bool = False  # what the model gets of it was read by OCR (pages or the image)
+    # pages sent as images to be read by OCR after the question is sent (``read_sent_pages``)
+    read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
 
     def preset_kinds(self) -> frozenset[str]:
         """Its kinds as presets name them (core/presets.py): ``code`` or ``text`` for a text file,
@@ -182,6 +184,7 @@ class _Extracted:
     thumbnail: str | None = None
     scanned: bool = False
     read_by_ocr: bool = False
+    read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
 
 
 def _stage_file(path: str) -> _Staged:
@@ -225,9 +228,9 @@ class _PagePlan:
     """What becomes of a PDF's pages without a text layer."""
 
     shown: list[int]  # sent as images
-    read: list[int]  # read by OCR (for a vision model: the shown ones, their text kept for recall)
+    read: list[int]  # read by OCR for a model without vision: their text goes in the block
     hidden: list[int]  # only listed
-    ocr_body: bool  # the OCR text goes in the block (a model without vision)
+    later: list[int] = field(default_factory=list)  # shown, and read by OCR once the question is sent
 
 
 async def _plan_pages(text: pdf.PdfText, *, name: str, model: str, vision: bool) -> _PagePlan:
@@ -235,16 +238,16 @@ async def _plan_pages(text: pdf.PdfText, *, name: str, model: str, vision: bool)
     model needs pages that cannot be read by OCR (tesseract or its language missing)."""
     shown, hidden = pdf.pages_to_show(text)
     if not shown:
-        return _PagePlan([], [], hidden, ocr_body=False)
+        return _PagePlan([], [], hidden)
     support = await ocr_support()
     if vision:
-        return _PagePlan(shown, shown if support.available else [], hidden, ocr_body=False)
+        return _PagePlan(shown, [], hidden, shown if support.available else [])
     if not support.available:
         scanned = len(shown) + len(hidden)
         pages = "page" if scanned == 1 else "pages"
         raise _no_vision(model, f", and {name} has {scanned} scanned {pages} (no text to read)", name, support.note)
     read, hidden = pdf.pages_to_show(text, pdf.MAX_OCR_PAGES)
-    return _PagePlan([], read, hidden, ocr_body=True)
+    return _PagePlan([], read, hidden)
 
 
 def read_text_file(path: str) -> tuple[str, bool, str | None]:
@@ -328,14 +331,14 @@ async def _extract_pdf(
         await asyncio.gather(*pending, return_exceptions=True)
     images = [
         ImageAttachment(item.name, item.path, sha256, page, encoded.data_url, encoded.mime,
-                        encoded.width, encoded.height, found.get(page))
+                        encoded.width, encoded.height)
         for page, encoded in zip(plan.shown, rendered)
     ]
-    body = pdf.pdf_body(text, plan.shown, found if plan.ocr_body else None)
+    body = pdf.pdf_body(text, plan.shown, found if plan.read else None)
     cut = bool(plan.hidden) or text.cut or len(text.page_texts) < text.total_pages
     return _Extracted(body, text_weight(body), pdf.pdf_full_text(text, found), sha256, len(body), "characters",
                       images=images, pages=text.total_pages, truncated=cut, scanned=bool(text.blank_pages()),
-                      read_by_ocr=plan.ocr_body)
+                      read_by_ocr=bool(plan.read), read_later={page: text.sizes.get(page) for page in plan.later})
 
 
 def _header(name: str, pages: int | None, note: str | None) -> str:
@@ -383,6 +386,7 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         pages=done.pages,
         scanned=done.scanned,
         read_by_ocr=done.read_by_ocr,
+        read_later=done.read_later,
     )
 
 
@@ -425,6 +429,17 @@ async def prepare_files(
     return prepared
 
 
+async def read_sent_pages(prepared: Prepared) -> tuple[str, dict[int, str]]:
+    """Read by OCR the scanned pages a vision model was sent as images (``read_later``), after
+    the question went: the file's recall text with their text, and the text of each page."""
+    assert prepared.sha256 is not None and prepared.full_text is not None
+    pages = list(prepared.read_later)
+    sizes = {page: size for page, size in prepared.read_later.items() if size is not None}
+    found = await ocr.read_pages(prepared.path, prepared.name, prepared.sha256, pages, sizes)
+    read = {page: text for page, text in found.items() if text}
+    return pdf.with_ocr_text(prepared.full_text, read), read
+
+
 async def _probe(item: _Staged) -> Probe | None:
     if item.kind != "image":
         return None
@@ -448,7 +463,7 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
         return (ocr.OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)
     text = await pdf.read_text(item.path, item.name)
     plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
-    if plan.ocr_body:  # the pages' text is not known before tesseract reads them
+    if plan.read:  # the pages' text is not known before tesseract reads them
         body = pdf.pdf_body(text, [], dict.fromkeys(plan.read, ""))
         return len(body) + ocr.OCR_PAGE_CHARS * len(plan.read), 0, bool(plan.hidden)
     return len(pdf.pdf_body(text, plan.shown)), len(plan.shown), bool(plan.hidden)

@@ -453,16 +453,21 @@ def pdf_full_text(text: PdfText, read: Mapping[int, str | None] | None = None) -
     read by OCR (``read``) holds its OCR text after ``OCR_MARK``.  A note closes it when
     pages or text were left out.
     """
-    pages = [
-        f"{OCR_MARK}\n{found}" if not page.strip() and (found := (read or {}).get(number)) else page
-        for number, page in enumerate(text.page_texts, start=1)
-    ]
-    full = PAGE_BREAK.join(pages)
+    full = with_ocr_text(PAGE_BREAK.join(text.page_texts), read or {})
     if text.cut:
         full += f"\n[… the text stops here: only the first {FULL_TEXT_CAP} characters are kept]"
     elif len(text.page_texts) < text.total_pages:
         full += f"\n[… pages {len(text.page_texts) + 1}–{text.total_pages} were not read]"
     return full
+
+
+def with_ocr_text(full: str, read: Mapping[int, str | None]) -> str:
+    """A PDF's recall text (pages joined by ``PAGE_BREAK``) with the OCR text of its pages
+    without a text layer (``read``, by page) after ``OCR_MARK``."""
+    return PAGE_BREAK.join(
+        f"{OCR_MARK}\n{found}" if not page.strip() and (found := read.get(number)) else page
+        for number, page in enumerate(full.split(PAGE_BREAK), start=1)
+    )
 
 
 async def render_pdf_page(path: str, name: str, page: int, limit: asyncio.Semaphore) -> EncodedImage:

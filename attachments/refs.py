@@ -4,8 +4,9 @@
 images as ``image_url`` data URLs, and for storage, with each image as an
 ``image_ref`` part (docs/DESIGN.md, "Attachments"): ``{"type": "image_ref", "name",
 "path", "sha256"}``, plus ``"page"`` for a rendered PDF page, where path and
-hash are the PDF's, and ``"ocr"`` for such a page's OCR text (searched; given to a
-text-only model the conversation moves to, in the image's place).  Extracted text is inline in both, so a reopened
+hash are the PDF's, and ``"ocr"`` for such a page's OCR text, added once read after the
+question went (searched; given to a text-only model the conversation moves to, in the
+image's place).  Extracted text is inline in both, so a reopened
 conversation still has it.
 
 Content order: one text part with the user's text, then each file's block;
@@ -56,14 +57,12 @@ async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | No
     return loaded[0] if loaded is not None else None
 
 
-def image_ref(name: str, path: str, sha256: str, page: int | None = None, ocr: str | None = None) -> dict[str, Any]:
-    """The ``image_ref`` content part stored in history in place of an image; ``ocr``, a scanned
-    page's OCR text, is indexed for search (the model sees the image)."""
+def image_ref(name: str, path: str, sha256: str, page: int | None = None) -> dict[str, Any]:
+    """The ``image_ref`` content part stored in history in place of an image (a scanned page's
+    gains ``ocr`` once read: ``history`` ``add_page_text``)."""
     ref: dict[str, Any] = {"type": "image_ref", "name": name, "path": path, "sha256": sha256}
     if page is not None:
         ref["page"] = page
-    if ocr:
-        ref["ocr"] = ocr
     return ref
 
 
@@ -85,7 +84,7 @@ def user_content(text: str, prepared: Sequence[Prepared]) -> tuple[list[dict[str
         for image in item.images:
             label = {"type": "text", "text": image.label()}
             to_router += [label, image.url_part()]
-            to_store += [dict(label), image_ref(image.name, image.path, image.sha256, image.page, image.ocr)]
+            to_store += [dict(label), image_ref(image.name, image.path, image.sha256, image.page)]
     return to_router, to_store
 
 

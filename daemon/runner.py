@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
+from attachments import (
+    MAX_FILES, Prepared, budget_chars, prepare_files, read_sent_pages, too_many_files, user_content,
+)
 from core import BUDGET_CHARS_PER_TOKEN, estimate_messages
 from core.config import Config
 from core.errors import (
@@ -167,6 +169,7 @@ class TurnState:
     calls: TurnCalls | None = None  # the tool calls made so far (a repeated one is not run again)
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p: sent when set
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
+    stored: asyncio.Event = field(default_factory=asyncio.Event)  # set once its outcome is stored
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -297,6 +300,7 @@ class TurnRunner:
         state = await self._store_question(ask, prepared, model, final)
         emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
         self._tell_started(state.past, state.turn, ask, state.files, state.model_id)
+        self._read_sent_pages(state.conversation, state.turn, prepared, state.stored)
         return state
 
     def _tell_started(self, past: TurnContext | None, turn: int, ask: Ask, files: list[dict[str, Any]],
@@ -392,9 +396,26 @@ class TurnRunner:
             exc.message = f"{exc.message}; {self.history.kept_message()}"
         emit(user_event(cid, n, ask.text, prepared, ask.ref))
         self._tell_started(past, n, ask, [p.chip.to_json() for p in prepared], turn.model)
+        self._read_sent_pages(cid, n, prepared, None)
         failed = error_event(exc, conversation=cid, turn=n)
         emit(failed)
         self._tell_ended(failed, ask.ref, "error", saved, usage=None, ctx_used=past.conversation.ctx_used)
+
+    def _read_sent_pages(self, cid: int, turn: int, prepared: list[Prepared], stored: asyncio.Event | None) -> None:
+        """Read by OCR, beside the reply, the scanned pages a vision model was sent as images, so
+        that search and recall find their words (docs/DESIGN.md, "Attachments")."""
+        for item in prepared:
+            if item.read_later:
+                self.background.spawn(self._keep_page_text(cid, turn, item, stored))
+
+    async def _keep_page_text(self, cid: int, turn: int, item: Prepared, stored: asyncio.Event | None) -> None:
+        """A file's pages read by OCR, kept with its turn once the turn is stored (whose outcome
+        would write the question over them)."""
+        full_text, pages = await read_sent_pages(item)
+        if stored is not None:
+            await stored.wait()
+        if pages and item.sha256 is not None:
+            await self.history.add_page_text(cid, turn, item.sha256, full_text, pages)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 
@@ -403,7 +424,10 @@ class TurnRunner:
         a new conversation's first reply."""
         outcome = await self._converse_guarded(state, slot, emit)
         slot.finishing = True  # a cancel from here on would lose the outcome's event
-        saved = await self._finish(state, outcome) is not None
+        try:
+            saved = await self._finish(state, outcome) is not None
+        finally:
+            state.stored.set()
         failure = outcome.failure
         if failure is not None:
             if not saved:  # the error stays what it was, and says the disk is full too

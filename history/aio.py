@@ -249,6 +249,9 @@ class AsyncHistory:
             held_upto=held_upto, ref=ref,
         )
 
+    async def add_page_text(self, cid: int, turn: int, sha256: str, full_text: str, pages: dict[int, str]) -> bool:
+        return await self._call(self._store.add_page_text, cid, turn, sha256, full_text, pages)
+
     async def attachments(self, cid: int) -> list[Attachment]:
         return await self._call(self._store.attachments, cid)
 

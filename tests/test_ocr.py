@@ -129,15 +129,22 @@ async def test_a_vision_model_sees_the_page_and_its_text_is_searched_and_indexed
     config: Config, router: FakeRouter, tmp_path: Path, tesseract_runs: list[str]
 ) -> None:
     pdf = letter(tmp_path / "letter.pdf")
-    async with serving(dataclasses.replace(config, embedding_model="fake-embed")) as (_daemon, wire):
+    async with serving(dataclasses.replace(config, embedding_model="fake-embed")) as (daemon, wire):
         events = await wire.ask("what is this?", files=[str(pdf)], model="fake-vision")
         assert events[-1]["type"] == "done"
+        assert not [e for e in of_type(events, "progress") if e["stage"] == "ocr"]  # read after the question went
+        assert daemon.server is not None and daemon.server.engine is not None
+        await daemon.server.engine.settle()  # the page is read beside the reply, and kept once it is stored
         question = router.requests[0]["messages"][-1]["content"]
         assert [p["type"] for p in question] == ["text", "text", "image_url"]  # the page goes as an image
         assert "48213" not in sent_text(router.requests[0])
         assert "[page 2: no text layer, sent as an image]" in question[0]["text"]
         found = await wire.request({"type": "search", "query": "48213"})
         assert found["total"] == 1  # its OCR text, stored with the page's reference
+        engine = daemon.server.engine
+        assert engine is not None
+        kept = await engine.runner.history.attachment(events[-1]["conversation"], 1)  # what recall reads
+        assert kept is not None and "[read by OCR]\nThe kestrel aviary owes" in (kept.full_text or "")
         # the conversation moves to a text-only model: the page's text takes the image's place
         cid = events[-1]["conversation"]
         assert (await wire.ask("and the number?", conversation=cid, model="fake-text"))[-1]["type"] == "done"
