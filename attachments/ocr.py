@@ -3,7 +3,8 @@
 The rules (docs/DESIGN.md, "Attachments"): a PDF page without a text layer, for a model
 without image input, is rendered by ``pdftoppm`` and read by ``tesseract``; the model
 gets its text in the page's place, marked as read by OCR.  For a vision model the page
-goes as an image and its OCR text is kept for recall and search all the same.
+goes as an image and is read beside the reply (``extract.read_sent_pages``), its text kept
+for recall and search all the same.
 
 How, and why:
 
