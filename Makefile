@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 
 PACKAGES := common core history attachments recall kbinject daemon mcphost client mcpserve selfcheck assistant.py
 
-.PHONY: setup run test selfcheck bench poppler bytecode clean install-units FORCE
+.PHONY: setup run test selfcheck bench system-tools bytecode clean install-units FORCE
 
-setup: $(STAMP) poppler bytecode
+setup: $(STAMP) system-tools bytecode
 
 # the strict editable install links each module file into build/: a module added or removed
 # since the last install needs it again (the service runs the installed `assistant`)
@@ -36,14 +36,11 @@ $(STAMP): pyproject.toml $(MODULES)
 bytecode: $(STAMP)
 	$(PY) -m compileall -q $(PACKAGES)
 
-# poppler renders scanned PDF pages; without it the daemon still reads PDF text (pypdf)
-poppler:
-	@command -v pdftotext >/dev/null || { \
-	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && apt-get install -y -qq poppler-utils; \
-	  elif command -v apt-get >/dev/null && command -v sudo >/dev/null; then \
-	    sudo apt-get install -y poppler-utils; \
-	  else echo "note: install poppler (pdftotext, pdftoppm) for scanned PDF pages"; fi; }
+# the system tools the daemon runs, installed with apt when missing (scripts/system_tools.sh):
+# poppler renders scanned PDF pages (without it the daemon still reads PDF text, with pypdf),
+# tesseract and its English data read them for models without vision
+system-tools:
+	@sh scripts/system_tools.sh
 
 run: setup
 	$(PY) assistant.py

@@ -9,7 +9,9 @@ The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, p
 - ``user_content(text, prepared)`` → the user message's content for the router
   and for storage (images as ``image_ref`` parts);
 - ``resolve_image_refs(messages)`` on stored history before sending it again;
-- ``estimate_files(paths, ...)`` for the ``estimate`` request.
+- ``estimate_files(paths, ...)`` for the ``estimate`` request;
+- ``configure_ocr(folder, languages, images)`` at start and ``ocr_support()`` for
+  ``status``: scanned pages read by tesseract (``ocr.py``).
 
 It stands on ``core`` alone (errors, safe file opening, token rates).
 """
@@ -23,10 +25,13 @@ from .extract import (
     Prepared,
     estimate_files,
     prepare_files,
+    read_sent_pages,
     read_text_file,
     too_many_files,
 )
 from .imagecache import configure_image_cache, decodes
+from .ocr import OcrSupport, configure_ocr, ocr_support
+from .ocr import page_texts as ocr_page_texts
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
@@ -42,17 +47,22 @@ __all__ = [
     "Chip",
     "ImageAttachment",
     "Kind",
+    "OcrSupport",
     "Prepared",
     "attached_image",
     "budget_chars",
     "classify",
     "configure_image_cache",
+    "configure_ocr",
     "decodes",
     "estimate_files",
     "fair_shares",
     "image_ref",
+    "ocr_page_texts",
+    "ocr_support",
     "prepare_files",
     "read_pdf_text",
+    "read_sent_pages",
     "read_text_file",
     "resolve_image_refs",
     "suffix_of",

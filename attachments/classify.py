@@ -40,6 +40,7 @@ __all__ = [
     "TEXT_SUFFIXES",
     "Classified",
     "classify",
+    "is_code",
     "looks_like_text",
     "suffix_of",
     "unsupported",
@@ -88,6 +89,18 @@ TEXT_NAMES = frozenset("""
     .clang-tidy .prettierrc .eslintrc .babelrc .stylelintrc .luacheckrc .rgignore
     .ignore .curlrc .wgetrc .netrc .muttrc .gdbinit .Rprofile .condarc .pypirc
     crontab fstab hosts hostname passwd group shells environment sudoers
+""".split())
+
+# Text suffixes of prose and data rather than code (presets tell the two apart: core/presets.py)
+PROSE_SUFFIXES = frozenset("""
+    txt text md markdown mdx rst adoc asciidoc org tex latex bib texi log out err csv tsv psv
+    srt vtt sub ass ics vcf po pot strings
+""".split())
+# Names without a suffix that are build files or scripts, not prose (README, LICENSE ... are prose)
+CODE_NAMES = frozenset("""
+    Makefile makefile GNUmakefile Dockerfile Containerfile Vagrantfile Jenkinsfile Gemfile Rakefile
+    Procfile Brewfile Pipfile Podfile Fastfile Justfile justfile Snakefile Tiltfile Earthfile Caddyfile
+    PKGBUILD APKBUILD BUILD WORKSPACE crontab
 """.split())
 
 IMAGE_SUFFIXES = frozenset({"png", "jpg", "jpeg", "jpe", "jfif", "webp", "gif"})
@@ -167,6 +180,15 @@ def _pdf_magic(head: bytes) -> bool:
     """Whether ``head`` starts a PDF: ``%PDF-`` first, or after something (readers allow up to
     1 KiB before it) in a file that is not text: a log or a note that mentions ``%PDF-`` is text."""
     return head.startswith(PDF_MAGIC) or PDF_MAGIC in head[:PDF_MAGIC_WINDOW] and not looks_like_text(head)
+
+
+def is_code(name: str) -> bool:
+    """Whether a text file is code (a programming, markup or config language, a build file or a
+    dotfile) rather than prose or data, by its name."""
+    suffix = suffix_of(name)
+    if suffix:
+        return suffix in TEXT_SUFFIXES and suffix not in PROSE_SUFFIXES
+    return name in CODE_NAMES or name.startswith(".")
 
 
 def classify(name: str, head: bytes) -> Classified:

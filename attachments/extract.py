@@ -28,6 +28,7 @@ refusals but cheap extraction: text files by size, PDFs by their text layer
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import hashlib
 import json
@@ -35,7 +36,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +44,13 @@ from core.errors import LIST_MODELS, NoVision, TooManyFiles
 from core.files import check_path, open_regular, read_head, sha256_file
 from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
-from . import pdf
+from . import ocr, pdf
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
-from .classify import Kind, classify
+from .classify import Kind, classify, is_code
 from .imagecache import encode as encode_probed
 from .imagecache import reserve_pixels, thumbnail
 from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
+from .ocr import OcrProgress, ocr_images, ocr_support
 from .tasks import gather_all
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "Prepared",
     "estimate_files",
     "prepare_files",
+    "read_sent_pages",
     "read_text_file",
     "too_many_files",
 ]
@@ -139,6 +142,19 @@ class Prepared:
     images: list[ImageAttachment] = field(default_factory=list)
     full_text: str | None = None
     pages: int | None = None
+    scanned: bool = False  # a PDF with pages without a text layer
+    read_by_ocr: bool = False  # what the model gets of it was read by OCR (pages or the image)
+    # pages sent as images to be read by OCR after the question is sent (``read_sent_pages``)
+    read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
+
+    def preset_kinds(self) -> frozenset[str]:
+        """Its kinds as presets name them (core/presets.py): ``code`` or ``text`` for a text file,
+        ``pdf`` and, with a page without a text layer, ``scanned`` for a PDF."""
+        if self.kind == "text":
+            return frozenset({"code" if is_code(self.name) else "text"})
+        if self.kind == "pdf":
+            return frozenset({"pdf", "scanned"} if self.scanned else {"pdf"})
+        return frozenset({"image"})
 
 
 @dataclass
@@ -166,6 +182,9 @@ class _Extracted:
     pages: int | None = None
     truncated: bool = False
     thumbnail: str | None = None
+    scanned: bool = False
+    read_by_ocr: bool = False
+    read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
 
 
 def _stage_file(path: str) -> _Staged:
@@ -184,29 +203,51 @@ def too_many_files(count: int) -> TooManyFiles:
 
 
 async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[_Staged]:
-    """Stage every path, refusing too many files and images for a blind model."""
+    """Stage every path, refusing too many files, and images for a blind model unless they are
+    read by OCR (``ocr_images``)."""
     if len(paths) > MAX_FILES:
         raise too_many_files(len(paths))
     staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
-        raise _no_vision(model)
+        if not ocr_images():
+            raise _no_vision(model)
+        if not (support := await ocr_support()).available:
+            raise _no_vision(model, hint=support.note)
     return staged
 
 
-def _no_vision(model: str, why: str = "", what: str = "the image") -> NoVision:
-    """The refusal of images (files or PDF pages) for a model that cannot see them."""
+def _no_vision(model: str, why: str = "", what: str = "the image", hint: str | None = None) -> NoVision:
+    """The refusal of images (files or PDF pages) for a model that cannot see them; ``hint``
+    says what to install for them to be read by OCR."""
     return NoVision(f"{model} cannot see images{why}; ask a model that can {LIST_MODELS}, "
-                    f"or leave {what} out")
+                    f"or leave {what} out" + (f" ({hint})" if hint else ""))
 
 
-def _pages_to_show(text: pdf.PdfText, *, name: str, model: str, vision: bool) -> tuple[list[int], list[int]]:
-    """A PDF's pages to send as images and those only listed; NoVision when a blind model needs some."""
+@dataclass
+class _PagePlan:
+    """What becomes of a PDF's pages without a text layer."""
+
+    shown: list[int]  # sent as images
+    read: list[int]  # read by OCR for a model without vision: their text goes in the block
+    hidden: list[int]  # only listed
+    later: list[int] = field(default_factory=list)  # shown, and read by OCR once the question is sent
+
+
+async def _plan_pages(text: pdf.PdfText, *, name: str, model: str, vision: bool) -> _PagePlan:
+    """A PDF's pages to send as images, to read by OCR and only to list; NoVision when a blind
+    model needs pages that cannot be read by OCR (tesseract or its language missing)."""
     shown, hidden = pdf.pages_to_show(text)
-    if shown and not vision:
+    if not shown:
+        return _PagePlan([], [], hidden)
+    support = await ocr_support()
+    if vision:
+        return _PagePlan(shown, [], hidden, shown if support.available else [])
+    if not support.available:
         scanned = len(shown) + len(hidden)
         pages = "page" if scanned == 1 else "pages"
-        raise _no_vision(model, f", and {name} has {scanned} scanned {pages} (no text to read)", name)
-    return shown, hidden
+        raise _no_vision(model, f", and {name} has {scanned} scanned {pages} (no text to read)", name, support.note)
+    read, hidden = pdf.pages_to_show(text, pdf.MAX_OCR_PAGES)
+    return _PagePlan([], read, hidden)
 
 
 def read_text_file(path: str) -> tuple[str, bool, str | None]:
@@ -248,37 +289,56 @@ async def _extract_text(item: _Staged) -> _Extracted:
     return _Extracted(text, max(text_weight(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
 
 
-async def _extract_image(item: _Staged, probe: Probe) -> _Extracted:
-    """An image file's extraction: the data URL the model sees (decoded once, see imagecache.py)."""
+async def _extract_image(item: _Staged, probe: Probe, *, vision: bool, progress: OcrProgress) -> _Extracted:
+    """An image file's extraction: the data URL the model sees (decoded once, see imagecache.py),
+    or for a model without vision the text OCR reads in it (``ocr_images``)."""
     encoded = await encode_probed(probe, item.name)
+    shown = await thumbnail(probe.sha256, encoded)
+    if not vision:
+        raw = base64.b64decode(encoded.data_url.partition(",")[2])
+        found = await ocr.read_image(raw, item.name, probe.sha256, progress)
+        if found is None:
+            body = f"{pdf.OCR_MARK} (tesseract could not read the image)"
+        else:
+            body = f"{pdf.OCR_MARK}\n{found}" if found.strip() else f"{pdf.OCR_MARK} (no text found in the image)"
+        return _Extracted(body, text_weight(body), body, probe.sha256, len(body), "characters", thumbnail=shown,
+                          read_by_ocr=True)
     image = ImageAttachment(item.name, item.path, probe.sha256, None, encoded.data_url, encoded.mime,
                             encoded.width, encoded.height)
-    shown = await thumbnail(probe.sha256, encoded)
     return _Extracted(None, 0, None, probe.sha256, 0, "characters", images=[image], thumbnail=shown)
 
 
-async def _extract_pdf(item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore) -> _Extracted:
-    """A PDF's extraction: its text layer, and its pages without text rendered."""
+async def _extract_pdf(
+    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, progress: OcrProgress
+) -> _Extracted:
+    """A PDF's extraction: its text layer, and its pages without text rendered or read by OCR."""
     hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
+    pending: list[asyncio.Future[Any]] = [hashing]
     try:
         text = await pdf.read_text(item.path, item.name)
-        shown, hidden = _pages_to_show(text, name=item.name, model=model, vision=vision)
-        rendered = await gather_all(
-            pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in shown
-        )
+        plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
+        # pages render while tesseract reads (the file's hash is the OCR cache's key)
+        rendering = asyncio.ensure_future(gather_all(
+            pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in plan.shown
+        ))
+        pending.append(rendering)
         sha256 = await hashing
+        found = await ocr.read_pages(item.path, item.name, sha256, plan.read, text.sizes, progress)
+        rendered = await rendering
     finally:
-        hashing.cancel()
-        await asyncio.gather(hashing, return_exceptions=True)
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     images = [
         ImageAttachment(item.name, item.path, sha256, page, encoded.data_url, encoded.mime,
                         encoded.width, encoded.height)
-        for page, encoded in zip(shown, rendered)
+        for page, encoded in zip(plan.shown, rendered)
     ]
-    body = pdf.pdf_body(text, shown)
-    cut = bool(hidden) or text.cut or len(text.page_texts) < text.total_pages
-    return _Extracted(body, text_weight(body), pdf.pdf_full_text(text), sha256, len(body), "characters",
-                      images=images, pages=text.total_pages, truncated=cut)
+    body = pdf.pdf_body(text, plan.shown, found if plan.read else None)
+    cut = bool(plan.hidden) or text.cut or len(text.page_texts) < text.total_pages
+    return _Extracted(body, text_weight(body), pdf.pdf_full_text(text, found), sha256, len(body), "characters",
+                      images=images, pages=text.total_pages, truncated=cut, scanned=bool(text.blank_pages()),
+                      read_by_ocr=bool(plan.read), read_later={page: text.sizes.get(page) for page in plan.later})
 
 
 def _header(name: str, pages: int | None, note: str | None) -> str:
@@ -324,24 +384,29 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         images=done.images,
         full_text=done.full_text,
         pages=done.pages,
+        scanned=done.scanned,
+        read_by_ocr=done.read_by_ocr,
+        read_later=done.read_later,
     )
 
 
 async def _extract(
-    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, probe: Probe | None
+    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, probe: Probe | None, progress: OcrProgress
 ) -> _Extracted:
     """Extract one staged file by its kind (an image probed already)."""
     if item.kind == "text":
         return await _extract_text(item)
     if probe is not None:
-        return await _extract_image(item, probe)
-    return await _extract_pdf(item, model=model, vision=vision, limit=limit)
+        return await _extract_image(item, probe, vision=vision, progress=progress)
+    return await _extract_pdf(item, model=model, vision=vision, limit=limit, progress=progress)
 
 
 async def prepare_files(
-    paths: Sequence[str], *, model: str, vision: bool, ctx_max: int, ctx_used: int
+    paths: Sequence[str], *, model: str, vision: bool, ctx_max: int, ctx_used: int,
+    on_ocr: Callable[[int, int], None] | None = None,
 ) -> list[Prepared]:
-    """Check, extract and budget a question's files, in the order given.
+    """Check, extract and budget a question's files, in the order given; ``on_ocr(done, total)``
+    is told of the pages (and images) read by OCR as they are.
 
     Raises FileRefused (or its TooManyFiles, UnsupportedKind, NoVision) for the
     first file that cannot be used; then nothing should be sent.
@@ -349,17 +414,30 @@ async def prepare_files(
     started = time.monotonic()
     staged = await _stage_all(paths, model=model, vision=vision)
     limit = asyncio.Semaphore(pdf.RENDER_CONCURRENCY)
+    progress = OcrProgress(on_ocr)
     # images are read, hashed and sized first: their pixels are reserved together
     probes = await gather_all(_probe(item) for item in staged)
     async with reserve_pixels([p for p in probes if p is not None], "the images of this question"):
         extracted = await gather_all(
-            _extract(item, model=model, vision=vision, limit=limit, probe=probe) for item, probe in zip(staged, probes)
+            _extract(item, model=model, vision=vision, limit=limit, probe=probe, progress=progress)
+            for item, probe in zip(staged, probes)
         )
     shares = fair_shares([done.need for done in extracted], budget_chars(ctx_max, ctx_used))
     prepared = [_finish(item, done, share) for item, done, share in zip(staged, extracted, shares)]
     logger.debug("prepared %d files (%d images) in %.3f s", len(prepared),
                  sum(len(item.images) for item in prepared), time.monotonic() - started)
     return prepared
+
+
+async def read_sent_pages(prepared: Prepared) -> tuple[str, dict[int, str]]:
+    """Read by OCR the scanned pages a vision model was sent as images (``read_later``), after
+    the question went: the file's recall text with their text, and the text of each page."""
+    assert prepared.sha256 is not None and prepared.full_text is not None
+    pages = list(prepared.read_later)
+    sizes = {page: size for page, size in prepared.read_later.items() if size is not None}
+    found = await ocr.read_pages(prepared.path, prepared.name, prepared.sha256, pages, sizes)
+    read = {page: text for page, text in found.items() if text}
+    return pdf.with_ocr_text(prepared.full_text, read), read
 
 
 async def _probe(item: _Staged) -> Probe | None:
@@ -381,10 +459,14 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
         read, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
         return text_weight(read), 0, False
     if item.kind == "image":
-        return 0, 1, False
+        # read by OCR for a model without vision (staging refused it otherwise)
+        return (ocr.OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)
     text = await pdf.read_text(item.path, item.name)
-    shown, hidden = _pages_to_show(text, name=item.name, model=model, vision=vision)
-    return len(pdf.pdf_body(text, shown)), len(shown), bool(hidden)
+    plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
+    if plan.read:  # the pages' text is not known before tesseract reads them
+        body = pdf.pdf_body(text, [], dict.fromkeys(plan.read, ""))
+        return len(body) + ocr.OCR_PAGE_CHARS * len(plan.read), 0, bool(plan.hidden)
+    return len(pdf.pdf_body(text, plan.shown)), len(plan.shown), bool(plan.hidden)
 
 
 async def estimate_files(

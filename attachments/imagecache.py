@@ -44,7 +44,7 @@ from core.errors import TooManyPixels
 from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_image
 
 __all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "THUMBNAIL_PX", "cached_image", "configure_image_cache",
-           "decodes", "load_image", "reserve_pixels", "thumbnail"]
+           "decodes", "evict_least_used", "load_image", "reserve_pixels", "thumbnail"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,18 +171,19 @@ def _store(probe: Probe, encoded: EncodedImage) -> None:
         logger.debug("image cache: %s not kept (%s)", probe.sha256, exc)
         temporary.unlink(missing_ok=True)
         return
-    _evict(entry.parent)
+    evict_least_used(entry.parent, CACHE_BYTES)
 
 
-def _evict(folder: Path) -> None:
-    """Drop the least recently used entries while the cache holds more than ``CACHE_BYTES``."""
+def evict_least_used(folder: Path, limit: int) -> None:
+    """Drop the least recently used entries of a cache folder while it holds more than ``limit``
+    bytes (an entry's mtime is when it was last used)."""
     try:
         entries = [(e.stat().st_mtime, e.stat().st_size, e) for e in folder.iterdir() if e.is_file()]
     except OSError:
         return
     total = sum(size for _, size, _ in entries)
     for _, size, entry in sorted(entries, key=lambda e: e[0]):
-        if total <= CACHE_BYTES:
+        if total <= limit:
             break
         entry.unlink(missing_ok=True)
         total -= size

@@ -38,8 +38,9 @@ import os
 import re
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from core.errors import FileRefused
@@ -50,8 +51,10 @@ from .images import EncodedImage, encode_png, pillow
 from .tasks import gather_all
 
 __all__ = [
+    "MAX_OCR_PAGES",
     "MAX_PAGE_IMAGES",
     "MAX_PAGE_SIDE",
+    "OCR_MARK",
     "MAX_TEXT_PAGES",
     "PAGE_BREAK",
     "PAGE_MARKER",
@@ -60,6 +63,7 @@ __all__ = [
     "PdfText",
     "poppler_available",
     "read_text",
+    "render_gray",
     "render_page",
 ]
 
@@ -75,6 +79,10 @@ PAGE_MARKER = "[page {n}]"
 MAX_TEXT_PAGES = 2000
 # page images sent per PDF: about 3,000 tokens at the flat image cost
 MAX_PAGE_IMAGES = 4
+# pages of one PDF read by OCR for a question (tesseract takes about a second a page a core: ocr.py)
+MAX_OCR_PAGES = 16
+# opens the OCR text of a page (or an image) wherever it is kept
+OCR_MARK = "[read by OCR]"
 # render at 150 dpi, lowered to keep the longest side within 1600 px (vision encoders
 # resize to about 1000 px anyway; images.py)
 RENDER_DPI = 150
@@ -161,7 +169,16 @@ def _kill(process: asyncio.subprocess.Process) -> None:
             os.kill(process.pid, signal.SIGKILL)
 
 
-async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[tuple[bytes, bool]]]) -> None:
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    """Write ``data`` to a tool's input and close it; a tool that stops reading early (it failed,
+    or was killed) only ends the writing."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+    pipe.close()
+
+
+async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[Any]]) -> None:
     """Kill ``process`` if it still runs, drain its pipes and wait for it, so nothing is left open."""
     for reader in readers:
         reader.cancel()
@@ -175,17 +192,22 @@ async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[
     await process.wait()
 
 
-async def run_tool(args: list[str], *, name: str, timeout: float, max_output: int) -> tuple[bytes, bool]:
-    """Run a poppler tool; return its stdout (at most ``max_output`` bytes) and whether it was cut.
+async def run_tool(
+    args: list[str], *, name: str, timeout: float, max_output: int, stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[bytes, bool]:
+    """Run a poppler tool (or tesseract: ``ocr.py``); return its stdout (at most ``max_output``
+    bytes) and whether it was cut. ``stdin`` is written to the tool's input.
 
     Raises FileRefused when the tool times out or fails.
     """
     tool = args[0].rsplit("/", 1)[-1]
     starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
         *args,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     ))
     try:
         process = await asyncio.shield(starting)
@@ -203,6 +225,10 @@ async def run_tool(args: list[str], *, name: str, timeout: float, max_output: in
     # output past the cap is useless: stop the tool instead of reading it all
     out_reader = asyncio.create_task(_collect(process.stdout, max_output, lambda: _kill(process)))
     err_reader = asyncio.create_task(_collect(process.stderr, STDERR_KEEP))
+    tasks: list[asyncio.Task[Any]] = [out_reader, err_reader]
+    if stdin is not None:
+        assert process.stdin is not None
+        tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
     try:
         async with asyncio.timeout(timeout):
             (out, cut), (err, _) = await asyncio.gather(out_reader, err_reader)
@@ -213,7 +239,7 @@ async def run_tool(args: list[str], *, name: str, timeout: float, max_output: in
             "try a smaller PDF or split it"
         ) from None
     finally:
-        await asyncio.shield(_reap(process, [out_reader, err_reader]))
+        await asyncio.shield(_reap(process, tasks))
     if err:
         logger.debug("%s on %s said: %s", tool, name, err.decode("utf-8", "replace").strip())
     if returncode != 0 and not cut:
@@ -338,14 +364,26 @@ async def render_page(
     ``size`` is the page size in points (from pdfinfo) when known; ``limit``
     bounds how many pages render at once.
     """
-    args = [shutil.which("pdftoppm") or "pdftoppm", *_scale_args(size), "-f", str(page), "-l", str(page), path]
     async with limit:
-        ppm, cut = await run_tool(args, name=name, timeout=RENDER_TIMEOUT, max_output=MAX_RENDER_OUTPUT)
-        if cut:
-            raise FileRefused(f"{name}: page {page} is too large to render; attach a smaller PDF")
-        if not ppm:
-            raise FileRefused(f"{name}: page {page} does not exist or could not be rendered; check the PDF")
+        ppm = await _render(path, name, page, size)
         return await asyncio.to_thread(_encode_ppm, ppm, name)
+
+
+async def render_gray(path: str, name: str, page: int, size: tuple[float, float] | None) -> bytes:
+    """``page`` rendered in grey as a PGM (for tesseract: ``ocr.py``), at ``render_page``'s scale."""
+    return await _render(path, name, page, size, "-gray")
+
+
+async def _render(path: str, name: str, page: int, size: tuple[float, float] | None, *options: str) -> bytes:
+    """``page`` as pdftoppm renders it (PPM, or PGM with ``-gray``), within the output cap."""
+    args = [shutil.which("pdftoppm") or "pdftoppm", *options, *_scale_args(size), "-f", str(page), "-l", str(page),
+            path]
+    image, cut = await run_tool(args, name=name, timeout=RENDER_TIMEOUT, max_output=MAX_RENDER_OUTPUT)
+    if cut:
+        raise FileRefused(f"{name}: page {page} is too large to render; attach a smaller PDF")
+    if not image:
+        raise FileRefused(f"{name}: page {page} does not exist or could not be rendered; check the PDF")
+    return image
 
 
 async def page_size(path: str, name: str, page: int) -> tuple[float, float] | None:
@@ -357,22 +395,31 @@ async def page_size(path: str, name: str, page: int) -> tuple[float, float] | No
     return _parse_info(info)[1].get(page)
 
 
-def pages_to_show(text: PdfText) -> tuple[list[int], list[int]]:
-    """The pages without text split into those sent as images and those only listed."""
+def pages_to_show(text: PdfText, limit: int = MAX_PAGE_IMAGES) -> tuple[list[int], list[int]]:
+    """The pages without text split into those sent as images (or read by OCR, ``limit``
+    ``MAX_OCR_PAGES``) and those only listed."""
     blank = text.blank_pages()
     if not text.renderable:
         return [], blank
-    return blank[:MAX_PAGE_IMAGES], blank[MAX_PAGE_IMAGES:]
+    return blank[:limit], blank[limit:]
 
 
-def pdf_body(text: PdfText, shown: list[int]) -> str:
-    """The page-marked text of a PDF's block: ``PAGE_MARKER`` before each page's text."""
+def pdf_body(text: PdfText, shown: list[int], read: Mapping[int, str | None] | None = None) -> str:
+    """The page-marked text of a PDF's block: ``PAGE_MARKER`` before each page's text.
+
+    ``read``: the pages read by OCR for a model without vision (None for a page tesseract
+    could not read); given, pages past them are listed as not read by OCR.
+    """
     parts: list[str] = []
     for number, page in enumerate(text.page_texts, start=1):
         if page.strip():
             parts.append(f"{PAGE_MARKER.format(n=number)}\n{page.rstrip()}\n")
         elif number in shown:
             parts.append(f"[page {number}: no text layer, sent as an image]\n")
+        elif read is not None and number in read:
+            parts.append(_ocr_page(number, read[number]))
+        elif read is not None:
+            parts.append(f"[page {number}: scanned, not read — only {MAX_OCR_PAGES} pages are read by OCR]\n")
         elif text.renderable:
             parts.append(
                 f"[page {number}: scanned, not shown — only {MAX_PAGE_IMAGES} page images are sent]\n"
@@ -390,18 +437,37 @@ def pdf_body(text: PdfText, shown: list[int]) -> str:
     return "\n".join(parts)
 
 
-def pdf_full_text(text: PdfText) -> str:
+def _ocr_page(number: int, found: str | None) -> str:
+    """A scanned page's place in a PDF's block for a model without vision."""
+    if found is None:
+        return f"[page {number}: scanned, could not be read by OCR]\n"
+    if not found.strip():
+        return f"[page {number}: scanned; OCR found no text on it]\n"
+    return f"[page {number}, {OCR_MARK[1:-1]}]\n{found}\n"
+
+
+def pdf_full_text(text: PdfText, read: Mapping[int, str | None] | None = None) -> str:
     """The text kept for recall: the pages joined by ``PAGE_BREAK``, as pdftotext separates them.
 
-    ``full_text.split(PAGE_BREAK)[n - 1]`` is page n.  A note closes it when pages or
-    text were left out.
+    ``full_text.split(PAGE_BREAK)[n - 1]`` is page n; a page without a text layer that was
+    read by OCR (``read``) holds its OCR text after ``OCR_MARK``.  A note closes it when
+    pages or text were left out.
     """
-    full = PAGE_BREAK.join(text.page_texts)
+    full = with_ocr_text(PAGE_BREAK.join(text.page_texts), read or {})
     if text.cut:
         full += f"\n[… the text stops here: only the first {FULL_TEXT_CAP} characters are kept]"
     elif len(text.page_texts) < text.total_pages:
         full += f"\n[… pages {len(text.page_texts) + 1}–{text.total_pages} were not read]"
     return full
+
+
+def with_ocr_text(full: str, read: Mapping[int, str | None]) -> str:
+    """A PDF's recall text (pages joined by ``PAGE_BREAK``) with the OCR text of its pages
+    without a text layer (``read``, by page) after ``OCR_MARK``."""
+    return PAGE_BREAK.join(
+        f"{OCR_MARK}\n{found}" if not page.strip() and (found := read.get(number)) else page
+        for number, page in enumerate(full.split(PAGE_BREAK), start=1)
+    )
 
 
 async def render_pdf_page(path: str, name: str, page: int, limit: asyncio.Semaphore) -> EncodedImage:

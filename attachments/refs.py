@@ -4,7 +4,9 @@
 images as ``image_url`` data URLs, and for storage, with each image as an
 ``image_ref`` part (docs/DESIGN.md, "Attachments"): ``{"type": "image_ref", "name",
 "path", "sha256"}``, plus ``"page"`` for a rendered PDF page, where path and
-hash are the PDF's.  Extracted text is inline in both, so a reopened
+hash are the PDF's, and ``"ocr"`` for such a page's OCR text, added once read after the
+question went (searched; given to a text-only model the conversation moves to, in the
+image's place).  Extracted text is inline in both, so a reopened
 conversation still has it.
 
 Content order: one text part with the user's text, then each file's block;
@@ -31,6 +33,7 @@ from core.errors import FileRefused
 from core.files import check_path, sha256_file
 
 from . import pdf
+from .pdf import OCR_MARK
 from .extract import Prepared
 from .imagecache import load_image
 from .images import EncodedImage
@@ -55,7 +58,8 @@ async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | No
 
 
 def image_ref(name: str, path: str, sha256: str, page: int | None = None) -> dict[str, Any]:
-    """The ``image_ref`` content part stored in history in place of an image."""
+    """The ``image_ref`` content part stored in history in place of an image (a scanned page's
+    gains ``ocr`` once read: ``history`` ``add_page_text``)."""
     ref: dict[str, Any] = {"type": "image_ref", "name": name, "path": path, "sha256": sha256}
     if page is not None:
         ref["page"] = page
@@ -186,6 +190,8 @@ async def resolve_image_refs(messages: Sequence[dict[str, Any]], *, vision: bool
         for p_index, part in enumerate(content):
             if (m_index, p_index) in futures:
                 parts.append(futures[m_index, p_index].result())
+            elif _is_ref(part) and part.get("ocr"):  # a scanned page: its text, read by OCR
+                parts.append({"type": "text", "text": f"{_unavailable(part, OCR_MARK[1:-1])['text']}\n{part['ocr']}"})
             elif _is_ref(part):
                 parts.append(_unavailable(part, "not shown: the model cannot see images"))
             else:

@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "bench_ttft.py", "bench_openai.py", "bench_relay.py", "bench_flood.py", "bench_startup.py", "bench_search.py",
-    "bench_kb.py", "bench_mcp.py",
+    "bench_kb.py", "bench_mcp.py", "bench_ocr.py",
 )
 TIMEOUT = 100.0  # seconds per benchmark; each normally takes well under 30
 

@@ -69,6 +69,8 @@ async def _ask(client: Wire, args: argparse.Namespace, terminal: Terminal) -> in
         request["model"] = args.model
     if files:
         request["files"] = files
+    if args.preset:
+        request["preset"] = args.preset
     approver = Approver(terminal, approve_all=args.approve_all, approve=args.approve or ())
     turn = Turn(client, terminal, as_json=args.json, stream=not args.no_stream, stats=args.stats, approver=approver)
     return await turn.run(request)
@@ -157,6 +159,8 @@ async def _estimate_request(client: Wire, args: argparse.Namespace) -> dict[str,
         request["model"] = args.model
     if args.file:
         request["files"] = file_paths(args.file)
+    if args.preset:
+        request["preset"] = args.preset
     return request
 
 
@@ -259,6 +263,9 @@ def _add_question(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", nargs="*", metavar="WORDS", help="the question (text piped in comes first)")
     parser.add_argument("-m", "--model", help="the model to use (default: the conversation's or the router's)")
     parser.add_argument("-f", "--file", action="append", metavar="PATH", help="attach a file (repeatable)")
+    parser.add_argument("-p", "--preset", metavar="NAME",
+                        help="ask with a preset's prompt (summarize, explain, describe ...: see `presets`); "
+                             "WORDS are added after it")
 
 
 def add_client_commands(sub: Subcommands) -> None:
@@ -271,6 +278,7 @@ def add_client_commands(sub: Subcommands) -> None:
     sub.add_parser("models", parents=[options], help="list the router's models")
     sub.add_parser("status", parents=[options], help="the daemon's and the router's state")
     sub.add_parser("openai-key", help="print the key OpenAI clients send to the daemon's OpenAI door")
+    sub.add_parser("presets", parents=[options], help="the prompt presets for files (ask --preset NAME -f FILE)")
 
 
 def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:

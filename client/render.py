@@ -111,6 +111,17 @@ def _render_status(event: dict[str, Any], out: TextIO) -> None:
         if server["last_error"]:
             line += f"; last error: {server['last_error']}"
         print(line, file=out)
+    ocr = event.get("ocr")
+    if ocr is not None:
+        images = ", image files too" if ocr["images"] else ""
+        state = f"available ({'+'.join(ocr['languages'])}{images})" if ocr["available"] else f"not available: {ocr['note']}"
+        print(f"OCR of scanned pages {state}", file=out)
+
+
+def _render_presets(event: dict[str, Any], out: TextIO) -> None:
+    for preset in event["items"]:
+        print(f"{preset['name']:<14} {preset['title']} ({', '.join(preset['kinds'])})", file=out)
+        print(f"{'':<14} {preset['prompt']}", file=out)
 
 
 def _render_results(event: dict[str, Any], out: TextIO) -> None:
@@ -232,6 +243,7 @@ RENDERERS: dict[str, Renderer] = {
     "conversation": _render_conversation,
     "models": _render_models,
     "status": _render_status,
+    "presets": _render_presets,
     "mcp_servers": _render_mcp_servers,
     "settings": render_settings,
     "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),

@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass
@@ -21,12 +22,14 @@ from common import SETTINGS, default_config_path, default_data_dir, default_sock
 
 from .errors import AssistantError
 from .mcpconfig import McpSettings, parse_mcp
+from .presets import BUILTIN_PRESETS, Preset, parse_presets
 from .sampling import SAMPLING_KEYS, sampling_problem
 from .tokens import DEFAULT_IMAGE_TOKENS
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8080/v1"
+OCR_LANGUAGES = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")  # tesseract's -l: eng, eng+deu, chi_sim
 
 
 class ConfigError(AssistantError):
@@ -72,6 +75,12 @@ class Config:
     # the key its clients must send ("" with the door on: one generated under the data folder)
     openai_listen: str = ""
     openai_key: str = ""
+    # tesseract's languages for scanned pages (attachments/ocr.py), and whether image files are
+    # read by OCR for a model without vision (a photo's OCR is noise: off by default)
+    ocr_languages: str = "eng"
+    ocr_images: bool = False
+    # the presets the canvas offers for dropped files: built-in, and [presets.NAME] (core/presets.py)
+    presets: Mapping[str, Preset] = dataclasses.field(default_factory=lambda: dict(BUILTIN_PRESETS))
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
     socket_path: Path = Path()
     data_dir: Path = Path()
@@ -116,6 +125,9 @@ class Config:
             "approval_timeout": self.approval_timeout,
             "openai_listen": self.openai_listen or None,
             "openai_key": SECRET_MASK if self.openai_key else None,
+            "ocr_languages": self.ocr_languages,
+            "ocr_images": self.ocr_images,
+            "presets": [preset.to_json() for preset in self.presets.values()],
             "mcp": {
                 "servers": [{"name": s.name, "transport": s.transport, "approval": s.approval} for s in mcp.servers],
                 "default": list(mcp.default) if mcp.default is not None else None,
@@ -272,6 +284,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise refuse(key, "must be a positive number of seconds")
     if values.get("shutdown_grace", 0.0) < 0:
         raise refuse("shutdown_grace", "must not be negative (seconds)")
+    if not OCR_LANGUAGES.fullmatch(values.get("ocr_languages", Config.ocr_languages)):
+        raise refuse("ocr_languages", 'must be tesseract language codes joined by +, e.g. "eng" or "eng+deu"')
     for key in SAMPLING_KEYS:
         if values.get(key) is not None and (problem := sampling_problem(key, values[key])):
             raise refuse(key, problem)
@@ -303,9 +317,14 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
                 raise ConfigError(str(exc)) from None
         if "models" in table:  # per-model tables, file only like [mcp]
             values["model_image_tokens"], values["model_sampling"] = _model_tables(table.pop("models"), str(path))
+        if "presets" in table:  # file only too
+            try:
+                values["presets"] = parse_presets(table.pop("presets"), str(path))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         for key, value in table.items():
             if key not in SETTINGS:
-                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(SETTINGS)}, [mcp], [models]")
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {', '.join(SETTINGS)}, [mcp], [models], [presets]")
             values[key], sources[key] = _coerce(key, value, str(path)), str(path)
     for key in SETTINGS:
         var = f"ASSISTANT_{key.upper()}"

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from attachments import estimate_files
+from attachments import estimate_files, ocr_support
 from core import estimate_text
 from core.config import Config
 from core.errors import (
@@ -26,6 +26,7 @@ from core.errors import (
     no_conversation,
 )
 from core.models import image_cost
+from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
@@ -161,8 +162,15 @@ class Handlers:
         default = self.config.model or (models[0].id if models else None)
         emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
 
+    async def on_presets(self, request: Request, emit: Emit) -> None:
+        """The prompt presets the canvas offers for dropped files (built-in and configured)."""
+        emit({"type": "presets", "items": [preset.to_json() for preset in self.config.presets.values()]})
+
     async def on_estimate(self, request: Request, emit: Emit) -> None:
         """Tokens a staged question and its files would add, before it is sent (a meter for the canvas)."""
+        text: str = request.get("text", "")
+        if request.has("preset"):  # its prompt goes before the text
+            text = find_preset(self.config.presets, request.get("preset")).question(text)
         cid: int | None = request.get("conversation")
         conv = await self._conversation(cid) if cid is not None else None
         ctx_used = conv.ctx_used if conv else 0
@@ -178,7 +186,7 @@ class Handlers:
             request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
-        text_tokens = estimate_text(request.get("text", ""))
+        text_tokens = estimate_text(text)
         emit({
             "type": "estimate",
             "conversation": cid,
@@ -296,6 +304,7 @@ class Handlers:
             "socket": str(self.config.socket_path),
             "data_dir": str(self.config.data_dir),
             "mcp": self.engine.mcp.status() if self.engine.mcp else [],
+            "ocr": (await ocr_support()).to_json(),
         })
 
     async def on_config(self, request: Request, emit: Emit) -> None:

@@ -77,13 +77,14 @@ S = FieldSpec
 # The requests this daemon serves and the fields each one reads.
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str"),
-            "ref": S("str")},
+            "ref": S("str"), "preset": S("str")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
-    "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str")},
+    "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"),
+                 "preset": S("str")},
     "settings": {
         "conversation": S("int", required=True),
         "kb_injection": S("kb_mode"),
@@ -102,6 +103,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "kb_link": {"kb": S("str", required=True), "conversation": S("int"), "linked": S("bool")},
     "status": {},
     "config": {},
+    "presets": {},  # the prompt presets offered for dropped files (core/presets.py)
     # MCP (docs/PROTOCOL.md, "MCP servers"): the hosted servers and their tools; a named KB searched
     "mcp_servers": {},
     "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},

@@ -24,12 +24,14 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from attachments import MAX_FILES, Prepared, budget_chars, prepare_files, too_many_files, user_content
+from attachments import (
+    MAX_FILES, Prepared, budget_chars, prepare_files, read_sent_pages, too_many_files, user_content,
+)
 from core import BUDGET_CHARS_PER_TOKEN, estimate_messages
 from core.config import Config
 from core.errors import (
@@ -44,6 +46,7 @@ from core.errors import (
     no_conversation,
 )
 from core.models import display_name, sampling_params
+from core.presets import Preset, find_preset
 from core.router import (
     ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
 )
@@ -98,16 +101,21 @@ class Ask:
     overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling (``Request.overrides``)
     client_tools: list[dict[str, Any]] = field(default_factory=list)  # ``Request.client_tools``
     tool_results: list[dict[str, Any]] | None = None  # ``Request.tool_results``
+    preset: Preset | None = None  # the preset whose prompt goes before ``text`` (core/presets.py)
 
     @classmethod
-    def of(cls, request: Request) -> Ask:
+    def of(cls, request: Request, presets: Mapping[str, Preset]) -> Ask:
+        named = request.get("preset")
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
                   request.get("model") or None, request.get("system"), request.get("ref"), request.overrides,
-                  request.client_tools, request.tool_results)
+                  request.client_tools, request.tool_results,
+                  find_preset(presets, named) if named is not None else None)
         if ask.tool_results is not None:
             if ask.conversation is None:
                 raise BadRequest("tool results continue a conversation's last turn; name the conversation")
             return ask
+        if ask.preset is not None and not ask.files:
+            ask.preset.check([])
         if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
             raise BadRequest(
                 f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
@@ -127,6 +135,14 @@ class Ask:
     def question(self, prepared: list[Prepared]) -> str:
         """What the question is about in words: its text, else its files' names."""
         return self.text or " ".join(p.name for p in prepared)
+
+    def with_preset(self, prepared: list[Prepared]) -> Ask:
+        """The ask as sent: its preset's prompt before its text, once the files suit the preset
+        (BadRequest naming the kinds otherwise)."""
+        if self.preset is None:
+            return self
+        self.preset.check([(p.name, p.preset_kinds()) for p in prepared])
+        return dataclasses.replace(self, text=self.preset.question(self.text), preset=None)
 
 
 @dataclass
@@ -169,6 +185,7 @@ class TurnState:
     # a turn taken up again (``TurnRunner.resume``): its messages after the question, for the router
     resumed: list[dict[str, Any]] = field(default_factory=list)
     mcp: tuple[str, ...] = ()  # the MCP servers the conversation uses (its setting, else the default)
+    stored: asyncio.Event = field(default_factory=asyncio.Event)  # set once its outcome is stored
     last_checkpoint: float = field(default_factory=time.monotonic)
     checkpoint_timer: asyncio.TimerHandle | None = None
 
@@ -277,7 +294,7 @@ class TurnRunner:
     async def start(self, slot: Slot, request: Request, emit: Emit) -> TurnState | None:
         """The question stored and shown (``user``); None when it was stored as failed because
         the router could not be asked (the client is told). A refusal raises: nothing stored."""
-        ask = Ask.of(request)
+        ask = Ask.of(request, self.config.presets)
         if ask.tool_results is not None:
             return await self._resume(slot, ask, emit)
         past = await self._past(ask.conversation) if ask.conversation is not None and ask.files else None
@@ -293,14 +310,17 @@ class TurnRunner:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=named or "", input_modalities=("text", "image"))
             prepared = await self._prepare(ask, offline, past, emit)
+            ask = ask.with_preset(prepared)
             slot.storing = True
             await self._store_failed(ask, prepared, exc, emit)
             return None
         prepared = await self._prepare(ask, model, past, emit)
+        ask = ask.with_preset(prepared)
         slot.storing = True
         state = await self._store_question(ask, prepared, model, final)
         emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
         self._tell_started(state.past, state.turn, ask, state.files, state.model_id)
+        self._read_sent_pages(state.conversation, state.turn, prepared, state.stored)
         return state
 
     async def _resume(self, slot: Slot, ask: Ask, emit: Emit) -> TurnState:
@@ -364,8 +384,14 @@ class TurnRunner:
         turn = past.conversation.turns + 1 if past else 1
         emit({"type": "progress", "conversation": ask.conversation, "turn": turn, "stage": "extracting",
               "detail": f"reading {len(ask.files)} file(s)"})
+
+        def reading(done: int, total: int) -> None:  # scanned pages (and images) read by tesseract
+            emit({"type": "progress", "conversation": ask.conversation, "turn": turn, "stage": "ocr",
+                  "detail": f"reading scanned pages by OCR: {done} of {total}", "done": done, "total": total})
+
         ctx_used = past.conversation.ctx_used if past else 0
-        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max, ctx_used=ctx_used)
+        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max,
+                                   ctx_used=ctx_used, on_ocr=reading)
 
     async def _begin(
         self, ask: Ask, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,
@@ -418,9 +444,26 @@ class TurnRunner:
             exc.message = f"{exc.message}; {self.history.kept_message()}"
         emit(user_event(cid, n, ask.text, prepared, ask.ref))
         self._tell_started(past, n, ask, [p.chip.to_json() for p in prepared], turn.model)
+        self._read_sent_pages(cid, n, prepared, None)
         failed = error_event(exc, conversation=cid, turn=n)
         emit(failed)
         self._tell_ended(failed, ask.ref, "error", saved, usage=None, ctx_used=past.conversation.ctx_used)
+
+    def _read_sent_pages(self, cid: int, turn: int, prepared: list[Prepared], stored: asyncio.Event | None) -> None:
+        """Read by OCR, beside the reply, the scanned pages a vision model was sent as images, so
+        that search and recall find their words (docs/DESIGN.md, "Attachments")."""
+        for item in prepared:
+            if item.read_later:
+                self.background.spawn(self._keep_page_text(cid, turn, item, stored))
+
+    async def _keep_page_text(self, cid: int, turn: int, item: Prepared, stored: asyncio.Event | None) -> None:
+        """A file's pages read by OCR, kept with its turn once the turn is stored (whose outcome
+        would write the question over them)."""
+        full_text, pages = await read_sent_pages(item)
+        if stored is not None:
+            await stored.wait()
+        if pages and item.sha256 is not None:
+            await self.history.add_page_text(cid, turn, item.sha256, full_text, pages)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 
@@ -429,7 +472,10 @@ class TurnRunner:
         a new conversation's first reply."""
         outcome = await self._converse_guarded(state, slot, emit)
         slot.finishing = True  # a cancel from here on would lose the outcome's event
-        saved = await self._finish(state, outcome) is not None
+        try:
+            saved = await self._finish(state, outcome) is not None
+        finally:
+            state.stored.set()
         failure = outcome.failure
         if failure is not None:
             if not saved:  # the error stays what it was, and says the disk is full too

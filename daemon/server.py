@@ -16,7 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from attachments import configure_image_cache
+from attachments import configure_image_cache, configure_ocr
 from core.config import Config
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
@@ -116,6 +116,7 @@ class Server:
             )
         self._history = await AsyncHistory.open(self.config.db_path)
         configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
+        configure_ocr(self.config.data_dir / "ocr", self.config.ocr_languages, self.config.ocr_images)
         try:
             interrupted = await self._history.interrupt_running()
         except Exception as exc:  # a full disk: serve what can be served, and say so

@@ -265,6 +265,8 @@ class AsyncHistory:
         return await self._call(
             self._store.import_conversation, turns, digest, title=title, model=model, system_prompt=system_prompt,
         )
+    async def add_page_text(self, cid: int, turn: int, sha256: str, full_text: str, pages: dict[int, str]) -> bool:
+        return await self._call(self._store.add_page_text, cid, turn, sha256, full_text, pages)
 
     async def attachments(self, cid: int) -> list[Attachment]:
         return await self._call(self._store.attachments, cid)

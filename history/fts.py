@@ -142,15 +142,18 @@ def message_text(message: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        # Image parts (image_url, image_ref) carry no words; only text parts count.
+        # Image parts carry no words, except a scanned page's OCR text on its image_ref
+        # (attachments: the model sees the page, search finds its words).
         return "\n".join(
-            part["text"]
+            text
             for part in content
             if isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
+            and isinstance(text := part.get(_TEXT_FIELDS.get(str(part.get("type")), "")), str)
         )
     return ""
+
+
+_TEXT_FIELDS = {"text": "text", "image_ref": "ocr"}  # the words of a stored content part, by its type
 
 
 def searchable_messages(messages: Iterable[dict[str, Any]]) -> Iterator[tuple[int, str, str]]:

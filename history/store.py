@@ -465,6 +465,28 @@ class HistoryStore:
         assert result is not None
         return result
 
+    def add_page_text(self, cid: int, turn: int, sha256: str, full_text: str, pages: dict[int, str]) -> bool:
+        """Keep the OCR text of a turn's scanned pages, read after the turn was stored (a vision
+        model got them as images): on the pages' ``image_ref`` parts (file ``sha256``), which
+        the search index reads, and as the file's text for recall. False when the turn is gone."""
+        with self._transaction():
+            row = self._conn.execute(sql.SELECT_TURN_MESSAGES, (cid, turn)).fetchone()
+            if row is None:
+                return False
+            messages = load_messages(row[0])
+            for message in messages:
+                content = message.get("content") if message.get("role") == "user" else None
+                for part in content if isinstance(content, list) else ():
+                    page = part.get("page") if isinstance(part, dict) else None
+                    if isinstance(page, int) and part.get("type") == "image_ref" and part.get("sha256") == sha256 \
+                            and pages.get(page):
+                        part["ocr"] = pages[page]
+            self._conn.execute(sql.SET_TURN_MESSAGES, (_dumps(messages), cid, turn))
+            self._conn.execute(sql.SET_ATTACHMENT_TEXT, (full_text, cid, turn, sha256))
+            if self._is_live(cid):
+                self._phrases.indexed(index_turn(self._conn, cid, turn, messages))
+        return True
+
     def finish(self, outcome: TurnOutcome) -> Turn:
         """``finish_turn`` with the outcome's fields."""
         o = outcome

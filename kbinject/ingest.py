@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from attachments import FULL_TEXT_CAP, Kind, classify, read_pdf_text, read_text_file, suffix_of
+from attachments import FULL_TEXT_CAP, Kind, classify, ocr_page_texts, read_pdf_text, read_text_file, suffix_of
 from core.files import check_path, describe_mode, open_regular, read_head, sha256_file
 from history import NewKbDocument
 
@@ -277,7 +277,9 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
     """Extract a text or PDF file into a document of chunks; raises FileRefused."""
     if staged.kind == "pdf":
         text = await read_pdf_text(staged.path, staged.name)
-        chunks = await in_ingest_thread(chunk_pages, text.page_texts)  # chunking a long PDF is long work
+        # scanned pages are read by OCR, as for a question (attachments/ocr.py; cached by hash)
+        read = await ocr_page_texts(staged.path, staged.name, sha256, text)
+        chunks = await in_ingest_thread(chunk_pages, read)  # chunking a long PDF is long work
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:

@@ -156,8 +156,8 @@ class AttachmentRecall(Tool):
         attachment = await ctx.history.attachment(ctx.conversation, wanted)
         if attachment is None:
             raise ToolError(f"no attachment {wanted} in this conversation; call action=list")
-        if attachment.kind == "image":
-            return await self._image(attachment, ctx)
+        if attachment.kind == "image" and (ctx.vision or not attachment.full_text):
+            return await self._image(attachment, ctx)  # an image read by OCR gives a blind model its text
         return self._text(attachment, arguments, ctx)
 
     def _text(self, attachment: Attachment, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 __all__ = [
     "LETTER",
@@ -44,24 +44,29 @@ class Scan:
     """A page that is only a picture of ``text``: no text layer, as a scanner makes it.
 
     ``grain`` adds a scanner's noise, which makes the page as costly to encode
-    as a real scan (benchmarks); plain pages are cheap.
+    as a real scan (benchmarks); plain pages are cheap.  ``font_px`` draws the text
+    in Pillow's default font at that size, large enough for OCR to read (0: the
+    tiny bitmap font, a mark that the page carries something).
     """
 
     text: str = "scanned page"
     grain: bool = False
+    font_px: int = 0
 
 
-def picture(size: tuple[int, int], text: str = "", colour: str = "white") -> Image.Image:
-    """An RGB image of ``size`` with ``text`` drawn dark near its top left corner."""
+def picture(size: tuple[int, int], text: str = "", colour: str = "white", font_px: int = 0) -> Image.Image:
+    """An RGB image of ``size`` with ``text`` drawn dark near its top left corner (in Pillow's
+    default font at ``font_px``, else its small bitmap font)."""
     image = Image.new("RGB", size, colour)
     if text:
-        ImageDraw.Draw(image).text((10, 10), text, fill="black")
+        font = ImageFont.load_default(size=font_px) if font_px else None
+        ImageDraw.Draw(image).text((10, 10) if not font_px else (font_px, font_px * 4), text, fill="black", font=font)
     return image
 
 
-def make_png(path: Path, size: tuple[int, int] = (64, 48), text: str = "") -> Path:
-    """A real PNG of ``size`` pixels."""
-    picture(size, text).save(path, "PNG")
+def make_png(path: Path, size: tuple[int, int] = (64, 48), text: str = "", font_px: int = 0) -> Path:
+    """A real PNG of ``size`` pixels (``text`` in ``font_px``: ``picture``)."""
+    picture(size, text, font_px=font_px).save(path, "PNG")
     return path
 
 
@@ -138,7 +143,7 @@ def _text_stream(text: str, height: float) -> bytes:
 def _scan_image(scan: Scan, size: tuple[float, float]) -> tuple[bytes, int, int]:
     """The JPEG of a Scan page at 150 dpi, with its pixel width and height."""
     width, height = round(size[0] * SCAN_SCALE), round(size[1] * SCAN_SCALE)
-    image = picture((width, height), scan.text, "white")
+    image = picture((width, height), scan.text, "white", scan.font_px)
     if scan.grain:
         noise = Image.effect_noise((width, height), 40).point(lambda value: 200 + value // 5)
         image = Image.merge("RGB", (noise, noise, noise))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from attachments.ocr import _state as ocr_state
 from client import Wire
 from core import Config, load_config
 from core import router as router_module
@@ -85,6 +87,18 @@ def bodies_as_encoded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(router_module, "json_body", checked)
     yield
     assert not stale, f"a request body differs from the JSON of its messages: {stale[0]}"
+
+
+@pytest.fixture
+def no_tesseract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PATH with poppler's tools but no tesseract (the machine the attachments design was
+    written on): scanned pages cannot be read by OCR."""
+    tools = tmp_path / "no-tesseract-bin"
+    tools.mkdir()
+    for tool in ("pdftotext", "pdftoppm", "pdfinfo"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setattr(ocr_state, "support", None)  # asked again, not taken from an earlier test
 
 
 @pytest.fixture

@@ -190,15 +190,17 @@ async def test_pdf_text_page_and_blank_page(wire: Wire, router: FakeRouter, tmp_
     assert len(images_of(request)) == 1  # the text-less page, rendered
 
 
-async def test_scanned_pages_on_a_text_model_are_refused(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+async def test_scanned_pages_on_a_text_model_are_refused(
+    wire: Wire, router: FakeRouter, tmp_path: Path, no_tesseract: None
+) -> None:
     pdf = make_pdf(tmp_path / "scan.pdf", [Scan("hello")])
     events = await wire.ask("read it", files=[str(pdf)])
     error = events[-1]
     assert [e["type"] for e in events] == ["progress", "error"]
     assert error["code"] == "no_vision" and error["message"] == (
         "fake-text cannot see images, and scan.pdf has 1 scanned page (no text to read); ask a model that can "
-        "(the models request lists them), or leave scan.pdf out")
-    assert "fake-text cannot see images" in error["message"]
+        "(the models request lists them), or leave scan.pdf out (tesseract is not installed: install "
+        "tesseract-ocr and tesseract-ocr-eng to read scanned pages)")
     assert error["turn"] == 1
     assert router.requests == []
 

@@ -552,9 +552,10 @@ async def test_no_vision_names_the_model_that_cannot_see(tmp_path: Path) -> None
 
 @needs_poppler
 @pytest.mark.asyncio
-async def test_pdf_needing_page_images_on_a_text_only_model_is_refused(tmp_path: Path) -> None:
+async def test_pdf_needing_page_images_on_a_text_only_model_is_refused(tmp_path: Path, no_tesseract: None) -> None:
     with pytest.raises(NoVision, match=r"^qwen cannot see images, and scan.pdf has 1 scanned page \(no text to read\); "
-                       "ask a model that can .*, or leave scan.pdf out$"):
+                       r"ask a model that can .*, or leave scan.pdf out \(tesseract is not installed: install "
+                       r"tesseract-ocr and tesseract-ocr-eng to read scanned pages\)$"):
         await prepare(make_pdf(tmp_path / "scan.pdf", ["text", Scan()]), vision=False, model="qwen")
     plain = await prepare_one(make_pdf(tmp_path / "plain.pdf", ["only text"]), vision=False)
     assert plain.images == [] and "only text" in (plain.text_block or "")

@@ -83,6 +83,7 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ({"ASSISTANT_OPENAI_LISTEN": "example.com:80"}, "openai_listen must be a loopback address"),
         ({"ASSISTANT_OPENAI_LISTEN": "8765"}, "openai_listen must be host:port"),
         ({"ASSISTANT_OPENAI_LISTEN": "127.0.0.1:99999"}, "openai_listen must be host:port"),
+        ({"ASSISTANT_OCR_LANGUAGES": "eng, deu"}, 'ocr_languages must be tesseract language codes joined by +, e.g. "eng"'),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, env: dict[str, str], words: str) -> None:
@@ -152,6 +153,12 @@ def test_models_tables_give_a_model_its_own_image_cost(tmp_path: Path) -> None:
         ("[models.qwen]\nimage_tokens = -1\n", 'c.toml [models."qwen"]: image_tokens must not be negative'),
         # a dotted id unquoted is a table in a table
         ("[models.qwen2.5-vl]\nimage_tokens = 9\n", 'quote a model id with dots in it, as in [models."qwen2.5-vl"]'),
+        # presets: a new one needs kinds and a prompt; kinds are the presets' own
+        ('[presets.haiku]\ntitle = "Haiku"\n', "c.toml [presets.haiku]: a new preset needs kinds and prompt"),
+        ('[presets.haiku]\nkinds = ["poem"]\nprompt = "x"\n', "kinds must be a list of some of text, code, pdf, scanned"),
+        ('[presets.review]\nprompt = ""\n', "c.toml [presets.review]: prompt must be some text"),
+        ('[presets.review]\nsystem = "x"\n', "unknown key 'system'; known keys: title, kinds, prompt"),
+        ('[presets."two words"]\nkinds = ["text"]\nprompt = "x"\n', "a preset's name is letters, digits, _ and -"),
     ],
 )
 def test_a_bad_models_table_is_named(tmp_path: Path, text: str, words: str) -> None:
@@ -181,7 +188,8 @@ def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
 def test_the_settings_the_client_knows_are_the_configs() -> None:
     """``common.SETTINGS`` (what the client, without ``core``, warns against) names every field
     of ``Config`` a user sets, in its order: a field added to one is added to the other."""
-    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens", "model_sampling")  # tables, and the paths
+    not_set = ("mcp", "socket_path", "data_dir", "config_path", "model_image_tokens", "model_sampling",
+               "presets")  # tables, and the paths
     assert SETTINGS == tuple(f.name for f in dataclasses.fields(Config) if f.name not in not_set)
 
 
