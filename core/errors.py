@@ -8,6 +8,7 @@ traceback goes to the log.  Every message says what the user can do.
     ├── BadRequest                    bad_request     malformed or mistyped request
     │   └── UnknownType               unknown_type    a request type we do not serve
     ├── LineTooLong                   line_too_long   a request line over 1 MiB
+    ├── TooManyRequests               too_many_requests  a connection's requests in flight pass the bound
     ├── NotFound                      not_found       no such conversation / turn / KB
     ├── Busy                          busy            a turn already runs in that conversation
     ├── FileRefused                   file_refused    an attached file cannot be used
@@ -47,6 +48,7 @@ __all__ = [
     "EXIT_STARTUP",
     "ShuttingDown",
     "StartupError",
+    "TooManyRequests",
     "TooManyFiles",
     "TooManyPixels",
     "UnknownType",
@@ -88,6 +90,19 @@ class LineTooLong(AssistantError):
     """A request line passed the size limit."""
 
     code = "line_too_long"
+
+
+class TooManyRequests(AssistantError):
+    """A connection sent more requests than may wait for an answer at once: the line is refused
+    (nothing of it done) rather than held until the earlier ones are answered."""
+
+    code = "too_many_requests"
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(
+            f"this connection already has {bound} requests waiting for an answer; "
+            "read their answers before sending more, then send this one again"
+        )
 
 
 class NotFound(AssistantError):
