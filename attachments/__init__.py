@@ -26,7 +26,7 @@ from .extract import (
     read_text_file,
     too_many_files,
 )
-from .imagecache import configure_image_cache, decodes
+from .imagecache import configure_image_cache, decodes, image_data_url
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
@@ -50,6 +50,7 @@ __all__ = [
     "decodes",
     "estimate_files",
     "fair_shares",
+    "image_data_url",
     "image_ref",
     "prepare_files",
     "read_pdf_text",

@@ -16,7 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from attachments import configure_image_cache
+from attachments import configure_image_cache, image_data_url
 from core.config import Config
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
@@ -129,7 +129,7 @@ class Server:
         if self.config.mcp.servers:  # the host's code loads only when servers are configured
             from mcphost import McpHost
 
-            self._mcp = McpHost(self.config.mcp)
+            self._mcp = McpHost(self.config.mcp, image_data_url)
         self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self.live, self._mcp)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live)
