@@ -40,6 +40,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from core.errors import TooManyPixels
+from core.filethreads import FILE_THREADS
 
 from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_data, probe_image
 
@@ -254,7 +255,7 @@ async def load_image(path: str, name: str, expected: str | None = None) -> tuple
 
     Raises FileRefused for a file that cannot be used.
     """
-    probe = await asyncio.to_thread(probe_image, path, name, expected)
+    probe = await FILE_THREADS.run(path, probe_image, path, name, expected)
     if probe is None:
         return None
     async with reserve_pixels([probe], name):

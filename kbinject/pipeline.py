@@ -199,14 +199,14 @@ class Ingest:
     async def _read_one(self, kb_id: int, file: Found, known: KbDocument | None, result: AddResult) -> None:
         """Index one file, or note why not; a file the user can fix is noted, not raised."""
         try:
-            staged = await in_ingest_thread(stage, file)
+            staged = await in_ingest_thread(stage, file, reading=file.path)
             if staged.kind == "image":
                 result.skipped.append(FileNote(file.path, "an image: knowledge bases index text and PDF only"))
                 return
             if known is not None and (known.size_bytes, known.mtime_ns) == (staged.size, staged.mtime_ns):
                 result.unchanged += 1
                 return
-            sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind)
+            sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind, reading=file.path)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
                 await self.history.kb.set_mtime(known.id, staged.mtime_ns)
