@@ -128,7 +128,8 @@ class Terminal:
             self.status_shown = False
 
 
-_CONTROLS_IN_STATUS = {c: " " for c in (*range(0x00, 0x20), 0x7F)}
+# C0, DEL and C1 (U+009B is CSI, U+009D OSC to a terminal that reads 8-bit controls)
+_CONTROLS_IN_STATUS = {c: " " for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))}
 
 
 class ProgressBar:

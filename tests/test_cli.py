@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -496,3 +497,17 @@ async def test_kb_link_says_what_it_linked(daemon: RunningDaemon, router: FakeRo
     assert code == 0 and out.splitlines()[0] == "fruit: unlinked from conversation 1"
     code, out, _ = await cli("conversations")
     assert "  1 turn " in out
+
+
+async def test_the_status_line_obeys_no_control_character() -> None:
+    """A status line is drawn raw (it needs its \\r): C1 controls (U+009B is CSI to a terminal
+    that reads 8-bit controls) are blanked there as C0 ones are."""
+    from client.terminal import Terminal
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    Terminal(io.StringIO(), err).status("tool: \x9b2J\x9d0;title\x07\x1b[31m wiped")
+    assert not any(0x80 <= ord(c) < 0xA0 or ord(c) < 0x20 and c != "\r" for c in err.getvalue().replace("\r\x1b[K", ""))
