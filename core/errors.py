@@ -22,6 +22,7 @@ traceback goes to the log.  Every message says what the user can do.
     │   ├── RouterContextOverflow     router_context_overflow
     │   └── RouterFormatError         router_error    the model wrote a tool call the server could not read
     ├── DiskFull                      disk_full       the disk holding the history is full
+    ├── HistoryDamaged                history_damaged  the history database is damaged (it names the file)
     ├── ShuttingDown                  shutting_down   the daemon is stopping
     └── InternalError                 internal        a bug; the log has the traceback
 """
@@ -38,6 +39,7 @@ __all__ = [
     "ContextOverflow",
     "DiskFull",
     "FileRefused",
+    "HistoryDamaged",
     "LineTooLong",
     "NoVision",
     "NotFound",
@@ -191,6 +193,20 @@ class DiskFull(AssistantError):
     (a reply that could not be written is kept in memory and written then)."""
 
     code = "disk_full"
+
+
+class HistoryDamaged(AssistantError):
+    """The history database is damaged (overwritten, truncated, a disk fault) while the daemon
+    runs: what needs it is refused, with the file named and the way to recover it."""
+
+    code = "history_damaged"
+
+    def __init__(self, path: object, why: object) -> None:
+        super().__init__(
+            f"the history database {path} is damaged ({why}); stop the daemon, then recover it "
+            f"(sqlite3 {path} .recover > recovered.sql) or move it aside (mv {path} {path}.damaged) "
+            "and start again"
+        )
 
 
 class ShuttingDown(AssistantError):

@@ -19,7 +19,7 @@ import pytest_asyncio
 from client import Wire
 from core import Config
 from selfcheck.fakerouter import FakeRouter, Reply
-from tests.conftest import EVENT_TIMEOUT
+from tests.conftest import EVENT_TIMEOUT, RunningDaemon
 
 pytestmark = pytest.mark.asyncio
 
@@ -440,3 +440,29 @@ async def test_a_daemon_killed_mid_reply_is_named_with_the_turn_by_the_client(
     assert client.returncode == 3
     assert "it was answering conversation 1, turn 1: the question is kept" in err.decode(), err.decode()
     assert "assistant open 1" in err.decode()
+
+
+async def test_a_history_damaged_while_running_is_named_with_its_recovery(
+    daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    """history.db overwritten under a running daemon was `internal` ("a bug") on open, search
+    and ask: it is `history_damaged`, naming the file and the way to recover it."""
+    wire = await daemon.connect()
+    for n in range(3):
+        await wire.ask(f"question {n} " + "filler " * 2000)
+    db = daemon.config.db_path
+    other = sqlite3.connect(db)  # the pages into the file, where the stray write lands
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    with db.open("r+b") as damaged:  # every page past the header overwritten, as a stray write would
+        size = damaged.seek(0, os.SEEK_END)
+        damaged.seek(4096)
+        damaged.write(b"\xa5" * (size - 4096))
+    refusals = [await wire.request({"type": "search", "query": "filler"}),
+                await wire.request({"type": "open", "conversation": 2}),
+                (await wire.ask("still there?", conversation=1))[-1]]
+    for refused in refusals:
+        assert refused["type"] == "error" and refused["code"] == "history_damaged", refused
+        assert str(db) in refused["message"] and ".recover" in refused["message"]
+    assert (await wire.request({"type": "status"}))["type"] == "status"  # the daemon goes on
+    await wire.close()
