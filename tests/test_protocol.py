@@ -858,3 +858,14 @@ async def test_requests_waiting_in_order_are_bounded_and_each_waits_on_a_few(
     assert [e["id"] for e in answered if e["type"] == "settings"] == [0] + [n for n in range(1, 40) if n % 6 == 1]
     final = await wire.request({"type": "open", "conversation": cid})
     assert final["title"] == "t37"  # the last settings accepted; none refused took effect
+
+
+async def test_statuses_at_once_share_one_look_at_the_router(wire: Wire, router: FakeRouter) -> None:
+    """Each status asked the router for its models: 10,000 statuses were as many requests."""
+    before = router.models_answered
+    lines = [{"type": "status", "id": n} for n in range(50)]
+    await wire.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    answers = [await wire.read() for _ in lines]
+    assert {e["type"] for e in answers} == {"status"} and all(e["router_reachable"] for e in answers)
+    asked = router.models_answered - before
+    assert 1 <= asked < 10, asked
