@@ -61,6 +61,7 @@ __all__ = [
     "LIST_KBS",
     "LIST_MODELS",
     "ADD_KB",
+    "listed",
     "no_conversation",
     "no_kb",
 ]
@@ -236,6 +237,18 @@ class InternalError(AssistantError):
 
     def __init__(self, message: str = "internal error; the daemon's log (journalctl --user -u assistant) has the details") -> None:
         super().__init__(message)
+
+
+MAX_LISTED = 5  # names of a client's own an error message repeats, then how many more
+MAX_NAME_CHARS = 60
+
+
+def listed(names: list[str]) -> str:
+    """Names a client sent, for a message: the first few, each cut short, and how many more
+    (100,000 unknown names made a message of 300 KB)."""
+    shown = [name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 1] + "…" for name in names[:MAX_LISTED]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def no_conversation(cid: object) -> NotFound:

@@ -52,6 +52,7 @@ STOP_GRACE = 1.0  # seconds a server gets to exit after its stdin closes, then a
 GROUP_POLL = 0.05  # seconds between looks at what is left of a stopped server's process group
 MAX_TOOL_PAGES = 20  # tools/list pages read (a server that pages forever is cut off)
 UNREADABLE = "its answer is not JSON-RPC that can be read"
+LINES_PER_TURN = 32  # a server's lines read before the event loop serves the rest of the daemon
 
 
 class ConnectionLost(Exception):
@@ -99,9 +100,12 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
     waiting: set[int | str] = set()  # the ids of our requests not yet answered
 
     async def from_server() -> None:
-        garbage = 0
+        garbage = lines = 0
         async with read_send:
             while True:
+                lines += 1
+                if lines % LINES_PER_TURN == 0:
+                    await asyncio.sleep(0)  # lines already buffered are read without a wait: let the loop in
                 try:
                     line = await proc.stdout.readline()  # type: ignore[union-attr]
                 except ValueError:  # over the limit: asyncio drops the buffer and raises
@@ -124,6 +128,8 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
                             fault.reason = f"wrote {garbage} lines that are not JSON-RPC on stdout"
                             break
                         continue
+                if isinstance(message, mcp_types.JSONRPCNotification):
+                    continue  # progress, logs, list changes: the host uses none, the SDK's handling costs
                 if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
                     waiting.discard(message.id)  # type: ignore[arg-type]
                 await read_send.send(SessionMessage(message))

@@ -869,3 +869,13 @@ async def test_statuses_at_once_share_one_look_at_the_router(wire: Wire, router:
     assert {e["type"] for e in answers} == {"status"} and all(e["router_reachable"] for e in answers)
     asked = router.models_answered - before
     assert 1 <= asked < 10, asked
+
+
+async def test_an_error_repeats_a_few_of_the_clients_names_not_all(wire: Wire) -> None:
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    names = [f"server{n}" for n in range(20_000)]
+    refused = await wire.request({"type": "settings", "conversation": cid, "mcp_servers": names})
+    assert refused["code"] == "not_found" and "server0, server1" in refused["message"]
+    assert "and 19995 more" in refused["message"] and len(refused["message"]) < 300
+    refused = await wire.request({"type": "x" * 100_000})
+    assert refused["code"] == "unknown_type" and len(refused["message"]) < 400
