@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -85,7 +86,7 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
         proc = await asyncio.create_subprocess_exec(
             spec.command, *spec.args, env=env, cwd=spec.cwd, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=MAX_LINE_BYTES,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_dies_with(os.getpid()),
         )
     except FileNotFoundError:
         if spec.cwd is not None and not os.path.isdir(spec.cwd):
@@ -206,6 +207,25 @@ def unreadable_answer(line: bytes, waiting: set[int | str], exc: ValueError) -> 
     first = exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError) and exc.errors() else str(exc)
     why = mcp_types.ErrorData(code=mcp_types.PARSE_ERROR, message=f"{UNREADABLE} ({first[:200]})")
     return mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=why)
+
+
+PR_SET_PDEATHSIG = 1
+# looked up once here, not in the forked child (no dlopen between fork and exec)
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+
+
+def _dies_with(daemon: int) -> Callable[[], None]:
+    """What the child runs before the server: SIGTERM when the daemon dies, even by SIGKILL
+    outside systemd, where nothing else would stop it (its wrappers' children are stopped
+    with its process group by ``_stop`` only)."""
+
+    def arrange() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != daemon:  # it died before the request was made
+            os._exit(1)
+
+    return arrange
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:

@@ -5,6 +5,7 @@ model's calls to their tools, and the daemon must contain every way a server can
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import hashlib
 import http.server
@@ -786,3 +787,38 @@ async def test_an_http_server_answering_past_the_cap_is_refused_for_size(
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_a_server_goes_when_its_daemon_is_killed(
+    router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside systemd nothing stopped a server whose daemon died by SIGKILL: one that does not
+    watch its stdin lived on."""
+    from tests.test_lifecycle import DaemonProcess
+
+    starts = tmp_path / "starts"
+    write_config(tmp_path, {"deaf": server("hang", starts)}, "start_timeout = 60\n")
+    config = hosted_config(router, monkeypatch)
+    daemon = await DaemonProcess.spawn(tmp_path)
+    pid = None
+    try:
+        assert await daemon.notified()
+        wire = await Wire.open(config.socket_path, timeout=30)
+        await wire.send({"type": "mcp_servers"})  # starts it; it never answers
+        async with asyncio.timeout(30):
+            while not starts.exists() or not starts.read_text().strip():
+                await asyncio.sleep(0.05)
+        [pid] = {int(line) for line in starts.read_text().split()}  # it notes its start twice
+        await wire.close()
+        daemon.proc.kill()
+        async with asyncio.timeout(30):  # a hang guard only: the kernel signals it as the daemon dies
+            while os.path.exists(f"/proc/{pid}") and "zombie" not in process_state(pid):
+                await asyncio.sleep(0.05)
+    finally:
+        if pid is not None:  # one left behind holds the daemon's output open
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            daemon.proc.kill()
+        await daemon.proc.communicate()
+        daemon.notify.close()
