@@ -27,7 +27,7 @@ from .connection import Connection
 from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
 from .live import Live
-from .notify import sd_notify
+from .notify import extended_start, sd_notify
 from .turns import TurnEngine
 
 if TYPE_CHECKING:
@@ -112,7 +112,8 @@ class Server:
                 f"cannot write to the data folder {data}; fix its permissions (the daemon runs as you), "
                 "or set ASSISTANT_DATA_DIR to a folder you own"
             )
-        self._history = await AsyncHistory.open(self.config.db_path)
+        async with extended_start():  # a migration of millions of turns outlasts systemd's start timeout
+            self._history = await AsyncHistory.open(self.config.db_path)
         configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
         try:
             interrupted = await self._history.interrupt_running()
