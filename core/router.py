@@ -177,7 +177,7 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
         self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
-        self._probe: asyncio.Future[bool] | None = None  # the reachability check under way
+        self._reach: asyncio.Future[bool] | None = None  # the reachability check under way
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -426,9 +426,9 @@ class RouterClient:
     async def reachable(self) -> bool:
         """Whether the router answers HTTP at all, within a few seconds; never raises. Callers at
         once share one check: a flood of ``status`` lines is not as many requests to the router."""
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.ensure_future(self._reachable())
-        return await asyncio.shield(self._probe)
+        if self._reach is None or self._reach.done():
+            self._reach = asyncio.ensure_future(self._reachable())
+        return await asyncio.shield(self._reach)
 
     async def _reachable(self) -> bool:
         try:
