@@ -6,7 +6,10 @@ without ever being held in memory.  Each request runs as its own task, so a
 long ``ask`` does not hold up a ``cancel`` on the same connection; a failure in
 one request becomes an ``error`` event and nothing else.  Requests take effect in
 the order sent: one that changes what later ones see (``protocol.BARRIERS``) is
-answered before any later line of the connection starts.
+answered before any later line of the connection starts. Each request names only the
+few it waits for (the last barrier, the last of its knowledge base), never every earlier
+one, and a connection holds at most ``MAX_PENDING_REQUESTS``: a client that sends
+without reading is refused line by line, not held in memory.
 
 Writes never wait for the client: a turn keeps streaming, and keeps being
 stored, even if the canvas stops reading.  A client that lets more than
