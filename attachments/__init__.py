@@ -29,7 +29,7 @@ from .extract import (
     read_text_file,
     too_many_files,
 )
-from .imagecache import configure_image_cache, decodes
+from .imagecache import configure_image_cache, decodes, image_data_url
 from .ocr import OcrSupport, configure_ocr, ocr_support
 from .ocr import page_texts as ocr_page_texts
 from .images import MAX_IMAGE_BYTES
@@ -57,6 +57,7 @@ __all__ = [
     "decodes",
     "estimate_files",
     "fair_shares",
+    "image_data_url",
     "image_ref",
     "ocr_page_texts",
     "ocr_support",

@@ -42,6 +42,7 @@ from typing import Any
 
 from core.errors import LIST_MODELS, NoVision, TooManyFiles
 from core.files import check_path, open_regular, read_head, sha256_file
+from core.filethreads import FILE_THREADS
 from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
 from . import ocr, pdf
@@ -207,7 +208,7 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
     read by OCR (``ocr_images``)."""
     if len(paths) > MAX_FILES:
         raise too_many_files(len(paths))
-    staged = await gather_all(asyncio.to_thread(_stage_file, path) for path in paths)
+    staged = await gather_all(FILE_THREADS.run(str(path), _stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
         if not ocr_images():
             raise _no_vision(model)
@@ -281,7 +282,7 @@ def read_text_file(path: str) -> tuple[str, bool, str | None]:
 
 async def _extract_text(item: _Staged) -> _Extracted:
     """A text file's extraction."""
-    text, complete, sha256 = await asyncio.to_thread(read_text_file, item.path)
+    text, complete, sha256 = await FILE_THREADS.run(item.path, read_text_file, item.path)
     if complete:
         return _Extracted(text, text_weight(text), text, sha256, len(text), "characters")
     # the budget never reaches past the cap, and the header gives the size in bytes
@@ -312,7 +313,7 @@ async def _extract_pdf(
     item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, progress: OcrProgress
 ) -> _Extracted:
     """A PDF's extraction: its text layer, and its pages without text rendered or read by OCR."""
-    hashing = asyncio.ensure_future(asyncio.to_thread(sha256_file, item.path))
+    hashing = asyncio.ensure_future(FILE_THREADS.run(item.path, sha256_file, item.path))
     pending: list[asyncio.Future[Any]] = [hashing]
     try:
         text = await pdf.read_text(item.path, item.name)
@@ -443,7 +444,7 @@ async def read_sent_pages(prepared: Prepared) -> tuple[str, dict[int, str]]:
 async def _probe(item: _Staged) -> Probe | None:
     if item.kind != "image":
         return None
-    probe = await asyncio.to_thread(probe_image, item.path, item.name)
+    probe = await FILE_THREADS.run(item.path, probe_image, item.path, item.name)
     assert probe is not None  # no hash was expected
     return probe
 
@@ -456,7 +457,7 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
             return item.size, 0, False
         # a file that says it is empty may not be (/proc and /sys files report 0 bytes):
         # count what ask would read
-        read, _whole, _sha = await asyncio.to_thread(read_text_file, item.path)
+        read, _whole, _sha = await FILE_THREADS.run(item.path, read_text_file, item.path)
         return text_weight(read), 0, False
     if item.kind == "image":
         # read by OCR for a model without vision (staging refused it otherwise)

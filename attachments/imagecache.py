@@ -40,11 +40,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from core.errors import TooManyPixels
+from core.filethreads import FILE_THREADS
 
-from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_image
+from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_data, probe_image
 
 __all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "THUMBNAIL_PX", "cached_image", "configure_image_cache",
-           "decodes", "evict_least_used", "load_image", "reserve_pixels", "thumbnail"]
+           "decodes", "evict_least_used", "image_data_url", "load_image", "reserve_pixels", "thumbnail"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,12 +242,21 @@ def _make_thumbnail(encoded: EncodedImage, path: Path) -> bool:
     return True
 
 
+async def image_data_url(data: bytes, name: str) -> str:
+    """An image handed over whole (an MCP tool's result) as the model gets it: checked, decoded
+    within the pixel budget and scaled down as an attached file is; FileRefused when it cannot be
+    used (not an image, damaged, a bomb, over 20 MB)."""
+    probe = await asyncio.to_thread(probe_data, data, name)
+    async with reserve_pixels([probe], name):
+        return (await encode(probe, name)).data_url
+
+
 async def load_image(path: str, name: str, expected: str | None = None) -> tuple[EncodedImage, str] | None:
     """The image at ``path`` for the model and its hash; None when its hash is not ``expected``.
 
     Raises FileRefused for a file that cannot be used.
     """
-    probe = await asyncio.to_thread(probe_image, path, name, expected)
+    probe = await FILE_THREADS.run(path, probe_image, path, name, expected)
     if probe is None:
         return None
     async with reserve_pixels([probe], name):

@@ -57,6 +57,7 @@ __all__ = [
     "Probe",
     "decode_pixels",
     "encode_png",
+    "probe_data",
     "probe_image",
     "too_large",
 ]
@@ -311,8 +312,16 @@ def probe_image(path: str, name: str, expected: str | None = None) -> Probe | No
     sha256 = hashlib.sha256(data).hexdigest()
     if expected is not None and sha256 != expected:
         return None
+    return probe_data(data, name, sha256)
+
+
+def probe_data(data: bytes, name: str, sha256: str | None = None) -> Probe:
+    """Check the header of ``data``, a whole image (FileRefused when it cannot be used)."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise too_large(name, len(data))
     with _open_checked(data, name) as image:
-        return Probe(data, sha256, image.width, image.height, image.format or "", not _needs_reencode(image))
+        digest = sha256 or hashlib.sha256(data).hexdigest()
+        return Probe(data, digest, image.width, image.height, image.format or "", not _needs_reencode(image))
 
 
 def encode_png(image: Image.Image, max_side: int, compress_level: int = 1) -> EncodedImage:

@@ -31,6 +31,7 @@ from typing import Any
 
 from core.errors import FileRefused
 from core.files import check_path, sha256_file
+from core.filethreads import FILE_THREADS
 
 from . import pdf
 from .pdf import OCR_MARK
@@ -52,7 +53,7 @@ async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | No
     An image is at most 20 MB: it is read once, and hashed before anything is decoded (a
     replaced file is never decoded).
     """
-    await asyncio.to_thread(check_path, path)
+    await FILE_THREADS.run(path, check_path, path)
     loaded = await load_image(path, name, expected=sha256)
     return loaded[0] if loaded is not None else None
 
@@ -112,8 +113,8 @@ class _Resolver:
     async def _hash(self, path: str) -> str | None:
         """The current hash of the regular file at ``path``, or None when it is gone or unusable."""
         try:
-            await asyncio.to_thread(check_path, path)
-            return await asyncio.to_thread(sha256_file, path)
+            await FILE_THREADS.run(path, check_path, path)
+            return await FILE_THREADS.run(path, sha256_file, path)
         except FileRefused as refused:
             logger.debug("image ref %s: %s", path, refused.message)
             return None

@@ -77,6 +77,14 @@ def read_line(prompt: str) -> str:
         signal.signal(signal.SIGINT, previous)
 
 
+def _utf8(line: str) -> bool:
+    try:
+        line.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Chat:
     """One chat session on one connection."""
 
@@ -196,6 +204,11 @@ class Chat:
             except EOFError:
                 self.terminal.note("")
                 return None
+            except UnicodeDecodeError:  # a strict reader of a line that is not UTF-8
+                line = "\udcff"
+            if not _utf8(line):  # bytes that are not UTF-8 come as surrogates: they cannot be sent
+                self.terminal.note("assistant: that line is not UTF-8 text, so it was not sent; type it again")
+                continue
             if line.strip():
                 return line
 

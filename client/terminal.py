@@ -24,7 +24,10 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from common import MAX_REQUEST_BYTES
+
 from .render import Printable
+from .wire import Unsendable
 
 __all__ = [
     "EXIT_ERROR",
@@ -125,7 +128,8 @@ class Terminal:
             self.status_shown = False
 
 
-_CONTROLS_IN_STATUS = {c: " " for c in (*range(0x00, 0x20), 0x7F)}
+# C0, DEL and C1 (U+009B is CSI, U+009D OSC to a terminal that reads 8-bit controls)
+_CONTROLS_IN_STATUS = {c: " " for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))}
 
 
 class ProgressBar:
@@ -171,6 +175,7 @@ class Interrupts:
 def piped_stdin() -> str | None:
     """The text piped or redirected into the client; None when stdin is a terminal, absent,
     a device (/dev/null), or a socket with nothing to say, none of which is waited on.
+    ``Unsendable`` past ``MAX_REQUEST_BYTES``, read no further (a gigabyte piped in by mistake).
 
     A socket is how some parents pipe (Node's ``child_process`` and uvloop's subprocesses
     hand a socketpair): it is read when it has text, or has ended, within ``SOCKET_GRACE``
@@ -189,7 +194,13 @@ def piped_stdin() -> str | None:
         return None
     if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
         return None
-    return stream.buffer.read().decode("utf-8", "replace")
+    data = stream.buffer.read(MAX_REQUEST_BYTES + 1)  # no more than a request may carry
+    if len(data) > MAX_REQUEST_BYTES:
+        raise Unsendable(
+            f"stdin holds more than the {MAX_REQUEST_BYTES:,} bytes a question may have; "
+            "send long text as a file (ask -f FILE)", "too_long",
+        )
+    return data.decode("utf-8", "replace")
 
 
 def reattach_terminal() -> bool:

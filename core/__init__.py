@@ -23,7 +23,7 @@ from common import __version__, default_socket_path
 from .budget import Budget, cut_text, fit_message
 from .config import Config, ConfigError, load_config
 from .errors import AssistantError
-from .seams import Completer, Embedder
+from .seams import Completer, Embedder, ImageReader
 from .tokens import (
     BUDGET_CHARS_PER_TOKEN,
     CHARS_PER_TOKEN,
@@ -42,6 +42,7 @@ __all__ = [
     "AssistantError",
     "Budget",
     "Completer",
+    "ImageReader",
     "Config",
     "ConfigError",
     "Embedder",

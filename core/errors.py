@@ -8,6 +8,7 @@ traceback goes to the log.  Every message says what the user can do.
     ├── BadRequest                    bad_request     malformed or mistyped request
     │   └── UnknownType               unknown_type    a request type we do not serve
     ├── LineTooLong                   line_too_long   a request line over 1 MiB
+    ├── TooManyRequests               too_many_requests  a connection's requests in flight pass the bound
     ├── NotFound                      not_found       no such conversation / turn / KB
     ├── Busy                          busy            a turn already runs in that conversation
     ├── NotPending                    not_pending     an answer to a call that waits for none
@@ -22,6 +23,7 @@ traceback goes to the log.  Every message says what the user can do.
     │   ├── RouterContextOverflow     router_context_overflow
     │   └── RouterFormatError         router_error    the model wrote a tool call the server could not read
     ├── DiskFull                      disk_full       the disk holding the history is full
+    ├── HistoryDamaged                history_damaged  the history database is damaged (it names the file)
     ├── ShuttingDown                  shutting_down   the daemon is stopping
     └── InternalError                 internal        a bug; the log has the traceback
 """
@@ -38,6 +40,7 @@ __all__ = [
     "ContextOverflow",
     "DiskFull",
     "FileRefused",
+    "HistoryDamaged",
     "LineTooLong",
     "NoVision",
     "NotFound",
@@ -49,6 +52,7 @@ __all__ = [
     "EXIT_STARTUP",
     "ShuttingDown",
     "StartupError",
+    "TooManyRequests",
     "TooManyFiles",
     "TooManyPixels",
     "UnknownType",
@@ -59,6 +63,7 @@ __all__ = [
     "LIST_KBS",
     "LIST_MODELS",
     "ADD_KB",
+    "listed",
     "no_conversation",
     "no_kb",
 ]
@@ -90,6 +95,19 @@ class LineTooLong(AssistantError):
     """A request line passed the size limit."""
 
     code = "line_too_long"
+
+
+class TooManyRequests(AssistantError):
+    """A connection sent more requests than may wait for an answer at once: the line is refused
+    (nothing of it done) rather than held until the earlier ones are answered."""
+
+    code = "too_many_requests"
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(
+            f"this connection already has {bound} requests waiting for an answer; "
+            "read their answers before sending more, then send this one again"
+        )
 
 
 class NotFound(AssistantError):
@@ -187,6 +205,20 @@ class DiskFull(AssistantError):
     code = "disk_full"
 
 
+class HistoryDamaged(AssistantError):
+    """The history database is damaged (overwritten, truncated, a disk fault) while the daemon
+    runs: what needs it is refused, with the file named and the way to recover it."""
+
+    code = "history_damaged"
+
+    def __init__(self, path: object, why: object) -> None:
+        super().__init__(
+            f"the history database {path} is damaged ({why}); stop the daemon, then recover it "
+            f"(sqlite3 {path} .recover > recovered.sql) or move it aside (mv {path} {path}.damaged) "
+            "and start again"
+        )
+
+
 class ShuttingDown(AssistantError):
     """The daemon is stopping and takes no new turns."""
 
@@ -214,6 +246,18 @@ class InternalError(AssistantError):
 
     def __init__(self, message: str = "internal error; the daemon's log (journalctl --user -u assistant) has the details") -> None:
         super().__init__(message)
+
+
+MAX_LISTED = 5  # names of a client's own an error message repeats, then how many more
+MAX_NAME_CHARS = 60
+
+
+def listed(names: list[str]) -> str:
+    """Names a client sent, for a message: the first few, each cut short, and how many more
+    (100,000 unknown names made a message of 300 KB)."""
+    shown = [name if len(name) <= MAX_NAME_CHARS else name[: MAX_NAME_CHARS - 1] + "…" for name in names[:MAX_LISTED]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def no_conversation(cid: object) -> NotFound:

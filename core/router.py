@@ -177,6 +177,7 @@ class RouterClient:
         self._swap = False  # the model list is llama-swap's
         self._ollama: bool | None = None  # the router is Ollama; None: not asked since the last list
         self._told: set[str] = set()  # [models] ids the router did not list, said once in the log
+        self._reach: asyncio.Future[bool] | None = None  # the reachability check under way
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -423,7 +424,13 @@ class RouterClient:
             return None
 
     async def reachable(self) -> bool:
-        """Whether the router answers HTTP at all, within a few seconds; never raises."""
+        """Whether the router answers HTTP at all, within a few seconds; never raises. Callers at
+        once share one check: a flood of ``status`` lines is not as many requests to the router."""
+        if self._reach is None or self._reach.done():
+            self._reach = asyncio.ensure_future(self._reachable())
+        return await asyncio.shield(self._reach)
+
+    async def _reachable(self) -> bool:
         try:
             await self._client.get(f"{self._base}/models", timeout=REACHABLE_TIMEOUT)
         except Exception as exc:  # a status request must get an answer whatever went wrong

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Completer", "Embedder"]
+__all__ = ["Completer", "Embedder", "ImageReader"]
 
 
 class Completer(Protocol):
@@ -25,4 +25,13 @@ class Embedder(Protocol):
     """Turns texts into vectors, one per text in order; ``timeout`` bounds the whole call."""
 
     async def embed(self, model: str, inputs: list[str], timeout: float | None = None) -> list[list[float]]:
+        ...
+
+
+class ImageReader(Protocol):
+    """Checks an image handed over whole (an MCP tool's) as an attached one is, and makes it
+    the data URL the model gets: decoded within a bound, scaled; ``FileRefused`` when it cannot
+    be used."""
+
+    async def __call__(self, data: bytes, name: str) -> str:
         ...

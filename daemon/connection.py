@@ -6,7 +6,10 @@ without ever being held in memory.  Each request runs as its own task, so a
 long ``ask`` does not hold up a ``cancel`` on the same connection; a failure in
 one request becomes an ``error`` event and nothing else.  Requests take effect in
 the order sent: one that changes what later ones see (``protocol.BARRIERS``) is
-answered before any later line of the connection starts.
+answered before any later line of the connection starts. Each request names only the
+few it waits for (the last barrier, the last of its knowledge base), never every earlier
+one, and a connection holds at most ``MAX_PENDING_REQUESTS``: a client that sends
+without reading is refused line by line, not held in memory.
 
 Writes never wait for the client: a turn keeps streaming, and keeps being
 stored, even if the canvas stops reading.  A client that lets more than
@@ -29,7 +32,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from core.errors import AssistantError, InternalError, LineTooLong, ShuttingDown
+from core.errors import AssistantError, InternalError, LineTooLong, ShuttingDown, TooManyRequests
 
 from .protocol import (
     BARRIERS,
@@ -50,6 +53,7 @@ logger = logging.getLogger(__name__)
 READ_CHUNK = 64 * 1024
 REFUSAL_GRACE = 2.0  # seconds a refused client has to read why before it is hung up on
 MAX_WRITE_BUFFER = 32 * 1024 * 1024
+MAX_PENDING_REQUESTS = 1000  # requests of one connection in flight (waiting or running) at once
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -176,6 +180,29 @@ class Replier:
 Handler = Callable[[Request, Replier], Awaitable[None]]
 
 
+class _Chain:
+    """The requests of one knowledge base in flight on a connection: the last one (the next
+    waits for it) and how many of them are ``kb_add``."""
+
+    __slots__ = ("last", "adds", "count")
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.last = task
+        self.adds = 0
+        self.count = 0
+
+    def enter(self, task: asyncio.Task[None], adding: bool) -> None:
+        self.last = task
+        self.count += 1
+        self.adds += adding
+
+    def leave(self, adding: bool) -> bool:
+        """Count one out; whether none is left."""
+        self.count -= 1
+        self.adds -= adding
+        return self.count == 0
+
+
 class Connection:
     """Serves one client until it hangs up; requests outlive it (a turn is never cut)."""
 
@@ -193,10 +220,9 @@ class Connection:
         self._adding = adding  # whether an add to the KB named holds it, from any connection
         self._tasks = tasks  # the server's set, so shutdown can wait for them
         self._mine: set[asyncio.Task[None]] = set()  # this connection's requests in flight
-        self._barriers: set[asyncio.Task[None]] = set()  # those every later request waits for
-        self._sequenced: dict[str, set[asyncio.Task[None]]] = {}  # those later ones of their key wait for
-        self._ingesting: set[asyncio.Task[None]] = set()  # the kb_add among them
-        self._opens: set[asyncio.Task[None]] = set()  # the open among them: a barrier answers after
+        self._barrier: asyncio.Task[None] | None = None  # the last barrier: every later request waits for it
+        self._sequenced: dict[str, _Chain] = {}  # per KB, the last request later ones of that KB wait for
+        self._opens: set[asyncio.Task[None]] = set()  # the opens since the last barrier: the next one waits for them
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._largest = 0  # the largest event queued since the client last had nothing to read
@@ -368,37 +394,64 @@ class Connection:
         except AssistantError as exc:
             self.send(error_event(exc, **echo))
             return
-        # in the order sent: after every earlier barrier, and every earlier request of its key
+        if len(self._mine) >= MAX_PENDING_REQUESTS:
+            # each request waiting is a task: a client that sends without reading its answers
+            # is refused past the bound rather than held in memory
+            self.send(error_event(TooManyRequests(MAX_PENDING_REQUESTS), **echo))
+            return
+        task = asyncio.create_task(self._run(request, self._order(request)), name=f"request-{request.type}")
+        for tasks in (self._tasks, self._mine):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        self._enter(request, task)
+
+    def _order(self, request: Request) -> list[asyncio.Task[None]]:
+        """What ``request`` waits for: the last barrier before it, the last earlier request of its
+        knowledge base, and (a barrier) every ``open`` since that barrier. Each of those waited
+        for the ones before it, so a request names a few tasks however many came earlier."""
+        earlier = [self._barrier] if self._barrier is not None else []
         key = sequence_key(request)
-        queued = set(self._sequenced.get(key, ())) if key else set()  # earlier ones of its KB still running
-        # a barrier also waits for an earlier open (its turns are encoded in a thread a while):
-        # a canvas must not get the open's conversation after a later delete's or settings' answer
-        earlier = self._barriers | queued | (self._opens if request.type in BARRIERS else set())
-        task = asyncio.create_task(self._run(request, earlier), name=f"request-{request.type}")
-        groups = [self._tasks, self._mine]
+        chain = self._sequenced.get(key) if key else None
+        if chain is not None:
+            earlier.append(chain.last)
+        if request.type in BARRIERS:
+            # a canvas must not get an open's conversation after a later delete's or settings' answer
+            earlier += self._opens
+        return earlier
+
+    def _enter(self, request: Request, task: asyncio.Task[None]) -> None:
+        """Record ``task`` as what later requests of the connection (or of its KB) wait for."""
+        key = sequence_key(request)
+        chain = self._sequenced.get(key) if key else None
         # a kb_link or kb_remove waiting for a kb_add of its KB (this connection's, or another's)
         # holds up only that KB's requests: as a barrier it would hold up the whole connection
         # for the whole ingest
-        waits = bool(queued & self._ingesting) or (key is not None and self._adding(request.get("kb")))
+        waits = (chain is not None and chain.adds > 0) or (key is not None and self._adding(request.get("kb")))
         if request.type in BARRIERS and not waits:
-            groups.append(self._barriers)
-        if key:
-            groups.append(self._sequenced.setdefault(key, set()))
-        if request.type == "kb_add":
-            groups.append(self._ingesting)
+            self._barrier = task
+            self._opens = set()  # the barrier waits for them: later ones wait for the barrier
+            task.add_done_callback(self._barrier_done)
         if request.type == "open":
-            groups.append(self._opens)
-        for tasks in groups:
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if key:
-            task.add_done_callback(lambda _: self._forget(key))
+            opens = self._opens
+            opens.add(task)
+            task.add_done_callback(opens.discard)
+        if key is not None:
+            if chain is None:
+                chain = self._sequenced[key] = _Chain(task)
+            adding = request.type == "kb_add"
+            chain.enter(task, adding)
+            task.add_done_callback(lambda _: self._forget(key, adding))
 
-    def _forget(self, key: str) -> None:
-        if not self._sequenced.get(key):
-            self._sequenced.pop(key, None)
+    def _barrier_done(self, task: asyncio.Task[None]) -> None:
+        if self._barrier is task:
+            self._barrier = None
 
-    async def _run(self, request: Request, earlier: set[asyncio.Task[None]]) -> None:
+    def _forget(self, key: str, adding: bool) -> None:
+        chain = self._sequenced.get(key)
+        if chain is not None and chain.leave(adding):
+            del self._sequenced[key]
+
+    async def _run(self, request: Request, earlier: list[asyncio.Task[None]]) -> None:
         emit = Replier(self, request)
         echo = {"id": request.id} if request.has_id else {}
         started = False

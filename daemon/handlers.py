@@ -23,6 +23,7 @@ from core.errors import (
     NotPending,
     RouterError,
     RouterUnreachable,
+    listed,
     no_conversation,
 )
 from core.models import image_cost
@@ -358,7 +359,7 @@ class Handlers:
         known = [spec.name for spec in self.config.mcp.servers]
         unknown = [n for n in names or () if n not in known]
         if unknown:
-            raise NotFound(f"settings: no MCP server named {', '.join(unknown)}; "
+            raise NotFound(f"settings: no MCP server named {listed(unknown)}; "
                              f"configured: {', '.join(known) or 'none (add [mcp.servers.NAME] to config.toml)'}")
         return sorted(set(names)) if names is not None else None
 

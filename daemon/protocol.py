@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
-from core.errors import AssistantError, BadRequest, UnknownType
+from core.errors import AssistantError, BadRequest, UnknownType, listed
 from core.jsontext import compact_json, strict_loads, without_lone_surrogates
 from core.sampling import sampling_problem
 from history import MAX_CONVERSATION_ID
@@ -230,7 +230,7 @@ def validate(obj: dict[str, Any]) -> Request:
         raise BadRequest('the request has no "type"; see docs/PROTOCOL.md for the request types')
     spec = REQUESTS.get(kind)
     if spec is None:
-        raise UnknownType(f"unknown request type {kind!r}; known types: {', '.join(REQUESTS)}")
+        raise UnknownType(f"unknown request type {listed([repr(kind)])}; known types: {', '.join(REQUESTS)}")
     request = Request(type=kind, id=obj.get("id"), has_id="id" in obj)
     for name, fspec in spec.items():
         value = obj.get(name)

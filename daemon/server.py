@@ -16,7 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from attachments import configure_image_cache, configure_ocr
+from attachments import configure_image_cache, configure_ocr, image_data_url
 from core.config import Config
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
@@ -27,7 +27,7 @@ from .connection import Connection
 from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
 from .live import Live
-from .notify import sd_notify
+from .notify import extended_start, sd_notify
 from .openai_door import OpenAIDoor
 from .turns import TurnEngine
 
@@ -114,7 +114,8 @@ class Server:
                 f"cannot write to the data folder {data}; fix its permissions (the daemon runs as you), "
                 "or set ASSISTANT_DATA_DIR to a folder you own"
             )
-        self._history = await AsyncHistory.open(self.config.db_path)
+        async with extended_start():  # a migration of millions of turns outlasts systemd's start timeout
+            self._history = await AsyncHistory.open(self.config.db_path)
         configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
         configure_ocr(self.config.data_dir / "ocr", self.config.ocr_languages, self.config.ocr_images)
         try:
@@ -132,7 +133,7 @@ class Server:
         if self.config.mcp.servers:  # the host's code loads only when servers are configured
             from mcphost import McpHost
 
-            self._mcp = McpHost(self.config.mcp)
+            self._mcp = McpHost(self.config.mcp, image_data_url)
         self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
         self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self.live, self._mcp)
         self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live)

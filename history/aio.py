@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from core.errors import DiskFull, StartupError
+from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
 from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
@@ -160,6 +160,10 @@ class AsyncHistory:
             if not is_disk_full(exc):
                 raise
             raise DiskFull(f"the disk holding {self._folder()} is full; free some space and try again") from exc
+        except sqlite3.DatabaseError as exc:
+            if not is_damaged(exc):
+                raise
+            raise HistoryDamaged(self._store.path, exc) from exc
 
     # -- the store's methods, each run on the history thread -----------------------------
 
@@ -511,6 +515,13 @@ class AsyncKnowledgeStore:
 
     async def vectors_of(self, model: str, ids: Sequence[int]) -> list[tuple[int, bytes]]:
         return await self._call(self._kb.vectors_of, model, ids)
+
+
+def is_damaged(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the database damaged, or no database at all (SQLITE_CORRUPT,
+    SQLITE_NOTADB): a file overwritten or cut while the daemon runs."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 def is_disk_full(exc: sqlite3.Error) -> bool:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from core.errors import DiskFull
 from history import AsyncHistory, KnowledgeBase, NewKbDocument, kb_chunk_range
 
 from .search import CANDIDATES
@@ -147,7 +148,11 @@ class KbIndex:
         async with self.lock:
             removed = await self.history.kb.begin_remove(kb.name)
             if removed is not None:
-                await self._delete(removed.id)
+                try:
+                    await self._delete(removed.id)
+                except DiskFull:  # it is gone for every list, committed: its rows go at the next start
+                    logger.warning("kb: %s is removed; its chunks are deleted once there is room "
+                                   "(at the next start)", kb.name)
             return removed
 
     async def finish_removals(self) -> None:

@@ -23,12 +23,12 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from attachments import FULL_TEXT_CAP, Kind, classify, ocr_page_texts, read_pdf_text, read_text_file, suffix_of
 from core.files import check_path, describe_mode, open_regular, read_head, sha256_file
+from core.filethreads import FileThreads
 from history import NewKbDocument
 
 from .chunking import MARKDOWN_SUFFIXES, Chunk, chunk_pages, chunk_text
@@ -51,7 +51,7 @@ WHOLE_HASH_BYTES = 16 * 1024 * 1024  # files up to this (and every PDF) are hash
 HEAD_BYTES = 4 * FULL_TEXT_CAP
 EDGE_BYTES = 1024 * 1024
 INGEST_THREADS = 2  # its own threads: ingest never starves the turns' file work
-_INGEST_POOL = ThreadPoolExecutor(max_workers=INGEST_THREADS, thread_name_prefix="kb-ingest")
+_INGEST_THREADS = FileThreads(INGEST_THREADS, "kb-ingest")
 T = TypeVar("T")
 
 MAX_FILES_PER_ADD = 50_000  # a slip (adding ~ instead of ~/notes) stops here, reported
@@ -260,10 +260,11 @@ def file_hash(path: str, size: int, kind: str = "text") -> str:
     return digest.hexdigest()
 
 
-async def in_ingest_thread(fn: Callable[..., T], *args: Any) -> T:
+async def in_ingest_thread(fn: Callable[..., T], *args: Any, reading: str | None = None) -> T:
     """Run blocking ingest work on the ingest threads, never the default pool: a big
-    ingest must not hold up the turns' own file work (attachments, image checks)."""
-    return await asyncio.get_running_loop().run_in_executor(_INGEST_POOL, fn, *args)
+    ingest must not hold up the turns' own file work (attachments, image checks). The read
+    of a file (``reading`` names it) is bounded in time, and a stop never waits for it."""
+    return await _INGEST_THREADS.run(reading or "ingest", fn, *args, bounded=reading is not None)
 
 
 def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
@@ -284,7 +285,7 @@ async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
         truncated = text.cut or len(text.page_texts) < text.total_pages
     else:
         markdown = suffix_of(staged.name) in MARKDOWN_SUFFIXES
-        chunks, complete = await in_ingest_thread(_read_and_chunk, staged.path, markdown)
+        chunks, complete = await in_ingest_thread(_read_and_chunk, staged.path, markdown, reading=staged.path)
         pages, truncated = None, not complete
     return NewKbDocument(
         path=staged.path,

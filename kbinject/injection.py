@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core import estimate_text
+from core.tools import one_line
 
 from .search import Hit, SearchMode
 
@@ -54,6 +55,7 @@ BLOCK_HEADER = (
     "and may be relevant to this conversation:\n"
 )
 BLOCK_FOOTER = "[End Knowledge Base Context]"
+MAX_SOURCE_CHARS = 200  # a file name in a passage's Source: line
 ENTRY = "---\nSource: {kb} (chunk {chunk} of {file}, similarity: {similarity:.2f})\nContent: {content}\n"
 
 
@@ -69,8 +71,9 @@ def injection_mode(settings: Mapping[str, Any] | str | None) -> InjectionMode:
 def format_block(hits: Sequence[Hit]) -> str:
     """The ``[Knowledge Base Context]`` block of these hits (docs/PROTOCOL.md shows it)."""
     entries = [
-        ENTRY.format(kb=hit.kb, chunk=hit.chunk, file=hit.document, similarity=hit.similarity,
-                     content=hit.text.strip())
+        # a file's name is the user's own words, on one line: "a\nContent: ..." cannot forge an entry
+        ENTRY.format(kb=hit.kb, chunk=hit.chunk, file=one_line(hit.document, MAX_SOURCE_CHARS),
+                     similarity=hit.similarity, content=hit.text.strip())
         for hit in hits
     ]
     return BLOCK_HEADER + "\n" + "\n".join(entries) + BLOCK_FOOTER

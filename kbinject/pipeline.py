@@ -28,7 +28,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from core.errors import FileRefused, no_kb
+from core.errors import DiskFull, FileRefused, no_kb
 from history import AsyncHistory, KbDocument, NewKbDocument
 
 from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
@@ -172,15 +172,19 @@ class Ingest:
         done = 0
         report(KbProgress(0, total, "reading", "reading files"))
         queue = iter(found.files)
+        full: list[DiskFull] = []  # a full disk fails every file after it: the add stops with it
 
         async def worker() -> None:
             # a few workers take the files in turn: not one task per file of a big folder
             nonlocal done
             for file in queue:
-                if stop.is_set():
+                if stop.is_set() or full:
                     return  # the file taken is left unread with the rest
                 try:
                     await self._read_one(kb_id, file, known.get(file.path), result)
+                except DiskFull as exc:
+                    full.append(exc)
+                    return
                 except Exception as exc:  # a store failure for one file must not stop the rest
                     logger.exception("kb: indexing %s failed", file.path)
                     reason = f"could not be indexed ({type(exc).__name__}); see the daemon's log"
@@ -191,6 +195,8 @@ class Ingest:
         async with asyncio.TaskGroup() as group:
             for _ in range(min(INGEST_CONCURRENCY, total)):
                 group.create_task(worker())
+        if full:
+            raise full[0]  # what was indexed before stays; adding the folder again goes on from there
         if stop.is_set():
             result.unread = total - done  # and the folders were not all seen: nothing is removed
             return
@@ -199,14 +205,14 @@ class Ingest:
     async def _read_one(self, kb_id: int, file: Found, known: KbDocument | None, result: AddResult) -> None:
         """Index one file, or note why not; a file the user can fix is noted, not raised."""
         try:
-            staged = await in_ingest_thread(stage, file)
+            staged = await in_ingest_thread(stage, file, reading=file.path)
             if staged.kind == "image":
                 result.skipped.append(FileNote(file.path, "an image: knowledge bases index text and PDF only"))
                 return
             if known is not None and (known.size_bytes, known.mtime_ns) == (staged.size, staged.mtime_ns):
                 result.unchanged += 1
                 return
-            sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind)
+            sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind, reading=file.path)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
                 await self.history.kb.set_mtime(known.id, staged.mtime_ns)

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import httpx2  # the SDK's own HTTP client (a fork of httpx it depends on), loaded with it
 import mcp_types
 import pydantic
 from mcp import ClientSession
@@ -49,6 +52,8 @@ STDERR_LINE_CHARS = 300
 STOP_GRACE = 1.0  # seconds a server gets to exit after its stdin closes, then after SIGTERM
 GROUP_POLL = 0.05  # seconds between looks at what is left of a stopped server's process group
 MAX_TOOL_PAGES = 20  # tools/list pages read (a server that pages forever is cut off)
+UNREADABLE = "its answer is not JSON-RPC that can be read"
+LINES_PER_TURN = 32  # a server's lines read before the event loop serves the rest of the daemon
 
 
 class ConnectionLost(Exception):
@@ -81,7 +86,7 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
         proc = await asyncio.create_subprocess_exec(
             spec.command, *spec.args, env=env, cwd=spec.cwd, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=MAX_LINE_BYTES,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_dies_with(os.getpid()),
         )
     except FileNotFoundError:
         if spec.cwd is not None and not os.path.isdir(spec.cwd):
@@ -93,14 +98,19 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
 
+    waiting: set[int | str] = set()  # the ids of our requests not yet answered
+
     async def from_server() -> None:
-        garbage = 0
+        garbage = lines = 0
         async with read_send:
             while True:
+                lines += 1
+                if lines % LINES_PER_TURN == 0:
+                    await asyncio.sleep(0)  # lines already buffered are read without a wait: let the loop in
                 try:
                     line = await proc.stdout.readline()  # type: ignore[union-attr]
                 except ValueError:  # over the limit: asyncio drops the buffer and raises
-                    fault.reason = f"sent a message over {MAX_LINE_BYTES // (1024 * 1024)} MiB"
+                    fault.reason = too_large()
                     break
                 if not line:
                     break
@@ -108,19 +118,29 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
                     continue
                 try:
                     message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except ValueError:
-                    garbage += 1
-                    logger.debug("MCP server %s: a line that is not JSON-RPC: %.80r", spec.name, line)
-                    if garbage >= MAX_GARBAGE_LINES:
-                        fault.reason = f"wrote {garbage} lines that are not JSON-RPC on stdout"
-                        break
-                    continue
+                except ValueError as exc:
+                    answered = unreadable_answer(line, waiting, exc)
+                    if answered is not None:  # a reply the SDK cannot read: its call fails now
+                        message = answered
+                    else:
+                        garbage += 1
+                        logger.debug("MCP server %s: a line that is not JSON-RPC: %.80r", spec.name, line)
+                        if garbage >= MAX_GARBAGE_LINES:
+                            fault.reason = f"wrote {garbage} lines that are not JSON-RPC on stdout"
+                            break
+                        continue
+                if isinstance(message, mcp_types.JSONRPCNotification):
+                    continue  # progress, logs, list changes: the host uses none, the SDK's handling costs
+                if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
+                    waiting.discard(message.id)  # type: ignore[arg-type]
                 await read_send.send(SessionMessage(message))
         fault.closed.set()
 
     async def to_server() -> None:
         async with write_recv:
             async for item in write_recv:
+                if isinstance(item.message, mcp_types.JSONRPCRequest):
+                    waiting.add(item.message.id)
                 data = item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
                 try:
                     proc.stdin.write(data)  # type: ignore[union-attr]
@@ -165,6 +185,49 @@ async def bounded_stdio(spec: McpServerSpec, fault: Fault) -> AsyncIterator[Stre
                 await stream.aclose()
 
 
+# the id of a JSON-RPC answer, read where it stands at the top level of its object: first (after
+# "jsonrpc", as the Python SDK writes it) or last (as the TypeScript SDK does)
+_ID = r'"id"\s*:\s*(-?[0-9]{1,18}|"(?:[^"\\]|\\.){0,200}")'
+ANSWER_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?' + _ID.encode() + rb'|' + _ID.encode() + rb'\s*\}\s*$')
+
+
+def unreadable_answer(line: bytes, waiting: set[int | str], exc: ValueError) -> mcp_types.JSONRPCError | None:
+    """An error answering the request a line answers, when the line is an answer the SDK cannot
+    read (a lone surrogate, a 5,000-digit number, nesting too deep) to a request of ours that
+    waits: the call fails at once, rather than after ``call_timeout`` with its server."""
+    found = ANSWER_ID.search(line)
+    if found is None:
+        return None
+    try:
+        rid = json.loads(found.group(1) or found.group(2))
+    except ValueError:
+        return None
+    if rid not in waiting:
+        return None
+    first = exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError) and exc.errors() else str(exc)
+    why = mcp_types.ErrorData(code=mcp_types.PARSE_ERROR, message=f"{UNREADABLE} ({first[:200]})")
+    return mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=why)
+
+
+PR_SET_PDEATHSIG = 1
+# looked up once here, not in the forked child (no dlopen between fork and exec)
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+
+
+def _dies_with(daemon: int) -> Callable[[], None]:
+    """What the child runs before the server: SIGTERM when the daemon dies, even by SIGKILL
+    outside systemd, where nothing else would stop it (its wrappers' children are stopped
+    with its process group by ``_stop`` only)."""
+
+    def arrange() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != daemon:  # it died before the request was made
+            os._exit(1)
+
+    return arrange
+
+
 async def _stop(proc: asyncio.subprocess.Process) -> None:
     """Close its stdin, then SIGTERM and SIGKILL its process group, each after STOP_GRACE; then
     the rest of the group: what the server started (``npx``, ``uvx`` and shell wrappers run
@@ -200,24 +263,70 @@ async def _end_group(group: int) -> None:
                 return
 
 
+def too_large() -> str:
+    return f"sent a message over {MAX_LINE_BYTES // (1024 * 1024)} MiB"
+
+
 @contextlib.asynccontextmanager
 async def http_streams(spec: McpServerSpec, timeout: float) -> AsyncIterator[Streams]:
-    """The SDK's streamable HTTP transport, with the configured headers."""
-    import httpx2  # the SDK's own HTTP client (a fork of httpx it depends on)
+    """The SDK's streamable HTTP transport, with the configured headers, and bounded as stdio is:
+    an SSE event by the SDK's own cap (set to ``MAX_LINE_BYTES``), a JSON answer, which the SDK
+    reads whole, by our transport's (uncompressed, so the bound is on what is held)."""
     from mcp.client.streamable_http import streamable_http_client
 
-    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(timeout))
-    async with client, streamable_http_client(spec.url, http_client=client) as (read, write):
+    headers = {"Accept-Encoding": "identity"} | dict(spec.headers)
+    transport = _BoundedTransport(httpx2.AsyncHTTPTransport())
+    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout), transport=transport)
+    opened = streamable_http_client(spec.url, http_client=client, max_sse_event_size=MAX_LINE_BYTES)
+    async with client, opened as (read, write):
         yield read, write
+
+
+class _BoundedTransport(httpx2.AsyncBaseTransport):
+    """A transport whose answers other than an event stream end with a ``StreamError`` past
+    ``MAX_LINE_BYTES``: the SDK answers the call waiting for it with that error at once,
+    rather than holding a body of any size."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            response.stream = _BoundedStream(response.stream)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    """A response body that fails once it passes ``MAX_LINE_BYTES``."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > MAX_LINE_BYTES:
+                raise httpx2.StreamError(too_large())
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class Connection:
     """A live session with one server: its tools, and calls to them."""
 
-    def __init__(self, spec: McpServerSpec, session: ClientSession, tools: list[RemoteTool]) -> None:
+    def __init__(self, spec: McpServerSpec, session: ClientSession, tools: list[RemoteTool], fault: Fault) -> None:
         self.spec = spec
         self.session = session
         self.tools = tools
+        self._fault = fault  # what the transport saw end it: a truer reason than the SDK's "closed"
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> CallOutcome:
         """Call a tool; an error the server reports is an outcome, a dead connection raises."""
@@ -225,10 +334,10 @@ class Connection:
             result = await self.session.call_tool(name, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
             if _connection_lost(exc):
-                raise ConnectionLost(exc.message) from None
-            return CallOutcome(text=f"the server refused the call ({exc.message})", is_error=True)
+                raise ConnectionLost(self._fault.describe(exc.message)) from None
+            return CallOutcome(text=_refusal(exc), is_error=True)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-            raise ConnectionLost(f"the connection closed ({type(exc).__name__})") from None
+            raise ConnectionLost(self._fault.describe(f"the connection closed ({type(exc).__name__})")) from None
         except pydantic.ValidationError as exc:  # an answer that is no tool result: the call's fault
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
@@ -236,6 +345,17 @@ class Connection:
         except RuntimeError as exc:  # the SDK's check of a result against the tool's output schema
             return CallOutcome(text=f"the server's answer does not match its tool's schema ({exc})"[:300], is_error=True)
         return outcome(result)
+
+
+def _refusal(exc: MCPError) -> str:
+    """A failed call for the model: an answer refused for its size or its form says so (ours,
+    or the SDK's words for an HTTP answer it could not read), else the server's own words."""
+    message = exc.message[:300]
+    if too_large() in message or "byte limit" in message:
+        return f"the server's answer was refused: it was over the {MAX_LINE_BYTES // (1024 * 1024)} MiB a message may be"
+    if exc.code == mcp_types.PARSE_ERROR and message.startswith((UNREADABLE, "Failed to parse")):
+        return f"the server's answer could not be read: {message}"
+    return f"the server refused the call ({message})"
 
 
 def _connection_lost(exc: MCPError) -> bool:
@@ -323,7 +443,7 @@ async def open_connection(
                 with anyio.fail_after(start_timeout):
                     await session.initialize()
                     tools = await _list_tools(session)
-                await on_ready(Connection(spec, session, tools))
+                await on_ready(Connection(spec, session, tools, fault))
                 await fault.closed.wait()
                 held.cancel_scope.cancel()
             return "" if stop.is_set() else fault.describe("exited")

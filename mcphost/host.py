@@ -33,6 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.mcpconfig import McpServerSpec, McpSettings
+from core.seams import ImageReader
 from core.tools import ToolError
 
 from .records import CallOutcome
@@ -157,9 +158,11 @@ class ServerHandle:
         told by an earlier start (``generation``) than the current one is old news."""
         if self.state == "stopped" or generation not in (None, self._generation):
             return
-        self.last_error = why
         if self.state == "failed":
-            return  # the same failure, told again (with more detail) by the connection's end
+            if generation is not None:  # the same failure, told again (with more detail) by the connection's end
+                self.last_error = why
+            return
+        self.last_error = why
         self.state = "failed"
         self.failures += 1
         self.retry_at = time.monotonic() + min(BACKOFF_FIRST * 2 ** (self.failures - 1), BACKOFF_MAX)
@@ -219,8 +222,9 @@ class _Sdk:
 class McpHost:
     """Every configured server, and the tools of those a conversation uses."""
 
-    def __init__(self, settings: McpSettings) -> None:
+    def __init__(self, settings: McpSettings, images: ImageReader) -> None:
         self.settings = settings
+        self._images = images  # a tool's images go through the attachments' pipeline
         self._sdk = _Sdk()
         self.handles = {spec.name: ServerHandle(spec, settings, self._sdk) for spec in settings.servers}
         self._made: dict[str, tuple[Connection, list[McpTool]]] = {}  # each server's tools, as offered
@@ -255,7 +259,8 @@ class McpHost:
         made = self._made.get(handle.spec.name)
         if made is None or made[0] is not connection:
             names = offered_names(handle.spec.name, [t.name for t in connection.tools])
-            tools = [McpTool(handle, t, names[t.name], self.settings.max_result_chars) for t in connection.tools]
+            tools = [McpTool(handle, t, names[t.name], self.settings.max_result_chars, self._images)
+                     for t in connection.tools]
             made = self._made[handle.spec.name] = (connection, tools)
         return made[1]
 

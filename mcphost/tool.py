@@ -12,12 +12,15 @@ the same tools must be the same bytes from turn to turn (docs/DESIGN.md, "MCP").
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from core.errors import AssistantError, FileRefused
 from core.jsontext import without_lone_surrogates
+from core.seams import ImageReader
 from core.tokens import cut_to_weight, estimate_tools, text_weight
 from core.tools import Tool, ToolContext, ToolError, ToolResult, one_line
 
@@ -34,28 +37,35 @@ MAX_DESCRIPTION_CHARS = 1_000  # a server's essay on one tool costs every turn's
 MAX_IMAGE_BASE64 = 10 * 1024 * 1024  # as attachment_recall: one image rides in every later round
 CUT_NOTE = "\n[... cut here: the result had {total} characters; ask for less, or for a part of it]"
 NOT_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
-BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 
 
-def _hashed(name: str, base: str, room: int) -> str:
-    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+def _hashed(name: str, base: str, room: int, salt: int = 0) -> str:
+    digest = hashlib.sha256(f"{name}#{salt}".encode() if salt else name.encode()).hexdigest()[:6]
     return f"{base[: room - 7]}_{digest}"
 
 
 def offered_names(server: str, tools: list[str]) -> dict[str, str]:
-    """The name the model sees for each of a server's tools, collision-free and stable."""
+    """The name the model sees for each of a server's tools: stable, and unique by construction.
+
+    A name that is safe, fits and is no other's keeps it; the others get a hashed one, hashed
+    again (salted) while it is taken: a tool may itself be named like another's hashed name.
+    """
     room = MAX_NAME - len(server) - len(SEPARATOR)
     plain = {name: NOT_A_NAME.sub("_", name) or "_" for name in tools}
     counts: dict[str, int] = {}
     for safe in plain.values():
         counts[safe] = counts.get(safe, 0) + 1
-    offered = {}
+    kept = {name: safe for name, safe in plain.items() if len(safe) <= room and counts[safe] == 1}
+    taken = set(kept.values())
     for name, safe in plain.items():
-        if len(safe) > room or counts[safe] > 1:  # the hash of the real name keeps it distinct
-            safe = _hashed(name, safe, room)
-        offered[name] = f"{server}{SEPARATOR}{safe}"
-    return offered
+        if name not in kept:  # the hash of the real name keeps it distinct
+            salt = 0
+            while (hashed := _hashed(name, safe, room, salt)) in taken:
+                salt += 1
+            kept[name] = hashed
+            taken.add(hashed)
+    return {name: f"{server}{SEPARATOR}{kept[name]}" for name in tools}
 
 
 def canonical(schema: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +90,11 @@ def canonical(schema: dict[str, Any]) -> dict[str, Any]:
 class McpTool(Tool):
     """One tool of one hosted server, offered under its prefixed name."""
 
-    def __init__(self, handle: ServerHandle, remote: RemoteTool, offered: str, max_result_chars: int) -> None:
+    def __init__(
+        self, handle: ServerHandle, remote: RemoteTool, offered: str, max_result_chars: int, images: ImageReader
+    ) -> None:
         self.handle = handle
+        self._read_image = images
         self.remote = remote
         self.name = offered
         self.server = handle.spec.name
@@ -118,7 +131,7 @@ class McpTool(Tool):
         if outcome.is_error:
             reason = without_lone_surrogates(text[:2000]) or "no reason given"
             raise ToolError(f"{self.server}'s {self.remote.name} failed: {reason}")
-        images, notes = self._images(outcome.images, ctx)
+        images, notes = await self._images(outcome.images, ctx)
         # in budget characters, as the room left is counted (text outside ASCII weighs more),
         # less what the images shown take
         limit = max(min(self.max_result_chars, ctx.max_chars - len(images) * ctx.image_chars), 200)
@@ -134,27 +147,38 @@ class McpTool(Tool):
             summary=one_line(f"{self.server}: {self.remote.name} returned {len(outcome.text)} characters{shown}"),
         )
 
-    def _images(self, found: list[tuple[str, str]], ctx: ToolContext) -> tuple[list[dict[str, Any]], list[str]]:
+    async def _images(
+        self, found: list[tuple[str, str]], ctx: ToolContext
+    ) -> tuple[list[dict[str, Any]], list[str]]:
         """Images as image_url parts for a vision model (shown as attachment_recall shows its
-        own), or a note of each one the model cannot be shown."""
+        own), each checked, decoded and scaled as an attached image is; or a note of each one
+        the model cannot be shown, and why."""
         images: list[dict[str, Any]] = []
         notes: list[str] = []
         room = ctx.max_chars  # each image shown takes ctx.image_chars of what is left
         for n, (mime, data) in enumerate(found, 1):
             if not ctx.vision:
                 notes.append(f"[image {n} ({mime}) not shown: this model cannot see images]")
-            elif mime not in IMAGE_TYPES or not _is_base64(data):
+            elif mime not in IMAGE_TYPES:
                 notes.append(f"[image {n} not shown: {mime} is not an image type models read]")
             elif len(data) > MAX_IMAGE_BASE64:
                 notes.append(f"[image {n} not shown: over {MAX_IMAGE_BASE64 // (1024 * 1024)} MB of base64]")
             elif ctx.image_chars > room:
                 notes.append(f"[image {n} not shown: no room left in the context for it]")
             else:
+                try:
+                    url = await self._read_image(_decoded(data, n), f"image {n}")
+                except AssistantError as exc:  # FileRefused, TooManyPixels: the model reads why
+                    notes.append(f"[{without_lone_surrogates(exc.message)} (not shown)]")
+                    continue
                 room -= ctx.image_chars
-                images.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
+                images.append({"type": "image_url", "image_url": {"url": url}})
         return images, notes
 
 
-def _is_base64(data: str) -> bool:
-    """Whether the data looks like base64 (its start: checking a whole image costs too much)."""
-    return bool(data) and BASE64.fullmatch(data[:4096]) is not None
+def _decoded(data: str, n: int) -> bytes:
+    """The bytes of an image's base64 (``FileRefused`` when it is not base64)."""
+    try:
+        return base64.b64decode("".join(data.split()), validate=True)
+    except ValueError:  # binascii.Error
+        raise FileRefused(f"image {n}: its data is not base64") from None

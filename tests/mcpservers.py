@@ -18,7 +18,11 @@
   the file ``MCP_TEST_CHILD`` names, and exits when ``echo`` gets "die"), ``acting`` (a tool
   that acts, ``write_note``, appending its ``text`` to the file ``MCP_TEST_NOTES`` names, and
   one its annotations call read-only, ``read_notes``, reading that file back: no SDK, so it
-  starts in a moment).
+  starts in a moment), ``odd`` (tools
+  ``a.b``, ``a_b`` and one named as ``a.b``'s hashed name; each answers with its name, and
+  ``echo`` answers as its text says: ``surrogate``, ``digits`` or ``deep``, a reply the SDK
+  cannot read; ``svg``, ``notb64``, ``bomb`` or ``wide``, an image of that sort;
+  ``garbage``, 30 lines that are not JSON-RPC).
 
 Each writes a line to the file named by ``MCP_TEST_STARTS`` (when set) as it starts,
 so a test can count (re)starts.
@@ -246,6 +250,12 @@ def raw() -> None:
                   "annotations": {"destructiveHint": False}},
                  {"name": "read_notes", "description": "Read the notes.", "inputSchema": {"type": "object"},
                   "annotations": {"readOnlyHint": True, "title": "Read notes"}}]
+    if mode == "odd":  # the third is named as the first's offered name would be, hashed
+        import hashlib
+
+        shadow = "a_b_" + hashlib.sha256(b"a.b").hexdigest()[:6]
+        tools += [{"name": name, "description": name, "inputSchema": {"type": "object"}}
+                  for name in ("a.b", "a_b", shadow)]
     if mode == "child":  # as npx, uvx or a shell wrapper leave one: it holds stdout open too
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         with open(os.environ["MCP_TEST_CHILD"], "a") as fh:
@@ -255,12 +265,39 @@ def raw() -> None:
         sys.stdout.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
         sys.stdout.flush()
 
-    def png(side: int) -> str:
+    def png(side: int, height: int = 0) -> str:
         from PIL import Image
 
         buffer = io.BytesIO()
-        Image.new("RGB", (side, side), "red").save(buffer, "PNG")
+        Image.new("RGB", (side, height or side), "red").save(buffer, "PNG")
         return base64.b64encode(buffer.getvalue()).decode()
+
+    def bomb() -> str:  # a PNG header claiming 30,000 x 30,000 pixels, and nothing more
+        import struct
+        import zlib
+
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+        header = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+        rows = zlib.compress(b"\0" * 1000)
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+        return base64.b64encode(png).decode()
+
+    def odd(rid: int, name: str, text: str) -> None:
+        if name != "echo":
+            send({"id": rid, "result": {"content": [{"type": "text", "text": f"called {name}"}]}})
+        elif text in ("surrogate", "digits", "deep"):
+            body = {"surrogate": '"\\ud800"', "digits": "9" * 5000, "deep": "[" * 3000 + "]" * 3000}[text]
+            sys.stdout.write(f'{{"jsonrpc":"2.0","id":{rid},"result":{{"content":[],"x":{body}}}}}\n')
+            sys.stdout.flush()
+        elif text == "garbage":
+            sys.stdout.write("not JSON-RPC at all\n" * 30)
+            sys.stdout.flush()
+        else:
+            data = {"svg": base64.b64encode(b"<svg xmlns='http://www.w3.org/2000/svg'/>").decode(),
+                    "notb64": "@@ not base64 @@", "bomb": bomb(), "wide": png(3000, 100)}[text]
+            send({"id": rid, "result": {"content": [{"type": "image", "mimeType": "image/png", "data": data}]}})
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -278,6 +315,9 @@ def raw() -> None:
             send({"id": rid, "error": {"code": -32602, "message": "Invalid arguments: the issue is closed"}})
         elif mode == "acting":
             send({"id": rid, "result": {"content": [{"type": "text", "text": notes(request["params"])}]}})
+        elif mode == "odd":
+            params = request["params"]
+            odd(rid, params["name"], str((params.get("arguments") or {}).get("text", "")))
         elif mode == "video":
             send({"id": rid, "result": {"content": [{"type": "text", "text": "before"}, {"type": "video", "url": "x"}]}})
         else:

@@ -8,6 +8,9 @@ import base64
 import json
 import os
 import sqlite3
+import stat
+import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -403,3 +406,40 @@ async def test_damaged_and_bomb_images_are_refused(
     assert events[-1]["code"] == "file_refused"
     assert router.requests == []
     assert words in events[-1]["message"]
+
+
+async def test_a_file_that_blocks_on_read_is_refused_in_time_and_never_holds_a_stop(
+    config: Config, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/kmsg looks regular and blocks on read: an ask or a kb_add of it once waited for
+    ever, and a daemon stopping waited for the thread stuck on it. A FIFO with a writer that
+    never writes, taken for a regular file, stands in for it."""
+    from core import filethreads, files
+    from kbinject import ingest
+
+    kmsg = tmp_path / "kmsg"
+    os.mkfifo(kmsg)
+    writer = os.open(kmsg, os.O_RDWR | os.O_NONBLOCK)  # held open: a read waits for data, not EOF
+    seen_regular = types.SimpleNamespace(**{n: getattr(stat, n) for n in dir(stat) if n.isupper() or n.startswith("S_")})
+    seen_regular.S_ISREG = lambda mode: stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
+    monkeypatch.setattr(files, "stat", seen_regular)
+    monkeypatch.setattr(ingest, "stat", seen_regular)
+    monkeypatch.setattr(filethreads, "READ_TIMEOUT", 0.5)
+    try:
+        async with serving(config) as (_daemon, wire):
+            events = await wire.ask("look", files=[str(kmsg)])
+            assert events[-1]["code"] == "file_refused" and "did not finish within 0.5 s" in events[-1]["message"]
+            rid = await wire.send({"type": "kb_add", "kb": "logs", "paths": [str(kmsg)]})
+            added = (await wire.until(rid, ("kb", "error")))[-1]
+            assert added["type"] == "kb" and "did not finish within 0.5 s" in added["errors"][0]["reason"]
+            monkeypatch.setattr(filethreads, "READ_TIMEOUT", 3600.0)
+            await wire.send({"type": "ask", "text": "look again", "files": [str(kmsg)]})  # stuck as the daemon stops
+            await wire.send({"type": "kb_add", "kb": "logs", "paths": [str(kmsg)]})
+            await wire.request({"type": "status"})  # both lines were read
+        # nothing the daemon leaves behind waits on the reads: the loop's own threads end
+        async with asyncio.timeout(30):  # a hang guard only
+            await asyncio.get_running_loop().shutdown_default_executor()
+        stuck = [t for t in threading.enumerate() if t.name.startswith(("file-read", "kb-ingest"))]
+        assert stuck and all(t.daemon for t in stuck)  # the process's exit does not wait for them
+    finally:
+        os.close(writer)  # the stuck reads see the end of the pipe and their threads end

@@ -7,13 +7,16 @@ llm's flags, exit statuses, ``| head``, settings and estimate, kb add, Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -98,6 +101,32 @@ async def test_a_question_over_the_line_limit_is_a_usage_error(
     assert proc.returncode == 2
     assert "over the 1,048,576 the daemon reads; send long text as a file (ask -f FILE)" in err.decode()
     assert router.requests == []  # nothing was sent
+
+
+async def test_stdin_that_never_ends_is_refused_at_the_limit() -> None:
+    """A gigabyte piped in was read whole before it was refused (3 GB of memory): the client
+    stops at the limit, so even a pipe that never ends gets its answer."""
+    read_end, write_end = os.pipe()
+
+    def endless() -> None:
+        chunk = b"y" * 65536
+        with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as pipe:
+            while True:
+                pipe.write(chunk)
+
+    writer = threading.Thread(target=endless, daemon=True)
+    writer.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *ASSISTANT, "ask", "summarise", cwd=ROOT, stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(read_end)  # the client holds its own copy; when it exits, the writer's pipe breaks
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "stdin holds more than the 1,048,576 bytes a question may have" in err.decode()
+    await asyncio.to_thread(writer.join, 30)
+    assert not writer.is_alive()
 
 
 async def test_a_file_name_that_is_not_utf8_is_a_usage_error(daemon: RunningDaemon, tmp_path: Path) -> None:
@@ -469,3 +498,17 @@ async def test_kb_link_says_what_it_linked(daemon: RunningDaemon, router: FakeRo
     assert code == 0 and out.splitlines()[0] == "fruit: unlinked from conversation 1"
     code, out, _ = await cli("conversations")
     assert "  1 turn " in out
+
+
+async def test_the_status_line_obeys_no_control_character() -> None:
+    """A status line is drawn raw (it needs its \\r): C1 controls (U+009B is CSI to a terminal
+    that reads 8-bit controls) are blanked there as C0 ones are."""
+    from client.terminal import Terminal
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    Terminal(io.StringIO(), err).status("tool: \x9b2J\x9d0;title\x07\x1b[31m wiped")
+    assert not any(0x80 <= ord(c) < 0xA0 or ord(c) < 0x20 and c != "\r" for c in err.getvalue().replace("\r\x1b[K", ""))

@@ -252,3 +252,31 @@ async def test_start_up_on_a_full_disk_that_cannot_open_the_history_is_one_clear
     message = refused.value.message
     assert "is full; free some space and start again" in message
     assert "move it aside" not in message  # nothing is wrong with the file
+
+
+async def test_knowledge_base_work_on_a_full_disk_stops_with_disk_full(
+    daemon: RunningDaemon, router: FakeRouter, tmp_path: Path
+) -> None:
+    """kb_add once went on through every file, each "could not be indexed (DiskFull)"; kb_remove
+    answered disk_full for a removal it had committed."""
+    wire = await daemon.connect()
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(12):
+        (docs / f"note{n}.txt").write_text(f"note {n}: " + " ".join(f"w{n}x{i}" for i in range(6000)))
+    rid = await wire.send({"type": "kb_add", "kb": "big", "paths": [str(docs / "note0.txt"), str(docs / "note1.txt")]})
+    assert (await wire.until(rid, ("kb", "error")))[-1]["type"] == "kb"
+    rid = await wire.send({"type": "kb_add", "kb": "small", "paths": [str(docs / "note2.txt")]})
+    assert (await wire.until(rid, ("kb", "error")))[-1]["type"] == "kb"
+    filler = fill(daemon.config.data_dir.parent)
+    try:
+        rid = await wire.send({"type": "kb_add", "kb": "small", "paths": [str(docs)]})
+        answer = (await wire.until(rid, ("kb", "error")))[-1]
+        assert answer["type"] == "error" and answer["code"] == "disk_full", answer
+        removed = await wire.request({"type": "kb_remove", "kb": "big"})
+        names = [kb["kb"] for kb in (await wire.request({"type": "kb_list"}))["items"]]
+        # an answer that says what happened: removed and gone, or refused and still there
+        assert (removed["type"], "big" in names) in (("kb", False), ("error", True)), (removed, names)
+    finally:
+        filler.unlink()
+    await wire.close()

@@ -19,7 +19,7 @@ import pytest_asyncio
 from client import Wire
 from core import Config
 from selfcheck.fakerouter import FakeRouter, Reply
-from tests.conftest import EVENT_TIMEOUT
+from tests.conftest import EVENT_TIMEOUT, RunningDaemon, serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -440,3 +440,68 @@ async def test_a_daemon_killed_mid_reply_is_named_with_the_turn_by_the_client(
     assert client.returncode == 3
     assert "it was answering conversation 1, turn 1: the question is kept" in err.decode(), err.decode()
     assert "assistant open 1" in err.decode()
+
+
+async def test_a_history_damaged_while_running_is_named_with_its_recovery(
+    daemon: RunningDaemon, router: FakeRouter
+) -> None:
+    """history.db overwritten under a running daemon was `internal` ("a bug") on open, search
+    and ask: it is `history_damaged`, naming the file and the way to recover it."""
+    wire = await daemon.connect()
+    for n in range(3):
+        await wire.ask(f"question {n} " + "filler " * 2000)
+    db = daemon.config.db_path
+    other = sqlite3.connect(db)  # the pages into the file, where the stray write lands
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    with db.open("r+b") as damaged:  # every page past the header overwritten, as a stray write would
+        size = damaged.seek(0, os.SEEK_END)
+        damaged.seek(4096)
+        damaged.write(b"\xa5" * (size - 4096))
+    refusals = [await wire.request({"type": "search", "query": "filler"}),
+                await wire.request({"type": "open", "conversation": 2}),
+                (await wire.ask("still there?", conversation=1))[-1]]
+    for refused in refusals:
+        assert refused["type"] == "error" and refused["code"] == "history_damaged", refused
+        assert str(db) in refused["message"] and ".recover" in refused["message"]
+    assert (await wire.request({"type": "status"}))["type"] == "status"  # the daemon goes on
+    await wire.close()
+
+
+async def test_a_long_migration_asks_systemd_for_more_time(
+    config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's 90 s start timeout killed a multi-million-turn migration, in a loop: while the
+    history opens, the daemon asks for more time (EXTEND_TIMEOUT_USEC), then says READY=1."""
+    from daemon import notify, server
+    from history import AsyncHistory
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(tmp_path / "notify"))
+    listener.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    monkeypatch.setattr(notify, "EXTEND_EVERY", 0.01)
+    opened = asyncio.Event()
+    real_open = AsyncHistory.open
+
+    async def migrating(path: Path) -> AsyncHistory:
+        got: list[bytes] = []
+        async with asyncio.timeout(30):  # a hang guard only
+            while not any(b"EXTEND_TIMEOUT_USEC" in g for g in got):  # a migration that lasts until asked
+                got.append(await asyncio.get_running_loop().sock_recv(listener, 4096))
+        opened.set()
+        return await real_open(path)
+
+    monkeypatch.setattr(server.AsyncHistory, "open", migrating)
+    try:
+        async with serving(config) as (_daemon, wire):
+            assert opened.is_set() and (await wire.request({"type": "status"}))["type"] == "status"
+        states = []
+        while True:
+            try:
+                states.append(listener.recv(4096).decode())
+            except BlockingIOError:
+                break
+        assert "READY=1" in states and not any("EXTEND" in s for s in states[states.index("READY=1"):])
+    finally:
+        listener.close()

@@ -5,11 +5,17 @@ model's calls to their tools, and the daemon must contain every way a server can
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import base64
+import hashlib
+import http.server
+import io
 import json
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +27,7 @@ import pytest_asyncio
 from client import Wire, of_type, reply_text
 import mcphost.connection
 import mcphost.host
+import mcphost.tool
 from mcphost.tool import McpTool
 from core import Config, load_config
 from core.tokens import text_weight
@@ -664,3 +671,164 @@ async def test_a_cancel_during_a_hosted_call_stops_the_turn_and_keeps_the_server
     events = await wire.ask("echo", conversation=cid)
     assert of_type(events, "tool")[0]["ok"] is True
     assert tool_messages(router.requests[-1])[-1]["content"] == "STILL HERE"
+
+
+async def test_a_server_that_lies_is_answered_at_once_and_its_fault_named(hosting: Any, router: FakeRouter) -> None:
+    """Answers the SDK cannot read fail their call at once (not after call_timeout, with a
+    healthy server killed); images go through the attachments' pipeline; offered names are
+    unique though a tool is named as another's hashed name; and a server that then writes
+    garbage is failed with that reason, not the SDK's "Connection closed"."""
+    wire = await hosting({"odd": raw("odd")}, f"start_timeout = {SLOW_START}\ncall_timeout = 600\n")
+    offered = mcphost.tool.offered_names("odd", ["echo", "a.b", "a_b", "a_b_" + hashlib.sha256(b"a.b").hexdigest()[:6]])
+    assert len(set(offered.values())) == 4
+    shadow = "a_b_" + hashlib.sha256(b"a.b").hexdigest()[:6]
+
+    def calls(kinds: list[str]) -> Reply:
+        return Reply(tool_calls=[{"id": kind, "name": "odd__echo", "arguments": json.dumps({"text": kind})}
+                                 for kind in kinds])
+
+    named = Reply(tool_calls=[{"id": f"t{n}", "name": offered[name], "arguments": "{}"}
+                              for n, name in enumerate(["a.b", "a_b", shadow])])
+    router.script(calls(["surrogate", "digits", "deep"]), named, calls(["svg", "notb64", "bomb", "wide"]),
+                  Reply(text="coped"))
+    async with asyncio.timeout(60):  # only a hang: each unreadable answer must not wait 600 s
+        events = await wire.ask("try them all", model="fake-vision")
+    assert events[-1]["type"] == "done"
+    request = router.requests[-1]
+    assert sorted(tool_names(request))[1:] == sorted(offered.values())  # after conversation_search
+    results = [m["content"] for m in tool_messages(request)]
+    for text in results[:3]:
+        assert "answer could not be read" in text and "Invalid JSON" in text
+    assert results[3:6] == ["called a.b", "called a_b", f"called {shadow}"]
+    assert "not a PNG, JPEG, WebP or GIF" in results[6] and "not base64" in results[7]
+    assert "30000 x 30000" in results[8] or "far too many pixels" in results[8]
+    shown = [p for p in request["messages"][-1]["content"] if p["type"] == "image_url"]
+    assert len(shown) == 1  # the wide one, scaled to 2048 px as an attached image is
+    from PIL import Image
+
+    wide = Image.open(io.BytesIO(base64.b64decode(shown[0]["image_url"]["url"].partition(",")[2])))
+    assert wide.size == (2048, 68)
+    assert (await server_state(wire, "odd"))["state"] == "ready"
+    router.script(call("odd__echo", {"text": "garbage"}), Reply(text="gone"))
+    async with asyncio.timeout(60):
+        await wire.ask("and now")
+    state = await server_state(wire, "odd")
+    assert state["state"] == "failed" and "lines that are not JSON-RPC" in state["last_error"], state
+
+
+async def test_a_call_cut_by_the_servers_fault_names_the_fault() -> None:
+    """The SDK's "Connection closed" reaches a waiting call as the transport ends; what ended
+    it (garbage, a line over the cap) is what `mcp list` must show."""
+    from mcp.shared.exceptions import MCPError
+
+    class Closed:
+        async def call_tool(self, *args: Any, **kwargs: Any) -> Any:
+            raise MCPError(mcphost.connection.mcp_types.CONNECTION_CLOSED, "Connection closed")
+
+    fault = mcphost.connection.Fault(reason="wrote 20 lines that are not JSON-RPC on stdout")
+    connection = mcphost.connection.Connection(None, Closed(), [], fault)  # type: ignore[arg-type]
+    with pytest.raises(mcphost.connection.ConnectionLost, match="wrote 20 lines that are not JSON-RPC"):
+        await connection.call("echo", {}, 1.0)
+
+
+class _LyingHttp(http.server.BaseHTTPRequestHandler):
+    """A streamable HTTP MCP server whose tools answer past the cap: ``json`` as one
+    application/json body, ``sse`` as one event of an event stream."""
+
+    SIZE = 3 << 20
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - no stream of the server's own
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_POST(self) -> None:  # noqa: N802
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in request:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        method, rid = request["method"], request["id"]
+        result: dict[str, Any] = {}
+        if method == "initialize":
+            result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "liar", "version": "1"}}
+        elif method == "tools/list":
+            result = {"tools": [{"name": name, "inputSchema": {"type": "object"}} for name in ("json", "sse")]}
+        elif method == "tools/call":
+            result = {"content": [{"type": "text", "text": "x" * self.SIZE}]}
+        body = json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode()
+        streamed = method == "tools/call" and request["params"]["name"] == "sse"
+        if streamed:
+            body = b"event: message\ndata: " + body + b"\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def test_an_http_server_answering_past_the_cap_is_refused_for_size(
+    hosting: Any, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK reads a JSON answer whole (400 MB: +2 GB): both kinds of answer are held to
+    the stdio transport's cap, and the model is told the answer was refused for its size."""
+    monkeypatch.setattr(mcphost.connection, "MAX_LINE_BYTES", 1 << 20)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LyingHttp)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        wire = await hosting({"liar": f'url = "http://127.0.0.1:{server.server_address[1]}/mcp"\napproval = "auto"\n'})
+        router.script(Reply(tool_calls=[{"id": kind, "name": f"liar__{kind}", "arguments": "{}"}
+                                        for kind in ("json", "sse")]), Reply(text="too big"))
+        async with asyncio.timeout(60):
+            events = await wire.ask("fetch it")
+        assert events[-1]["type"] == "done"
+        for tool in of_type(events, "tool"):
+            assert tool["ok"] is False
+        for message in tool_messages(router.requests[-1]):
+            assert "refused: it was over the 1 MiB a message may be" in message["content"], message
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_a_server_goes_when_its_daemon_is_killed(
+    router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside systemd nothing stopped a server whose daemon died by SIGKILL: one that does not
+    watch its stdin lived on."""
+    from tests.test_lifecycle import DaemonProcess
+
+    starts = tmp_path / "starts"
+    write_config(tmp_path, {"deaf": server("hang", starts)}, "start_timeout = 60\n")
+    config = hosted_config(router, monkeypatch)
+    daemon = await DaemonProcess.spawn(tmp_path)
+    pid = None
+    try:
+        assert await daemon.notified()
+        wire = await Wire.open(config.socket_path, timeout=30)
+        await wire.send({"type": "mcp_servers"})  # starts it; it never answers
+        async with asyncio.timeout(30):
+            while not starts.exists() or not starts.read_text().strip():
+                await asyncio.sleep(0.05)
+        [pid] = {int(line) for line in starts.read_text().split()}  # it notes its start twice
+        await wire.close()
+        daemon.proc.kill()
+        async with asyncio.timeout(30):  # a hang guard only: the kernel signals it as the daemon dies
+            while os.path.exists(f"/proc/{pid}") and "zombie" not in process_state(pid):
+                await asyncio.sleep(0.05)
+    finally:
+        if pid is not None:  # one left behind holds the daemon's output open
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            daemon.proc.kill()
+        await daemon.proc.communicate()
+        daemon.notify.close()

@@ -815,3 +815,67 @@ async def test_events_are_strict_json() -> None:
         encode_event({"type": "status", "uptime": float("inf")})
     # a lone surrogate that got past where it came in is sent as U+FFFD, not a failed event
     assert encode_event({"type": "delta", "text": "a\ud800b"}) == '{"type":"delta","text":"a\ufffdb"}\n'.encode()
+
+
+async def test_requests_waiting_in_order_are_bounded_and_each_waits_on_a_few(
+    daemon: RunningDaemon, wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unread barriers once each held every earlier one (10,000 `settings` lines: 11 GB). Each
+    request now waits on a few tasks however many came before it, and a connection past its
+    bound of requests in flight is refused line by line, with nothing of those lines done."""
+    monkeypatch.setattr(connection, "MAX_PENDING_REQUESTS", 40)
+    cid = (await wire.ask("hold on"))[0]["conversation"]
+    assert daemon.server is not None and daemon.server._handlers is not None
+    handlers = daemon.server._handlers
+    gate = asyncio.Event()
+    settings = handlers.on_settings
+
+    async def gated(request: object, emit: object) -> None:
+        await gate.wait()
+        await settings(request, emit)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(handlers, "on_settings", gated)
+    kinds = ["settings", "cancel", "delete", "open", "status", "kb_remove"] * 10
+    lines = [{"type": "settings", "conversation": cid, "title": "t0", "id": 0}]
+    for n, kind in enumerate(kinds, 1):
+        line = {"type": kind, "id": n}
+        line.update({"settings": {"conversation": cid, "title": f"t{n}"}, "cancel": {"conversation": cid},
+                     "delete": {"conversation": cid + 1000}, "open": {"conversation": cid},
+                     "kb_remove": {"kb": "none"}}.get(kind, {}))
+        lines.append(line)
+    await wire.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    refused = [await wire.read() for _ in range(len(lines) - 40)]  # all before anything else: the gate holds
+    assert {e["code"] for e in refused} == {"too_many_requests"}
+    assert [e["id"] for e in refused] == list(range(40, len(lines)))
+    waiting = [t for t in asyncio.all_tasks() if t.get_name().startswith("request-")]
+    assert len(waiting) == 40
+    # what a task's end wakes: its own bookkeeping and the few requests that wait on it by name,
+    # not every later one (the held lines cost in proportion to their number)
+    woken = sum(len(t._callbacks or ()) for t in waiting)  # type: ignore[attr-defined]
+    assert woken <= 6 * len(waiting)
+    gate.set()
+    answered = [await wire.read() for _ in range(40)]
+    assert [e["id"] for e in answered if e["type"] == "settings"] == [0] + [n for n in range(1, 40) if n % 6 == 1]
+    final = await wire.request({"type": "open", "conversation": cid})
+    assert final["title"] == "t37"  # the last settings accepted; none refused took effect
+
+
+async def test_statuses_at_once_share_one_look_at_the_router(wire: Wire, router: FakeRouter) -> None:
+    """Each status asked the router for its models: 10,000 statuses were as many requests."""
+    before = router.models_answered
+    lines = [{"type": "status", "id": n} for n in range(50)]
+    await wire.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    answers = [await wire.read() for _ in lines]
+    assert {e["type"] for e in answers} == {"status"} and all(e["router_reachable"] for e in answers)
+    asked = router.models_answered - before
+    assert 1 <= asked < 10, asked
+
+
+async def test_an_error_repeats_a_few_of_the_clients_names_not_all(wire: Wire) -> None:
+    cid = (await wire.ask("hello"))[0]["conversation"]
+    names = [f"server{n}" for n in range(20_000)]
+    refused = await wire.request({"type": "settings", "conversation": cid, "mcp_servers": names})
+    assert refused["code"] == "not_found" and "server0, server1" in refused["message"]
+    assert "and 19995 more" in refused["message"] and len(refused["message"]) < 300
+    refused = await wire.request({"type": "x" * 100_000})
+    assert refused["code"] == "unknown_type" and len(refused["message"]) < 400
