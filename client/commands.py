@@ -38,7 +38,7 @@ from .terminal import (
     Terminal,
     piped_stdin,
 )
-from .turn import Refused, Turn, chosen_conversation, compose_question, file_paths, set_system
+from .turn import Refused, Turn, chosen_conversation, compose_question, file_paths, latest_conversation, set_system
 from .wire import DaemonGone, Unsendable, Wire
 
 __all__ = ["add_client_commands", "add_client_options", "connect", "guarded", "run_client", "socket_path"]
@@ -71,9 +71,28 @@ async def _ask(client: Wire, args: argparse.Namespace, terminal: Terminal) -> in
         request["files"] = files
     if args.preset:
         request["preset"] = args.preset
+    request.update(args.options)
     approver = Approver(terminal, approve_all=args.approve_all, approve=args.approve or ())
-    turn = Turn(client, terminal, as_json=args.json, stream=not args.no_stream, stats=args.stats, approver=approver)
+    turn = Turn(client, terminal, as_json=args.json, stream=not (args.no_stream or args.extract), stats=args.stats,
+                extract=args.extract, approver=approver)
     return await turn.run(request)
+
+
+MODEL_OPTIONS = ("temperature", "top_p")  # what ``-o KEY VALUE`` may set (the daemon checks the ranges)
+
+
+def model_options(pairs: list[list[str]] | None) -> dict[str, float | None]:
+    """``-o KEY VALUE``s as request fields; ``default`` as a value is null (the setting's default)."""
+    options: dict[str, float | None] = {}
+    for key, value in pairs or ():
+        key = key.replace("-", "_")
+        if key not in MODEL_OPTIONS:
+            raise UsageError(f"-o {key}: not a model option; the options are {', '.join(MODEL_OPTIONS)}")
+        try:
+            options[key] = None if value == "default" else float(value)
+        except ValueError:
+            raise UsageError(f"-o {key} {value}: give a number (or default)") from None
+    return options
 
 
 # -- other requests ---------------------------------------------------------------------------
@@ -108,7 +127,8 @@ async def _kb_add(client: Wire, args: argparse.Namespace, terminal: Terminal) ->
             if event.get("cancelled") or interrupts.count:
                 return EXIT_INTERRUPTED
             if event["added"] + event["updated"] + event["unchanged"] == 0:
-                terminal.note("assistant: nothing was added; see the reasons above")
+                reasons = dict.fromkeys(n["reason"] for n in (event.get("skipped") or []) + (event.get("errors") or []))
+                terminal.note(f"assistant: nothing was added: {'; '.join(reasons) or 'the paths hold no files'}")
                 return EXIT_ERROR
             return EXIT_OK
     raise AssertionError("stream() ends only by raising")  # pragma: no cover
@@ -147,6 +167,7 @@ async def _settings_request(client: Wire, args: argparse.Namespace) -> dict[str,
             request[key] = None  # null: the daemon's own setting again
         elif value is not None:
             request[key] = value
+    request.update(args.options)
     return request
 
 
@@ -164,8 +185,31 @@ async def _estimate_request(client: Wire, args: argparse.Namespace) -> dict[str,
     return request
 
 
+async def _conversations(client: Wire, wanted: int) -> dict[str, Any]:
+    """``conversations -n N``: the daemon's pages (at most MAX_LIST_LIMIT each) until N are listed."""
+    event = await client.request({"type": "conversations", "limit": min(wanted, MAX_LIST_LIMIT)})
+    items = event.get("items") or []
+    while event["type"] != "error" and len(event["items"]) == MAX_LIST_LIMIT and len(items) < wanted:
+        event = await client.request({"type": "conversations", "limit": min(wanted - len(items), MAX_LIST_LIMIT),
+                                      "before": items[-1]["updated_at"]})
+        items += event.get("items") or []
+    return event if event["type"] == "error" else {**event, "items": items}
+
+
+def _nothing_found(event: dict[str, Any]) -> str | None:
+    """What a search that found nothing says (on stderr, exit status 1, as grep's), or None."""
+    if event["type"] == "results" and not event["conversations"]:
+        return f"nothing found for {event['query']!r}"
+    if event["type"] == "kb_results" and not event["results"]:
+        return f"nothing found in {event['kb']} for {event['query']!r}"
+    return None
+
+
 async def _simple(client: Wire, request: dict[str, Any], as_json: bool, terminal: Terminal) -> int:
-    event = await client.request(request)
+    if request["type"] == "conversations":
+        event = await _conversations(client, request["limit"])
+    else:
+        event = await client.request(request)
     if as_json:
         terminal.out.write(json_line(event))
         return EXIT_ERROR if event["type"] == "error" else EXIT_OK
@@ -175,7 +219,14 @@ async def _simple(client: Wire, request: dict[str, Any], as_json: bool, terminal
     if request["type"] == "kb_link":  # the answer is the KB as it is now: say what changed
         scope = f"conversation {request['conversation']}" if "conversation" in request else "every conversation"
         print(f"{request['kb']}: {'linked to' if request['linked'] else 'unlinked from'} {scope}", file=terminal.out)
+    if request["type"] == "kb_remove":
+        print(f"removed knowledge base {event['kb']}: {event['documents']} documents, {event['chunks']} chunks "
+              "(the files themselves are untouched)", file=terminal.out)
+        return EXIT_OK
     RENDERERS.get(event["type"], lambda e, o: print(json.dumps(e, indent=2), file=o))(event, terminal.out)
+    if (nothing := _nothing_found(event)) is not None:
+        terminal.note(nothing)
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -194,6 +245,10 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
         request["limit"] = args.limit
     elif args.command in ("open", "delete", "cancel"):
         request["conversation"] = args.conversation_id
+        if args.conversation_id is None:  # open and cancel: the latest
+            request["conversation"] = await latest_conversation(client)
+            if request["conversation"] is None:
+                raise UsageError(f"there are no conversations to {args.command} yet")
     elif args.command == "search":
         request.update(query=" ".join(args.words), limit=args.limit)
         conversation = await chosen_conversation(client, args)
@@ -248,6 +303,8 @@ def add_client_options(parser: argparse.ArgumentParser, *, suppress: bool = Fals
     parser.add_argument("--json", action="store_true", help="print the raw JSON events", **default)
     parser.add_argument("--socket", help="the daemon's socket (default: $ASSISTANT_SOCKET or the XDG path)",
                         **default)
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress and no context meter on stderr",
+                        **default)
 
 
 def _add_conversation_choice(parser: argparse.ArgumentParser, *, new: bool = False) -> None:
@@ -266,6 +323,11 @@ def _add_question(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--preset", metavar="NAME",
                         help="ask with a preset's prompt (summarize, explain, describe ...: see `presets`); "
                              "WORDS are added after it")
+
+
+def _add_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("-o", "--option", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                        help=f"a model option for {what}: temperature (0-2) or top_p (0-1]; 'default' unsets it")
 
 
 def add_client_commands(sub: Subcommands) -> None:
@@ -295,6 +357,9 @@ def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     ask.add_argument("--approve-all", action="store_true",
                      help="let the model run every tool that may act without asking (without a terminal, "
                           "such calls are otherwise denied)")
+    ask.add_argument("-x", "--extract", action="store_true",
+                     help="print only the reply's first fenced code block (the whole reply when it has none)")
+    _add_options(ask, "this question")
 
     chat = sub.add_parser("chat", parents=[options], help="an interactive conversation (Ctrl-C stops a reply)")
     chat.add_argument("text", nargs="*", metavar="WORDS", help="a first question (text piped in comes first)")
@@ -302,16 +367,17 @@ def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     chat.add_argument("-f", "--file", action="append", metavar="PATH", help="attach a file to the first question")
     _add_conversation_choice(chat)
     chat.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
+    _add_options(chat, "each question")
 
 
 def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     """The commands on stored conversations: list, open, delete, cancel, settings, estimate, search."""
     conversations = sub.add_parser("conversations", parents=[options], help="list conversations, newest first")
-    conversations.add_argument("-n", "--limit", type=limit, default=20)
-    for name, text in (("open", "show a conversation"), ("delete", "delete a conversation"),
-                       ("cancel", "stop a conversation's running reply (what it said is kept)")):
+    conversations.add_argument("-n", "--limit", type=count, default=20, help="how many (default 20)")
+    for name, text in (("open", "show a conversation (default: the latest)"), ("delete", "delete a conversation"),
+                       ("cancel", "stop a conversation's running reply, what it said kept (default: the latest)")):
         cmd = sub.add_parser(name, parents=[options], help=text)
-        cmd.add_argument("conversation_id", type=int, metavar="N")
+        cmd.add_argument("conversation_id", type=int, metavar="N", nargs=None if name == "delete" else "?")
 
     settings = sub.add_parser("settings", parents=[options], help="show or change a conversation's settings")
     settings.add_argument("conversation_id", type=int, metavar="N")
@@ -327,6 +393,9 @@ def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> No
     revoke.add_argument("--revoke", action="append", metavar="TOOL",
                         help="ask again before TOOL (SERVER__TOOL) runs, after 'a' approved it (repeatable)")
     revoke.add_argument("--revoke-all", action="store_true", help="ask again before every tool that may act")
+    settings.add_argument("--temperature", metavar="T", help="its temperature, 0-2 ('default': the configuration's)")
+    settings.add_argument("--top-p", metavar="P", help="its top_p, above 0 to 1 ('default': the configuration's)")
+    _add_options(settings, "its turns")
 
     estimate = sub.add_parser("estimate", parents=[options], help="what a question with files would cost")
     _add_question(estimate)
@@ -370,6 +439,17 @@ def limit(text: str) -> int:
     return number
 
 
+def count(text: str) -> int:
+    """``conversations -n``: any positive number (the client pages through the daemon's lists)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} is not a positive number")
+    return number
+
+
 def _quiet_stdout() -> None:
     """stdout's reader has gone (``| head``): send whatever is left to /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -379,11 +459,14 @@ def _quiet_stdout() -> None:
 
 def run_client(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run one client command; its exit status."""
-    terminal = Terminal(out, err)
+    terminal = Terminal(out, err, quiet=getattr(args, "quiet", False))
 
     def run() -> int:
         if args.command == "openai-key":  # a file's content: no daemon needed
             return _print_openai_key(terminal)
+        if args.command in ("ask", "chat", "settings"):  # checked before connecting, as every usage error
+            flags = [[key, value] for key in MODEL_OPTIONS if (value := getattr(args, key, None)) is not None]
+            args.options = model_options([*flags, *(args.option or ())])
         if args.command in ("ask", "estimate"):  # read before connecting: a usage error needs no daemon
             args.question = compose_question(args.text, piped_stdin())
             if args.command == "ask" and not args.question.strip() and not args.file:

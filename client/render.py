@@ -106,6 +106,8 @@ def _render_status(event: dict[str, Any], out: TextIO) -> None:
     print(f"assistant {event['version']}, up {event['uptime']:.0f}s, {event['turns_running']} turn(s) running", file=out)
     print(f"router {event['router_url']} ({reach}), model {event['model'] or '?'}", file=out)
     print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
+    if event.get("config_error"):
+        print(f"configuration NOT reloaded (the one in effect is kept): {event['config_error']}", file=out)
     for server in event.get("mcp", ()):
         line = f"mcp {server['name']}: {server['state']}, {server['tools']} tool(s)"
         if server["last_error"]:
@@ -125,12 +127,10 @@ def _render_presets(event: dict[str, Any], out: TextIO) -> None:
 
 
 def _render_results(event: dict[str, Any], out: TextIO) -> None:
-    if not event["conversations"]:
-        print(f"nothing found for {event['query']!r}", file=out)
     for group in event["conversations"]:
         print(f"{group['conversation']:>5}  {group['title']}", file=out)
         for hit in group["hits"]:
-            print(f"       [{hit['turn']}] {hit['role']}: {hit['excerpt']}", file=out)
+            print(f"       [{hit['turn']}] {hit['role']}: {' '.join(hit['excerpt'].split())}", file=out)
 
 
 def _render_kbs(event: dict[str, Any], out: TextIO) -> None:
@@ -144,8 +144,6 @@ def _render_kbs(event: dict[str, Any], out: TextIO) -> None:
 def _render_kb_results(event: dict[str, Any], out: TextIO) -> None:
     if event["note"]:
         print(f"({event['note']})", file=out)
-    if not event["results"]:
-        print(f"nothing found in {event['kb']} for {event['query']!r}", file=out)
     for hit in event["results"]:
         page = f", page {hit['page']}" if "page" in hit else ""
         print(f"{hit['file']}{page} (passage {hit['chunk']} of {hit['chunks']}, "
@@ -199,8 +197,11 @@ def render_settings(event: dict[str, Any], out: TextIO) -> None:
     system = event.get("system")
     shown = "the default" if system is None else (repr(system) if system else "none")
     print(f"  system prompt: {shown}", file=out)
-    print(f"  kb_injection: {(event.get('settings') or {}).get('kb_injection', 'auto')}", file=out)
-    approved = (event.get("settings") or {}).get("approved_tools") or []
+    own = event.get("settings") or {}
+    print(f"  kb_injection: {own.get('kb_injection', 'auto')}", file=out)
+    for key in ("temperature", "top_p"):
+        print(f"  {key}: {own[key] if own.get(key) is not None else 'the default'}", file=out)
+    approved = own.get("approved_tools") or []
     print(f"  tools approved for this conversation: {', '.join(approved) or 'none'}", file=out)
 
 

@@ -9,6 +9,9 @@
   the partial reply or the files added are kept) and waits for its answer; a second one
   stops waiting.
 - ``piped_stdin``: text piped or redirected in is part of the question (as llm does).
+- A reply's control characters (ESC, CR, ...) are shown as ``\\x1b`` on a terminal, and
+  go out as they are into a file or a pipe; any other text (titles, names, a server's
+  descriptions) is always shown, never obeyed.
 """
 
 from __future__ import annotations
@@ -72,14 +75,18 @@ def _isatty(stream: TextIO) -> bool:
 class Terminal:
     """The client's two outputs: ``text`` (the reply, stdout) and ``note`` (stderr, own lines)."""
 
-    def __init__(self, out: TextIO, err: TextIO) -> None:
+    def __init__(self, out: TextIO, err: TextIO, *, quiet: bool = False) -> None:
         for stream in (out, err):  # a character the locale cannot show is a "?", not a traceback
             if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
                 stream.reconfigure(errors="replace")
         self.out = Printable(out)
+        # a reply's control characters are shown on a terminal, never obeyed; into a file or a
+        # pipe, the model's bytes go out exactly (what it wrote is what is saved)
+        self.reply: TextIO | Printable = self.out if _isatty(out) else out
         self.err = Printable(err)
         self.raw_err = err  # the status line is drawn with \r, which Printable would show
         self.interactive = _isatty(err)
+        self.quiet = quiet  # --quiet: no progress, no context meter
         self.shared = _same_place(out, err)
         self.mid_line = False  # the reply's last text did not end its line
         self.status_shown = False
@@ -89,8 +96,8 @@ class Terminal:
         if not text:
             return
         self.clear_status()
-        self.out.write(text)
-        self.out.flush()
+        self.reply.write(text)
+        self.reply.flush()
         self.mid_line = not text.endswith("\n")
 
     def end_text(self) -> None:
@@ -111,7 +118,7 @@ class Terminal:
 
     def status(self, line: str) -> None:
         """A passing state (waiting for the model, running a tool), on a terminal only."""
-        if not self.interactive:
+        if not self.interactive or self.quiet:
             return
         if self.shared:
             self.end_text()

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +45,15 @@ STOPPED = {
     "length": "length: the reply reached the most it may take",
 }
 CANCELLED_ELSEWHERE = "stopped by another client: cancelled (the partial reply is kept), or the conversation deleted"
+
+
+FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n`]*\n(?P<code>.*?)^(?P=fence)[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def first_code_block(reply: str) -> str:
+    """The first fenced code block of a reply, without its fences; the reply when it has none."""
+    found = FENCE.search(reply)
+    return found.group("code") if found else reply
 
 
 class Refused(Exception):
@@ -78,13 +88,14 @@ class Turn:
     """One ``ask`` streamed to a terminal; Ctrl-C cancels it and waits for the partial reply."""
 
     def __init__(self, client: Wire, terminal: Terminal, *, as_json: bool = False, stream: bool = True,
-                 stats: bool = False, approver: Approver | None = None) -> None:
+                 stats: bool = False, extract: bool = False, approver: Approver | None = None) -> None:
         self.client = client
         self.terminal = terminal
         self.approver = approver or Approver(terminal)  # answers the daemon's approval events
         self.as_json = as_json
         self.stream = stream
         self.stats = stats
+        self.extract = extract  # only the reply's first fenced code block (``-x``, as llm)
         self.conversation: int | None = None
         self.turn: int | None = None  # known from the `user` event
         self.sent = False  # the request went out: it may have reached the daemon
@@ -240,7 +251,8 @@ class Turn:
             self.terminal.note(f"[tool {event.get('name')}: {event.get('summary')}]")
 
     def _finish(self, event: dict[str, Any]) -> int:
-        where = f"conversation {event.get('conversation') or 'new'}"
+        cid = event.get("conversation")
+        where = f"conversation {cid}" if cid else "a new conversation"
         if event.get("turn"):
             where += f", turn {event['turn']}"
         if event["type"] == "error":
@@ -249,14 +261,15 @@ class Turn:
             self.terminal.note(f"assistant: {error_text(event, where)}")
             return EXIT_ERROR
         if not self.stream:
-            self.terminal.text(event["text"])
+            self.terminal.text(first_code_block(event["text"]) if self.extract else event["text"])
         self.terminal.clear_status()
         self.terminal.end_text()
         reason = event["finish_reason"]
         if reason not in ("stop", None):
             elsewhere = reason == "cancelled" and not self.cancelling
             self.terminal.note(f"[{CANCELLED_ELSEWHERE if elsewhere else STOPPED.get(reason, reason)}]")
-        self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
+        if not self.terminal.quiet:
+            self.terminal.note(f"({where}, context {event['ctx_used']}/{event['ctx_max'] or '?'})")
         if event.get("saved") is False:
             self.terminal.note(f"assistant: {event.get('note') or 'the reply is not saved yet'}")
         if self.stats:  # asked for: said also when the server reports none (Ollama, vLLM)

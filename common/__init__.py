@@ -22,6 +22,7 @@ from .environment import (
     default_config_path,
     default_data_dir,
     default_socket_path,
+    missing_packages,
     socket_path_problem,
     unknown_variables,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "default_config_path",
     "default_data_dir",
     "default_socket_path",
+    "missing_packages",
     "socket_path_problem",
     "unknown_variables",
 ]

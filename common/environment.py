@@ -9,6 +9,7 @@ variable, so that a misspelt one is told by the client as by the daemon.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,8 +17,8 @@ from pathlib import Path
 from .limits import MAX_SOCKET_PATH
 
 __all__ = [
-    "OPENAI_KEY_FILE", "PATH_VARIABLES", "SETTINGS", "default_config_path", "default_data_dir", "default_socket_path", "socket_path_problem",
-    "unknown_variables",
+    "OPENAI_KEY_FILE", "PATH_VARIABLES", "SETTINGS", "default_config_path", "default_data_dir", "default_socket_path",
+    "missing_packages", "socket_path_problem", "unknown_variables",
 ]
 
 # the keys a user may set, in the order Config declares them (tests/test_config.py holds the two together)
@@ -29,6 +30,12 @@ SETTINGS = (
 )
 # ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
 PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")
+
+
+def missing_packages(names: tuple[str, ...]) -> list[str]:
+    """Those of ``names`` this Python cannot import: the system ``python3`` outside the venv lacks
+    the daemon's packages, and is told so in one line rather than by a traceback."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:

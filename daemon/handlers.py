@@ -62,6 +62,7 @@ class Handlers:
         self.engine = engine
         self.kbs = kbs
         self.started = time.monotonic()
+        self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
@@ -306,6 +307,7 @@ class Handlers:
             "data_dir": str(self.config.data_dir),
             "mcp": self.engine.mcp.status() if self.engine.mcp else [],
             "ocr": (await ocr_support()).to_json(),
+            "config_error": self.config_error,
         })
 
     async def on_config(self, request: Request, emit: Emit) -> None:

@@ -77,7 +77,7 @@ S = FieldSpec
 # The requests this daemon serves and the fields each one reads.
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str"),
-            "ref": S("str"), "preset": S("str")},
+            "ref": S("str"), "preset": S("str"), "temperature": S("temperature"), "top_p": S("top_p")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},

@@ -47,6 +47,7 @@ from core.errors import (
 )
 from core.models import display_name, sampling_params
 from core.presets import Preset, find_preset
+from core.sampling import SAMPLING_KEYS
 from core.router import (
     ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
 )
@@ -98,7 +99,7 @@ class Ask:
     model: str | None  # the model the ask names
     system: str | None  # a new conversation's own system prompt
     ref: str | None = None  # the client's own reference, stored with the question
-    overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling (``Request.overrides``)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling, over the settings'
     client_tools: list[dict[str, Any]] = field(default_factory=list)  # ``Request.client_tools``
     tool_results: list[dict[str, Any]] | None = None  # ``Request.tool_results``
     preset: Preset | None = None  # the preset whose prompt goes before ``text`` (core/presets.py)
@@ -106,9 +107,11 @@ class Ask:
     @classmethod
     def of(cls, request: Request, presets: Mapping[str, Preset]) -> Ask:
         named = request.get("preset")
+        # a door's (``Request.overrides``), or the ask's own temperature and top_p
+        sampling = {key: value for key in SAMPLING_KEYS if (value := request.get(key)) is not None}
         ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"), request.get("ref"), request.overrides,
-                  request.client_tools, request.tool_results,
+                  request.get("model") or None, request.get("system"), request.get("ref"),
+                  {**request.overrides, **sampling}, request.client_tools, request.tool_results,
                   find_preset(presets, named) if named is not None else None)
         if ask.tool_results is not None:
             if ask.conversation is None:
@@ -288,6 +291,16 @@ class TurnRunner:
         self.mcp = mcp
         self._no_tools: set[str] = set()  # models whose server refused the tools parameter
         self._titling: dict[int, asyncio.Task[Any]] = {}  # a conversation's title request under way
+
+    def renewed(self, config: Config, router: RouterClient, mcp: McpHost | None) -> TurnRunner:
+        """A runner for a reloaded configuration, sharing what outlives one: the prompts held
+        for the server's cache, the title requests under way, the models without tools."""
+        context = ContextBuilder(config, self.history, router, self.context.kbs)
+        context.replays = self.context.replays
+        runner = TurnRunner(config, self.history, router, context, self.toolbox, self.background, self.live,
+                            self.approvals, mcp=mcp)
+        runner._no_tools, runner._titling = self._no_tools, self._titling
+        return runner
 
     # -- start: the question stored ---------------------------------------------------------
 

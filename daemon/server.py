@@ -5,19 +5,26 @@ router client, tells systemd it is ready, and waits on an ``asyncio.Event`` set
 by SIGTERM/SIGINT.  Shutdown stops accepting, lets running turns finish within
 ``shutdown_grace`` seconds, stops the rest (each stores what it has), closes
 the connections, and unlinks the socket it bound.
+
+SIGHUP reloads the configuration (``Server.reload``): new turns use it, running ones
+finish with the one they started with; MCP servers added, removed or changed are
+started (when first needed) and stopped; a file that cannot be used keeps the
+configuration in effect, and the log and ``status`` say why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from attachments import configure_image_cache, configure_ocr, image_data_url
-from core.config import Config
+from core.config import Config, ConfigError
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
 from history import AsyncHistory
@@ -32,12 +39,17 @@ from .openai_door import OpenAIDoor
 from .turns import TurnEngine
 
 if TYPE_CHECKING:
-    from mcphost import McpHost
+    from mcphost import McpHost, ServerHandle
 
 __all__ = ["Server", "new_event_loop", "serve"]
 
 logger = logging.getLogger(__name__)
 
+# what a reload cannot change: the socket and data in use, and the embedder the knowledge bases hold
+RESTART_KEYS = ("socket_path", "data_dir", "embedding_model", "embeddings_base")
+# what the model server's client reads: a change makes a new client for the turns to come
+ROUTER_KEYS = ("router_url", "api_key", "connect_timeout", "request_timeout", "model", "ctx_max", "assumed_ctx",
+               "image_tokens", "model_image_tokens")
 REQUEST_GRACE = 1.0  # seconds short requests (a list, an open) get to finish at shutdown
 START_LIST_SECONDS = 5.0  # the model list asked right after start: longer, and the server is said not to answer
 
@@ -45,13 +57,17 @@ START_LIST_SECONDS = 5.0  # the model list asked right after start: longer, and 
 class Server:
     """One daemon: a listening socket, its connections, the turn engine."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, load: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self._load = load  # the configuration read anew (SIGHUP); None: no reload
+        self._reloading = asyncio.Lock()
+        self._retired: list[ServerHandle] = []  # MCP servers a reload removed, stopped once unused
+        self._old_routers: list[RouterClient] = []  # the knowledge bases' embedder may still be one
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._connections: set[Connection] = set()
         self._requests: set[asyncio.Task[None]] = set()
-        self._background: set[asyncio.Task[None]] = set()  # start-up work after readiness
+        self._background: set[asyncio.Task[Any]] = set()  # start-up work after readiness
         self._listener: Listener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._history: AsyncHistory | None = None
@@ -70,6 +86,80 @@ class Server:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def request_reload(self) -> None:
+        if self.ready.is_set() and not self._stop.is_set():
+            self._in_background(self.reload())
+
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Work the daemon does beside the requests (logged if it fails, cancelled at shutdown)."""
+        task = asyncio.create_task(work)
+        task.add_done_callback(_log_failure)
+        task.add_done_callback(self._background.discard)
+        self._background.add(task)
+
+    async def reload(self) -> bool:
+        """Read the configuration again and use it for what comes next; False (and the old one
+        kept, the reason logged and shown by ``status``) when it cannot be used."""
+        assert self._load is not None and self._engine is not None and self._handlers is not None
+        async with self._reloading:
+            sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+            try:
+                new = self._load()
+            except ConfigError as exc:
+                why = self._handlers.config_error = exc.message.replace("fix it and restart", "fix it and reload")
+                logger.error("reload: %s; the configuration in effect is kept", why)
+                sd_notify(f"READY=1\nSTATUS=serving; the last reload failed: {why}")
+                return False
+            self._handlers.config_error = None
+            in_flight = self._apply(self._kept(new))
+            self._in_background(self._retire(in_flight))
+            logger.info("configuration reloaded from %s", new.config_path or "the environment")
+            sd_notify(f"READY=1\nSTATUS={self._status_line()}")
+            return True
+
+    def _kept(self, new: Config) -> Config:
+        """``new``, with what only a restart changes as it is now (and said so)."""
+        for key in RESTART_KEYS:
+            if getattr(new, key) != getattr(self.config, key):
+                logger.warning("reload: %s changed; it takes effect at the next restart", key.replace("s_base", "_url"))
+        return dataclasses.replace(new, socket_path=self.config.socket_path, data_dir=self.config.data_dir)
+
+    def _apply(self, new: Config) -> set[asyncio.Task[object]]:
+        """Use ``new`` for the turns and requests to come; the asks in flight, which finish with
+        what they started with."""
+        assert self._engine is not None and self._handlers is not None and self._kbs is not None
+        router = self._router
+        assert router is not None
+        if any(getattr(new, key) != getattr(self.config, key) for key in ROUTER_KEYS):
+            self._old_routers.append(router)
+            router = self._router = RouterClient(new)
+        mcp = self._mcp
+        if mcp is not None:
+            mcp, retired = mcp.reconfigured(new.mcp)
+            self._retired += retired
+            mcp = mcp if new.mcp.servers else None
+        elif new.mcp.servers:
+            from mcphost import McpHost
+
+            mcp = McpHost(new.mcp, image_data_url)
+        self._mcp = mcp
+        self._kbs.settings = KbSettings(self._kbs.settings.embedding_model, new.kb_top_k)
+        in_flight = self._engine.reconfigure(new, router, mcp)
+        self._handlers.config, self._handlers.router = new, router
+        self.config = new
+        return in_flight
+
+    async def _retire(self, in_flight: set[asyncio.Task[object]]) -> None:
+        """Stop the MCP servers a reload removed or changed, once the turns that may call them end."""
+        if in_flight:
+            await asyncio.wait(in_flight)
+        retired, self._retired = self._retired, []
+        await asyncio.gather(*(handle.stop() for handle in retired))
+
+    def _status_line(self) -> str:
+        """What ``systemctl status`` shows of the daemon (sd_notify's STATUS=)."""
+        return f"serving on {self.config.socket_path}; router {self.config.router_url}"
+
     async def serve(self) -> None:
         """Run until asked to stop; always cleans up what it started."""
         started = time.monotonic()
@@ -80,7 +170,7 @@ class Server:
                 self.config.socket_path, (time.monotonic() - started) * 1000,
                 self.config.router_url, self.config.data_dir, type(asyncio.get_running_loop()).__module__.split(".")[0],
             )
-            sd_notify("READY=1")
+            sd_notify(f"READY=1\nSTATUS={self._status_line()}")
             self.ready.set()
             assert self._kbs is not None
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
@@ -131,7 +221,7 @@ class Server:
             self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k)
         )
         if self.config.mcp.servers:  # the host's code loads only when servers are configured
-            from mcphost import McpHost
+            from mcphost import McpHost, ServerHandle
 
             self._mcp = McpHost(self.config.mcp, image_data_url)
         self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
@@ -164,7 +254,8 @@ class Server:
             await asyncio.wait_for(self._router.models(), START_LIST_SECONDS)
         except (RouterUnreachable, TimeoutError):
             logger.warning(
-                "no model server answers at %s yet; start one (llama-server, Ollama, ...) or set router_url",
+                "no model server answers at %s yet; start one (llama-server, Ollama, ...), or `make demo` in the "
+                "checkout for a small one to try, or set router_url",
                 self.config.router_url,
             )
         except AssistantError as exc:  # it answers, but not with a model list
@@ -187,7 +278,7 @@ class Server:
             self._connections.discard(connection)
 
     async def _shutdown(self) -> None:
-        sd_notify("STOPPING=1")
+        sd_notify("STOPPING=1\nSTATUS=stopping: running turns finish, then store what they have")
         if self._server is not None:
             self._server.close()  # stop accepting; open connections stay for the turns' last events
         if self.door is not None:
@@ -209,10 +300,11 @@ class Server:
             await self.door.close()
         if self._mcp is not None:
             await self._mcp.close()  # the servers' processes end with the daemon
+        await asyncio.gather(*(handle.stop() for handle in self._retired))
         if self._kbs is not None:
             await self._kbs.close()
-        if self._router is not None:
-            await self._router.aclose()
+        for router in (*self._old_routers, *([self._router] if self._router is not None else [])):
+            await router.aclose()
         if self._history is not None:
             await self._history.close()
         if self._listener is not None:
@@ -222,7 +314,7 @@ class Server:
         logger.info("stopped")
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
+def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error("background start-up work failed", exc_info=task.exception())
 
@@ -239,14 +331,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def serve(config: Config) -> None:
-    """Serve until SIGTERM or SIGINT."""
-    server = Server(config)
+async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; SIGHUP reloads the configuration with ``load``."""
+    server = Server(config, load)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, server.request_stop)
+    if load is not None:
+        loop.add_signal_handler(signal.SIGHUP, server.request_reload)
     try:
         await server.serve()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)

@@ -207,6 +207,14 @@ class TurnEngine:
                 await asyncio.wait(pending)
         await self._background.cancel()
 
+    def reconfigure(self, config: Config, router: RouterClient, mcp: McpHost | None) -> set[asyncio.Task[Any]]:
+        """New turns run with ``config`` (its router, its MCP host); the asks in flight finish with
+        the runner they started on. Those asks: what is replaced may be closed once they end."""
+        old = self.runner
+        self.runner = old.renewed(config, router, mcp)
+        self.config, self.router, self.mcp = config, router, mcp
+        return set(self._asks)
+
     # -- admission ------------------------------------------------------------------------------
 
     async def _ask(self, request: Request, cid: int | None, emit: Emit, asker: Asker | None) -> None:
@@ -220,14 +228,15 @@ class TurnEngine:
         asking = emit
         emit = slot.relay(emit)
         slot.asker = asker or SocketAsker(self.approvals, emit, lambda: self._answerers(asking, slot))
+        runner = self.runner  # the whole turn runs with the configuration it started with (a reload)
         try:
-            state = await self.runner.start(slot, request, emit)
+            state = await runner.start(slot, request, emit)
             if state is None:
                 return  # stored as failed: the router could not be asked
             slot.state = state
             self._slots[state.conversation] = slot  # a new conversation's, now that it has an id
             slot.started.set()
-            await self.runner.answer(state, slot, emit)
+            await runner.answer(state, slot, emit)
         finally:
             slot.started.set()
             self._in_flight.discard(slot)

@@ -145,6 +145,10 @@ class Ingest:
             await self._embed_kb(record.id, result, report, stop)
         final = await self.history.kb.get(name)
         assert final is not None
+        if created and final.documents == 0 and not stop.is_set():  # nothing it was given could be read:
+            # no empty KB is left behind (a cancelled add keeps the KB it made, as a link may wait on it)
+            await self.index.remove_kb(final)
+            result.created = False
         result.documents, result.chunks = final.documents, final.chunks
         if self.embedder is not None:
             result.pending = await self.history.kb.count_pending(self.embedder.model, self.embedder.dim, record.id)

@@ -222,12 +222,28 @@ class _Sdk:
 class McpHost:
     """Every configured server, and the tools of those a conversation uses."""
 
-    def __init__(self, settings: McpSettings, images: ImageReader) -> None:
+    def __init__(self, settings: McpSettings, images: ImageReader, sdk: _Sdk | None = None) -> None:
         self.settings = settings
         self._images = images  # a tool's images go through the attachments' pipeline
-        self._sdk = _Sdk()
+        self._sdk = sdk or _Sdk()
         self.handles = {spec.name: ServerHandle(spec, settings, self._sdk) for spec in settings.servers}
         self._made: dict[str, tuple[Connection, list[McpTool]]] = {}  # each server's tools, as offered
+
+    def reconfigured(self, settings: McpSettings) -> tuple[McpHost, list[ServerHandle]]:
+        """A host for a reloaded ``[mcp]`` table: a server configured as before is kept as it is
+        (running, with its tools); the handles of those removed or changed are returned, for the
+        caller to stop once the turns that may call them have ended."""
+        host = McpHost(settings, self._images, self._sdk)
+        retired = []
+        for name, handle in self.handles.items():
+            if name in host.handles and settings.server(name) == handle.spec:
+                handle.settings = settings  # its timeouts as now configured, from its next start or call
+                host.handles[name] = handle
+                if name in self._made and settings.max_result_chars == self.settings.max_result_chars:
+                    host._made[name] = self._made[name]
+            else:
+                retired.append(handle)
+        return host, retired
 
     async def warm(self) -> None:
         """Load the SDK ahead of the first need (after readiness: start-up does not wait)."""

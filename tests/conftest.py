@@ -118,13 +118,14 @@ def config(router: FakeRouter, monkeypatch: pytest.MonkeyPatch) -> Config:
 class RunningDaemon:
     """A Server running in the test's loop, stoppable and restartable."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, load: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self.load = load  # what a reload reads (None: no reload)
         self.server: Server | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.server = Server(self.config)
+        self.server = Server(self.config, self.load)
         self.task = asyncio.create_task(self.server.serve())
         ready = asyncio.create_task(self.server.ready.wait())
         done, _ = await asyncio.wait([ready, self.task], return_when=asyncio.FIRST_COMPLETED)

@@ -37,6 +37,7 @@ class Terminal:
         self.proc = proc
         self.master = master
         self.seen = b""  # everything read, escapes removed
+        self.raw = b""  # everything read, as it was
         self._unread = 0  # where the next expect() starts
 
     @classmethod
@@ -66,7 +67,9 @@ class Terminal:
             finally:
                 loop.remove_reader(self.master)
             try:
-                self.seen += ANSI.sub(b"", os.read(self.master, 65536)).replace(b"\r", b"")
+                read = os.read(self.master, 65536)
+                self.raw += read
+                self.seen += ANSI.sub(b"", read).replace(b"\r", b"")
             except OSError:  # EIO: the child closed the terminal
                 raise AssertionError(f"{text!r} never came; the terminal showed {self.seen.decode()!r}") from None
         start, self._unread = self._unread, at + len(wanted)
@@ -261,8 +264,9 @@ async def test_a_restart_of_the_daemon_between_questions_is_not_the_chats_end(
     await chat.expect("> ")
     await chat.say("first question", "You said: first question")
     await daemon.stop()
-    await daemon.start()  # systemctl --user restart assistant, while the chat waits for a question
-    chat.type("second question\n")
+    chat.type("second question\n")  # no daemon answers: the chat says so and waits for one
+    await chat.expect("waiting for it to start again (Ctrl-C leaves)]")
+    await daemon.start()  # systemctl --user restart assistant, or socket activation
     await chat.expect("[reconnected to the daemon]")
     await chat.expect("You said: second question")
     turns = (await (wire := await daemon.connect()).request({"type": "open", "conversation": 1}))["turns"]
@@ -320,5 +324,56 @@ async def test_a_reply_that_ended_while_the_chat_was_away_is_shown_as_stored(
     rest = await chat.expect("(conversation 1, turn 1)")
     assert "delta" in rest
     assert [chat.seen.count(word.strip().encode()) for word in words] == [1] * len(words)
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+
+
+async def test_a_paste_of_several_lines_is_one_question_and_a_reply_is_shown_not_obeyed(
+    term: list[Terminal], router: FakeRouter
+) -> None:
+    router.script(Reply(text="red \x1b[31malert"))
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    assert b"\x1b[?2004h" in chat.raw  # the terminal is asked to mark a paste (CPython turns it off)
+    chat.type("\x1b[200~first line\nsecond line\nthird line\x1b[201~\n")  # as a terminal sends a paste
+    await chat.expect("red \\x1b[31malert")  # on a terminal, the reply's escapes are shown
+    await chat.expect("(conversation 1, turn 1,")
+    await chat.expect("> ")
+    await chat.say("after", "You said: after")
+    assert [r["messages"][-1]["content"] for r in router.requests] == ["first line\nsecond line\nthird line", "after"]
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+
+
+async def test_the_chat_commands(
+    term: list[Terminal], router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "notes.txt").write_text("forty-two\n")
+    monkeypatch.setenv("EDITOR", "sed -i s/second/edited/")
+    chat = Terminal.spawn("chat", "-o", "temperature", "0.1")
+    term.append(chat)
+    await chat.expect("> ")
+    await chat.say('"""\nfirst\nsecond\n"""', "You said: first\nsecond")
+    chat.type("\x10\n")  # Ctrl-P: the block comes back as one entry, asked again as it was
+    await chat.expect("(conversation 1, turn 2,")
+    assert router.requests[-1]["messages"][-1]["content"] == "first\nsecond"
+    assert router.requests[-1]["temperature"] == 0.1  # -o: for each question of the chat
+    await chat.say("/retry", "(conversation 1, turn 3,")
+    await chat.say("/edit", "You said: first\nedited")
+    await chat.say("//etc/hosts?", "You said: /etc/hosts?")
+    chat.type(f"/file {tmp_path}/no\t\n")  # Tab completes the path
+    await chat.expect("files for the next question: notes.txt")
+    await chat.say("/model fake-vision", "model: fake-vision")
+    await chat.say("with the file", "(conversation 1, turn 6,")
+    assert router.requests[-1]["model"] == "fake-vision" and "forty-two" in str(router.requests[-1]["messages"][-1])
+    await chat.say(f"/save {tmp_path}/chat.md", "saved conversation 1 (6 turns)")
+    saved = (tmp_path / "chat.md").read_text()
+    assert saved.startswith("# ") and "## You\n\nfirst\nedited\n" in saved and "- file: notes.txt" in saved
+    await chat.say("/new", "a new conversation starts with the next question")
+    await chat.say("/system Be brief.", "system prompt: 'Be brief.'")
+    await chat.say("hello", "(conversation 2, turn 1,")
+    assert router.requests[-1]["messages"][0]["content"].startswith("Be brief.")
+    await chat.say("/help", "/save FILE")
     chat.type("exit\n")
     assert await chat.exit_code() == 0

@@ -30,7 +30,9 @@ from core import Config
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon
-from tests.test_client import ROOT, cli
+from client import Wire
+from client import commands as client_commands
+from tests.test_client import ROOT, bare_python, cli
 
 pytestmark = pytest.mark.asyncio
 
@@ -351,6 +353,7 @@ async def test_settings_command(daemon: RunningDaemon, router: FakeRouter) -> No
     assert code == 0, err
     assert out.splitlines() == [
         "conversation 1: Greetings", "  model: fake-vision", "  system prompt: 'Be brief.'", "  kb_injection: off",
+        "  temperature: the default", "  top_p: the default",
         "  tools approved for this conversation: none",
     ]
     code, out, _ = await cli("settings", "1", "--default-model", "--default-system")
@@ -512,3 +515,86 @@ async def test_the_status_line_obeys_no_control_character() -> None:
     err = Tty()
     Terminal(io.StringIO(), err).status("tool: \x9b2J\x9d0;title\x07\x1b[31m wiped")
     assert not any(0x80 <= ord(c) < 0xA0 or ord(c) < 0x20 and c != "\r" for c in err.getvalue().replace("\r\x1b[K", ""))
+
+
+async def test_doctor_checks_the_set_up_one_line_each(
+    daemon: RunningDaemon, router: FakeRouter, config: Config, tmp_path: Path
+) -> None:
+    code, out, err = await cli("doctor")
+    assert code == 0, out + err
+    lines = {line[6:20].strip(): line for line in out.splitlines()}
+    assert "FAIL" not in out and out.endswith("8 of 8 checks passed\n"), out
+    assert lines["ocr"].endswith("tesseract reads eng")
+    assert f"on {config.socket_path}" in lines["daemon"]
+    assert f"{router.url}: fake-text (ctx 4096, tools yes); fake-vision (ctx 8192, vision)" in lines["router"]
+    assert router.requests[-1]["tools"][0]["function"]["name"] == "ping" and router.requests[-1]["max_tokens"] == 1
+    broken = tmp_path / "broken.toml"
+    broken.write_text("kb_top_k = 'many'\n")
+    code, out, _ = await cli("doctor", env={"ASSISTANT_CONFIG": str(broken), "ASSISTANT_SOCKET": "/nonexistent/a.sock"})
+    assert code == 1 and "FAIL  configuration  " in out and "kb_top_k must be an int" in out
+    assert "1 of 2 checks passed; fix the 1 above" in out  # nothing else can be checked without it
+
+
+async def test_llms_habits_a_bare_prompt_options_extract_and_the_latest(daemon: RunningDaemon, router: FakeRouter) -> None:
+    code, out, err = await cli("what is a socket")  # no command: a question
+    assert code == 0 and out == "You said: what is a socket\n", err
+    code, out, err = await cli(stdin="piped alone\n")  # no command, text piped in: a question, not a daemon
+    assert code == 0 and question_sent(router) == "piped alone", err
+    router.script(Reply(text="Here:\n\n```python\nprint('hi')\n```\n\nand more."))
+    code, out, err = await cli("-c", "-o", "temperature", "0.2", "-x", "code please")
+    assert code == 0, err
+    assert out == "print('hi')\n" and "(conversation 2, turn 2," in err
+    assert router.requests[-1]["temperature"] == 0.2
+    code, _, err = await cli("ask", "-o", "heat", "1", "x")
+    assert code == 2 and "-o heat: not a model option; the options are temperature, top_p" in err
+    code, out, err = await cli("settings", "2", "--temperature", "0.5", "-o", "top_p", "0.9")
+    assert code == 0 and "temperature: 0.5" in out and "top_p: 0.9" in out, err
+    await cli("ask", "-c", "sampled?")
+    assert (router.requests[-1]["temperature"], router.requests[-1]["top_p"]) == (0.5, 0.9)
+    code, out, _ = await cli("open")  # the latest
+    assert code == 0 and out.startswith("# ") and "(conversation 2," in out and "[3] you: sampled?" in out
+    code, out, _ = await cli("cancel")
+    assert code == 0 and out == "conversation 2: nothing was running\n"
+    code, _, err = await cli("-q", "ask", "-m", "no-such-model", "hi")
+    assert code == 1 and "in a new conversation, turn 1: " in err and "conversation new" not in err
+    code, _, err = await cli("--quiet", "ask", "quietly")
+    assert code == 0 and "context" not in err
+
+
+async def test_without_the_venv_the_daemon_says_what_to_run(tmp_path: Path) -> None:
+    for args in (("--test",), ("mcp", "serve"), ("serve",)):
+        code, out, err = await cli(*args, python=bare_python(), env={"ASSISTANT_SOCKET": str(tmp_path / "a.sock")})
+        assert code == 78 and "Traceback" not in err, (args, err)
+        assert "has no" in err and "run `make setup` once, then use" in err and len(err.splitlines()) == 1, err
+
+
+async def test_kb_and_search_output(daemon: RunningDaemon, router: FakeRouter, config: Config, tmp_path: Path) -> None:
+    code, _, err = await cli("kb", "add", "ghost", str(tmp_path / "missing"))
+    assert code == 1 and "nothing was added: no such file or folder; check the path" in err
+    code, out, _ = await cli("kb", "list")
+    assert "ghost" not in out  # a failed add leaves no empty knowledge base
+    (tmp_path / "a.md").write_text("# Pipes\n\nA pipe joins two processes.\n")
+    await cli("kb", "add", "docs", str(tmp_path / "a.md"))
+    code, out, err = await cli("kb", "search", "docs", "zebra")
+    assert code == 1 and out == "" and "nothing found in docs for 'zebra'" in err
+    code, out, _ = await cli("kb", "remove", "docs")
+    assert code == 0 and out.startswith("removed knowledge base docs: 1 documents")
+    await cli("ask", "line one\nline two about pipes")
+    code, out, err = await cli("search", "pipes")
+    assert code == 0 and "line one line two about pipes" in out, err
+    code, out, err = await cli("search", "zebra")
+    assert code == 1 and out == "" and err == "nothing found for 'zebra'\n"
+
+
+async def test_conversations_n_pages_past_the_daemons_limit(
+    daemon: RunningDaemon, config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wire = await daemon.connect()
+    try:
+        for n in range(5):
+            await wire.ask(f"question {n}")
+        monkeypatch.setattr(client_commands, "MAX_LIST_LIMIT", 2)  # pages of 2, as of 500 for the daemon
+        listed = await client_commands._conversations(Wire(wire.reader, wire.writer, keep=False), 4)
+    finally:
+        await wire.close()
+    assert [item["conversation"] for item in listed["items"]] == [5, 4, 3, 2]

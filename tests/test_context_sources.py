@@ -269,7 +269,7 @@ async def test_the_model_list_is_learned_at_start_so_the_first_question_does_not
 
 
 @pytest.mark.parametrize(("case", "said"), [
-    ("down", "no model server answers at"),
+    ("down", "`make demo` in the checkout for a small one to try"),  # the way to one, named
     ("silent", "no model server answers at"),  # takes connections, answers nothing in time
     ("wrong path", "check router_url"),  # it answers, but not with a model list: 404 below a wrong path
 ])

@@ -3,6 +3,7 @@
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core -> common
                    daemon -> mcphost -> core
     assistant.py -> mcpserve -> client -> common
+    assistant.py -> doctor -> {client, core.config}
 
 with ``recall -> attachments`` and ``kbinject -> attachments`` allowed; ``common`` (below
 every floor) may be imported from any of them. The client stands apart from the daemon:
@@ -27,7 +28,7 @@ from tests.test_client import bare_python
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("common", "core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
-        "selfcheck")
+        "selfcheck", "doctor")
 # what each package may import of ours
 ALLOWED = {
     "common": set(),
@@ -42,6 +43,8 @@ ALLOWED = {
     "client": {"common"},
     # `assistant.py mcp ...`: a client of the socket, made of the client's own parts
     "mcpserve": {"common", "client"},
+    # `assistant.py doctor`: a client, and the configuration read as the daemon reads it
+    "doctor": {"common", "client", "core"},
     "selfcheck": {"common", "core", "daemon", "client"},
 }
 DAEMON_SIDE = ("core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon")

@@ -502,6 +502,7 @@ async def test_a_long_migration_asks_systemd_for_more_time(
                 states.append(listener.recv(4096).decode())
             except BlockingIOError:
                 break
-        assert "READY=1" in states and not any("EXTEND" in s for s in states[states.index("READY=1"):])
+        ready = next(i for i, s in enumerate(states) if s.startswith("READY=1"))
+        assert not any("EXTEND" in s for s in states[ready:]), states
     finally:
         listener.close()

@@ -570,6 +570,13 @@ async def test_mcp_list_shows_a_servers_control_characters_never_obeys_them(
     servers = {server["name"]: server for server in json.loads(out)["servers"]}
     assert servers["nasty"]["tools"][0]["description"] == "Clears \x1b[2Jthe screen and \x9b31mpaints"
     assert "\x1b[31mred alert\x1b[0m" in servers["loud"]["last_error"]
+    # doctor tells each server on a line of its own, with its fix
+    child = await asyncio.create_subprocess_exec(sys.executable, str(ROOT / "assistant.py"), "doctor",
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out_b, _ = await asyncio.wait_for(child.communicate(), 60)
+    lines = {line[6:20].strip(): line for line in out_b.decode().splitlines()}
+    assert child.returncode == 1 and lines["mcp nasty"].startswith("ok") and "1 tool(s)" in lines["mcp nasty"]
+    assert lines["mcp loud"].startswith("FAIL") and "fix [mcp.servers.loud] in config.toml" in lines["mcp loud"]
 
 
 async def test_ctrl_c_stops_mcp_list_with_130(hosting: Any, router: FakeRouter) -> None:
