@@ -71,7 +71,7 @@ class Config:
     shutdown_grace: float = 5.0  # seconds running turns get to finish on SIGTERM
     # seconds a call of an acting tool waits for a person's answer before it is denied
     approval_timeout: float = 120.0
-    # the OpenAI-compatible door (daemon/openai_door.py): "host:port" on loopback, "" = off; and
+    # the OpenAI-compatible door (daemon/openai/door.py): "host:port" on loopback, "" = off; and
     # the key its clients must send ("" with the door on: one generated under the data folder)
     openai_listen: str = ""
     openai_key: str = ""

@@ -148,7 +148,7 @@ class Request:
     fault: str | None = None
     invalid: str | None = None
     received: float = field(default_factory=time.monotonic)  # when its line was read
-    # sampling an OpenAI client sets for its one turn (daemon/openai_door.py): temperature, top_p,
+    # sampling an OpenAI client sets for its one turn (daemon/openai/door.py): temperature, top_p,
     # max_tokens, stop, seed; never read from the socket
     overrides: dict[str, Any] = field(default_factory=dict)
     # an OpenAI client's own tools, offered beside the daemon's; and their results, which take

@@ -35,7 +35,7 @@ from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
 from .live import Live
 from .notify import extended_start, sd_notify
-from .openai_door import OpenAIDoor
+from .openai import OpenAIDoor
 from .turns import TurnEngine
 
 if TYPE_CHECKING:

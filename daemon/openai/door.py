@@ -29,13 +29,13 @@ from core.jsontext import compact_json, strict_loads
 from core.router import RouterClient
 from history import AsyncHistory, thread_digest
 
-from .approvals import Refuser
-from .live import Live
-from .openai_http import HttpError, HttpReply, HttpRequest, serve_connection
-from .openai_messages import ChatAsk, read_chat, spool
-from .protocol import Request
-from .titles import provisional_title
-from .turns import TurnEngine
+from ..approvals import Refuser
+from ..live import Live
+from .http import HttpError, HttpReply, HttpRequest, serve_connection
+from .messages import ChatAsk, read_chat, spool
+from ..protocol import Request
+from ..titles import provisional_title
+from ..turns import TurnEngine
 
 __all__ = ["OpenAIDoor", "door_key"]
 
