@@ -95,10 +95,12 @@ def describe_approval(decided: dict[str, Any]) -> str:
 
 def _render_models(event: dict[str, Any], out: TextIO) -> None:
     for item in event["items"]:
-        star = "*" if item["id"] == event.get("default") else " "
+        name = item.get("name") or item["id"]
+        star = "*" if event.get("default") in (item["id"], name) else " "
         ctx = item["ctx_max"] or "?"
         images = f" (an image counts {item['image_tokens']})" if "image" in item["input_modalities"] else ""
-        print(f"{star} {item['id']}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}{images}", file=out)
+        path = f"  ({item['id']})" if name != item["id"] else ""  # llama-server names a model by its file
+        print(f"{star} {name}  ctx {ctx}  inputs {', '.join(item['input_modalities'])}{images}{path}", file=out)
 
 
 def _render_status(event: dict[str, Any], out: TextIO) -> None:

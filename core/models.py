@@ -97,6 +97,7 @@ class ModelInfo:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "name": display_name(self.id),
             "input_modalities": list(self.input_modalities),
             "ctx_max": self.ctx_max,
             "ctx_source": self.ctx_source,

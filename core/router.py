@@ -270,9 +270,16 @@ class RouterClient:
         return self._config.model or (self._models[0].id if self._models else None)
 
     def _find(self, wanted: str) -> ModelInfo | None:
+        """The model ``wanted`` names: its id, else its ``display_name`` in any case when no other
+        model has it (llama-server without ``--alias`` names a model by its whole GGUF path)."""
         if not wanted:
             return self._models[0] if self._models else None
-        return next((m for m in self._models if m.id == wanted), None)
+        exact = next((m for m in self._models if m.id == wanted), None)
+        if exact is not None:
+            return exact
+        short = display_name(wanted).casefold()
+        named = [m for m in self._models if display_name(m.id).casefold() == short]
+        return named[0] if len(named) == 1 else None
 
     async def _fetch_models(self) -> None:
         url = f"{self._base}/models"

@@ -164,7 +164,7 @@ async def test_llama_format_models(client: RouterClient, fake: FakeRouter) -> No
     ]
     assert [m.vision for m in models] == [False, True]
     assert models[1].to_json() == {
-        "id": "fake-vision", "input_modalities": ["text", "image"], "ctx_max": 8192, "ctx_source": "models",
+        "id": "fake-vision", "name": "fake-vision", "input_modalities": ["text", "image"], "ctx_max": 8192, "ctx_source": "models",
         "image_tokens": 765,
     }
     assert fake.hits["/props"] == 0
