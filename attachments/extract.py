@@ -211,10 +211,14 @@ async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[
     staged = await gather_all(FILE_THREADS.run(str(path), _stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
         if not ocr_images():
-            raise _no_vision(model)
+            raise _no_vision(model, hint=OCR_IMAGES_CURE)
         if not (support := await ocr_support()).available:
             raise _no_vision(model, hint=support.note)
     return staged
+
+
+# the configuration's cure for an image refused for a text-only model (README, "Configuration")
+OCR_IMAGES_CURE = "or set ocr_images = true in config.toml to read its text instead, as for a screenshot"
 
 
 def _no_vision(model: str, why: str = "", what: str = "the image", hint: str | None = None) -> NoVision:

@@ -213,7 +213,8 @@ async def test_an_image_on_a_text_model_is_refused(wire: Wire, router: FakeRoute
     events = await wire.ask("see?", files=[str(cat)])
     assert events[-1]["code"] == "no_vision"
     assert events[-1]["message"] == (
-        "fake-text cannot see images; ask a model that can (the models request lists them), or leave the image out"
+        "fake-text cannot see images; ask a model that can (the models request lists them), or leave the image out "
+        "(or set ocr_images = true in config.toml to read its text instead, as for a screenshot)"
     )
     assert router.requests == []
 
