@@ -144,9 +144,17 @@ def _kb_request(args: argparse.Namespace) -> dict[str, Any]:
         if args.limit is not None:
             search["limit"] = args.limit
         return search
-    request: dict[str, Any] = {"type": "kb_link", "kb": args.name, "linked": not args.unlink}
-    if args.cid is not None:
-        request["conversation"] = args.cid
+    return {"type": "kb_link", "kb": args.name, "linked": not args.unlink}
+
+
+async def _kb_link_request(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
+    """``kb link``: conversation N (``--cid``), every conversation (``--all``), else the latest."""
+    request = _kb_request(args)
+    if args.all:
+        return request
+    request["conversation"] = args.cid if args.cid is not None else await latest_conversation(client)
+    if request["conversation"] is None:
+        raise UsageError("there are no conversations to link yet; ask a question first, or link to all with --all")
     return request
 
 
@@ -233,7 +241,7 @@ async def _simple(client: Wire, request: dict[str, Any], as_json: bool, terminal
 async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
     """The one request of a command answered by one event."""
     if args.command == "kb":
-        return _kb_request(args)
+        return await _kb_link_request(client, args) if args.kb_command == "link" else _kb_request(args)
     if args.command == "settings":
         return await _settings_request(client, args)
     if args.command == "estimate":
@@ -424,7 +432,9 @@ def _add_kb(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     kb_remove.add_argument("name")
     kb_link = kb_sub.add_parser("link", parents=[options], help="link a knowledge base to conversations")
     kb_link.add_argument("name")
-    kb_link.add_argument("--cid", type=int, metavar="N", help="only conversation N (default: every conversation)")
+    linked = kb_link.add_mutually_exclusive_group()
+    linked.add_argument("--cid", type=int, metavar="N", help="conversation N (default: the latest)")
+    linked.add_argument("--all", action="store_true", help="every conversation, those to come too")
     kb_link.add_argument("--unlink", action="store_true", help="undo the link")
 
 

@@ -483,7 +483,7 @@ async def test_refusals_name_this_clients_commands(daemon: RunningDaemon, router
         "assistant: error (not_found): conversation 99 does not exist; list them with: assistant conversations")
     code, _, err = await cli("kb", "search", "nosuch", "x")
     assert code == 1 and "assistant kb list shows the ones there are" in err, err
-    code, _, err = await cli("kb", "link", "nosuch")
+    code, _, err = await cli("kb", "link", "nosuch", "--all")
     assert code == 1 and "assistant kb add creates one" in err, err
     code, _, err = await cli("ask", "what is it?", "-m", "fake-text", "-f", str(make_png(tmp_path / "cat.png")))
     assert code == 1 and "(assistant models lists them)" in err, err
@@ -494,8 +494,13 @@ async def test_refusals_name_this_clients_commands(daemon: RunningDaemon, router
 async def test_kb_link_says_what_it_linked(daemon: RunningDaemon, router: FakeRouter, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("apples are red\n")
     assert (await cli("kb", "add", "fruit", str(tmp_path / "a.txt")))[0] == 0
+    code, _, err = await cli("kb", "link", "fruit")
+    assert code == 2 and "no conversations to link yet" in err and "--all" in err
     await cli("ask", "hello")
-    code, out, _ = await cli("kb", "link", "fruit")
+    await cli("ask", "another")
+    code, out, _ = await cli("kb", "link", "fruit")  # the latest, as open and cancel
+    assert code == 0 and out.splitlines()[0] == "fruit: linked to conversation 2"
+    code, out, _ = await cli("kb", "link", "fruit", "--all")
     assert code == 0 and out.splitlines()[0] == "fruit: linked to every conversation"
     code, out, _ = await cli("kb", "link", "fruit", "--cid", "1", "--unlink")
     assert code == 0 and out.splitlines()[0] == "fruit: unlinked from conversation 1"
