@@ -55,15 +55,15 @@ class Approver:
         self._answer: asyncio.Future[str] | None = None  # the keyboard's answer being waited for
 
     async def decide(self, event: dict[str, Any]) -> tuple[bool, str]:
-        """Whether to allow the call, and for how long (``once`` or ``conversation``)."""
+        """Whether to allow the call, and for how long (``once`` or ``conversation``; ``unasked``:
+        denied with nobody to ask)."""
         if self.approve_all or {event.get("name"), event.get("tool")} & self.approve:
             return True, "once"
         for line in describe_call(event):
             self.terminal.note(line)
         keyboard = _keyboard() if self.terminal.interactive else None  # asked where it is seen
         if keyboard is None:
-            self.terminal.note("[denied: no terminal to ask at; ask --approve TOOL or --approve-all allows it]")
-            return False, "once"
+            return False, "unasked"
         with keyboard as fd:
             answer = (await self._read(fd)).strip().lower()
         if answer in ("a", "always"):

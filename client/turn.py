@@ -44,6 +44,9 @@ STOPPED = {
     "interrupted": "interrupted: the daemon stopped; the partial reply is kept",
     "length": "length: the reply reached the most it may take",
 }
+# the line a call's answer leaves on stderr, by how it was answered
+VERDICTS = {"conversation": "allowed for this conversation",
+            "unasked": "denied: no terminal to ask at; ask --approve TOOL or --approve-all allows it"}
 CANCELLED_ELSEWHERE = "stopped by another client: cancelled (the partial reply is kept), or the conversation deleted"
 
 
@@ -173,12 +176,11 @@ class Turn:
         allow, remember = await self.approver.decide(event)
         if self.cancelling:
             return  # Ctrl-C: the cancel on its way denies the call and stops the reply
-        remember = remember if allow else "once"
+        verdict = VERDICTS.get(remember) if not allow or remember == "conversation" else "allowed"
         await self.client.send({"type": "approve", "conversation": event["conversation"], "call": event["call"],
-                                "allow": allow, "remember": remember})
+                                "allow": allow, "remember": remember if allow else "once"})
         if not self.as_json:
-            self.terminal.note("[allowed for this conversation]" if remember == "conversation"
-                               else f"[{'allowed' if allow else 'denied'}]")
+            self.terminal.note(f"[{verdict or 'denied'}]")
 
     @contextlib.contextmanager
     def _lost(self) -> Iterator[None]:
@@ -247,7 +249,7 @@ class Turn:
             self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
         elif kind == "reasoning" and not self.cancelling:
             self.terminal.status("thinking…")
-        elif kind == "tool" and self.terminal.interactive:
+        elif kind == "tool":  # a turn's facts go to stderr whatever it is; progress only to a terminal
             self.terminal.note(f"[tool {event.get('name')}: {event.get('summary')}]")
 
     def _finish(self, event: dict[str, Any]) -> int:

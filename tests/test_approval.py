@@ -245,7 +245,7 @@ async def test_ask_without_a_terminal_denies_unless_told_to_approve(
     code, out, err = await cli("ask", "note it")
     assert code == 0 and out == "could not\n"
     assert 'the model wants to run write_note (MCP server notes)' in err and 'text: "piped\\nline"' in err
-    assert "[denied: no terminal to ask at" in err and written(notes) == []
+    assert "[denied: no terminal to ask at" in err and "[denied]" not in err and written(notes) == []
     router.script(call(WRITE, {"text": "by name"}), Reply(text="done"))
     assert (await cli("ask", "note it", "--approve", WRITE))[0] == 0
     router.script(call(WRITE, {"text": "all"}), Reply(text="done"))

@@ -603,3 +603,13 @@ async def test_conversations_n_pages_past_the_daemons_limit(
     finally:
         await wire.close()
     assert [item["conversation"] for item in listed["items"]] == [5, 4, 3, 2]
+
+
+async def test_tool_calls_are_told_on_stderr_without_a_terminal(daemon: RunningDaemon, router: FakeRouter) -> None:
+    """A turn's facts (the tools it called) go to stderr whatever it is; only progress needs a terminal."""
+    await cli("ask", "the first question")
+    router.script(Reply(tool_calls=[{"id": "c1", "name": "conversation_search", "arguments": '{"query": "first"}'}]),
+                  Reply(text="found it"))
+    code, out, err = await cli("ask", "-c", "what did I ask first?")
+    assert code == 0 and out == "found it\n"
+    assert "[tool conversation_search: " in err, err
