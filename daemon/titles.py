@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,11 @@ TITLE_REQUEST = (
 
 
 ECHOED = "title of at most six words"  # in both requests: a "title" holding it is the request said back
+# what small models answer instead of a title (SmolLM2: "I'm sorry for the confusion…"): the
+# question's first words say more
+NOT_A_TITLE = re.compile(r"^(i'?m sorry|i am sorry|sorry|i apologi[sz]e|apologies|i can(no|')t|as an ai)\b", re.I)
+TOOL_NAME = re.compile(r"^\w+__\w+$|^[a-z]+(_[a-z]+)+$")  # an MCP tool (server__tool) or one of ours
+TITLE_MAX_WORDS = 12  # past it, a sentence rather than a title
 
 
 def _bounded(title: str) -> str:
@@ -49,6 +55,8 @@ def clean_title(raw: str) -> str:
         return ""
     title = lines[0].strip("\"'`*#").removeprefix("Title:").strip().strip("\"'`*").rstrip(".")
     if ECHOED in title.lower():  # a small model repeating the request: the question's words say more
+        return ""
+    if NOT_A_TITLE.match(title) or TOOL_NAME.match(title) or len(title.split()) > TITLE_MAX_WORDS:
         return ""
     return _bounded(title)
 

@@ -126,3 +126,16 @@ def test_clean_title() -> None:
     assert clean_title("   ") == ""
     # a small model saying the request back (SmolLM2 135M did): not a title, the provisional one stays
     assert clean_title("This conversation is between a title of at most six words and you") == ""
+    # an apology, a tool's name or a sentence (SmolLM2 135M's): the question's first words stay
+    assert clean_title("I'm sorry for the confusion. Here is a title") == ""
+    assert clean_title("Notes__write_note") == "" and clean_title("conversation_search") == ""
+    assert clean_title("The user asked about the borrow checker and I explained how lifetimes work in Rust") == ""
+    assert clean_title("Sorting in Python") == "Sorting in Python"
+
+
+@pytest.mark.asyncio
+async def test_an_apology_for_a_title_keeps_the_questions_words(titled: Titled, router: FakeRouter) -> None:
+    router.script_complete(Reply(text="I'm sorry for the confusion, but"))
+    events = await titled.ask("what tyre size does a 2019 Brompton take")
+    assert router.requests[-1].get("stream") is False or not router.requests[-1].get("stream")  # the title was asked
+    assert await titled.title(events[0]["conversation"]) == "what tyre size does a 2019 Brompton take"
