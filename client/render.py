@@ -167,7 +167,8 @@ def _render_mcp_servers(event: dict[str, Any], out: TextIO) -> None:
             description = " ".join(tool["description"].split())
             if len(description) > 70:
                 description = description[:69] + "…"
-            print(f"    {tool['offered_as']:<40} {description}", file=out)
+            asks = "  (asks first)" if tool.get("asks") else ""
+            print(f"    {tool['offered_as']:<40} {description}{asks}", file=out)
 
 
 def describe_kb_add(event: dict[str, Any]) -> list[str]:

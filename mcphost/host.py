@@ -126,7 +126,8 @@ class ServerHandle:
         async def on_ready(connection: Connection) -> None:
             if generation != self._generation or stop.is_set():
                 return  # given up on while it started: it is stopped at once
-            self.connection, self.state, self.failures = connection, "ready", 0
+            # a failure before is history now: ``status`` says what is, not what was
+            self.connection, self.state, self.failures, self.last_error = connection, "ready", 0, None
             logger.info("MCP server %s ready: %d tool(s)", self.spec.name, len(connection.tools))
             if not ready.done():
                 ready.set_result(None)
@@ -289,7 +290,8 @@ class McpHost:
             connection = handle.connection
             if connection is not None:
                 names = offered_names(handle.spec.name, [t.name for t in connection.tools])
-                entry["tools"] = [{"name": t.name, "offered_as": names[t.name], "description": t.description}
+                entry["tools"] = [{"name": t.name, "offered_as": names[t.name], "description": t.description,
+                                   "asks": handle.spec.asks(t.name, t.read_only)}
                                   for t in sorted(connection.tools, key=lambda t: names[t.name])]
             else:
                 entry["tools"] = []

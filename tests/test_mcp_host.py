@@ -303,7 +303,9 @@ async def test_a_server_that_crashes_is_contained_and_restarted_on_the_next_need
     assert of_type(events, "tool")[0]["ok"] is True
     assert tool_messages(router.requests[-1])[-1]["content"] == "5"
     assert len((tmp_path / "starts").read_text().split()) == 2
-    assert (await server_state(wire, "good"))["starts"] == 2
+    recovered = await server_state(wire, "good")
+    assert recovered["starts"] == 2 and recovered["state"] == "ready"
+    assert recovered["last_error"] is None  # the failure before is not the state now
     assert sorted(made) == sorted(GOOD_TOOLS * 2)  # the restarted server's list, made anew
 
 
@@ -500,9 +502,13 @@ async def test_tool_schemas_count_in_the_prompt_estimate(hosting: Any, router: F
 
 
 async def test_mcp_servers_lists_every_server_and_its_tools(hosting: Any, router: FakeRouter) -> None:
-    wire = await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n'})
+    asking = server("good").replace('approval = "auto"\n', "")  # its tools not marked read-only ask first
+    wire = await hosting({"good": server("good"), "missing": 'command = "/nonexistent/x"\n', "asking": asking})
     answer = await wire.request({"type": "mcp_servers"})
-    good, missing = answer["servers"]
+    servers = {entry["name"]: entry for entry in answer["servers"]}
+    good, missing, asked = servers["good"], servers["missing"], servers["asking"]
+    assert not any(t["asks"] for t in good["tools"])  # approval = "auto"
+    assert [t["name"] for t in asked["tools"] if not t["asks"]] == ["add", "echo"]  # the read-only ones
     assert good["name"] == "good" and good["state"] == "ready" and good["transport"] == "stdio"
     assert [t["offered_as"] for t in good["tools"]] == GOOD_TOOLS
     assert next(t for t in good["tools"] if t["name"] == "add")["description"] == "Add two integers."
