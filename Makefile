@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml $(MODULES)
 	$(PY) -m pip install --quiet --upgrade pip
 	# strict: the editable install is a plain path entry (a link tree in build/), where the
 	# default mode imports a finder at every start of the daemon and the client (bench/bench_startup.py)
-	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
+	# PYTHONWARNINGS: setuptools' banner about editable installs is for package authors, not users
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 # the daemon's and the client's modules compiled, as any install compiles them: Python would

@@ -311,7 +311,8 @@ class Server:
             self._listener.cleanup()
             if not self._listener.owned or self._server is None:  # else the server closed it
                 self._listener.sock.close()
-        logger.info("stopped")
+        if self.ready.is_set():  # a start that failed says why, not that it stopped
+            logger.info("stopped")
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

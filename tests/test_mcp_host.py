@@ -845,3 +845,19 @@ async def test_a_server_goes_when_its_daemon_is_killed(
             daemon.proc.kill()
         await daemon.proc.communicate()
         daemon.notify.close()
+
+
+async def test_the_readmes_example_server_reads_without_asking_and_asks_to_act(
+    hosting: Any, router: FakeRouter, tmp_path: Path
+) -> None:
+    example = ROOT / "docs" / "examples" / "notes_server.py"
+    spec = f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(example))}]\nenv = {{ HOME = {json.dumps(str(tmp_path))} }}\n'
+    wire = await hosting({"notes": spec})
+    [notes] = (await wire.request({"type": "mcp_servers"}))["servers"]
+    assert notes["state"] == "ready", notes
+    assert {t["offered_as"]: t["asks"] for t in notes["tools"]} == {"notes__add_note": True, "notes__read_notes": False}
+    (tmp_path / "notes.txt").write_text("buy milk\n")
+    router.script(call("notes__read_notes", {}), Reply(text="milk"))
+    events = await wire.ask("what is on my list?")
+    assert of_type(events, "tool")[0]["ok"] is True
+    assert tool_messages(router.requests[-1])[0]["content"] == "buy milk\n"
