@@ -36,6 +36,7 @@ from kbinject import KbProgress, KnowledgeBases, kb_name
 from .connection import Emit, Replier
 from .live import Live
 from .protocol import Request, encode_list
+from .turnrequest import TurnRequest
 from .turns import TurnEngine
 
 __all__ = ["Handlers"]
@@ -70,7 +71,11 @@ class Handlers:
         await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
-        await self.engine.ask(request, emit)
+        if request.fault is not None:  # refused with the turn it would have been
+            cid = request.get("conversation")
+            await self.engine.refuse(BadRequest(request.fault), cid, emit, named=request.invalid != "conversation")
+            return
+        await self.engine.ask(TurnRequest.of(request), emit)
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
         if request.has("kb") == request.has("conversation"):

@@ -148,13 +148,6 @@ class Request:
     fault: str | None = None
     invalid: str | None = None
     received: float = field(default_factory=time.monotonic)  # when its line was read
-    # sampling an OpenAI client sets for its one turn (daemon/openai/door.py): temperature, top_p,
-    # max_tokens, stop, seed; never read from the socket
-    overrides: dict[str, Any] = field(default_factory=dict)
-    # an OpenAI client's own tools, offered beside the daemon's; and their results, which take
-    # up again the conversation's last turn (it ended on calls to them)
-    client_tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)

@@ -24,13 +24,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from attachments import (
-    MAX_FILES, Prepared, budget_chars, prepare_files, read_sent_pages, too_many_files, user_content,
+    Prepared, budget_chars, prepare_files, read_sent_pages, user_content,
 )
 from core import BUDGET_CHARS_PER_TOKEN, estimate_messages
 from core.config import Config
@@ -46,8 +46,6 @@ from core.errors import (
     no_conversation,
 )
 from core.models import display_name, sampling_params
-from core.presets import Preset, find_preset
-from core.sampling import SAMPLING_KEYS
 from core.router import (
     ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
 )
@@ -60,8 +58,9 @@ from .background import Background
 from .connection import Emit
 from .context import ContextBuilder, Progress, Prompt, router_messages
 from .live import Live
-from .protocol import Request, error_event
+from .protocol import error_event
 from .titles import make_title, provisional_title, title_prompt
+from .turnrequest import TurnRequest
 
 if TYPE_CHECKING:
     from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
@@ -84,68 +83,8 @@ UNREAD_CALL_MESSAGE = (
     "without tools ({detail}); ask again, perhaps in other words (a temperature of 0-0.3 helps small models)"
 )
 ROUND_SEPARATOR = "\n\n"  # between the text of two rounds around tool calls
-MAX_REF_CHARS = 128  # an ask's ``ref``: a client's own id for it, stored with the question
 
 StopReason = Literal["cancelled", "interrupted"]
-
-
-@dataclass(frozen=True)
-class Ask:
-    """An ``ask`` request's fields."""
-
-    text: str
-    files: list[str]
-    conversation: int | None  # None: a new conversation
-    model: str | None  # the model the ask names
-    system: str | None  # a new conversation's own system prompt
-    ref: str | None = None  # the client's own reference, stored with the question
-    overrides: dict[str, Any] = field(default_factory=dict)  # the turn's own sampling, over the settings'
-    client_tools: list[dict[str, Any]] = field(default_factory=list)  # ``Request.client_tools``
-    tool_results: list[dict[str, Any]] | None = None  # ``Request.tool_results``
-    preset: Preset | None = None  # the preset whose prompt goes before ``text`` (core/presets.py)
-
-    @classmethod
-    def of(cls, request: Request, presets: Mapping[str, Preset]) -> Ask:
-        named = request.get("preset")
-        # a door's (``Request.overrides``), or the ask's own temperature and top_p
-        sampling = {key: value for key in SAMPLING_KEYS if (value := request.get(key)) is not None}
-        ask = cls(request.get("text", ""), request.get("files", []), request.get("conversation"),
-                  request.get("model") or None, request.get("system"), request.get("ref"),
-                  {**request.overrides, **sampling}, request.client_tools, request.tool_results,
-                  find_preset(presets, named) if named is not None else None)
-        if ask.tool_results is not None:
-            if ask.conversation is None:
-                raise BadRequest("tool results continue a conversation's last turn; name the conversation")
-            return ask
-        if ask.preset is not None and not ask.files:
-            ask.preset.check([])
-        if ask.ref is not None and len(ask.ref) > MAX_REF_CHARS:
-            raise BadRequest(
-                f"ask: 'ref' may have at most {MAX_REF_CHARS} characters, not {len(ask.ref)}; send a short "
-                "reference of the client's own (a counter, a UUID)"
-            )
-        if ask.conversation is not None and ask.system is not None:
-            raise BadRequest(
-                f"'system' sets a new conversation's system prompt; change conversation {ask.conversation}'s with "
-                "the settings request"
-            )
-        if len(ask.files) > MAX_FILES:
-            raise too_many_files(len(ask.files))
-        if not ask.text.strip() and not ask.files:
-            raise BadRequest("ask needs a question in 'text', or files")
-        return ask
-
-    def question(self, prepared: list[Prepared]) -> str:
-        """What the question is about in words: its text, else its files' names."""
-        return self.text or " ".join(p.name for p in prepared)
-
-    def with_preset(self, prepared: list[Prepared]) -> Ask:
-        """The ask as sent: its preset's prompt before its text, once the files suit the preset
-        (BadRequest naming the kinds otherwise)."""
-        if self.preset is None:
-            return self
-        self.preset.check([(p.name, p.preset_kinds()) for p in prepared])
-        return dataclasses.replace(self, text=self.preset.question(self.text), preset=None)
 
 
 @dataclass
@@ -304,12 +243,10 @@ class TurnRunner:
 
     # -- start: the question stored ---------------------------------------------------------
 
-    async def start(self, slot: Slot, request: Request, emit: Emit) -> TurnState | None:
+    async def start(self, slot: Slot, ask: TurnRequest, emit: Emit) -> TurnState | None:
         """The question stored and shown (``user``); None when it was stored as failed because
         the router could not be asked (the client is told). A refusal raises: nothing stored."""
-        ask = Ask.of(request, self.config.presets)
-        if ask.tool_results is not None:
-            return await self._resume(slot, ask, emit)
+        preset = ask.check(self.config.presets)
         past = await self._past(ask.conversation) if ask.conversation is not None and ask.files else None
         await self.history.ensure_room()  # a full disk refuses the turn before anything is asked
         # the model as far as it is known before the question is stored: named on the ask, the
@@ -323,12 +260,12 @@ class TurnRunner:
             # the question (and its files) are kept even when the router cannot be reached
             offline = ModelInfo(id=named or "", input_modalities=("text", "image"))
             prepared = await self._prepare(ask, offline, past, emit)
-            ask = ask.with_preset(prepared)
+            ask = ask.with_preset(preset, prepared)
             slot.storing = True
             await self._store_failed(ask, prepared, exc, emit)
             return None
         prepared = await self._prepare(ask, model, past, emit)
-        ask = ask.with_preset(prepared)
+        ask = ask.with_preset(preset, prepared)
         slot.storing = True
         state = await self._store_question(ask, prepared, model, final)
         emit(user_event(state.conversation, state.turn, ask.text, prepared, ask.ref))
@@ -336,9 +273,10 @@ class TurnRunner:
         self._read_sent_pages(state.conversation, state.turn, prepared, state.stored)
         return state
 
-    async def _resume(self, slot: Slot, ask: Ask, emit: Emit) -> TurnState:
+    async def resume(self, slot: Slot, ask: TurnRequest, emit: Emit) -> TurnState:
         """The conversation's last turn, which ended on calls to the client's own tools, taken up
         again with their results (``ask.tool_results``): running, then answered as any turn."""
+        ask.check(self.config.presets)
         assert ask.conversation is not None and ask.tool_results is not None
         model = await self.router.model_info(ask.model)
         cid = ask.conversation
@@ -356,14 +294,14 @@ class TurnRunner:
         state = TurnState(conversation=cid, turn=turn.turn, model=model, model_id=turn.model or model.id,
                           messages=messages, question=text_only(messages[0]), query=turn.text, topic=turn.text,
                           kb_injection=injection_mode(conv.settings), past=past, mcp=mcp, files=turn.files,
-                          ref=turn.ref, started_at=turn.created_at, overrides=ask.overrides,
+                          ref=turn.ref, started_at=turn.created_at, overrides=ask.sampling,
                           client_tools=ask.client_tools, parts=[turn.reply], resumed=router_messages(messages[1:]))
         emit({"type": "user", "conversation": cid, "turn": turn.turn, "text": turn.text, "files": turn.files,
               "ref": turn.ref})
         self._tell_started(past, turn.turn, ask, turn.files, state.model_id)
         return state
 
-    def _tell_started(self, past: TurnContext | None, turn: int, ask: Ask, files: list[dict[str, Any]],
+    def _tell_started(self, past: TurnContext | None, turn: int, ask: TurnRequest, files: list[dict[str, Any]],
                       model: str | None) -> None:
         """Tell the watchers of a question stored (and of the conversation it made)."""
         assert past is not None
@@ -390,7 +328,7 @@ class TurnRunner:
             raise no_conversation(cid)
         return past
 
-    async def _prepare(self, ask: Ask, model: ModelInfo, past: TurnContext | None, emit: Emit) -> list[Prepared]:
+    async def _prepare(self, ask: TurnRequest, model: ModelInfo, past: TurnContext | None, emit: Emit) -> list[Prepared]:
         """Read the attached files within the text budget (docs/DESIGN.md, "Budgets"); refusals raise."""
         if not ask.files:
             return []
@@ -407,7 +345,7 @@ class TurnRunner:
                                    ctx_used=ctx_used, on_ocr=reading)
 
     async def _begin(
-        self, ask: Ask, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,
+        self, ask: TurnRequest, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,
     ) -> tuple[Turn, TurnContext]:
         """Store the question (and its files' records) as a running turn, and read what its prompt
         needs, in one trip to the store: the turn, and what history held before it.
@@ -431,7 +369,7 @@ class TurnRunner:
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
 
-    async def _store_question(self, ask: Ask, prepared: list[Prepared], model: ModelInfo, final: bool) -> TurnState:
+    async def _store_question(self, ask: TurnRequest, prepared: list[Prepared], model: ModelInfo, final: bool) -> TurnState:
         """Store the question; ``model`` is the one to use when ``final``, else the default, which
         the conversation's own model (known once it is read) overrides."""
         question, stored = questions(ask.text, prepared)
@@ -443,9 +381,9 @@ class TurnRunner:
                          topic=ask.question(prepared), kb_injection=injection_mode(conv.settings),
                          new_conversation=ask.conversation is None, past=past, mcp=mcp,
                          files=[p.chip.to_json() for p in prepared], ref=ask.ref, started_at=turn.created_at,
-                         overrides=ask.overrides, client_tools=ask.client_tools)
+                         overrides=ask.sampling, client_tools=ask.client_tools)
 
-    async def _store_failed(self, ask: Ask, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
+    async def _store_failed(self, ask: TurnRequest, prepared: list[Prepared], exc: AssistantError, emit: Emit) -> None:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
         _question, stored = questions(ask.text, prepared)
         turn, past = await self._begin(ask, prepared, stored, ask.model, None)
