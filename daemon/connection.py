@@ -34,12 +34,12 @@ from typing import Any
 
 from core.errors import AssistantError, InternalError, LineTooLong, ShuttingDown, TooManyRequests
 
+from .events import error_event
 from .protocol import (
     BARRIERS,
     MAX_LINE_BYTES,
     Request,
     decode_line,
-    error_event,
     event_parts,
     request_id,
     sequence_key,

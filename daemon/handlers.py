@@ -33,6 +33,7 @@ from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
+from . import events
 from .connection import Emit, Replier
 from .live import Live
 from .protocol import Request, encode_list
@@ -232,11 +233,9 @@ class Handlers:
         conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)
-        shown = {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
-                 "settings": conv.settings}
-        emit({"type": "settings", **shown})
+        emit({"type": "settings", **events.conversation_shown(conv)})
         if changes:
-            self.live.publish("conversation", "updated", **shown)
+            self.live.conversation_updated(conv)
 
     async def on_search(self, request: Request, emit: Emit) -> None:
         """Full-text search of the user's conversations, hits grouped by conversation."""

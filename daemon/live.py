@@ -22,6 +22,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from history import Conversation
+
+from . import events
 from .connection import Replier
 
 __all__ = ["ChangeKind", "Live", "WATCH_BACKLOG"]
@@ -87,6 +90,10 @@ class Live:
             })
             return
         watch.emit(dict(event))  # each watcher's copy gets its own request id
+
+    def conversation_updated(self, conv: Conversation) -> None:
+        """A conversation's title, model, system prompt or settings changed."""
+        self.publish("conversation", "updated", **events.conversation_shown(conv))
 
     def turn_saved(self, conversation: int, turn: int, status: str, finish_reason: str | None) -> None:
         """A reply a full disk kept in memory is saved at last."""

@@ -27,7 +27,7 @@ from .background import Background
 from .connection import Emit, Replier
 from .context import ContextBuilder
 from .live import Live
-from .protocol import error_event
+from . import events
 from .runner import Slot, StopReason, TurnRunner
 from .turnrequest import TurnRequest
 
@@ -108,7 +108,7 @@ class TurnEngine:
     async def refuse(self, exc: AssistantError, cid: int | None, emit: Emit, *, named: bool = True) -> None:
         """An ask's ``error``, with the turn it would have been (``named`` False: the ask named
         no conversation that can be, and is no turn)."""
-        emit(error_event(exc, conversation=cid, turn=await self._refused_turn(cid, exc) if named else None))
+        emit(events.error_event(exc, conversation=cid, turn=await self._refused_turn(cid, exc) if named else None))
 
     async def _refused_turn(self, cid: int | None, exc: AssistantError) -> int | None:
         """The turn a refused ask would have been: 1 in a new conversation, else the next one of
@@ -143,7 +143,7 @@ class TurnEngine:
             await slot.started.wait()  # its question is on its way to the store
             slot = self._slots.get(cid)
         if slot is None or slot.state is None or slot.ended:
-            emit({"type": "following", "conversation": cid, "turn": None})
+            emit(events.not_following(cid))
             return
         # in one step of the loop with every delta: the text so far and the deltas after it
         # are the reply, byte for byte

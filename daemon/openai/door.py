@@ -218,8 +218,7 @@ class OpenAIDoor:
             return
         changed = await self.history.update_conversation(cid, system_prompt=system)
         if changed is not None:
-            self.live.publish("conversation", "updated", conversation=cid, title=changed.title, model=changed.model,
-                              system=changed.system_prompt, settings=changed.settings)
+            self.live.conversation_updated(changed)
 
     async def _run(self, ask: TurnRequest, relay: TurnRelay, reply: HttpReply) -> None:
         """The turn, cancelled (its partial reply kept) when the client hangs up."""
