@@ -112,3 +112,104 @@ def conversation_shown(conv: Conversation) -> dict[str, Any]:
     ``updated`` change carries them."""
     return {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
             "settings": conv.settings}
+
+
+# -- the answers of the other requests (docs/PROTOCOL.md, "Events") ------------------------------
+
+
+def forbidden() -> Event:
+    """The ``error`` for a connection of another user (no request was read)."""
+    return {"type": "error", "code": "forbidden", "message": "this daemon serves only its own user"}
+
+
+def cancelled_turn(conversation: int, turn: int | None) -> Event:
+    return {"type": "cancelled", "conversation": conversation, "turn": turn}
+
+
+def cancelled_kb(kb: str, running: bool) -> Event:
+    return {"type": "cancelled", "kb": kb, "running": running}
+
+
+def conversations(items: list[dict[str, Any]]) -> Event:
+    return {"type": "conversations", "items": items}
+
+
+def conversation(conv: Conversation, *, ctx_max: int, running: int | None, turns: Any) -> Event:
+    """An ``open``'s answer (``turns``: ``protocol.Encoded``, encoded off the event loop)."""
+    return {
+        "type": "conversation", "conversation": conv.id, "title": conv.title, "model": conv.model,
+        "system": conv.system_prompt, "settings": conv.settings, "ctx_used": conv.ctx_used, "ctx_max": ctx_max,
+        "created_at": conv.created_at, "updated_at": conv.updated_at, "running": running, "total": conv.turns,
+        "turns": turns,
+    }
+
+
+def deleted(conversation: int) -> Event:
+    return {"type": "deleted", "conversation": conversation}
+
+
+def listing(kind: str, items: list[dict[str, Any]], **extra: Any) -> Event:
+    """A list's answer: ``models`` (with ``default``), ``presets``, ``kbs``."""
+    return {"type": kind, "items": items, **extra}
+
+
+def estimate(conversation: int | None, tokens: int, files: list[dict[str, Any]], ctx_used: int, ctx_max: int) -> Event:
+    return {"type": "estimate", "conversation": conversation, "tokens": tokens, "files": files, "ctx_used": ctx_used,
+            "ctx_max": ctx_max}
+
+
+def settings(conv: Conversation) -> Event:
+    return {"type": "settings", **conversation_shown(conv)}
+
+
+def results(query: str, offset: int, groups: list[dict[str, Any]], more: bool) -> Event:
+    """A ``search``'s hits, grouped by conversation."""
+    return {"type": "results", "query": query, "offset": offset, "total": sum(len(g["hits"]) for g in groups),
+            "more": more, "conversations": groups}
+
+
+def kb_progress(kb: str, step: dict[str, Any]) -> Event:
+    return {"type": "progress", "kb": kb, **step}
+
+
+def kb(info: dict[str, Any]) -> Event:
+    """A knowledge base as ``kb_add``, ``kb_remove`` and ``kb_link`` answer it."""
+    return {"type": "kb", **info}
+
+
+def kb_results(kb: str, query: str, search: str, note: str | None, hits: list[dict[str, Any]]) -> Event:
+    return {"type": "kb_results", "kb": kb, "query": query, "search": search, "note": note, "results": hits}
+
+
+def status(**fields: Any) -> Event:
+    """``status``'s answer; its fields are listed in docs/PROTOCOL.md, "status"."""
+    return {"type": "status", **fields}
+
+
+def config(shown: dict[str, Any], default_model: str | None) -> Event:
+    return {"type": "config", **shown, "default_model": default_model}
+
+
+def watching(seq: int) -> Event:
+    return {"type": "watching", "seq": seq}
+
+
+def approved(conversation: int, call: str, allow: bool, remember: bool) -> Event:
+    return {"type": "approved", "conversation": conversation, "call": call, "allow": allow,
+            "remember": "conversation" if remember else "once"}
+
+
+def mcp_servers(servers: list[dict[str, Any]]) -> Event:
+    return {"type": "mcp_servers", "servers": servers}
+
+
+def changed(seq: int, kind: str, action: str, fields: dict[str, Any]) -> Event:
+    """One change, to every watcher (``Live.publish``)."""
+    return {"type": "changed", "seq": seq, "kind": kind, "action": action, **fields}
+
+
+def missed(seq: int) -> Event:
+    """To a watcher that stopped reading: the changes from ``seq`` on were not sent."""
+    return {"type": "missed", "seq": seq,
+            "message": "changes from this seq on were not sent, because events were not read; "
+                       "read the conversations (and open the one shown) again"}
