@@ -14,8 +14,10 @@ from core.router import Timings, ToolCall, Usage
 from history import Conversation
 
 __all__ = [
-    "Event", "approval", "conversation_shown", "delta", "done", "error_event", "following", "not_following",
-    "progress", "reasoning", "tool", "usage_json", "user",
+    "Event", "approval", "approved", "cancelled_kb", "cancelled_turn", "changed", "config", "conversation",
+    "conversation_shown", "conversations", "delta", "deleted", "done", "error_event", "estimate", "following",
+    "forbidden", "kb", "kb_progress", "kb_results", "listing", "mcp_servers", "missed", "not_following", "progress",
+    "reasoning", "results", "settings", "status", "tool", "usage_json", "user", "watching",
 ]
 
 Event = dict[str, Any]  # one JSON object on the wire
