@@ -45,7 +45,7 @@ from .rounds import Rounds
 from .saving import TurnSaver, questions
 from .titles import make_title, title_prompt
 from .turnrequest import TurnRequest
-from .turnstate import ClientTools, Outcome, Reply, Slot, StopReason, TurnState
+from .turnstate import ClientTools, Outcome, Slot, StopReason, TurnState
 
 if TYPE_CHECKING:
     from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
@@ -148,7 +148,7 @@ class TurnRunner:
                          model_final=final, messages=messages, question=question, query=turn.text, topic=topic,
                          kb_injection=injection_mode(conv.settings), new_conversation=ask.conversation is None,
                          past=past, mcp=mcp, files=turn.files, ref=turn.ref, started_at=turn.created_at,
-                         overrides=ask.sampling, client=client, reply=Reply())
+                         overrides=ask.sampling, client=client)
 
     async def _store_question(self, ask: TurnRequest, prepared: list[Prepared], model: ModelInfo, final: bool) -> TurnState:
         """Store the question; ``model`` is the one to use when ``final``, else the default, which
