@@ -27,6 +27,7 @@ from core.errors import NotPending
 from core.tools import Approval, Tool
 from history import AsyncHistory, utc_timestamp
 
+from . import events
 from .connection import Emit, Replier
 from .live import Live
 
@@ -94,7 +95,7 @@ class Approvals:
 
     def waiting(self, cid: int) -> list[dict[str, Any]]:
         """The ``approval`` events of a conversation's calls still waiting (for a ``follow``)."""
-        return [{"type": "approval", **w.question.to_json()} for (c, _), w in self._waiting.items() if c == cid]
+        return [events.approval(w.question.to_json()) for (c, _), w in self._waiting.items() if c == cid]
 
     async def ask(self, question: Question, emit: Emit, answerers: Callable[[], list[Replier]]) -> Approval:
         """Show ``question`` (``emit``: the turn's events; the watchers) and wait for an answer from a
@@ -104,7 +105,7 @@ class Approvals:
         key = (question.conversation, question.call)
         waiting = self._waiting[key] = _Waiting(question, asyncio.get_running_loop().create_future())
         shown = question.to_json()
-        emit({"type": "approval", **shown})
+        emit(events.approval(shown))
         self.live.publish("approval", "asked", **shown)
 
         def left() -> None:  # one of them hung up: denied when nobody who could answer is left
@@ -225,5 +226,4 @@ class TurnGate:
         names = sorted({*approved_tools(conv.settings), name})
         conv = await self.history.update_conversation(self.conversation, settings={APPROVED_SETTING: names})
         if conv is not None:
-            self.live.publish("conversation", "updated", conversation=conv.id, title=conv.title, model=conv.model,
-                              system=conv.system_prompt, settings=conv.settings)
+            self.live.conversation_updated(conv)

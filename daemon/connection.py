@@ -34,12 +34,13 @@ from typing import Any
 
 from core.errors import AssistantError, InternalError, LineTooLong, ShuttingDown, TooManyRequests
 
+from . import events
+from .events import error_event
 from .protocol import (
     BARRIERS,
     MAX_LINE_BYTES,
     Request,
     decode_line,
-    error_event,
     event_parts,
     request_id,
     sequence_key,
@@ -338,7 +339,7 @@ class Connection:
         uid = peer_uid(sock) if sock is not None else None
         if uid is not None and uid != os.geteuid():
             logger.warning("refused a connection from uid %d", uid)
-            self.send({"type": "error", "code": "forbidden", "message": "this daemon serves only its own user"})
+            self.send(events.forbidden())
             await self._turn_away()
             return
         try:

@@ -33,9 +33,11 @@ from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
+from . import events
 from .connection import Emit, Replier
 from .live import Live
 from .protocol import Request, encode_list
+from .turnrequest import TurnRequest
 from .turns import TurnEngine
 
 __all__ = ["Handlers"]
@@ -70,7 +72,11 @@ class Handlers:
         await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
-        await self.engine.ask(request, emit)
+        if request.fault is not None:  # refused with the turn it would have been
+            cid = request.get("conversation")
+            await self.engine.refuse(BadRequest(request.fault), cid, emit, named=request.invalid != "conversation")
+            return
+        await self.engine.ask(TurnRequest.of(request), emit)
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
         if request.has("kb") == request.has("conversation"):
@@ -80,20 +86,20 @@ class Handlers:
             running = self.kbs.cancel(kb, sent=request.received)
             if not running:
                 await self.kbs.get(kb)  # not_found for a knowledge base that does not exist
-            emit({"type": "cancelled", "kb": kb, "running": running})
+            emit(events.cancelled_kb(kb, running))
             return
         cid: int = request.get("conversation")
         stopped, turn = await self.engine.stop(cid)  # answered once the turn has ended and is stored
         if not stopped:
             await self._conversation(cid)  # not_found for a conversation that does not exist
-        emit({"type": "cancelled", "conversation": cid, "turn": turn})
+        emit(events.cancelled_turn(cid, turn))
 
     async def on_conversations(self, request: Request, emit: Emit) -> None:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
         items = await self.history.list_conversations(limit, before)
-        emit({"type": "conversations",
-              "items": [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]})
+        emit(events.conversations(
+            [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
 
     async def on_open(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -110,21 +116,7 @@ class Handlers:
         # encoded in a worker thread, turn by turn: a long conversation would hold the loop and
         # every client with it (bench/bench_open.py)
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
-        emit({
-            "type": "conversation",
-            "conversation": conv.id,
-            "title": conv.title,
-            "model": conv.model,
-            "system": conv.system_prompt,
-            "settings": conv.settings,
-            "ctx_used": conv.ctx_used,
-            "ctx_max": await self._ctx_max(conv.model),
-            "created_at": conv.created_at,
-            "updated_at": conv.updated_at,
-            "running": running,
-            "total": conv.turns,
-            "turns": shown,
-        })
+        emit(events.conversation(conv, ctx_max=await self._ctx_max(conv.model), running=running, turns=shown))
 
     async def _open_turns(self, request: Request, conv: Conversation) -> list[Turn]:
         """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
@@ -153,7 +145,7 @@ class Handlers:
             await self.engine.wait_turn(cid)  # its last write lands before the delete
         if not await self.history.delete_conversation(cid):
             raise NotFound(f"conversation {cid} does not exist")
-        emit({"type": "deleted", "conversation": cid})
+        emit(events.deleted(cid))
         self.live.publish("conversation", "deleted", conversation=cid)
         # its search rows go after, a batch at a time, while other work goes on (not holding
         # up this connection's later lines, as a delete does until it is answered)
@@ -162,11 +154,11 @@ class Handlers:
     async def on_models(self, request: Request, emit: Emit) -> None:
         models = await self.router.models(refresh=True)  # asked for: as the server says it now
         default = self.config.model or (models[0].id if models else None)
-        emit({"type": "models", "items": [m.to_json() for m in models], "default": default})
+        emit(events.listing("models", [m.to_json() for m in models], default=default))
 
     async def on_presets(self, request: Request, emit: Emit) -> None:
         """The prompt presets the canvas offers for dropped files (built-in and configured)."""
-        emit({"type": "presets", "items": [preset.to_json() for preset in self.config.presets.values()]})
+        emit(events.listing("presets", [preset.to_json() for preset in self.config.presets.values()]))
 
     async def on_estimate(self, request: Request, emit: Emit) -> None:
         """Tokens a staged question and its files would add, before it is sent (a meter for the canvas)."""
@@ -189,14 +181,7 @@ class Handlers:
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
-        emit({
-            "type": "estimate",
-            "conversation": cid,
-            "tokens": text_tokens + sum(f["tokens"] for f in files),
-            "files": files,
-            "ctx_used": ctx_used,
-            "ctx_max": ctx_max,
-        })
+        emit(events.estimate(cid, text_tokens + sum(f["tokens"] for f in files), files, ctx_used, ctx_max))
 
     async def on_settings(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -227,11 +212,9 @@ class Handlers:
         conv = await self.history.update_conversation(cid, **changes)
         if conv is None:
             raise no_conversation(cid)
-        shown = {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
-                 "settings": conv.settings}
-        emit({"type": "settings", **shown})
+        emit(events.settings(conv))
         if changes:
-            self.live.publish("conversation", "updated", **shown)
+            self.live.conversation_updated(conv)
 
     async def on_search(self, request: Request, emit: Emit) -> None:
         """Full-text search of the user's conversations, hits grouped by conversation."""
@@ -248,8 +231,7 @@ class Handlers:
         # one hit past the limit says whether there are more
         hits, convs = await self.history.search_with_conversations(query, limit + 1, cid, offset)
         groups = group_hits(hits[:limit], convs)
-        emit({"type": "results", "query": query, "offset": offset, "total": sum(len(g["hits"]) for g in groups),
-              "more": len(hits) > limit, "conversations": groups})
+        emit(events.results(query, offset, groups, more=len(hits) > limit))
 
     async def on_kb_add(self, request: Request, emit: Emit) -> None:
         """Ingest files and folders into a knowledge base, reporting progress as it goes."""
@@ -258,26 +240,26 @@ class Handlers:
             raise BadRequest("kb_add needs at least one file or folder in 'paths'")
 
         def progress(step: KbProgress) -> None:
-            emit({"type": "progress", "kb": kb, **step.to_json()})
+            emit(events.kb_progress(kb, step.to_json()))
 
         result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
-        emit({"type": "kb", **result.to_json()})
+        emit(events.kb(result.to_json()))
         if result.created or result.added or result.updated or result.removed or result.embedded:
             self.live.publish("kb", "added" if result.created else "changed", kb=result.kb,
                               documents=result.documents, chunks=result.chunks)
 
     async def on_kb_list(self, request: Request, emit: Emit) -> None:
-        emit({"type": "kbs", "items": [info.to_json() for info in await self.kbs.list()]})
+        emit(events.listing("kbs", [info.to_json() for info in await self.kbs.list()]))
 
     async def on_kb_remove(self, request: Request, emit: Emit) -> None:
         info = await self.kbs.remove(request.get("kb"))
-        emit({"type": "kb", **info.to_json()})  # what it held, now gone
+        emit(events.kb(info.to_json()))  # what it held, now gone
         self.live.publish("kb", "removed", kb=info.name)
 
     async def on_kb_link(self, request: Request, emit: Emit) -> None:
         linked: bool = request.get("linked", True)
         info = await self.kbs.link(request.get("kb"), request.get("conversation"), linked)
-        emit({"type": "kb", **info.to_json()})
+        emit(events.kb(info.to_json()))
         self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
@@ -292,33 +274,24 @@ class Handlers:
                 model, ctx_max, ctx_source = info.id, info.ctx_max, info.ctx_source
             except Exception:  # status must answer, and soon, whatever the router says
                 logger.debug("no default model for status", exc_info=True)
-        emit({
-            "type": "status",
-            "version": __version__,
-            "router_url": self.config.router_url,
-            "router_reachable": reachable,
-            "model": model,
-            "ctx_max": ctx_max,
-            "ctx_source": ctx_source,
-            "uptime": round(time.monotonic() - self.started, 3),
-            "turns_running": self.engine.running,
-            "running": self.engine.running_turns(),
-            "socket": str(self.config.socket_path),
-            "data_dir": str(self.config.data_dir),
-            "mcp": self.engine.mcp.status() if self.engine.mcp else [],
-            "ocr": (await ocr_support()).to_json(),
-            "config_error": self.config_error,
-        })
+        emit(events.status(
+            version=__version__, router_url=self.config.router_url, router_reachable=reachable, model=model,
+            ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
+            turns_running=self.engine.running, running=self.engine.running_turns(),
+            socket=str(self.config.socket_path), data_dir=str(self.config.data_dir),
+            mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await ocr_support()).to_json(),
+            config_error=self.config_error,
+        ))
 
     async def on_config(self, request: Request, emit: Emit) -> None:
         """The settings in effect (read-only; secrets masked), and the default model they give."""
-        emit({"type": "config", **self.config.shown(), "default_model": self.router.default_model()})
+        emit(events.config(self.config.shown(), self.router.default_model()))
 
     # -- live state (issue 30): what changes, and a running reply ------------------------------
 
     async def on_watch(self, request: Request, emit: Replier) -> None:
         """Every later change to this connection, as ``changed`` events (``daemon.live``)."""
-        emit({"type": "watching", "seq": self.live.watch(emit)})
+        emit(events.watching(self.live.watch(emit)))
 
     async def on_follow(self, request: Request, emit: Replier) -> None:
         """The conversation's running turn so far, then its events as they come."""
@@ -336,15 +309,14 @@ class Handlers:
         remember = request.get("remember", "once") == "conversation"
         approval = self.engine.approvals.answer(cid, request.get("call"), request.get("allow"), remember,
                                                 emit.program)
-        emit({"type": "approved", "conversation": cid, "call": request.get("call"), "allow": approval.allowed,
-              "remember": "conversation" if approval.remember else "once"})
+        emit(events.approved(cid, request.get("call"), approval.allowed, approval.remember))
 
     # -- MCP (issue 13): the hosted servers, and what `assistant.py mcp serve` reads ------------
 
     async def on_mcp_servers(self, request: Request, emit: Emit) -> None:
         """Every configured MCP server with its state and tools (starting those not running)."""
         servers = await self.engine.mcp.describe() if self.engine.mcp else []
-        emit({"type": "mcp_servers", "servers": servers})
+        emit(events.mcp_servers(servers))
 
     async def on_kb_search(self, request: Request, emit: Emit) -> None:
         """Search one named knowledge base (hybrid, as the kb_search tool does)."""
@@ -352,8 +324,8 @@ class Handlers:
         if not query.strip():
             raise BadRequest("kb_search needs words in 'query'")
         found = await self.kbs.search(query, kbs=[request.get("kb")], limit=request.get("limit"))
-        emit({"type": "kb_results", "kb": kb_name(request.get("kb")), "query": query, "search": found.mode,
-              "note": found.note, "results": [hit.to_json() for hit in found.hits]})
+        emit(events.kb_results(kb_name(request.get("kb")), query, found.mode, found.note,
+                               [hit.to_json() for hit in found.hits]))
 
     def _mcp_servers(self, request: Request) -> list[str] | None:
         """The ``mcp_servers`` setting: configured names (null: the configuration's default)."""

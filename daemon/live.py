@@ -22,6 +22,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from history import Conversation
+
+from . import events
 from .connection import Replier
 
 __all__ = ["ChangeKind", "Live", "WATCH_BACKLOG"]
@@ -63,7 +66,7 @@ class Live:
     def publish(self, kind: ChangeKind, action: str, **fields: Any) -> None:
         """One change: ``changed`` to every watcher, with the next ``seq``."""
         self.seq += 1
-        event = {"type": "changed", "seq": self.seq, "kind": kind, "action": action, **fields}
+        event = events.changed(self.seq, kind, action, fields)
         for key, watch in list(self._watches.items()):
             if watch.emit.gone:
                 del self._watches[key]  # hung up: forgotten at the next change
@@ -80,13 +83,13 @@ class Live:
             watch.missed_from = event["seq"]
             logger.info("a watcher is not reading (over %d bytes wait); it misses changes from %d on",
                         WATCH_BACKLOG, event["seq"])
-            watch.emit({
-                "type": "missed", "seq": event["seq"],
-                "message": "changes from this seq on were not sent, because events were not read; "
-                           "read the conversations (and open the one shown) again",
-            })
+            watch.emit(events.missed(event["seq"]))
             return
         watch.emit(dict(event))  # each watcher's copy gets its own request id
+
+    def conversation_updated(self, conv: Conversation) -> None:
+        """A conversation's title, model, system prompt or settings changed."""
+        self.publish("conversation", "updated", **events.conversation_shown(conv))
 
     def turn_saved(self, conversation: int, turn: int, status: str, finish_reason: str | None) -> None:
         """A reply a full disk kept in memory is saved at last."""

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common import MAX_LIST_LIMIT, MAX_REQUEST_BYTES
-from core.errors import AssistantError, BadRequest, UnknownType, listed
+from core.errors import BadRequest, UnknownType, listed
 from core.jsontext import compact_json, strict_loads, without_lone_surrogates
 from core.sampling import sampling_problem
 from history import MAX_CONVERSATION_ID
+
+from .events import error_event
 
 __all__ = [
     "BARRIERS",
@@ -148,13 +150,6 @@ class Request:
     fault: str | None = None
     invalid: str | None = None
     received: float = field(default_factory=time.monotonic)  # when its line was read
-    # sampling an OpenAI client sets for its one turn (daemon/openai/door.py): temperature, top_p,
-    # max_tokens, stop, seed; never read from the socket
-    overrides: dict[str, Any] = field(default_factory=dict)
-    # an OpenAI client's own tools, offered beside the daemon's; and their results, which take
-    # up again the conversation's last turn (it ended on calls to them)
-    client_tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] | None = None
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)
@@ -306,10 +301,3 @@ def encode_list(items: Iterable[Any]) -> Encoded:
         parts += (encode_json(item), b",")
     parts[-1] = b"]" if len(parts) > 1 else b"[]"
     return Encoded(parts)
-
-
-def error_event(exc: AssistantError, **extra: Any) -> dict[str, Any]:
-    """The ``error`` event for a refusal; ``extra`` adds ``conversation``/``turn`` (or ``id``)."""
-    event: dict[str, Any] = {"type": "error", "code": exc.code, "message": exc.message}
-    event.update(extra)
-    return event

@@ -9,7 +9,7 @@ from typing import Any
 
 from core.errors import AssistantError
 from core.router import RouterClient
-from history import AsyncHistory
+from history import AsyncHistory, Conversation
 
 __all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 
@@ -73,10 +73,10 @@ def title_prompt(asked: list[dict[str, Any]], answer: str, question: str, reply:
 
 async def make_title(
     router: RouterClient, history: AsyncHistory, cid: int, model: str, prompt: list[dict[str, Any]], question: str,
-    tools: list[dict[str, Any]] | None = None, renamed: Callable[[str], None] | None = None,
+    tools: list[dict[str, Any]] | None = None, renamed: Callable[[Conversation], None] | None = None,
 ) -> None:
     """Ask the model for a short title; keep the provisional one if that fails or was changed.
-    ``renamed`` is told the title once it is the conversation's.
+    ``renamed`` is told the conversation once the title is its own.
 
     ``tools`` are the ones the turn offered: a template renders them at the top of the
     prompt, so the request offers them too (``tool_choice: none``) to keep the cache's prefix.
@@ -91,4 +91,6 @@ async def make_title(
         return
     # kept when the user has renamed the conversation meanwhile
     if await history.replace_title(cid, provisional_title(question), title) and renamed is not None:
-        renamed(title)
+        conv = await history.get_conversation(cid)
+        if conv is not None:
+            renamed(conv)

@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from core.config import Config
-from core.errors import AssistantError, BadRequest, Busy, InternalError, ShuttingDown, no_conversation
+from core.errors import AssistantError, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
 from core.tools import Toolbox
 from history import AsyncHistory, Conversation
@@ -27,8 +27,9 @@ from .background import Background
 from .connection import Emit, Replier
 from .context import ContextBuilder
 from .live import Live
-from .protocol import Request, error_event
+from . import events
 from .runner import Slot, StopReason, TurnRunner
+from .turnrequest import TurnRequest
 
 if TYPE_CHECKING:
     from mcphost import McpHost  # loaded only when MCP servers are configured (daemon.server)
@@ -72,7 +73,7 @@ class TurnEngine:
 
     # -- public -----------------------------------------------------------------------------
 
-    async def ask(self, request: Request, emit: Emit, asker: Asker | None = None) -> None:
+    async def ask(self, request: TurnRequest, emit: Emit, asker: Asker | None = None) -> None:
         """Serve one ``ask``: events go to ``emit``, the turn goes to history.
 
         Every refusal is an ``error`` carrying ``conversation`` and ``turn`` (the
@@ -81,13 +82,11 @@ class TurnEngine:
         ``asker`` decides the calls of tools that may act; by default the clients are asked
         (``SocketAsker``), a door with nobody to ask gives a ``Refuser``.
         """
-        cid: int | None = request.get("conversation")
+        cid = request.conversation
         current = asyncio.current_task()
         assert current is not None
         self._asks.add(current)
         try:
-            if request.fault is not None:
-                raise BadRequest(request.fault)
             if not self._accepting:
                 raise ShuttingDown()
             if cid is not None and cid in self._slots:
@@ -95,24 +94,27 @@ class TurnEngine:
                 raise Busy(f"conversation {cid} is still answering; wait for its reply or cancel it")
             await self._ask(request, cid, emit, asker)
         except AssistantError as exc:
-            emit(error_event(exc, conversation=cid, turn=await self._refused_turn(request, exc)))
+            await self.refuse(exc, cid, emit)
         except asyncio.CancelledError:
             if self._accepting:
                 raise
-            stopped = ShuttingDown()  # stopped before it was stored
-            emit(error_event(stopped, conversation=cid, turn=await self._refused_turn(request, stopped)))
+            await self.refuse(ShuttingDown(), cid, emit)  # stopped before it was stored
         except Exception:
             logger.exception("ask failed")
-            emit(error_event(InternalError(), conversation=cid, turn=await self._refused_turn(request, None)))
+            await self.refuse(InternalError(), cid, emit)
         finally:
             self._asks.discard(current)
 
-    async def _refused_turn(self, request: Request, exc: AssistantError | None) -> int | None:
+    async def refuse(self, exc: AssistantError, cid: int | None, emit: Emit, *, named: bool = True) -> None:
+        """An ask's ``error``, with the turn it would have been (``named`` False: the ask named
+        no conversation that can be, and is no turn)."""
+        emit(events.error_event(exc, conversation=cid, turn=await self._refused_turn(cid, exc) if named else None))
+
+    async def _refused_turn(self, cid: int | None, exc: AssistantError) -> int | None:
         """The turn a refused ask would have been: 1 in a new conversation, else the next one of
-        its conversation; None when that does not exist, when the ask named none that can be,
-        and for ``busy`` (the running turn is not the refused question's)."""
-        cid: int | None = request.get("conversation")
-        if isinstance(exc, Busy) or request.invalid == "conversation":
+        its conversation; None when that does not exist, and for ``busy`` (the running turn is
+        not the refused question's)."""
+        if isinstance(exc, Busy):
             return None
         if cid is None:
             return 1
@@ -141,7 +143,7 @@ class TurnEngine:
             await slot.started.wait()  # its question is on its way to the store
             slot = self._slots.get(cid)
         if slot is None or slot.state is None or slot.ended:
-            emit({"type": "following", "conversation": cid, "turn": None})
+            emit(events.not_following(cid))
             return
         # in one step of the loop with every delta: the text so far and the deltas after it
         # are the reply, byte for byte
@@ -217,7 +219,7 @@ class TurnEngine:
 
     # -- admission ------------------------------------------------------------------------------
 
-    async def _ask(self, request: Request, cid: int | None, emit: Emit, asker: Asker | None) -> None:
+    async def _ask(self, request: TurnRequest, cid: int | None, emit: Emit, asker: Asker | None) -> None:
         """The admitted ask's turn: started (its conversation busy from then on), then answered."""
         current = asyncio.current_task()
         assert current is not None
@@ -230,7 +232,9 @@ class TurnEngine:
         slot.asker = asker or SocketAsker(self.approvals, emit, lambda: self._answerers(asking, slot))
         runner = self.runner  # the whole turn runs with the configuration it started with (a reload)
         try:
-            state = await runner.start(slot, request, emit)
+            # a client's tool results take up the turn that called its tools (the OpenAI door's)
+            begin = runner.start if request.tool_results is None else runner.resume
+            state = await begin(slot, request, emit)
             if state is None:
                 return  # stored as failed: the router could not be asked
             slot.state = state

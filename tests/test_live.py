@@ -96,9 +96,12 @@ async def test_a_watcher_hears_of_the_models_title(config: Config, router: FakeR
     async with serving(dataclasses.replace(config, auto_title=True)) as (running, client):
         watcher = await running.connect()
         rid = await watching(watcher)
-        await client.ask("name me")
+        cid = (await client.ask("name me"))[0]["conversation"]
         found = await changes(watcher, rid, 4)
-        assert found[-1]["action"] == "updated" and found[-1]["title"] == "Fake title"
+        # the same fields as every ``updated`` change, whoever made it (daemon/events.py)
+        assert {k: v for k, v in found[-1].items() if k not in ("id", "seq")} == {
+            "type": "changed", "kind": "conversation", "action": "updated", "conversation": cid,
+            "title": "Fake title", "model": None, "system": None, "settings": {}}
         await watcher.close()
 
 

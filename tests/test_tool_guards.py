@@ -15,7 +15,7 @@ import pytest
 
 from client import Wire, of_type, reply_text
 from core.tools import REPEAT_ERROR_NOTE, REPEAT_NOTE
-from daemon.runner import LAST_ROUND_NOTE, UNREAD_CALL_NOTE
+from daemon.rounds import LAST_ROUND_NOTE, UNREAD_CALL_NOTE
 from selfcheck.fakerouter import FORMAT_ERROR, FakeRouter, Reply
 
 pytestmark = pytest.mark.asyncio

@@ -33,8 +33,8 @@ from ..approvals import Refuser
 from ..live import Live
 from .http import HttpError, HttpReply, HttpRequest, serve_connection
 from .messages import ChatAsk, read_chat, spool
-from ..protocol import Request
 from ..titles import provisional_title
+from ..turnrequest import TurnRequest
 from ..turns import TurnEngine
 
 __all__ = ["OpenAIDoor", "door_key"]
@@ -218,10 +218,9 @@ class OpenAIDoor:
             return
         changed = await self.history.update_conversation(cid, system_prompt=system)
         if changed is not None:
-            self.live.publish("conversation", "updated", conversation=cid, title=changed.title, model=changed.model,
-                              system=changed.system_prompt, settings=changed.settings)
+            self.live.conversation_updated(changed)
 
-    async def _run(self, ask: Request, relay: TurnRelay, reply: HttpReply) -> None:
+    async def _run(self, ask: TurnRequest, relay: TurnRelay, reply: HttpReply) -> None:
         """The turn, cancelled (its partial reply kept) when the client hangs up."""
         # nobody to ask: a tool that may act runs only when the configuration approves it in
         # advance (approval "auto", auto_approve, or the conversation's remembered approvals)
@@ -250,14 +249,11 @@ class OpenAIDoor:
         await self.history.add_thread(digest, relay.conversation, relay.turn)
 
 
-def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> Request:
-    """The ``ask`` a chat request makes (a new conversation's system prompt is the client's)."""
-    args: dict[str, Any] = {"text": chat.question, "files": paths, "model": chat.model}
-    if cid is None:
-        args["system"] = chat.system
-    else:
-        args["conversation"] = cid
-    return Request("ask", args=args, overrides=chat.sampling, client_tools=chat.tools, tool_results=chat.tool_results)
+def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> TurnRequest:
+    """The turn a chat request asks for (a new conversation's system prompt is the client's)."""
+    return TurnRequest(text=chat.question, files=paths, conversation=cid, model=chat.model or None,
+                       system=chat.system if cid is None else None, sampling=chat.sampling, client_tools=chat.tools,
+                       tool_results=chat.tool_results)
 
 
 def http_error(exc: AssistantError) -> HttpError:
