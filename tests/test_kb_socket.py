@@ -386,7 +386,7 @@ async def test_the_kb_commands(daemon: RunningDaemon, docs: Path) -> None:
     code, out, err = await cli("kb", "add", "notes", str(docs))
     assert code == 0, err
     assert "notes: 3 documents" in out and "photo.png" in out
-    code, out, _ = await cli("kb", "link", "notes")
+    code, out, _ = await cli("kb", "link", "notes", "--all")
     assert code == 0 and "notes" in out
     code, out, _ = await cli("kb", "list")
     assert "notes  3 documents" in out and "every conversation" in out
