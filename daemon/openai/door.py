@@ -247,10 +247,13 @@ class OpenAIDoor:
 
     async def _discard(self, imported: int | None, written: list[Path]) -> None:
         """Undo what a refused question made: the conversation imported for it, the files written."""
-        if written:
-            await asyncio.to_thread(unspool, written)
-        if imported is not None and await self.history.discard_import(imported):
-            self.live.publish("conversation", "deleted", conversation=imported)
+        try:
+            if written:
+                await asyncio.to_thread(unspool, written)
+            if imported is not None and await self.history.discard_import(imported):
+                self.live.publish("conversation", "deleted", conversation=imported)
+        except Exception:  # the refusal (or what stopped the turn) is the answer, not this
+            logger.warning("could not remove what a refused OpenAI request left", exc_info=True)
 
     async def _set_system(self, cid: int, system: str) -> None:
         """The client's system message as the conversation's system prompt, as ``settings`` sets it."""
