@@ -75,6 +75,9 @@ class Config:
     # the key its clients must send ("" with the door on: one generated under the data folder)
     openai_listen: str = ""
     openai_key: str = ""
+    # the most messages one door request may carry: a longer history is refused before it is
+    # matched or stored (it costs the daemon memory and time out of all proportion to a turn)
+    openai_max_messages: int = 4000
     # tesseract's languages for scanned pages (attachments/ocr.py), and whether image files are
     # read by OCR for a model without vision (a photo's OCR is noise: off by default)
     ocr_languages: str = "eng"
@@ -125,6 +128,7 @@ class Config:
             "approval_timeout": self.approval_timeout,
             "openai_listen": self.openai_listen or None,
             "openai_key": SECRET_MASK if self.openai_key else None,
+            "openai_max_messages": self.openai_max_messages,
             "ocr_languages": self.ocr_languages,
             "ocr_images": self.ocr_images,
             "presets": [preset.to_json() for preset in self.presets.values()],
@@ -277,6 +281,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
     for key in ("ctx_max", "kb_top_k", "image_tokens", "max_reply_tokens"):
         if values.get(key, 0) < 0:
             raise refuse(key, "must not be negative")
+    if values.get("openai_max_messages", Config.openai_max_messages) < 1:
+        raise refuse("openai_max_messages", "must be at least 1 (messages a door request may carry)")
     if values.get("assumed_ctx", Config.assumed_ctx) < 512:
         raise refuse("assumed_ctx", "must be at least 512 tokens")
     for key in ("request_timeout", "connect_timeout", "approval_timeout"):

@@ -259,6 +259,12 @@ class AsyncHistory:
     async def add_thread(self, digest: str, cid: int, turns: int) -> None:
         await self._call(self._store.add_thread, digest, cid, turns)
 
+    async def waiting_calls(self, cid: int) -> list[str] | None:
+        return await self._call(self._store.waiting_calls, cid)
+
+    async def discard_import(self, cid: int) -> bool:
+        return await self._call(self._store.discard_import, cid)
+
     async def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
         return await self._call(self._store.reopen_turn, cid, held_upto)
 

@@ -162,6 +162,19 @@ WHERE h.digest = ? AND c.deleted_at IS NULL
 ORDER BY h.conversation_id DESC LIMIT 1
 """
 INSERT_THREAD = "INSERT OR REPLACE INTO threads (digest, conversation_id, turns) VALUES (?, ?, ?)"
+# An import the question it was made for never joined (HistoryStore.discard_import): its turns,
+# how many of them were imported, and the rows that go with it.
+COUNT_IMPORTED = """
+SELECT count(*), coalesce(sum(finish_reason = ?), 0) FROM turns WHERE conversation_id = ?
+"""
+# The messages of a conversation's last turn when it ended on calls to a client's own tools.
+SELECT_WAITING_TURN = """
+SELECT messages FROM turns WHERE conversation_id = ? AND status = 'complete' AND finish_reason = 'tool_calls'
+  AND turn = (SELECT max(t.turn) FROM turns AS t WHERE t.conversation_id = ?)
+"""
+DELETE_THREADS = "DELETE FROM threads WHERE conversation_id = ?"
+DELETE_TURNS = "DELETE FROM turns WHERE conversation_id = ?"
+DELETE_CONVERSATION = "DELETE FROM conversations WHERE id = ?"
 # A turn that ended on calls to a client's own tools, taken up again with their results: the
 # conversation's last turn, and only such a one.
 REOPEN_TURN = """

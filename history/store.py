@@ -366,6 +366,35 @@ class HistoryStore:
         with self._transaction():
             self._conn.execute(sql.INSERT_THREAD, (digest, cid, turns))
 
+    def waiting_calls(self, cid: int) -> list[str] | None:
+        """The ids of the calls the last turn of ``cid`` ended on that no stored result answers
+        (a client's own tools, the OpenAI door's); None when its last turn did not end on calls."""
+        row = self._conn.execute(sql.SELECT_WAITING_TURN, (cid, cid)).fetchone()
+        if row is None:
+            return None
+        messages = load_messages(row[0])
+        called = [n for n, m in enumerate(messages) if m.get("role") == "assistant" and m.get("tool_calls")]
+        if not called:
+            return None
+        answered = {m.get("tool_call_id") for m in messages[called[-1] + 1:] if m.get("role") == "tool"}
+        calls = [c.get("id") for c in messages[called[-1]]["tool_calls"] if isinstance(c, dict)]
+        return [call for call in calls if isinstance(call, str) and call not in answered]
+
+    def discard_import(self, cid: int) -> bool:
+        """Remove a conversation ``import_conversation`` made whose question was refused, so a
+        refusal stores nothing; only while all its turns are the imported ones (False otherwise:
+        another request has gone on with it meanwhile)."""
+        with self._transaction():
+            turns, imported = self._conn.execute(sql.COUNT_IMPORTED, (IMPORTED, cid)).fetchone()
+            if turns == 0 or turns != imported:
+                return False
+            while unindex_conversation(self._conn, cid, UNINDEX_BATCH):
+                pass
+            for statement in (sql.DELETE_THREADS, sql.DELETE_TURNS, sql.DELETE_CONVERSATION):
+                self._conn.execute(statement, (cid,))
+        self._phrases.forget()
+        return True
+
     def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
         """Take up again the last turn of ``cid``, which ended on calls to a client's own tools (the
         OpenAI door): running again, and what its prompt needs from before it. LookupError when

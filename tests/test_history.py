@@ -29,6 +29,7 @@ from history import (
     message_rowid,
     quote_fts,
     split_rowid,
+    thread_digest,
     turn_rowid_range,
 )
 from history import fts as history_fts
@@ -933,3 +934,20 @@ def test_a_turn_keeps_the_ref_its_ask_carried(tmp_path: Path) -> None:
         assert [t.ref for t in store.turns(conversation.id)] == ["canvas-7", None]
         assert store.turn(conversation.id, 1).to_json()["ref"] == "canvas-7"  # type: ignore[union-attr]
         assert plain.to_json()["ref"] is None
+
+
+def test_a_refused_import_is_discarded_only_while_it_is_all_imported(store: HistoryStore) -> None:
+    turns = [("q1", "a1"), ("q2", "a2")]
+    made = store.import_conversation(turns, thread_digest(turns, "Be terse."), title="q1", model=None,
+                                     system_prompt="Be terse.")
+    assert store.thread_conversation(thread_digest(turns, "Be terse.")) == made.id
+    assert store.thread_conversation(thread_digest(turns)) is None  # another system prompt, another thread
+    assert store.search_all("q1") != []
+    assert store.discard_import(made.id)
+    assert store.get_conversation(made.id) is None and store.search_all("q1") == []
+    assert store.thread_conversation(thread_digest(turns, "Be terse.")) is None
+
+    kept = store.import_conversation(turns, thread_digest(turns), title="q1", model=None, system_prompt=None)
+    ask(store, kept.id, "q3", "a3")  # a question went on with it meanwhile
+    assert not store.discard_import(kept.id)
+    assert store.get_conversation(kept.id) is not None

@@ -151,17 +151,19 @@ async def test_the_sdk_streams_continues_and_branches(
     with pytest.raises(openai.APIStatusError) as failed:
         await client.chat.completions.create(model="fake-text", messages=[{"role": "user", "content": "Fail?"}])
     assert failed.value.status_code == 502 and failed.value.code == "router_error"
-    # a changed system message is the conversation's system prompt from then on
+    # a changed system message is part of the thread: a branch under it, the first untouched
     router.script(Reply(text="Paris, I said."))
     answer = await client.chat.completions.create(model="fake-text", messages=[
         {"role": "system", "content": "Answer in French."}, *history[1:], {"role": "user", "content": "How many live there?"},
         {"role": "assistant", "content": "About two million."}, {"role": "user", "content": "Again?"}])
-    assert answer.id == "chatcmpl-1-3"
+    assert answer.id == "chatcmpl-4-3"
     assert router.requests[-1]["messages"][0]["content"].startswith("Answer in French.")
-    assert (await wire.request({"type": "open", "conversation": 1}))["system"] == "Answer in French."
+    assert (await wire.request({"type": "open", "conversation": 4}))["system"] == "Answer in French."
+    assert (await wire.request({"type": "open", "conversation": 1}))["system"] == "Answer in one line."
     listed = await wire.request({"type": "conversations"})
     # the failed question is kept, as every question the router failed is; the refused ones are not
-    assert sorted(c["title"] for c in listed["items"]) == ["Capital of France?", "Capital of France?", "Fail?"]
+    assert sorted(c["title"] for c in listed["items"]) == [
+        "Capital of France?", "Capital of France?", "Capital of France?", "Fail?"]
     await client.close()
 
 

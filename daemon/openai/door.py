@@ -6,9 +6,12 @@ socket's uid check. A chat request is one ``ask`` through the same ``TurnEngine`
 socket's, so it is stored, searchable, shown to watchers, and gets the daemon's tools,
 knowledge bases and compaction; ``TurnRelay`` turns the turn's events into OpenAI's
 chunks (or one body). A stateless client resends its whole conversation: the earlier
-messages name the conversation it continues (``history.thread_digest``); when none has
-exactly those turns (a new client, an edited or regenerated reply), they are stored as a
-new conversation's imported turns and the question continues that one. A client that
+messages, with its system prompt, name the conversation it continues
+(``history.thread_digest``); when none has exactly those turns (a new client, an edited or
+regenerated reply), they are stored as a new conversation's imported turns and the
+question continues that one. A refused question stores nothing: neither that import nor
+its files. A request is read, and its thread named, off the event loop (the socket is
+served meanwhile), and its messages are bounded (``openai_max_messages``). A client that
 hangs up cancels its turn, as ``cancel`` does: the partial reply is kept.
 """
 
@@ -20,6 +23,7 @@ import logging
 import os
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from common import OPENAI_KEY_FILE
@@ -32,7 +36,7 @@ from history import AsyncHistory, thread_digest
 from ..approvals import Refuser
 from ..live import Live
 from .http import HttpError, HttpReply, HttpRequest, serve_connection
-from .messages import ChatAsk, read_chat, spool
+from .messages import ChatAsk, read_chat, spool, unspool
 from ..titles import provisional_title
 from ..turnrequest import TurnRequest
 from ..turns import TurnEngine
@@ -166,15 +170,23 @@ class OpenAIDoor:
                             code="busy", kind="rate_limit_error", headers={"Retry-After": "1"})
         self._turns += 1
         try:
-            chat = self._read(request.body)
+            # a long history takes a while to parse and name: the loop serves the socket meanwhile
+            chat, digest = await asyncio.to_thread(self._read, request.body, self.config.openai_max_messages)
             try:
                 await self.router.model_info(chat.model, load=False)  # before anything is stored
-                cid = await self._conversation(chat)
+                cid, imported = await self._conversation(chat, digest)
             except AssistantError as exc:
                 raise http_error(exc) from None
-            paths = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS) if chat.uploads else []
             relay = TurnRelay(reply, chat)
-            await self._run(_ask_request(chat, cid, paths), relay, reply)
+            paths: list[str] = []
+            written: list[Path] = []
+            try:
+                if chat.uploads:
+                    paths, written = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+                await self._run(_ask_request(chat, cid, paths), relay, reply)
+            finally:
+                if relay.conversation is None:  # refused before its question was stored: keep nothing
+                    await self._discard(cid if imported else None, written)
             if relay.recordable:
                 await self._record(chat, relay)
             relay.finish()
@@ -182,34 +194,66 @@ class OpenAIDoor:
             self._turns -= 1
 
     @staticmethod
-    def _read(body: bytes) -> ChatAsk:
+    def _read(body: bytes, max_messages: int) -> tuple[ChatAsk, str]:
+        """The request (on a worker thread: a long one takes a while), and the digest naming its
+        earlier turns under its system prompt."""
         try:
-            return read_chat(strict_loads(body.decode("utf-8")))
+            parsed = strict_loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise HttpError(400, "the body must be JSON text (UTF-8)", code="invalid_json") from None
-        except BadRequest as exc:
-            raise HttpError(400, exc.message, code="bad_request") from None
+        messages = parsed.get("messages") if isinstance(parsed, dict) else None
+        if isinstance(messages, list) and len(messages) > max_messages:
+            raise HttpError(400, f"a request may carry at most {max_messages} messages (openai_max_messages), and "
+                            f"this one has {len(messages)}; send the later ones, or start a new conversation",
+                            code="too_many_messages")
+        try:
+            chat = read_chat(parsed)
+        except AssistantError as exc:
+            raise http_error(exc) from None
+        return chat, thread_digest(chat.earlier, chat.system)
 
-    async def _conversation(self, chat: ChatAsk) -> int | None:
-        """The conversation the request continues: the one whose turns are its earlier messages,
-        else a new one holding them; None for a first question."""
+    async def _conversation(self, chat: ChatAsk, digest: str) -> tuple[int | None, bool]:
+        """The conversation the request continues: the one whose turns are its earlier messages
+        under its system prompt, else a new one holding them (True: imported now); None for a
+        first question."""
         if not chat.earlier:
-            return None
-        digest = thread_digest(chat.earlier)
+            return None, False
         cid = await self.history.thread_conversation(digest)
-        if cid is None and chat.tool_results is not None:
-            raise BadRequest("these tool results answer calls of no conversation the daemon has; send them with "
-                             "the messages as they were when the tools were called")
+        if chat.tool_results is not None:
+            if cid is None:
+                raise BadRequest("these tool results answer calls of no conversation the daemon has; send them "
+                                 "with the messages as they were when the tools were called")
+            await self._check_results(cid, chat.tool_results)
         if cid is None:
             conv = await self.history.import_conversation(
                 chat.earlier, digest, title=provisional_title(chat.earlier[0][0]), model=chat.model,
                 system_prompt=chat.system,
             )
             self.live.publish("conversation", "created", conversation=conv.id, title=conv.title, model=conv.model)
-            return conv.id
+            return conv.id, True
         if chat.system is not None:
             await self._set_system(cid, chat.system)
-        return cid
+        return cid, False
+
+    async def _check_results(self, cid: int, results: list[dict[str, Any]]) -> None:
+        """Tool results must answer the calls the turn ended on, each once (the turn not waiting
+        for any: the engine says so)."""
+        waiting = await self.history.waiting_calls(cid)
+        given = [result["tool_call_id"] for result in results]
+        if waiting is not None and sorted(given) != sorted(waiting):
+            raise BadRequest(f"the tool results must answer the calls the model made, one each: it called "
+                             f"{', '.join(waiting) or 'no tool of yours'}, and results came for {', '.join(given)}; "
+                             "send one tool message per call, with that call's tool_call_id")
+
+    async def _discard(self, imported: int | None, written: list[Path]) -> None:
+        """Undo what a refused question made: the conversation imported for it, the files written."""
+        try:
+            if written:
+                await asyncio.to_thread(unspool, written)
+            if imported is not None and await self.history.discard_import(imported):
+                self.live.publish("conversation", "deleted", conversation=imported)
+        except Exception:  # the refusal (or what stopped the turn) is the answer, not this
+            logger.warning("could not remove what a refused OpenAI request left", exc_info=True)
 
     async def _set_system(self, cid: int, system: str) -> None:
         """The client's system message as the conversation's system prompt, as ``settings`` sets it."""
@@ -245,7 +289,7 @@ class OpenAIDoor:
         assert relay.conversation is not None and relay.turn is not None and relay.end is not None
         turns = chat.earlier if chat.tool_results is None else chat.earlier[:-1]
         question = chat.question if chat.tool_results is None else chat.earlier[-1][0]
-        digest = thread_digest([*turns, (question, relay.end["text"])])
+        digest = await asyncio.to_thread(thread_digest, [*turns, (question, relay.end["text"])], chat.system)
         await self.history.add_thread(digest, relay.conversation, relay.turn)
 
 

@@ -5,7 +5,8 @@
 question's text and files, and the sampling the client set for this turn. Files come as
 ``image_url`` parts (data URLs) and ``file`` parts (base64 ``file_data``); ``spool`` writes
 them under the data folder, where the attachment pipeline reads them as it reads any
-file of an ``ask``. Every refusal is a ``BadRequest`` naming the field and what to send.
+file of an ``ask``. Every refusal is a ``BadRequest`` naming the field and what to send
+(``TooManyFiles`` for more files than a question takes, counted before any is decoded).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attachments import MAX_FILES, too_many_files
 from core.errors import BadRequest
 from core.sampling import sampling_problem
 
-__all__ = ["ChatAsk", "Upload", "read_chat", "spool"]
+__all__ = ["ChatAsk", "Upload", "read_chat", "spool", "unspool"]
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[\w=.+-]+)*?;base64,(?P<data>.*)", re.DOTALL)
@@ -32,6 +34,10 @@ EXTENSIONS = {
     "application/pdf": ".pdf", "text/plain": ".txt", "text/markdown": ".md", "application/json": ".json",
 }
 SAFE_NAME = re.compile(r"[^\w.,+-]+")
+# a stored file's name, in UTF-8 bytes (filesystems allow 255): a longer one keeps its start,
+# its extension (up to MAX_EXTENSION characters) and a hash of the whole, so it stays unique
+MAX_NAME_BYTES = 120
+MAX_EXTENSION = 16
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ def _thread(messages: list[dict[str, Any]]) -> tuple[str | None, list[Any], list
     systems: list[str] = []
     turns: list[Any] = []  # [(text, uploads), reply, (text, uploads), reply, ..., (text, uploads)]
     results: list[dict[str, Any]] = []  # the tool messages since the last assistant message
+    called: list[Any] = []  # the ids of the calls the last assistant message made
     for n, message in enumerate(messages):
         role, content, where = message.get("role"), message.get("content"), f"messages[{n}]"
         if role in ("system", "developer"):
@@ -108,6 +115,7 @@ def _thread(messages: list[dict[str, Any]]) -> tuple[str | None, list[Any], list
             else:
                 turns.append(text)
             results = []
+            called = [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         elif role == "tool":
             if not turns or not isinstance(turns[-1], str):
                 raise BadRequest(f"{where}: a tool message must follow the assistant message that called the tool")
@@ -117,12 +125,24 @@ def _thread(messages: list[dict[str, Any]]) -> tuple[str | None, list[Any], list
                              "messages")
     systems_text = "\n\n".join(systems) if systems else None
     if messages[-1].get("role") == "tool":
+        _check_answers(called, results)
         return systems_text, turns, results
     if not turns or not isinstance(turns[-1], tuple):
         raise BadRequest("the last message must be the user's question, or the results of the tools called")
     if not turns[-1][0].strip() and not turns[-1][1]:
         raise BadRequest("the last user message has no text and no files; ask a question")
     return systems_text, turns, None
+
+
+def _check_answers(called: list[Any], results: list[dict[str, Any]]) -> None:
+    """The tool results must answer the calls of the assistant message before them, each once,
+    as OpenAI requires: a result for a call never made would reach the model as if it had been."""
+    given = [result["tool_call_id"] for result in results]
+    if sorted(given) != sorted(str(call) for call in called):
+        expected = ", ".join(str(call) for call in called) or "no tool"
+        raise BadRequest(f"the tool messages must answer the calls of the assistant message before them, one "
+                         f"each: it called {expected}, and results came for {', '.join(given)}; send one tool "
+                         "message per call, with that call's tool_call_id")
 
 
 def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
@@ -172,6 +192,9 @@ def _uploads(content: Any, n: int) -> list[Upload]:
     """The files among a question's parts: ``image_url`` data URLs and ``file`` parts."""
     if not isinstance(content, list):
         return []
+    files = sum(1 for part in content if not (isinstance(part, dict) and part.get("type") == "text"))
+    if files > MAX_FILES:  # before any is decoded, let alone written
+        raise too_many_files(files)
     uploads: list[Upload] = []
     for i, part in enumerate(content):
         where = f"messages[{n}].content[{i}]"
@@ -249,19 +272,47 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def spool(uploads: list[Upload], folder: Path) -> list[str]:
+def spool(uploads: list[Upload], folder: Path) -> tuple[list[str], list[Path]]:
     """Write a question's files under ``folder`` (one folder per content, so a name shown on the
-    chip is the client's): the paths an ``ask`` names."""
-    paths = []
+    chip is the client's): the paths an ``ask`` names, and the files this call wrote (what
+    ``unspool`` removes when the question is refused)."""
+    paths: list[str] = []
+    written: list[Path] = []
     for upload in uploads:
         digest = hashlib.sha256(upload.data).hexdigest()[:32]
-        name = SAFE_NAME.sub("_", os.path.basename(upload.name)).strip("._") or "file"
         place = folder / digest
         place.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = place / name
+        path = place / stored_name(upload.name)
         if not path.exists():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(upload.data)
+            written.append(path)
         paths.append(str(path))
-    return paths
+    return paths, written
+
+
+def unspool(written: list[Path]) -> None:
+    """Remove the files ``spool`` wrote for a question that was refused, and their folders when
+    nothing else is in them."""
+    for path in written:
+        path.unlink(missing_ok=True)
+        try:
+            path.parent.rmdir()
+        except OSError:  # another file of the same content is kept there
+            pass
+
+
+def stored_name(name: str) -> str:
+    """A client's file name as it is stored: no folders, only safe characters, and at most
+    ``MAX_NAME_BYTES`` (a longer one: its start, a hash of the whole, its extension)."""
+    safe = SAFE_NAME.sub("_", os.path.basename(name)).strip("._") or "file"
+    if len(safe.encode()) <= MAX_NAME_BYTES:
+        return safe
+    stem, extension = os.path.splitext(safe)
+    if len(extension) > MAX_EXTENSION:
+        stem, extension = safe, ""
+    mark = "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    room = MAX_NAME_BYTES - len(extension.encode()) - len(mark)
+    start = stem.encode()[:room].decode("utf-8", "ignore")
+    return f"{start}{mark}{extension}"
