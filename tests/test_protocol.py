@@ -504,7 +504,7 @@ async def test_models_lists_capabilities_and_default(wire: Wire) -> None:
     event = await wire.request({"type": "models"})
     assert event["default"] == "fake-text"
     by_id = {m["id"]: m for m in event["items"]}
-    assert by_id["fake-text"] == {"id": "fake-text", "input_modalities": ["text"], "ctx_max": 4096, "ctx_source": "models",
+    assert by_id["fake-text"] == {"id": "fake-text", "name": "fake-text", "input_modalities": ["text"], "ctx_max": 4096, "ctx_source": "models",
                                   "image_tokens": 765}
     assert by_id["fake-vision"]["input_modalities"] == ["text", "image"]
     assert by_id["fake-vision"]["ctx_max"] == 8192
