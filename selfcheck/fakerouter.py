@@ -474,7 +474,7 @@ class FakeRouter:
         assert isinstance(event, h11.Request)
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
         if conn.they_are_waiting_for_100_continue:
-            writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+            writer.write(conn.send(h11.InformationalResponse(status_code=100, reason="Continue", headers=[])) or b"")
         body = bytearray()
         while not isinstance(part := await _next_event(conn, reader), h11.EndOfMessage):
             if isinstance(part, h11.ConnectionClosed):

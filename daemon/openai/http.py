@@ -101,7 +101,7 @@ class HttpRequest:
         if wire is None or not self.length:
             return self.body
         if wire.h11.they_are_waiting_for_100_continue:
-            wire.writer.write(wire.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+            wire.writer.write(wire.h11.send(h11.InformationalResponse(status_code=100, reason="Continue", headers=[])))
         parts: list[bytes] = []
         try:
             while not isinstance(event := await wire.next_event(), h11.EndOfMessage):
