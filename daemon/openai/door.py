@@ -142,8 +142,9 @@ class OpenAIDoor:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
         # connections that have shown no valid key yet, oldest first (the first to go past the cap)
-        self._unkeyed: dict[asyncio.Task[None], None] = {}
+        self._unkeyed: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._max_connections = config.openai_max_connections
+        self._full = False  # connections were refused since the door was last below its cap
         self._turns = 0  # chat requests being answered
         self.address: tuple[str, int] | None = None  # where it listens, once started (a port 0 chosen)
 
@@ -188,22 +189,25 @@ class OpenAIDoor:
         task = asyncio.current_task()
         assert task is not None
         if len(self._connections) >= self._max_connections:
-            logger.warning("the OpenAI door has %d connections open, its most; refusing one", len(self._connections))
+            if not self._full:  # once a time it fills: a flood must not flood the log too
+                logger.warning("the OpenAI door has %d connections open, its most; refusing more (openai_max_"
+                               "connections)", len(self._connections))
+            self._full = True
             refuse_connection(writer, HttpError(
                 503, f"the door has {len(self._connections)} connections open, its most; try again in a moment",
                 code="too_many_connections", kind="server_error", headers={"Retry-After": "1"}))
             return
         if len(self._unkeyed) >= self.config.openai_max_unkeyed:
             oldest = next(iter(self._unkeyed))
-            del self._unkeyed[oldest]
-            oldest.cancel()
+            self._unkeyed.pop(oldest).transport.close()  # its read ends: no one left to answer
         self._connections.add(task)
-        self._unkeyed[task] = None
+        self._unkeyed[task] = writer
         try:
             await serve_connection(reader, writer, self.handle)
         finally:
             self._connections.discard(task)
             self._unkeyed.pop(task, None)
+            self._full = self._full and len(self._connections) >= self._max_connections
 
     async def handle(self, request: HttpRequest, reply: HttpReply) -> None:
         """Answer one request: the key first (nothing of the body is read, nothing served or stored
