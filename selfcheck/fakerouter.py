@@ -2,9 +2,9 @@
 
 Used by the pytest suite, ``python3 assistant.py --test`` and the benchmarks, so it
 imports the standard library and ``h11`` only (httpx's own HTTP/1.1 framing, installed
-with it).  Its own asyncio loop in a background thread (``asyncio.start_server``, framed by
-``h11``) streams SSE chunk by chunk with real flushes, keeps connections alive as httpx's pool expects, and notices a client
-that hangs up mid-stream (``disconnects``).
+with it).  Its own asyncio loop in a background thread (``asyncio.start_server``, framed
+by ``h11``) streams SSE chunk by chunk with real flushes, keeps connections alive as
+httpx's pool expects, and notices a client that hangs up mid-stream (``disconnects``).
 
 It imitates llama-server where servers differ: ``/v1/models`` entries with
 ``architecture.input_modalities`` and ``meta``, ``/props`` with ``modalities`` and

@@ -17,6 +17,7 @@ import stat
 import threading
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -61,7 +62,8 @@ def chat_head(length: int, key: str | None, extra: str = "") -> bytes:
 
 
 def chat_body(question: str, stream: bool) -> bytes:
-    return json.dumps({"model": "fake-text", "stream": stream, "messages": [{"role": "user", "content": question}]}).encode()
+    messages = [{"role": "user", "content": question}]
+    return json.dumps({"model": "fake-text", "stream": stream, "messages": messages}).encode()
 
 
 async def test_the_key_is_checked_before_a_byte_of_the_body_is_read(door: tuple[tuple[str, int], str]) -> None:
@@ -83,6 +85,11 @@ async def test_the_key_is_checked_before_a_byte_of_the_body_is_read(door: tuple[
     got = await answer(reader)
     writer.close()
     assert got.startswith(b"HTTP/1.1 400 ") and b"invalid_json" in got
+    # a client that sends its 20 MB body regardless (httpx) still reads its 401: the rest is dropped
+    async with httpx.AsyncClient() as client:
+        refused = await client.post(f"http://{address[0]}:{address[1]}/v1/chat/completions", content=bytes(20_000_000),
+                                    headers={"Authorization": "Bearer nope"})
+    assert refused.status_code == 401
 
 
 async def test_connections_are_capped_and_the_socket_answers_while_the_door_is_full(
@@ -190,7 +197,8 @@ async def test_an_empty_key_file_is_replaced_and_an_empty_bearer_refused(
             assert key.startswith("sk-assistant-") and len(key) > 40
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
             assert sorted(p.name for p in config.data_dir.iterdir() if "openai_key" in p.name) == ["openai_key"]
-            for auth in ("Authorization: Bearer \r\n", "Authorization: Bearer\r\n", f"Authorization: Bearer {kept}\r\n"):
+            for auth in ("Authorization: Bearer \r\n", "Authorization: Bearer\r\n",
+                         f"Authorization: Bearer {kept}\r\n"):
                 reader, writer = await connect(address)
                 writer.write(f"GET /v1/models HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
                 got = await answer(reader)

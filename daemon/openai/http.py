@@ -37,6 +37,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # a request body: eight photos as base64 data
 REQUEST_SECONDS = 30.0  # a client has this long to send its request (a silent one is hung up on)
 MAX_WRITE_BUFFER = 32 * 1024 * 1024  # a client that reads none of its reply is dropped past this
 READ_CHUNK = 64 * 1024
+# after an answer given before the body (401, 413), what the client still sends of it is read
+# and dropped this long: closing with it unread resets the connection, and the answer with it
+LINGER_SECONDS = 2.0
 # headers whose repetition makes a request ambiguous (h11 checks Content-Length's itself)
 SINGLE_HEADERS = ("authorization", "host")
 
@@ -279,7 +282,20 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             reply.error(HttpError(500, "internal error, see the daemon's log", kind="server_error"))
     finally:
         reply.flush()
-        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
-            if writer.can_write_eof() and not writer.transport.is_closing():
-                writer.write_eof()
+        try:
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                if writer.can_write_eof() and not writer.transport.is_closing():
+                    writer.write_eof()
+                    if reply.started and wire.h11.their_state is h11.SEND_BODY:
+                        await _linger(reader)
+        finally:
             writer.close()
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Read and drop the rest of a body the answer did not need, for ``LINGER_SECONDS`` at most
+    (a chunk at a time: nothing of it is kept)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(LINGER_SECONDS):
+            while await reader.read(READ_CHUNK):
+                pass
