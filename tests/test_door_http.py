@@ -269,6 +269,13 @@ async def test_the_bounds_kept_on_h11(
     got = await answer(reader)
     writer.close()
     assert got.startswith(b"HTTP/1.1 431 ")
+    # a body in any Transfer-Encoding is refused for a length (h11 reads only chunked, the door neither)
+    for coding in ("chunked", "gzip"):
+        reader, writer = await connect(address)
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: {coding}\r\n\r\n".encode())
+        got = await answer(reader)
+        writer.close()
+        assert got.startswith(b"HTTP/1.1 411 "), got[:80]
     # a second request sent on the heels of the first is not answered (one request a connection)
     reader, writer = await connect(address)
     models = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()

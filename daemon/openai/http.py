@@ -122,6 +122,8 @@ async def read_head(wire: _Wire) -> HttpRequest:
     except h11.RemoteProtocolError as exc:
         if exc.error_status_hint == 431:
             raise HttpError(431, f"the request line and headers may take at most {MAX_HEAD_BYTES} bytes") from None
+        if exc.error_status_hint == 501:  # a Transfer-Encoding other than chunked
+            raise HttpError(411, "send the body with a Content-Length header, not a Transfer-Encoding") from None
         raise HttpError(exc.error_status_hint, f"not an HTTP/1.1 request the door can read: {exc}") from None
     headers: dict[str, str] = {}
     for raw_name, raw_value in event.headers:
