@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # what serving, the self-check and ``mcp serve`` need beyond the standard library: a Python
 # without them (the system ``python3`` outside the venv) gets one line saying what to run instead
-NEEDED = {"serve": ("httpx",), "test": ("httpx",), "mcp serve": ("mcp",)}
+NEEDED = {"serve": ("httpx", "h11"), "test": ("httpx", "h11"), "mcp serve": ("mcp",)}
 
 
 def missing_setup(what: str) -> str | None:

@@ -78,6 +78,9 @@ class Config:
     # the most messages one door request may carry: a longer history is refused before it is
     # matched or stored (it costs the daemon memory and time out of all proportion to a turn)
     openai_max_messages: int = 4000
+    # the door's open connections at most, and of those the ones yet to show the key (issue 44)
+    openai_max_connections: int = 256
+    openai_max_unkeyed: int = 32
     # tesseract's languages for scanned pages (attachments/ocr.py), and whether image files are
     # read by OCR for a model without vision (a photo's OCR is noise: off by default)
     ocr_languages: str = "eng"
@@ -129,6 +132,8 @@ class Config:
             "openai_listen": self.openai_listen or None,
             "openai_key": SECRET_MASK if self.openai_key else None,
             "openai_max_messages": self.openai_max_messages,
+            "openai_max_connections": self.openai_max_connections,
+            "openai_max_unkeyed": self.openai_max_unkeyed,
             "ocr_languages": self.ocr_languages,
             "ocr_images": self.ocr_images,
             "presets": [preset.to_json() for preset in self.presets.values()],
@@ -295,6 +300,9 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
     for key in SAMPLING_KEYS:
         if values.get(key) is not None and (problem := sampling_problem(key, values[key])):
             raise refuse(key, problem)
+    for key in ("openai_max_connections", "openai_max_unkeyed"):
+        if values.get(key, 1) < 1:
+            raise refuse(key, "must be at least 1 (connections)")
     if values.get("openai_listen") and (problem := openai_listen_problem(values["openai_listen"])):
         raise refuse("openai_listen", problem)
 

@@ -1,10 +1,10 @@
 """A fake OpenAI-compatible model server: a real HTTP/1.1 server on loopback.
 
 Used by the pytest suite, ``python3 assistant.py --test`` and the benchmarks, so it
-imports the standard library only.  Its own asyncio loop in a background thread
-(``asyncio.start_server``, a minimal HTTP/1.1 parser) streams SSE chunk by chunk with
-real flushes, keeps connections alive as httpx's pool expects, and notices a client
-that hangs up mid-stream (``disconnects``).
+imports the standard library and ``h11`` only (httpx's own HTTP/1.1 framing, installed
+with it).  Its own asyncio loop in a background thread (``asyncio.start_server``, framed
+by ``h11``) streams SSE chunk by chunk with real flushes, keeps connections alive as
+httpx's pool expects, and notices a client that hangs up mid-stream (``disconnects``).
 
 It imitates llama-server where servers differ: ``/v1/models`` entries with
 ``architecture.input_modalities`` and ``meta``, ``/props`` with ``modalities`` and
@@ -53,6 +53,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+import h11
 
 from selfcheck.fakeprompt import (
     CHARS_PER_TOKEN,
@@ -198,9 +200,14 @@ class _Request:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
-    keep_alive: bool
+    conn: h11.Connection  # its connection's HTTP/1.1 state, which frames the answer
     arrived: float = 0.0  # time.time() when the body was read
     connected: float = 0.0  # time.time() when its connection was accepted
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the connection may serve another request once this one is answered."""
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
 
 class _ClientGone(Exception):
@@ -433,20 +440,23 @@ class FakeRouter:
         with self._cond:
             self.connections += 1
         connected = time.time()
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEADER_LIMIT)
         try:
             while True:
-                request = await self._read_request(reader, writer)
+                request = await self._read_request(conn, reader, writer)
                 if request is not None:
                     request.connected = connected
-                if request is None or not await self._dispatch(request, reader, writer):
+                if request is None or not await self._dispatch(request, reader, writer) or not request.keep_alive:
                     break
-        except (_ClientGone, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                conn.start_next_cycle()
+        except (_ClientGone, ConnectionError, asyncio.CancelledError):
             pass
-        except asyncio.LimitOverrunError:
-            writer.write(_response_bytes(431, {"error": {"code": 431, "message": "headers too large"}}, False))
+        except h11.RemoteProtocolError as exc:
+            status = exc.error_status_hint
+            _answer_broken(conn, writer, status, "headers too large" if status == 431 else str(exc))
         except Exception:
             logger.exception("fake router: request failed")
-            writer.write(_response_bytes(500, {"error": {"code": 500, "message": "fake router crashed"}}, False))
+            _answer_broken(conn, writer, 500, "fake router crashed")
         finally:
             if self._stopping is not None and self._stopping.is_set():
                 writer.transport.abort()  # a client that stopped reading must not delay stop()
@@ -455,28 +465,24 @@ class FakeRouter:
             if not writer.transport.get_write_buffer_size():
                 self._writers.discard(writer)  # closed for good; one still flushing waits for stop()
 
-    async def _read_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
+    async def _read_request(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _Request | None:
+        event = await _next_event(conn, reader)
+        if isinstance(event, h11.ConnectionClosed):
             return None  # the client closed an idle keep-alive connection
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, version = lines[0].split(" ", 2)
-        headers = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await _read_chunked(reader)
-        else:
-            body = await reader.readexactly(int(headers.get("content-length") or 0))
-        connection = headers.get("connection", "").lower()
-        keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
-        parts = urlsplit(target)
-        return _Request(method, parts.path, dict(parse_qsl(parts.query)), headers, body, keep_alive, time.time())
+        assert isinstance(event, h11.Request)
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
+        if conn.they_are_waiting_for_100_continue:
+            writer.write(conn.send(h11.InformationalResponse(status_code=100, reason="Continue", headers=[])) or b"")
+        body = bytearray()
+        while not isinstance(part := await _next_event(conn, reader), h11.EndOfMessage):
+            if isinstance(part, h11.ConnectionClosed):
+                raise _ClientGone
+            body += part.data
+        parts = urlsplit(event.target.decode("latin-1"))
+        query = dict(parse_qsl(parts.query))
+        return _Request(event.method.decode("latin-1"), parts.path, query, headers, bytes(body), conn, time.time())
 
     async def _dispatch(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; return whether the connection may serve another."""
@@ -696,12 +702,10 @@ class FakeRouter:
 
     async def _stream(self, chunks: _Chunks, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         reply = chunks.reply
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            b"Transfer-Encoding: chunked\r\n"
-            + (b"" if request.keep_alive else b"Connection: close\r\n")
-            + b"\r\n"
-        )
+        # h11 frames the body in chunks (close-delimited to an HTTP/1.0 client)
+        writer.write(request.conn.send(h11.Response(
+            status_code=200, reason="OK", headers=[("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")],
+        )) or b"")
         pieces = chunks.pieces()
         if reply.drop_after is not None:
             pieces = pieces[: reply.drop_after]
@@ -709,10 +713,10 @@ class FakeRouter:
             events = chunks.prologue() + pieces
             if reply.hold is not None:  # the first chunk, then the rest when the test says
                 first = len(events) - len(pieces) + 1
-                await self._write_events(events[:first], reply.delay, reader, writer)
+                await self._write_events(events[:first], reply.delay, request, reader, writer)
                 await _until_open(reply.hold)
                 events = events[first:]
-            await self._write_events(events, reply.delay, reader, writer)
+            await self._write_events(events, reply.delay, request, reader, writer)
             if reply.drop_after is not None:
                 # Flush what was sent, then close without the final chunk: a crashed server.
                 writer.transport.set_write_buffer_limits(0)
@@ -724,8 +728,8 @@ class FakeRouter:
                 while await reader.read(HEADER_LIMIT):
                     pass  # a client sends nothing mid-response; we wait for its hang-up
                 raise _ClientGone
-            await self._write_events(chunks.epilogue(), 0.0, reader, writer)
-            writer.write(b"0\r\n\r\n")
+            await self._write_events(chunks.epilogue(), 0.0, request, reader, writer)
+            writer.write(request.conn.send(h11.EndOfMessage()) or b"")
             await writer.drain()
         except (_ClientGone, ConnectionError):
             self._note_disconnect()
@@ -737,7 +741,8 @@ class FakeRouter:
         return False
 
     async def _write_events(
-        self, events: list[bytes], delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, events: list[bytes], delay: float, request: _Request, reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         """Send SSE events as HTTP chunks: each paced and flushed, or coalesced when unpaced."""
         if delay > 0:
@@ -745,18 +750,18 @@ class FakeRouter:
                 await asyncio.sleep(delay)
                 if reader.at_eof() or reader.exception() is not None or writer.transport.is_closing():
                     raise _ClientGone
-                writer.write(_frame(event))
+                writer.write(_frame(request.conn, event))
                 await writer.drain()
             return
         batch = bytearray()
         for event in events:
             batch += event
             if len(batch) >= BATCH_BYTES:
-                writer.write(_frame(bytes(batch)))
+                writer.write(_frame(request.conn, bytes(batch)))
                 batch.clear()
                 await writer.drain()
         if batch:
-            writer.write(_frame(bytes(batch)))
+            writer.write(_frame(request.conn, bytes(batch)))
         await writer.drain()
 
     async def _embeddings(self, request: _Request, writer: asyncio.StreamWriter) -> bool:
@@ -958,9 +963,9 @@ def _call_pieces(call: dict[str, str]) -> int:
     return 1 + len(list(_split_even(call["arguments"], ARGUMENT_PIECES)))
 
 
-def _frame(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk of a chunked body."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
+def _frame(conn: h11.Connection, data: bytes) -> bytes:
+    """A piece of a streamed body, as h11 frames it (one HTTP/1.1 chunk)."""
+    return conn.send(h11.Data(data=data)) or b""
 
 
 def _split_even(text: str, parts: int) -> Iterator[str]:
@@ -1001,12 +1006,7 @@ async def _not_found(writer: asyncio.StreamWriter, request: _Request) -> bool:
 
 
 async def _send_text(writer: asyncio.StreamWriter, status: int, text: str, request: _Request) -> bool:
-    payload = text.encode()
-    writer.write(
-        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: {'keep-alive' if request.keep_alive else 'close'}\r\n\r\n"
-        .encode() + payload
-    )
+    writer.write(_response_bytes(request.conn, status, "text/plain; charset=utf-8", text.encode()))
     await writer.drain()
     return request.keep_alive
 
@@ -1015,34 +1015,36 @@ def _error_body(code: int, message: str, kind: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "type": kind}}
 
 
-def _response_bytes(status: int, body: Any, keep_alive: bool) -> bytes:
-    payload = json.dumps(body).encode()
+def _response_bytes(conn: h11.Connection, status: int, kind: str, payload: bytes) -> bytes:
+    """A whole response with a Content-Length body, framed by h11 (``Connection: close`` when the
+    request asked for it)."""
     try:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:
         phrase = "Status"
-    return (
-        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: application/json; charset=utf-8\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
-    ).encode() + payload
+    headers = [("Content-Type", kind), ("Content-Length", str(len(payload)))]
+    return b"".join(conn.send(event) or b"" for event in (
+        h11.Response(status_code=status, reason=phrase, headers=headers), h11.Data(data=payload), h11.EndOfMessage()))
 
 
 async def _send(writer: asyncio.StreamWriter, status: int, body: Any, request: _Request) -> bool:
-    writer.write(_response_bytes(status, body, request.keep_alive))
+    writer.write(_response_bytes(request.conn, status, "application/json; charset=utf-8", json.dumps(body).encode()))
     await writer.drain()
     return request.keep_alive
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                pass  # trailers
-            return bytes(body)
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
+def _answer_broken(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    """An error for a request that could not be read or served, when no answer has begun."""
+    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        payload = json.dumps({"error": {"code": status, "message": message}}).encode()
+        writer.write(_response_bytes(conn, status, "application/json; charset=utf-8", payload))
+
+
+async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+    """The next piece of a request, reading as h11 needs."""
+    while (event := conn.next_event()) is h11.NEED_DATA:
+        conn.receive_data(await reader.read(HEADER_LIMIT))
+    return event
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,7 +60,22 @@ async def raw_http(door: tuple[str, str], head: str, body: bytes = b"") -> tuple
     answer = (await reader.read()).decode()
     writer.close()
     status_and_headers, _, rest = answer.partition("\r\n\r\n")
+    if "Transfer-Encoding: chunked" in status_and_headers:  # a stream's body, joined as curl joins it
+        rest = _unchunked(rest)
     return status_and_headers, rest.split("\n")
+
+
+def _unchunked(body: str) -> str:
+    """A chunked body's data (a stream cut short: what came of it)."""
+    data = []
+    while body:
+        size_line, _, body = body.partition("\r\n")
+        size = int(size_line.split(";")[0] or "0", 16)
+        if not size:
+            break
+        data.append(body[:size])
+        body = body[size + 2:]
+    return "".join(data)
 
 
 async def _changes(wire: Wire, rid: Any, until: str) -> AsyncIterator[dict[str, Any]]:
@@ -243,13 +258,13 @@ async def test_a_curl_style_reader_and_a_client_that_hangs_up(
     head, lines = await raw_http(door, *post(door, {"model": "fake-text", "messages": []}, key=""))
     assert head.startswith("HTTP/1.1 401") and json.loads(lines[0])["error"]["code"] == "invalid_api_key"
     auth = f"Authorization: Bearer {door[1]}\r\n"
-    head, _ = await raw_http(door, f"POST /v1/chat/completions HTTP/1.1\r\n{auth}Content-Length: 999999999\r\n\r\n")
+    head, _ = await raw_http(door, f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 999999999\r\n\r\n")
     assert head.startswith("HTTP/1.1 413")
-    head, _ = await raw_http(door, f"POST /v1/chat/completions HTTP/1.1\r\n{auth}Transfer-Encoding: chunked\r\n\r\n")
+    head, _ = await raw_http(door, f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\n\r\n")
     assert head.startswith("HTTP/1.1 411")
-    head, lines = await raw_http(door, f"GET /v1/engines HTTP/1.1\r\n{auth}\r\n")
+    head, lines = await raw_http(door, f"GET /v1/engines HTTP/1.1\r\nHost: x\r\n{auth}\r\n")
     assert head.startswith("HTTP/1.1 404") and "/v1/chat/completions" in json.loads(lines[0])["error"]["message"]
-    head, _ = await raw_http(door, f"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer nope\r\n\r\n")
+    head, _ = await raw_http(door, f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\r\n")
     assert head.startswith("HTTP/1.1 401")
     listed = await wire.request({"type": "conversations"})
     assert len(listed["items"]) == 3

@@ -18,9 +18,11 @@ hangs up cancels its turn, as ``cancel`` does: the partial reply is kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
+import resource
 import secrets
 import time
 from pathlib import Path
@@ -35,7 +37,7 @@ from history import AsyncHistory, thread_digest
 
 from ..approvals import Refuser
 from ..live import Live
-from .http import HttpError, HttpReply, HttpRequest, serve_connection
+from .http import HttpError, HttpReply, HttpRequest, refuse_connection, serve_connection
 from .messages import ChatAsk, read_chat, spool, unspool
 from ..titles import provisional_title
 from ..turnrequest import TurnRequest
@@ -46,6 +48,11 @@ __all__ = ["OpenAIDoor", "door_key"]
 logger = logging.getLogger(__name__)
 
 MAX_TURNS = 16  # chat requests answered at once; more are told 429
+MIN_KEY_CHARS = 16  # a shorter key (an empty key file) is no key
+# descriptors kept from the door for the socket's clients, the store, the router and files: a
+# quarter of the limit of open files, and at least this many
+RESERVED_FILES = 64
+OPEN_FILES_CEILING = 1 << 20  # the soft limit asked for when the hard one is unlimited (Linux's nr_open)
 CLOSE_GRACE = 1.0  # seconds a connection gets at shutdown to send its last bytes
 UPLOADS = "uploads"  # under the data folder: the files clients sent, as the attachment pipeline reads them
 # the daemon's error codes as HTTP statuses (anything else: 500)
@@ -63,20 +70,65 @@ FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 
 def door_key(config: Config) -> str:
     """The key clients must send: ``openai_key``, else one made at the first start and kept
-    (mode 0600) in the data folder, which ``assistant.py openai-key`` prints."""
+    (mode 0600) in the data folder, which ``assistant.py openai-key`` prints. A key file
+    holding less than ``MIN_KEY_CHARS`` (a first start cut short) is replaced by a new key; a
+    configured key that short stops the start."""
     if config.openai_key:
-        return config.openai_key
+        if len(config.openai_key.strip()) < MIN_KEY_CHARS:
+            raise StartupError(f"openai_key must have at least {MIN_KEY_CHARS} characters (any local user may "
+                               "try keys on the door's port); set a longer one, or remove it to have one made")
+        return config.openai_key.strip()
     path = config.data_dir / OPENAI_KEY_FILE
     try:
-        return path.read_text().strip()
+        kept = path.read_text(errors="replace").strip()
     except FileNotFoundError:
-        pass
+        kept = None
+    if kept is not None and len(kept) >= MIN_KEY_CHARS:
+        return kept
     key = f"sk-assistant-{secrets.token_urlsafe(32)}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
-    logger.info("made a key for the OpenAI door in %s (assistant.py openai-key prints it)", path)
+    _write_key(path, key)
+    if kept is None:
+        logger.info("made a key for the OpenAI door in %s (assistant.py openai-key prints it)", path)
+    else:
+        logger.warning("the OpenAI door's key file %s held %s; made a new key there (assistant.py openai-key "
+                       "prints it)", path, "a key too short to keep" if kept else "no key")
     return key
+
+
+def _write_key(path: Path, key: str) -> None:
+    """Write the key whole or not at all: a temporary file (0600), fsync, rename, fsync the folder."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def raise_open_files() -> int:
+    """Raise the soft limit of open files to the hard one (logged); the soft limit then in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("could not raise the limit of open files from %d to %d (%s)", soft, wanted, exc)
+            return soft
+        logger.info("raised the limit of open files from %d to %d", soft, wanted)
+        return wanted
+    return soft if soft != resource.RLIM_INFINITY else OPEN_FILES_CEILING
 
 
 class OpenAIDoor:
@@ -92,6 +144,10 @@ class OpenAIDoor:
         self._key = door_key(config).encode()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # connections that have shown no valid key yet, oldest first (the first to go past the cap)
+        self._unkeyed: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._max_connections = config.openai_max_connections
+        self._full = False  # connections were refused since the door was last below its cap
         self._turns = 0  # chat requests being answered
         self.address: tuple[str, int] | None = None  # where it listens, once started (a port 0 chosen)
 
@@ -99,6 +155,13 @@ class OpenAIDoor:
         address = self.config.openai_address
         assert address is not None
         host, port = address
+        files = raise_open_files()
+        room = files - max(RESERVED_FILES, files // 4)
+        if room < self._max_connections:
+            logger.warning("the OpenAI door takes at most %d connections, not openai_max_connections = %d: the "
+                           "limit of open files is %d, and some are kept for the socket and the store",
+                           max(room, 1), self._max_connections, files)
+            self._max_connections = max(room, 1)
         try:
             self._server = await asyncio.start_server(self._connection, host, port, limit=64 * 1024)
         except OSError as exc:
@@ -124,18 +187,40 @@ class OpenAIDoor:
             self._server.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection within the caps: past ``openai_max_connections`` it is told 503 at
+        once; past ``openai_max_unkeyed``, the oldest connection yet to show the key is dropped."""
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= self._max_connections:
+            if not self._full:  # once a time it fills: a flood must not flood the log too
+                logger.warning("the OpenAI door has %d connections open, its most; refusing more (openai_max_"
+                               "connections)", len(self._connections))
+            self._full = True
+            refuse_connection(writer, HttpError(
+                503, f"the door has {len(self._connections)} connections open, its most; try again in a moment",
+                code="too_many_connections", kind="server_error", headers={"Retry-After": "1"}))
+            return
+        if len(self._unkeyed) >= self.config.openai_max_unkeyed:
+            oldest = next(iter(self._unkeyed))
+            self._unkeyed.pop(oldest).transport.close()  # its read ends: no one left to answer
         self._connections.add(task)
+        self._unkeyed[task] = writer
         try:
             await serve_connection(reader, writer, self.handle)
         finally:
             self._connections.discard(task)
+            self._unkeyed.pop(task, None)
+            self._full = self._full and len(self._connections) >= self._max_connections
 
     async def handle(self, request: HttpRequest, reply: HttpReply) -> None:
-        """Answer one request: the key first (nothing is served or stored without it), then its route."""
+        """Answer one request: the key first (nothing of the body is read, nothing served or stored
+        without it), then its route."""
         try:
             self._check_key(request)
+            task = asyncio.current_task()
+            if task is not None:
+                self._unkeyed.pop(task, None)
+            await request.read_body()
             route = (request.method, request.path.rstrip("/"))
             if route == ("GET", "/v1/models"):
                 await self._models(reply)
@@ -151,7 +236,8 @@ class OpenAIDoor:
 
     def _check_key(self, request: HttpRequest) -> None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._key):
+        given = given.strip()
+        if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.encode(), self._key):
             raise HttpError(401, "send the door's key as Authorization: Bearer KEY (assistant.py openai-key prints "
                             "it)", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
