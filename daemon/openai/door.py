@@ -270,7 +270,10 @@ class OpenAIDoor:
             written: list[Path] = []
             try:
                 if chat.uploads:
-                    paths, written = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+                    try:
+                        paths, written = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+                    except AssistantError as exc:  # a full disk
+                        raise http_error(exc) from None
                 await self._run(_ask_request(chat, cid, paths), relay, reply)
             finally:
                 if relay.conversation is None:  # refused before its question was stored: keep nothing
