@@ -1,0 +1,44 @@
+"""The worker: the operations done in Python, in a process of their own (``python -m fileops.worker``).
+
+pypdf and the motion measure hold the CPU for seconds on a large input; run in the daemon
+they would slow every turn, and a thread cannot be killed on cancel. A child process in its
+own group (``process.run_tool``) can. It takes the operation and its request (JSON) on its
+command line, writes its progress as JSON lines on stdout and its output where the request
+says; a failure meant for the user is one stderr line ``fileops: CODE message``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from core.errors import AssistantError
+
+from .pdfwork import merge_pdfs, select_pages
+from .tracking import track_window
+
+WORK: dict[str, Callable[[dict[str, Any], Callable[[int, int], None]], None]] = {
+    "pdf_merge": merge_pdfs,
+    "pdf_pages": select_pages,
+    "trackcrop": track_window,
+}
+
+
+def progress(done: int, total: int) -> None:
+    print(json.dumps({"done": done, "total": total}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    operation, request = argv
+    try:
+        WORK[operation](json.loads(request), progress)
+    except AssistantError as exc:
+        print(f"fileops: {exc.code} {exc.message}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
