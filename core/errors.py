@@ -17,6 +17,7 @@ traceback goes to the log.  Every message says what the user can do.
     │   ├── UnsupportedKind           unsupported_kind
     │   ├── NoVision                  no_vision
     │   └── TooManyPixels             too_many_pixels  images waiting to be decoded pass the budget
+    ├── BadOption                     bad_option      an option a file operation does not take, or a wrong value
     ├── ConvertFailed                 convert_failed  a file operation could not be done (fileops/)
     │   ├── ToolMissing               tool_missing    its tool (ffmpeg, poppler) is not installed
     │   ├── ConvertTimeout            convert_timeout  it passed convert_timeout
@@ -39,6 +40,7 @@ from common.advice import ADD_KB, ADVICE, LIST_CONVERSATIONS, LIST_KBS, LIST_MOD
 
 __all__ = [
     "AssistantError",
+    "BadOption",
     "BadRequest",
     "Busy",
     "ContextOverflow",
@@ -165,6 +167,13 @@ class TooManyPixels(FileRefused):
     """The images of a question, with those other questions are decoding, pass the pixel budget."""
 
     code = "too_many_pixels"
+
+
+class BadOption(AssistantError):
+    """An option of a file operation it does not take, or of a value it does not take: the
+    message names the option and what it takes (the request itself is well formed)."""
+
+    code = "bad_option"
 
 
 class ConvertFailed(AssistantError):

@@ -1,7 +1,7 @@
 """The operations' names, the kinds of file each takes, and their typed options.
 
 What ``operations`` lists and what ``convert`` checks its ``options`` against: an option of
-the wrong type or out of range is a ``bad_request`` naming it and what it takes.
+the wrong type or out of range is a ``bad_option`` naming it and what it takes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from core.errors import BadRequest, FileRefused
+from core.errors import BadOption, FileRefused
 
 __all__ = ["OPERATIONS", "FileKind", "OperationSpec", "Option", "check_files", "file_kind", "parse_options"]
 
@@ -49,7 +49,7 @@ class Option:
         return data
 
     def check(self, value: Any) -> Any:
-        """``value`` as this option takes it, or ``BadRequest`` saying what it takes."""
+        """``value`` as this option takes it, or ``BadOption`` saying what it takes."""
         ok = isinstance(value, str) if self.type == "string" else (
             isinstance(value, (int, float)) and not isinstance(value, bool)
             and (self.type == "number" or float(value).is_integer()))
@@ -58,7 +58,7 @@ class Option:
         if ok and self.type != "string":
             ok = (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
         if not ok:
-            raise BadRequest(f"option {self.name!r} must be {self._wanted()}, not {value!r}")
+            raise BadOption(f"option {self.name!r} must be {self._wanted()}, not {value!r}")
         return int(value) if self.type == "integer" else value
 
     def _wanted(self) -> str:
@@ -123,22 +123,22 @@ def parse_options(spec: OperationSpec, given: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(known))
     if unknown:
         takes = ", ".join(known) or "no options"
-        raise BadRequest(f"{spec.name} has no option {unknown[0]!r}; it takes {takes}")
+        raise BadOption(f"{spec.name} has no option {unknown[0]!r}; it takes {takes}")
     return {name: option.check(given[name]) if name in given else option.default for name, option in known.items()}
 
 
 def check_files(spec: OperationSpec, files: list[str]) -> list[tuple[Path, FileKind]]:
     """The input files with their kinds, or the refusal of the first that does not fit."""
     if not files:
-        raise BadRequest(f"{spec.name} needs at least one file in 'files'")
+        raise BadOption(f"{spec.name} needs at least one file in 'files'")
     if len(files) > spec.max_files:
-        raise BadRequest(f"{spec.name} takes {spec.max_files} file{'s' if spec.max_files > 1 else ''}, "
+        raise FileRefused(f"{spec.name} takes {spec.max_files} file{'s' if spec.max_files > 1 else ''}, "
                          f"not {len(files)}")
     checked = []
     for name in files:
         path = Path(name).expanduser()
         if not path.is_absolute():
-            raise BadRequest(f"{name!r} is not an absolute path; send the file's full path")
+            raise FileRefused(f"{name!r} is not an absolute path; send the file's full path")
         kind = file_kind(path)
         if kind not in spec.kinds:
             raise FileRefused(f"{path.name}: {spec.name} takes {' or '.join(spec.kinds)} files; "

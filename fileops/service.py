@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config
-from core.errors import BadRequest, ConvertTimeout, FileRefused
+from core.errors import ConvertTimeout, FileRefused, NotFound, ShuttingDown
 
 from .job import Job, Report
 from .options import OPERATIONS, check_files, parse_options
@@ -61,7 +61,7 @@ class Converter:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._stopped: set[str] = set()
+        self._closing = False
 
     def operations(self) -> list[dict[str, Any]]:
         return [spec.to_json() for spec in OPERATIONS.values()]
@@ -71,12 +71,12 @@ class Converter:
         """A checked conversion, not yet started: ``bad_request``/``file_refused`` name what is wrong."""
         spec = OPERATIONS.get(operation)
         if spec is None:
-            raise BadRequest(f"no operation {operation!r}; the operations request lists them: {', '.join(OPERATIONS)}")
+            raise NotFound(f"no operation {operation!r}; the operations are {', '.join(OPERATIONS)}")
         checked = parse_options(spec, options)
         inputs = check_files(spec, files)
         folder = output_folder(inputs[0][0], output_dir, config.output_dir)
         if not folder.is_absolute():
-            raise BadRequest(f"output_dir {output_dir!r} is not an absolute path; send the folder's full path")
+            raise FileRefused(f"output_dir {output_dir!r} is not an absolute path; send the folder's full path")
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise FileRefused(f"{folder}: not a folder this daemon may write to; choose another output_dir")
         ident = f"c{next(self._ids)}"
@@ -89,14 +89,17 @@ class Converter:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            if job.id not in self._stopped:  # the request's own task was cancelled: stop the work too
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # the request itself was: stop the work too
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 raise
-            return Converted(job.id, job.spec.name, [], cancelled=True)
+            if self._closing:
+                raise ShuttingDown(f"the daemon is stopping: {job.spec.name} of {job.first.name} was stopped "
+                                   "and wrote nothing; run it again once the daemon is back") from None
+            return Converted(job.id, job.spec.name, [], cancelled=True)  # a cancel stopped it
         finally:
             self._running.pop(job.id, None)
-            self._stopped.discard(job.id)
         paths = [staged.publish() for staged in job.staged]
         chips = await asyncio.to_thread(lambda: [chip_of(path, thumbnails) for path in paths])
         return Converted(job.id, job.spec.name, chips)
@@ -119,12 +122,12 @@ class Converter:
         task = self._running.get(ident)
         if task is None or task.done():
             return False
-        self._stopped.add(ident)
         task.cancel()
         return True
 
     async def close(self) -> None:
         """Stop every conversion (the daemon is stopping): their tools killed, partial output removed."""
+        self._closing = True
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()

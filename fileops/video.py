@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConvertFailed, OutputTooLarge
+from core.errors import BadOption, ConvertFailed, OutputTooLarge
 
 from .job import Job
 from .process import need_tool, run_tool, worker_args
@@ -124,8 +124,8 @@ def crop_size(width: int, height: int, aspect: str) -> tuple[int, int]:
         ratio = float(top) / float(bottom)
         if not 0.05 <= ratio <= 20:
             raise ValueError(aspect)
-    except ValueError:
-        raise ConvertFailed(f"aspect {aspect!r}: write width:height, such as 9:16 or 1:1") from None
+    except (ValueError, ZeroDivisionError):
+        raise BadOption(f"option 'aspect'' must be width:height, such as 9:16 or 1:1, not {aspect!r}") from None
     if width / height > ratio:  # the frame is wider: full height, the window moves along x
         return int(height * ratio) // 2 * 2, height // 2 * 2
     return width // 2 * 2, int(width / ratio) // 2 * 2

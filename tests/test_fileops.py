@@ -14,7 +14,15 @@ from PIL import Image
 from pypdf import PdfReader
 
 from core import Config
-from core.errors import BadRequest, ConvertFailed, ConvertTimeout, FileRefused, OutputTooLarge, ToolMissing
+from core.errors import (
+    BadOption,
+    ConvertFailed,
+    ConvertTimeout,
+    FileRefused,
+    NotFound,
+    OutputTooLarge,
+    ToolMissing,
+)
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
 from fileops.tracking import filled, smooth_path, window_path
@@ -166,11 +174,11 @@ async def test_a_conversion_past_its_time_bound_is_stopped_and_its_tool_killed(t
 @pytest.mark.asyncio
 async def test_requests_that_do_not_fit_are_refused(tmp_path: Path) -> None:
     pdf = report_pdf(tmp_path / "report.pdf")
-    with pytest.raises(BadRequest, match="no operation 'pdf_explode'"):
+    with pytest.raises(NotFound, match="no operation 'pdf_explode'"):
         await convert("pdf_explode", [pdf])
-    with pytest.raises(BadRequest, match="option 'fps' must be an integer from 1 to 50"):
+    with pytest.raises(BadOption, match="option 'fps' must be an integer from 1 to 50"):
         await convert("video_to_gif", [tmp_path / "x.mp4"], {"fps": 500})
-    with pytest.raises(BadRequest, match="pdf_to_markdown has no option 'speed'"):
+    with pytest.raises(BadOption, match="pdf_to_markdown has no option 'speed'"):
         await convert("pdf_to_markdown", [pdf], {"speed": 2})
     with pytest.raises(FileRefused, match="video_to_audio takes video files"):
         await convert("video_to_audio", [pdf])
