@@ -11,11 +11,13 @@ from .job import Job, ProgressUnit, Report
 from .options import OPERATIONS, FileKind, OperationSpec, Option
 from .outputs import OutputChip
 from .service import Converted, Converter
+from .tool import FileConvert
 
 __all__ = [
     "OPERATIONS",
     "Converted",
     "Converter",
+    "FileConvert",
     "FileKind",
     "Job",
     "OperationSpec",

@@ -73,7 +73,8 @@ def pages_markdown(pages: list[list[Line]]) -> list[str]:
     weights: Counter[float] = Counter()
     for line in (line for page in pages for line in page):
         weights[line.size] += len(line.text)
-    body = weights.most_common(1)[0][0] if weights else 0.0
+    # the size carrying most text; of two carrying as much, the smaller (a title as long as its one line)
+    body = max(weights, key=lambda size: (weights[size], -size)) if weights else 0.0
     larger = sorted({size for size in weights if size > body * HEADING_RATIO}, reverse=True)
     levels = {size: min(rank + 1, MAX_HEADING_LEVELS) for rank, size in enumerate(larger)}
     return [_page(page, levels) for page in pages]

@@ -58,7 +58,8 @@ class Converted:
 class Converter:
     """Runs the file operations; each has an id (``c1``, ``c2``, ...) that ``cancel`` names."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "c") -> None:
+        self._prefix = prefix  # file_convert's own: "t1", ... (a turn's cancel stops those)
         self._ids = itertools.count(1)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._closing = False
@@ -79,7 +80,7 @@ class Converter:
             raise FileRefused(f"output_dir {output_dir!r} is not an absolute path; send the folder's full path")
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise FileRefused(f"{folder}: not a folder this daemon may write to; choose another output_dir")
-        ident = f"c{next(self._ids)}"
+        ident = f"{self._prefix}{next(self._ids)}"
         return Job(ident, spec, inputs, checked, folder, config.convert_max_bytes, config.gif_max_bytes, report(ident))
 
     async def convert(self, job: Job, timeout: float, thumbnails: Path | None) -> Converted:
