@@ -74,7 +74,11 @@ async def run_operations(client: Wire, as_json: bool, terminal: Terminal) -> int
     if as_json or event["type"] == "error":
         terminal.out.write(json_line(event))
         return EXIT_ERROR if event["type"] == "error" else EXIT_OK
-    for item in event["items"]:
+    return _describe(event["items"], terminal)
+
+
+def _describe(items: list[dict[str, Any]], terminal: Terminal) -> int:
+    for item in items:
         print(f"{item['name']} ({', '.join(item['kinds'])}): {item['description']}", file=terminal.out)
         for option in item["options"]:
             choices = f" ({', '.join(map(str, option['choices']))})" if "choices" in option else ""
@@ -86,6 +90,10 @@ async def run_operations(client: Wire, as_json: bool, terminal: Terminal) -> int
 async def run_convert(client: Wire, args: argparse.Namespace, terminal: Terminal) -> int:
     listed = await client.request({"type": "operations"})
     spec = next((item for item in listed.get("items", []) if item["name"] == args.operation), None)
+    if {"-h", "--help"} & set(args.rest):  # after the operation: its own options
+        return _describe([spec] if spec else listed.get("items", []), terminal)
+    if "--json" in args.rest:  # the client's option, after the operation's name
+        args.rest, args.json = [word for word in args.rest if word != "--json"], True
     rid = await client.send(convert_request(args.operation, args.rest, spec))
     ident: list[str] = []
     sent: list[asyncio.Future[Any]] = []

@@ -61,6 +61,11 @@ class Staged:
                 os.link(self.temporary, final)  # never over a file, unlike a rename
             except FileExistsError:
                 continue
+            except OSError:  # a file system without hard links (FAT on a stick): claim the name first
+                if not _claim(final):
+                    continue
+                os.replace(self.temporary, final)  # over the empty file just claimed, nothing else
+                return final
             self.discard()
             return final
         raise FileExistsError(f"{self.folder / self.name} and {MAX_SUFFIXED} numbered copies exist")
@@ -68,6 +73,15 @@ class Staged:
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.temporary.unlink()
+
+
+def _claim(path: Path) -> bool:
+    """Create ``path`` empty unless it exists; whether this call made it."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _split(name: str) -> tuple[str, str]:

@@ -7,6 +7,7 @@ tests/test_fileops.py.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -133,6 +134,20 @@ async def test_the_cli_makes_markdown_and_prints_its_path(daemon: RunningDaemon,
     assert (tmp_path / "report (1).md").read_text() == ("# Annual Report\n\nIt went well.\n\n## Numbers\n\n"
                                                          "1. first\n2. second\n")
     assert (tmp_path / "report.md").read_text() == "my notes"
+
+
+async def test_the_cli_lists_an_operations_options_and_writes_json_when_asked(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    code, out, err = await cli("convert", "pdf_pages", "--help")
+    assert code == 0, err
+    assert out.splitlines()[1] == "  --pages string, default '': pages and ranges, such as \"1-3,5\" or \"4-\"; empty: every page"
+    pdf = styled_pdf(tmp_path / "doc.pdf", [[(12, "one")], [(12, "two")]])
+    code, out, err = await cli("convert", "pdf_pages", str(pdf), "--pages", "2", "--json")
+    assert code == 0, err
+    *steps, end = [json.loads(line) for line in out.splitlines()]
+    assert steps[0]["type"] == "progress" and end["type"] == "converted"
+    assert end["outputs"][0]["path"] == str(tmp_path / "doc pages 2.pdf")
 
 
 async def test_video_to_audio_keeps_the_duration(wire: Wire, tmp_path: Path) -> None:

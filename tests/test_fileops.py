@@ -5,6 +5,7 @@ The same operations through the socket and the command line: tests/test_convert.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from core.errors import (
 )
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
+from fileops.outputs import Staged
 from fileops.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
 from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, styled_pdf
@@ -97,6 +99,20 @@ async def test_outputs_never_overwrite_and_leave_no_temporary_file(tmp_path: Pat
     assert [done.outputs[0].name, again.outputs[0].name] == ["report (1).md", "report (2).md"]
     assert (tmp_path / "report.md").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report (1).md", "report (2).md", "report.md", "report.pdf"]
+
+
+def test_without_hard_links_a_name_is_claimed_before_the_output_moves_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(source: object, target: object) -> None:
+        raise PermissionError(1, "Operation not permitted")  # as vfat answers link()
+
+    monkeypatch.setattr(os, "link", no_links)
+    (tmp_path / "a.md").write_text("mine")
+    staged = Staged.make(tmp_path, "a.md")
+    staged.temporary.write_text("new")
+    assert staged.publish() == tmp_path / "a (1).md"
+    assert [(p.name, p.read_text()) for p in sorted(tmp_path.iterdir())] == [("a (1).md", "new"), ("a.md", "mine")]
 
 
 @pytest.mark.asyncio
