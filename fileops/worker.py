@@ -9,20 +9,19 @@ says; a failure meant for the user is one stderr line ``fileops: CODE message``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from core.errors import AssistantError
 
-from .pdfwork import merge_pdfs, select_pages
-from .tracking import track_window
-
-WORK: dict[str, Callable[[dict[str, Any], Callable[[int, int], None]], None]] = {
-    "pdf_merge": merge_pdfs,
-    "pdf_pages": select_pages,
-    "trackcrop": track_window,
+# each operation's module and function: only that module is imported, so a PDF merge does not
+# load numpy, nor a tracking crop pypdf (a worker's start is part of every operation's time:
+# bench/bench_convert.py)
+WORK = {
+    "pdf_merge": ("fileops.pdfwork", "merge_pdfs"),
+    "pdf_pages": ("fileops.pdfwork", "select_pages"),
+    "trackcrop": ("fileops.tracking", "track_window"),
 }
 
 
@@ -32,8 +31,10 @@ def progress(done: int, total: int) -> None:
 
 def main(argv: list[str]) -> int:
     operation, request = argv
+    module, function = WORK[operation]
+    work = getattr(importlib.import_module(module), function)
     try:
-        WORK[operation](json.loads(request), progress)
+        work(json.loads(request), progress)
     except AssistantError as exc:
         print(f"fileops: {exc.code} {exc.message}", file=sys.stderr, flush=True)
         return 2
