@@ -10,21 +10,21 @@ from pathlib import Path
 from attachments import ocr_read_pages, ocr_support
 from core.errors import OutputTooLarge
 
-from .job import Job
+from .job import Job, ProgressUnit
 from .markdown import pages_markdown, parse_pages
 from .process import need_tool, run_tool, worker_args
 
 __all__ = ["pdf_merge", "pdf_pages", "pdf_to_markdown"]
 
 
-async def _worker(job: Job, operation: str, name: str, unit: str) -> None:
+async def _worker(job: Job, operation: str, name: str, unit: ProgressUnit) -> None:
     staged = job.stage(name)
     request = {"files": [str(path) for path, _ in job.inputs], "kinds": [kind for _, kind in job.inputs],
                "options": job.options, "output": str(staged.temporary), "max_bytes": job.max_bytes}
 
     def on_line(line: bytes) -> None:
         step = json.loads(line)
-        job.report(step["done"], step["total"], unit)  # type: ignore[arg-type]
+        job.report(step["done"], step["total"], unit)
 
     await run_tool(worker_args(operation, json.dumps(request)), name=job.first.name, on_line=on_line)
 
