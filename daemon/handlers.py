@@ -31,10 +31,12 @@ from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
+from fileops import Converter
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from . import events
 from .connection import Emit, Replier
+from .convert import on_convert, on_operations
 from .live import Live
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
@@ -65,6 +67,7 @@ class Handlers:
         self.kbs = kbs
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
+        self.converter = Converter()  # the file operations under way (daemon/convert.py)
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
@@ -79,8 +82,13 @@ class Handlers:
         await self.engine.ask(TurnRequest.of(request), emit)
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
-        if request.has("kb") == request.has("conversation"):
-            raise BadRequest("cancel needs either 'conversation' (to stop its turn) or 'kb' (to stop adding to it)")
+        if sum(map(request.has, ("kb", "conversation", "convert"))) != 1:
+            raise BadRequest("cancel needs one of 'conversation' (to stop its turn), 'kb' (to stop adding to it) "
+                             "or 'convert' (to stop a file operation)")
+        if request.has("convert"):
+            ident: str = request.get("convert")
+            emit({"type": "cancelled", "convert": ident, "running": self.converter.cancel(ident)})
+            return
         if request.has("kb"):
             kb = kb_name(request.get("kb"))
             running = self.kbs.cancel(kb, sent=request.received)
@@ -261,6 +269,12 @@ class Handlers:
         info = await self.kbs.link(request.get("kb"), request.get("conversation"), linked)
         emit(events.kb(info.to_json()))
         self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
+
+    async def on_convert(self, request: Request, emit: Emit) -> None:
+        await on_convert(self.converter, self.config, request, emit)
+
+    async def on_operations(self, request: Request, emit: Emit) -> None:
+        await on_operations(self.converter, request, emit)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
         reachable = await self.router.reachable()
