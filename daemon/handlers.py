@@ -32,11 +32,12 @@ from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
 from fileops import Converter
-from kbinject import KbProgress, KnowledgeBases, kb_name
+from kbinject import KnowledgeBases, kb_name
 
 from . import events
 from .connection import Emit, Replier
 from .convert import on_convert, on_operations
+from .kb_handlers import KbHandlers
 from .live import Live
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
@@ -68,11 +69,14 @@ class Handlers:
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
         self.converter = Converter()  # the file operations under way (daemon/convert.py)
+        self.kb = KbHandlers(kbs, live)  # the knowledge bases' requests
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
             raise BadRequest(request.fault)
-        await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
+        name = "on_" + request.type  # protocol.REQUESTS lists only requests some group answers
+        group = next(g for g in (self, self.kb) if hasattr(g, name))
+        await getattr(group, name)(request, emit)
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
         if request.fault is not None:  # refused with the turn it would have been
@@ -241,35 +245,6 @@ class Handlers:
         groups = group_hits(hits[:limit], convs)
         emit(events.results(query, offset, groups, more=len(hits) > limit))
 
-    async def on_kb_add(self, request: Request, emit: Emit) -> None:
-        """Ingest files and folders into a knowledge base, reporting progress as it goes."""
-        kb = kb_name(request.get("kb"))
-        if not request.get("paths"):
-            raise BadRequest("kb_add needs at least one file or folder in 'paths'")
-
-        def progress(step: KbProgress) -> None:
-            emit(events.kb_progress(kb, step.to_json()))
-
-        result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
-        emit(events.kb(result.to_json()))
-        if result.created or result.added or result.updated or result.removed or result.embedded:
-            self.live.publish("kb", "added" if result.created else "changed", kb=result.kb,
-                              documents=result.documents, chunks=result.chunks)
-
-    async def on_kb_list(self, request: Request, emit: Emit) -> None:
-        emit(events.listing("kbs", [info.to_json() for info in await self.kbs.list()]))
-
-    async def on_kb_remove(self, request: Request, emit: Emit) -> None:
-        info = await self.kbs.remove(request.get("kb"))
-        emit(events.kb(info.to_json()))  # what it held, now gone
-        self.live.publish("kb", "removed", kb=info.name)
-
-    async def on_kb_link(self, request: Request, emit: Emit) -> None:
-        linked: bool = request.get("linked", True)
-        info = await self.kbs.link(request.get("kb"), request.get("conversation"), linked)
-        emit(events.kb(info.to_json()))
-        self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
-
     async def on_convert(self, request: Request, emit: Emit) -> None:
         await on_convert(self.converter, self.config, request, emit)
 
@@ -331,15 +306,6 @@ class Handlers:
         """Every configured MCP server with its state and tools (starting those not running)."""
         servers = await self.engine.mcp.describe() if self.engine.mcp else []
         emit(events.mcp_servers(servers))
-
-    async def on_kb_search(self, request: Request, emit: Emit) -> None:
-        """Search one named knowledge base (hybrid, as the kb_search tool does)."""
-        query: str = request.get("query")
-        if not query.strip():
-            raise BadRequest("kb_search needs words in 'query'")
-        found = await self.kbs.search(query, kbs=[request.get("kb")], limit=request.get("limit"))
-        emit(events.kb_results(kb_name(request.get("kb")), query, found.mode, found.note,
-                               [hit.to_json() for hit in found.hits]))
 
     def _mcp_servers(self, request: Request) -> list[str] | None:
         """The ``mcp_servers`` setting: configured names (null: the configuration's default)."""

@@ -138,3 +138,10 @@ def _all_imports(path: Path) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
     return frozenset(names)
+
+
+def test_no_function_over_60_lines_nor_a_class_over_300() -> None:
+    """The house's size rule (issue 43): scripts/sizes.py lists what breaks it."""
+    checked = subprocess.run([sys.executable, str(ROOT / "scripts" / "sizes.py")], cwd=ROOT, capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stdout
