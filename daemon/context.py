@@ -45,7 +45,7 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
-from history import AsyncHistory, Compaction, Conversation, TurnContext
+from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
 from kbinject import Hit, KnowledgeBases
 from recall import (
     IN_PLACE_REQUEST,
@@ -146,7 +146,7 @@ class ContextBuilder:
 
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""
-        return await self.history.turn_context(cid, self.replays.held_upto(cid))
+        return await self.history.run(HistoryStore.turn_context, cid, self.replays.held_upto(cid))
 
     async def build(
         self,
@@ -216,14 +216,14 @@ class ContextBuilder:
         compaction = past.compaction if past else None
         after = compaction.through_turn if compaction else 0
         held_for = (budget.ctx_max, model.vision, model.image_tokens)
-        read_after = past.held_upto if past else 0  # the turns ``past`` skipped: held when it was read
+        read_after = past.after if past else 0  # the turns ``past`` skipped: held when it was read
         entry = self.replays.get(cid, after, held_for, read_after)
         raw = past.earlier if past else []
         if entry is None:
             # what was read is the whole story only when it skipped nothing and nothing was
             # held (a held entry for another context size may have compacted since)
             if read_after > 0 or self.replays.holds(cid):
-                compaction, raw = await self.history.replay_source(cid, turn)
+                compaction, raw = await self.history.run(HistoryStore.replay_source, cid, turn)
             entry = self.replays.start(cid, compaction, held_for)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
@@ -319,7 +319,7 @@ class ContextBuilder:
             # oldest turn anew (and asking for a summary again) on every turn
             logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
             summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
-        return await self.history.add_compaction(cid, through, summary)
+        return await self.history.run(HistoryStore.add_compaction, cid, through, summary)
 
     async def _summary(
         self, model: ModelInfo, budget: Budget, entry: Replayed, through: int, tools: list[dict[str, Any]] | None,
@@ -383,7 +383,7 @@ class ContextBuilder:
         parts = [instructions] if instructions else []
         compaction = entry.compaction
         if compaction is not None:
-            attachments = await self.history.attachments(cid)
+            attachments = await self.history.run(HistoryStore.attachments, cid)
             manifest = attachment_manifest(attachments, compaction.through_turn)
             if manifest:
                 parts.append(manifest)

@@ -30,7 +30,7 @@ from core.models import image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
+from history import AsyncHistory, Conversation, HistoryStore, SearchHit, Turn, search_words
 from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from .connection import Emit, Replier
@@ -91,7 +91,7 @@ class Handlers:
     async def on_conversations(self, request: Request, emit: Emit) -> None:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
-        items = await self.history.list_conversations(limit, before)
+        items = await self.history.run(HistoryStore.list_conversations, limit, before)
         emit({"type": "conversations",
               "items": [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]})
 
@@ -135,23 +135,23 @@ class Handlers:
             if paged:
                 raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
             n: int = request.get("turn")
-            one = await self.history.turn(cid, n)
+            one = await self.history.run(HistoryStore.turn, cid, n)
             if one is None:
                 raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
             return [one]
         if not paged:
-            return await self.history.turns(cid)
+            return await self.history.run(HistoryStore.turns, cid)
         limit: int | None = request.get("limit")
         # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
         first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
-        return await self.history.turns(cid, first, limit)
+        return await self.history.run(HistoryStore.turns, cid, first, limit)
 
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
         await self._conversation(cid)
         if self.engine.cancel(cid):
             await self.engine.wait_turn(cid)  # its last write lands before the delete
-        if not await self.history.delete_conversation(cid):
+        if not await self.history.run(HistoryStore.delete_conversation, cid):
             raise NotFound(f"conversation {cid} does not exist")
         emit({"type": "deleted", "conversation": cid})
         self.live.publish("conversation", "deleted", conversation=cid)
@@ -224,7 +224,7 @@ class Handlers:
         if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)
             approved = sorted(set(request.get("approved_tools") or ())) or None
             changes["settings"] = {**changes.get("settings", {}), "approved_tools": approved}
-        conv = await self.history.update_conversation(cid, **changes)
+        conv = await self.history.run(HistoryStore.update_conversation, cid, **changes)
         if conv is None:
             raise no_conversation(cid)
         shown = {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
@@ -246,7 +246,7 @@ class Handlers:
         if cid is not None:
             await self._conversation(cid)
         # one hit past the limit says whether there are more
-        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid, offset)
+        hits, convs = await self.history.run(HistoryStore.search_with_conversations, query, limit + 1, cid, offset)
         groups = group_hits(hits[:limit], convs)
         emit({"type": "results", "query": query, "offset": offset, "total": sum(len(g["hits"]) for g in groups),
               "more": len(hits) > limit, "conversations": groups})
@@ -403,5 +403,5 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:
     """Drop a deleted conversation's search rows, a batch a trip to the history thread."""
-    while await history.unindex_deleted(cid):
+    while await history.run(HistoryStore.unindex_deleted, cid):
         pass

@@ -6,7 +6,7 @@ again on every turn would cost time that grows with the conversation, before the
 token (``bench/bench_ttft.py``, ``bench/bench_body.py``).  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
 the replayed form of each, with its JSON bytes, is made once and held here; a turn reads
-only the turns answered since (``HistoryStore.turn_context(held_upto=...)``).
+only the turns answered since (``HistoryStore.turn_context(after=...)``).
 
 What is held stays valid while the conversation's latest compaction and the model's
 context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.

@@ -52,7 +52,17 @@ from core.router import (
     ContentDelta, ModelInfo, ReasoningDelta, RouterClient, StreamEnd, StreamEvent, Timings, ToolCall, Usage, call_in_text,
 )
 from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext, TurnCalls
-from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
+from history import (
+    AsyncHistory,
+    HistoryStore,
+    NewAttachment,
+    NewTurn,
+    Turn,
+    TurnContext,
+    TurnOutcome,
+    TurnStatus,
+    parse_arguments,
+)
 from kbinject import injection_mode
 
 from .approvals import Approvals, Asker, TurnGate
@@ -345,7 +355,7 @@ class TurnRunner:
         await self.history.ensure_room()
         slot.storing = True
         try:
-            turn, past = await self.history.reopen_turn(cid, self.context.replays.held_upto(cid))
+            turn, past = await self.history.run(HistoryStore.reopen_turn, cid, self.context.replays.held_upto(cid))
         except LookupError:
             raise BadRequest(f"the last turn of conversation {cid} is not waiting for tool results; send the "
                              "results right after the assistant message that called the tools") from None
@@ -421,13 +431,14 @@ class TurnRunner:
                           sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
             for p in prepared
         ]
+        new = NewTurn(
+            cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
+            provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
+            default_model=default_model, system_prompt=ask.system, ref=ask.ref,
+        )
+        held = self.context.replays.held_upto(cid) if cid is not None else 0
         try:
-            return await self.history.begin_turn(
-                cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
-                provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
-                default_model=default_model, system_prompt=ask.system,
-                held_upto=self.context.replays.held_upto(cid) if cid is not None else 0, ref=ask.ref,
-            )
+            return await self.history.run(HistoryStore.begin_turn, new, held)
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
 
@@ -476,7 +487,7 @@ class TurnRunner:
         if stored is not None:
             await stored.wait()
         if pages and item.sha256 is not None:
-            await self.history.add_page_text(cid, turn, item.sha256, full_text, pages)
+            await self.history.run(HistoryStore.add_page_text, cid, turn, item.sha256, full_text, pages)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 
@@ -801,7 +812,7 @@ class TurnRunner:
 
     async def _write_partial(self, cid: int, turn: int, reply: str) -> None:
         try:
-            await self.history.save_partial(cid, turn, reply)
+            await self.history.run(HistoryStore.save_partial, cid, turn, reply)
         except DiskFull:
             # the reply is in memory (the turn's state) and its outcome is kept if it cannot be
             # written either; a checkpoint only guards against a crash

@@ -27,7 +27,7 @@ from attachments import configure_image_cache, configure_ocr, image_data_url
 from core.config import Config, ConfigError
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
-from history import AsyncHistory
+from history import AsyncHistory, HistoryStore
 from kbinject import KbSettings, KnowledgeBases
 
 from .connection import Connection
@@ -209,7 +209,7 @@ class Server:
         configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
         configure_ocr(self.config.data_dir / "ocr", self.config.ocr_languages, self.config.ocr_images)
         try:
-            interrupted = await self._history.interrupt_running()
+            interrupted = await self._history.run(HistoryStore.interrupt_running)
         except Exception as exc:  # a full disk: serve what can be served, and say so
             logger.warning("turns cut by a crash could not be marked interrupted (%s); free some space "
                            "and restart to mark them", exc)
@@ -264,7 +264,7 @@ class Server:
     async def _unindex_deleted(self) -> None:
         """Drop the search rows of conversations whose delete a stop cut short."""
         assert self._history is not None
-        for cid in await self._history.deleted_but_indexed():
+        for cid in await self._history.run(HistoryStore.deleted_but_indexed):
             await unindex_deleted(self._history, cid)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

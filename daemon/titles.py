@@ -8,7 +8,7 @@ from typing import Any
 
 from core.errors import AssistantError
 from core.router import RouterClient
-from history import AsyncHistory
+from history import AsyncHistory, HistoryStore
 
 __all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 
@@ -82,5 +82,5 @@ async def make_title(
     if not title:
         return
     # kept when the user has renamed the conversation meanwhile
-    if await history.replace_title(cid, provisional_title(question), title) and renamed is not None:
+    if await history.run(HistoryStore.replace_title, cid, provisional_title(question), title) and renamed is not None:
         renamed(title)

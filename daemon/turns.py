@@ -18,7 +18,7 @@ from core.config import Config
 from core.errors import AssistantError, BadRequest, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
 from core.tools import Toolbox
-from history import AsyncHistory, Conversation
+from history import AsyncHistory, Conversation, HistoryStore
 from kbinject import KnowledgeBases
 from recall import default_toolbox
 
@@ -117,7 +117,7 @@ class TurnEngine:
         if cid is None:
             return 1
         try:
-            conv = await self.history.get_conversation(cid)
+            conv = await self.history.run(HistoryStore.get_conversation, cid)
         except Exception:  # the store is closing: the refusal goes out without its turn
             logger.debug("no turn for a refused ask", exc_info=True)
             return None
@@ -252,7 +252,7 @@ class TurnEngine:
         """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""
         if cid is None:
             return None
-        conv = await self.history.get_conversation(cid)
+        conv = await self.history.run(HistoryStore.get_conversation, cid)
         if conv is None:
             raise no_conversation(cid)
         return conv

@@ -35,7 +35,7 @@ from core.tools import (
     json_content,
     string_argument,
 )
-from history import AsyncHistory, Attachment
+from history import AsyncHistory, Attachment, HistoryStore
 
 __all__ = [
     "MAX_IMAGE_BASE64",
@@ -118,7 +118,7 @@ class AttachmentRecall(Tool):
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
         if ctx.has_attachments is not None:
             return ctx.has_attachments
-        return await ctx.history.has_attachments(ctx.conversation)
+        return await ctx.history.run(HistoryStore.has_attachments, ctx.conversation)
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         action = string_argument(arguments, "action")
@@ -131,7 +131,7 @@ class AttachmentRecall(Tool):
     # -- list -------------------------------------------------------------------------
 
     async def _list(self, ctx: ToolContext[AsyncHistory]) -> ToolResult:
-        attachments = await ctx.history.attachments(ctx.conversation)
+        attachments = await ctx.history.run(HistoryStore.attachments, ctx.conversation)
         items = [a.to_json() for a in attachments]
         body: dict[str, Any] = {"attachments": items, "count": len(items)}
         if len(json_content(body)) > ctx.max_chars:
@@ -153,7 +153,7 @@ class AttachmentRecall(Tool):
         wanted = integer_argument(arguments, "attachment_id")
         if wanted is None:
             raise ToolError("action=read needs attachment_id; call action=list to see the ids")
-        attachment = await ctx.history.attachment(ctx.conversation, wanted)
+        attachment = await ctx.history.run(HistoryStore.attachment, ctx.conversation, wanted)
         if attachment is None:
             raise ToolError(f"no attachment {wanted} in this conversation; call action=list")
         if attachment.kind == "image" and (ctx.vision or not attachment.full_text):

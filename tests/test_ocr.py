@@ -24,6 +24,7 @@ from attachments import pdf as pdf_module
 from attachments import prepare_files
 from client import Wire, of_type
 from core import Config, load_config
+from history import HistoryStore
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import Scan, make_pdf, make_png
 from tests.conftest import serving
@@ -143,7 +144,8 @@ async def test_a_vision_model_sees_the_page_and_its_text_is_searched_and_indexed
         assert found["total"] == 1  # its OCR text, stored with the page's reference
         engine = daemon.server.engine
         assert engine is not None
-        kept = await engine.runner.history.attachment(events[-1]["conversation"], 1)  # what recall reads
+        # what recall reads
+        kept = await engine.runner.history.run(HistoryStore.attachment, events[-1]["conversation"], 1)
         assert kept is not None and "[read by OCR]\nThe kestrel aviary owes" in (kept.full_text or "")
         # the conversation moves to a text-only model: the page's text takes the image's place
         cid = events[-1]["conversation"]

@@ -27,7 +27,7 @@ from core.config import Config
 from core.errors import AssistantError, BadRequest, RouterError, RouterUnreachable, StartupError
 from core.jsontext import compact_json, strict_loads
 from core.router import RouterClient
-from history import AsyncHistory, thread_digest
+from history import AsyncHistory, HistoryStore, thread_digest
 
 from ..approvals import Refuser
 from ..live import Live
@@ -196,12 +196,12 @@ class OpenAIDoor:
         if not chat.earlier:
             return None
         digest = thread_digest(chat.earlier)
-        cid = await self.history.thread_conversation(digest)
+        cid = await self.history.run(HistoryStore.thread_conversation, digest)
         if cid is None and chat.tool_results is not None:
             raise BadRequest("these tool results answer calls of no conversation the daemon has; send them with "
                              "the messages as they were when the tools were called")
         if cid is None:
-            conv = await self.history.import_conversation(
+            conv = await self.history.run(HistoryStore.import_conversation, 
                 chat.earlier, digest, title=provisional_title(chat.earlier[0][0]), model=chat.model,
                 system_prompt=chat.system,
             )
@@ -213,10 +213,10 @@ class OpenAIDoor:
 
     async def _set_system(self, cid: int, system: str) -> None:
         """The client's system message as the conversation's system prompt, as ``settings`` sets it."""
-        conv = await self.history.get_conversation(cid)
+        conv = await self.history.run(HistoryStore.get_conversation, cid)
         if conv is None or conv.system_prompt == system:
             return
-        changed = await self.history.update_conversation(cid, system_prompt=system)
+        changed = await self.history.run(HistoryStore.update_conversation, cid, system_prompt=system)
         if changed is not None:
             self.live.publish("conversation", "updated", conversation=cid, title=changed.title, model=changed.model,
                               system=changed.system_prompt, settings=changed.settings)
@@ -247,7 +247,7 @@ class OpenAIDoor:
         turns = chat.earlier if chat.tool_results is None else chat.earlier[:-1]
         question = chat.question if chat.tool_results is None else chat.earlier[-1][0]
         digest = thread_digest([*turns, (question, relay.end["text"])])
-        await self.history.add_thread(digest, relay.conversation, relay.turn)
+        await self.history.run(HistoryStore.add_thread, digest, relay.conversation, relay.turn)
 
 
 def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> Request:
