@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attachments import FileReaders
 from core import (
     BUDGET_CHARS_PER_TOKEN,
     Budget,
@@ -134,11 +135,14 @@ class Prompt:
 class ContextBuilder:
     """Builds prompts for one daemon; compacts conversations that outgrow the context."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
+    def __init__(
+        self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases, readers: FileReaders,
+    ) -> None:
         self.config = config
         self.history = history
         self.router = router
         self.kbs = kbs
+        self.readers = readers  # the files of a question are read with them, images resolved
         self.replays = ReplayCache(estimate_messages)
 
     def budget(self, model: ModelInfo) -> Budget:
@@ -277,7 +281,7 @@ class ContextBuilder:
                            cid, skip, model.id)
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:
-            earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
+            earlier += t.sent if t.sent is not None else await t.for_router(model.vision, self.readers.images)
         return earlier, own + total, encoded_prefix(system, turns[skip:])
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
@@ -331,7 +335,8 @@ class ContextBuilder:
         and the summary: the server then reads only the last exchange and the request. Else
         from a transcript of the folded turns, cut to fit.
         """
-        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
+        images = self.readers.images
+        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision, images)]]
         needed = (estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST)
                   + budget.summary_tokens)
         if tools:

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from attachments import estimate_files, ocr_support
+from attachments import FileReaders, estimate_files
 from core import estimate_text
 from core.config import Config
 from core.errors import (
@@ -53,9 +53,10 @@ class Handlers:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases,
-        live: Live,
+        live: Live, readers: FileReaders,
     ) -> None:
         self.config = config
+        self.readers = readers
         self.live = live
         self.history = history
         self.router = router
@@ -185,7 +186,7 @@ class Handlers:
             name, vision, ctx_max = "", True, 0
             image_tokens = image_cost(self.config, named or self.router.default_model() or "")
         files = await estimate_files(
-            request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
+            request.get("files", []), self.readers, image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
@@ -306,7 +307,7 @@ class Handlers:
             "socket": str(self.config.socket_path),
             "data_dir": str(self.config.data_dir),
             "mcp": self.engine.mcp.status() if self.engine.mcp else [],
-            "ocr": (await ocr_support()).to_json(),
+            "ocr": (await self.readers.ocr.support()).to_json(),
             "config_error": self.config_error,
         })
 

@@ -305,7 +305,7 @@ class TurnRunner:
     def renewed(self, config: Config, router: RouterClient, mcp: McpHost | None) -> TurnRunner:
         """A runner for a reloaded configuration, sharing what outlives one: the prompts held
         for the server's cache, the title requests under way, the models without tools."""
-        context = ContextBuilder(config, self.history, router, self.context.kbs)
+        context = ContextBuilder(config, self.history, router, self.context.kbs, self.context.readers)
         context.replays = self.context.replays
         runner = TurnRunner(config, self.history, router, context, self.toolbox, self.background, self.live,
                             self.approvals, mcp=mcp)
@@ -413,8 +413,8 @@ class TurnRunner:
                   "detail": f"reading scanned pages by OCR: {done} of {total}", "done": done, "total": total})
 
         ctx_used = past.conversation.ctx_used if past else 0
-        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max,
-                                   ctx_used=ctx_used, on_ocr=reading)
+        return await prepare_files(ask.files, self.context.readers, model=model.id, vision=model.vision,
+                                   ctx_max=model.ctx_max, ctx_used=ctx_used, on_ocr=reading)
 
     async def _begin(
         self, ask: Ask, prepared: list[Prepared], stored: dict[str, Any], model: str | None, default_model: str | None,
@@ -483,7 +483,7 @@ class TurnRunner:
     async def _keep_page_text(self, cid: int, turn: int, item: Prepared, stored: asyncio.Event | None) -> None:
         """A file's pages read by OCR, kept with its turn once the turn is stored (whose outcome
         would write the question over them)."""
-        full_text, pages = await read_sent_pages(item)
+        full_text, pages = await read_sent_pages(item, self.context.readers.ocr)
         if stored is not None:
             await stored.wait()
         if pages and item.sha256 is not None:

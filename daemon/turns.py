@@ -14,6 +14,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from attachments import FileReaders
 from core.config import Config
 from core.errors import AssistantError, BadRequest, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
@@ -43,7 +44,7 @@ class TurnEngine:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases,
-        live: Live, mcp: McpHost | None = None,
+        readers: FileReaders, live: Live, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
         self.mcp = mcp  # None: no MCP server configured (the SDK is never loaded)
@@ -57,8 +58,9 @@ class TurnEngine:
         self.live = live
         self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
         self.runner = TurnRunner(
-            config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, live, self.approvals, mcp=mcp,
+            config, history, router, ContextBuilder(config, history, router, kbs, readers),
+            Toolbox([*default_toolbox(readers.images).tools, kbs.tool()]), self._background, live, self.approvals,
+            mcp=mcp,
         )
 
     @property

@@ -28,6 +28,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from attachments import Ocr
 from core.errors import DiskFull, FileRefused, no_kb
 from history import AsyncHistory, KbDocument, KnowledgeStore, NewKbDocument
 
@@ -81,8 +82,9 @@ class _Throttle:
 class Ingest:
     """Adds files to knowledge bases and embeds their chunks; one add per KB at a time."""
 
-    def __init__(self, history: AsyncHistory, index: KbIndex, embedder: BatchEmbedder | None) -> None:
+    def __init__(self, history: AsyncHistory, index: KbIndex, embedder: BatchEmbedder | None, ocr: Ocr) -> None:
         self.history = history
+        self.ocr = ocr  # scanned PDF pages are read as for a question
         self.index = index
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
@@ -223,7 +225,7 @@ class Ingest:
                 result.unchanged += 1
                 await self.history.kb.run(KnowledgeStore.set_mtime, known.id, staged.mtime_ns)
                 return
-            document = await read_document(staged, sha256)
+            document = await read_document(staged, sha256, self.ocr)
         except FileRefused as exc:  # UnsupportedKind too
             note = FileNote(file.path, exc.message)
             (result.skipped if exc.code == "unsupported_kind" else result.errors).append(note)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from attachments import Ocr
 from core.errors import ADD_KB, BadRequest, no_conversation, no_kb
 from core.seams import Embedder
 from history import AsyncHistory, KbDocument, KnowledgeBase, KnowledgeStore
@@ -92,14 +93,15 @@ class KbSettings:
 class KnowledgeBases:
     """Knowledge bases: add, list, remove, link, search, inject, and the kb_search tool."""
 
-    def __init__(self, history: AsyncHistory, embedder: Embedder, settings: KbSettings) -> None:
+    def __init__(self, history: AsyncHistory, embedder: Embedder, settings: KbSettings, ocr: Ocr | None = None) -> None:
+        """``ocr``: the daemon's (``FileReaders.ocr``); None, one of its own without a cache."""
         self.settings = settings
         self.history = history
         model = settings.embedding_model
         self.embedder = BatchEmbedder(embedder, model) if model else None
         self.query_timeout = QUERY_TIMEOUT  # the most a search waits for its query's vector
         self.index = KbIndex(history, model)  # never loaded without an embedder
-        self.ingest = Ingest(history, self.index, self.embedder)
+        self.ingest = Ingest(history, self.index, self.embedder, ocr if ocr is not None else Ocr())
 
     # -- lifecycle ----------------------------------------------------------------------
 

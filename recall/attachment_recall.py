@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, attached_image
+from attachments import PAGE_BREAK, PAGE_MARKER, ImageCache, attached_image
 from core.errors import FileRefused
 from core.tokens import cut_to_weight, text_weight
 from core.tools import (
@@ -114,6 +114,10 @@ class AttachmentRecall(Tool):
         },
         "required": ["action"],
     }
+
+    def __init__(self, images: ImageCache | None = None) -> None:
+        """``images``: the daemon's image cache (``FileReaders.images``); None, one of its own."""
+        self.images = images if images is not None else ImageCache()
 
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
         if ctx.has_attachments is not None:
@@ -246,7 +250,7 @@ class AttachmentRecall(Tool):
             )
         # as it was sent when attached (a WebP or a large photo re-encoded alike), not the file's bytes
         try:
-            image = await attached_image(attachment.path, attachment.name, attachment.sha256)
+            image = await attached_image(attachment.path, attachment.name, attachment.sha256, self.images)
         except FileRefused:
             raise ToolError(GONE) from None
         if image is None:

@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
+from attachments import ImageCache
 from core.tools import Tool, Toolbox, ToolContext, ToolResult
 from history import AsyncHistory, Attachment, HistoryStore, NewAttachment, NewTurn, TurnOutcome
 from recall import (
@@ -103,7 +104,7 @@ def test_definition_is_the_openai_tools_format() -> None:
     assert function["parameters"]["properties"]["role_filter"]["enum"] == ["all", "user", "assistant"]
     recall = AttachmentRecall().definition()["function"]
     assert recall["parameters"]["properties"]["action"]["enum"] == ["list", "read"]
-    assert [t.name for t in default_toolbox().tools] == ["attachment_recall", "conversation_search"]
+    assert [t.name for t in default_toolbox(ImageCache()).tools] == ["attachment_recall", "conversation_search"]
 
 
 # -- attachment_recall: list and scoping -------------------------------------------------
