@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from attachments import Ocr
 from core import Config
 from core.errors import BadRequest, NotFound, RouterError, RouterUnreachable
 from core.router import RouterClient
@@ -109,15 +110,22 @@ async def history(tmp_path: Path) -> AsyncIterator[AsyncHistory]:
 MakeKbs = Callable[..., Awaitable[KnowledgeBases]]
 
 
+@pytest.fixture(scope="module")
+def ocr(tmp_path_factory: pytest.TempPathFactory) -> Ocr:
+    """One OCR for the module, as a daemon has one, its cache kept across the tests: the blank
+    page of ``docs``' PDF (the same bytes in every test) goes to tesseract once, not in each."""
+    return Ocr(tmp_path_factory.mktemp("ocr"))
+
+
 @pytest_asyncio.fixture
-async def make_kbs(history: AsyncHistory, router: FakeRouter) -> AsyncIterator[MakeKbs]:
+async def make_kbs(history: AsyncHistory, router: FakeRouter, ocr: Ocr) -> AsyncIterator[MakeKbs]:
     """Build KnowledgeBases over the test's history; closes what it built."""
     made: list[tuple[KnowledgeBases, RouterClient]] = []
 
     async def make(embedding_model: str = EMBED_MODEL, kb_top_k: int = 3, url: str | None = None) -> KnowledgeBases:
         config = Config(router_url=url or router.url, embedding_model=embedding_model, kb_top_k=kb_top_k)
         client = RouterClient(config)
-        kbs = KnowledgeBases(history, client, KbSettings(config.embedding_model, config.kb_top_k))
+        kbs = KnowledgeBases(history, client, KbSettings(config.embedding_model, config.kb_top_k), ocr)
         made.append((kbs, client))
         return kbs
 
