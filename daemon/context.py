@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attachments import FileReaders
 from core import (
     BUDGET_CHARS_PER_TOKEN,
     Budget,
@@ -45,7 +46,7 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
-from history import AsyncHistory, Compaction, Conversation, TurnContext
+from history import AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
 from kbinject import Hit, KnowledgeBases
 from recall import (
     IN_PLACE_REQUEST,
@@ -134,11 +135,14 @@ class Prompt:
 class ContextBuilder:
     """Builds prompts for one daemon; compacts conversations that outgrow the context."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
+    def __init__(
+        self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases, readers: FileReaders,
+    ) -> None:
         self.config = config
         self.history = history
         self.router = router
         self.kbs = kbs
+        self.readers = readers  # the files of a question are read with them, images resolved
         self.replays = ReplayCache(estimate_messages)
 
     def budget(self, model: ModelInfo) -> Budget:
@@ -146,7 +150,7 @@ class ContextBuilder:
 
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""
-        return await self.history.turn_context(cid, self.replays.held_upto(cid))
+        return await self.history.run(HistoryStore.turn_context, cid, self.replays.held_upto(cid))
 
     async def build(
         self,
@@ -216,14 +220,14 @@ class ContextBuilder:
         compaction = past.compaction if past else None
         after = compaction.through_turn if compaction else 0
         held_for = (budget.ctx_max, model.vision, model.image_tokens)
-        read_after = past.held_upto if past else 0  # the turns ``past`` skipped: held when it was read
+        read_after = past.after if past else 0  # the turns ``past`` skipped: held when it was read
         entry = self.replays.get(cid, after, held_for, read_after)
         raw = past.earlier if past else []
         if entry is None:
             # what was read is the whole story only when it skipped nothing and nothing was
             # held (a held entry for another context size may have compacted since)
             if read_after > 0 or self.replays.holds(cid):
-                compaction, raw = await self.history.replay_source(cid, turn)
+                compaction, raw = await self.history.run(HistoryStore.replay_source, cid, turn)
             entry = self.replays.start(cid, compaction, held_for)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
@@ -277,7 +281,7 @@ class ContextBuilder:
                            cid, skip, model.id)
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:
-            earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
+            earlier += t.sent if t.sent is not None else await t.for_router(model.vision, self.readers.images)
         return earlier, own + total, encoded_prefix(system, turns[skip:])
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
@@ -319,7 +323,7 @@ class ContextBuilder:
             # oldest turn anew (and asking for a summary again) on every turn
             logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
             summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
-        return await self.history.add_compaction(cid, through, summary)
+        return await self.history.run(HistoryStore.add_compaction, cid, through, summary)
 
     async def _summary(
         self, model: ModelInfo, budget: Budget, entry: Replayed, through: int, tools: list[dict[str, Any]] | None,
@@ -331,7 +335,8 @@ class ContextBuilder:
         and the summary: the server then reads only the last exchange and the request. Else
         from a transcript of the folded turns, cut to fit.
         """
-        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
+        images = self.readers.images
+        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision, images)]]
         needed = (estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST)
                   + budget.summary_tokens)
         if tools:
@@ -383,7 +388,7 @@ class ContextBuilder:
         parts = [instructions] if instructions else []
         compaction = entry.compaction
         if compaction is not None:
-            attachments = await self.history.attachments(cid)
+            attachments = await self.history.run(HistoryStore.attachments, cid)
             manifest = attachment_manifest(attachments, compaction.through_turn)
             if manifest:
                 parts.append(manifest)

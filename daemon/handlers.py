@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from attachments import estimate_files, ocr_support
+from attachments import FileReaders, estimate_files
 from core import estimate_text
 from core.config import Config
 from core.errors import (
@@ -30,7 +30,7 @@ from core.models import image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
+from history import AsyncHistory, Conversation, HistoryStore, SearchHit, Turn, search_words
 from fileops import Converter
 from kbinject import KnowledgeBases, kb_name
 
@@ -58,9 +58,10 @@ class Handlers:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases,
-        live: Live,
+        live: Live, readers: FileReaders,
     ) -> None:
         self.config = config
+        self.readers = readers
         self.live = live
         self.history = history
         self.router = router
@@ -68,7 +69,7 @@ class Handlers:
         self.kbs = kbs
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
-        self.converter = Converter()  # the file operations under way (daemon/convert.py)
+        self.converter = Converter(readers.ocr)  # the file operations under way (daemon/convert.py)
         self.kb = KbHandlers(kbs, live)  # the knowledge bases' requests
 
     async def __call__(self, request: Request, emit: Replier) -> None:
@@ -109,7 +110,7 @@ class Handlers:
     async def on_conversations(self, request: Request, emit: Emit) -> None:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
-        items = await self.history.list_conversations(limit, before)
+        items = await self.history.run(HistoryStore.list_conversations, limit, before)
         emit(events.conversations(
             [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
 
@@ -139,23 +140,23 @@ class Handlers:
             if paged:
                 raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
             n: int = request.get("turn")
-            one = await self.history.turn(cid, n)
+            one = await self.history.run(HistoryStore.turn, cid, n)
             if one is None:
                 raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
             return [one]
         if not paged:
-            return await self.history.turns(cid)
+            return await self.history.run(HistoryStore.turns, cid)
         limit: int | None = request.get("limit")
         # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
         first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
-        return await self.history.turns(cid, first, limit)
+        return await self.history.run(HistoryStore.turns, cid, first, limit)
 
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
         await self._conversation(cid)
         if self.engine.cancel(cid):
             await self.engine.wait_turn(cid)  # its last write lands before the delete
-        if not await self.history.delete_conversation(cid):
+        if not await self.history.run(HistoryStore.delete_conversation, cid):
             raise NotFound(f"conversation {cid} does not exist")
         emit(events.deleted(cid))
         self.live.publish("conversation", "deleted", conversation=cid)
@@ -189,7 +190,7 @@ class Handlers:
             name, vision, ctx_max = "", True, 0
             image_tokens = image_cost(self.config, named or self.router.default_model() or "")
         files = await estimate_files(
-            request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
+            request.get("files", []), self.readers, image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
@@ -221,7 +222,7 @@ class Handlers:
         if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)
             approved = sorted(set(request.get("approved_tools") or ())) or None
             changes["settings"] = {**changes.get("settings", {}), "approved_tools": approved}
-        conv = await self.history.update_conversation(cid, **changes)
+        conv = await self.history.run(HistoryStore.update_conversation, cid, **changes)
         if conv is None:
             raise no_conversation(cid)
         emit(events.settings(conv))
@@ -241,7 +242,7 @@ class Handlers:
         if cid is not None:
             await self._conversation(cid)
         # one hit past the limit says whether there are more
-        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid, offset)
+        hits, convs = await self.history.run(HistoryStore.search_with_conversations, query, limit + 1, cid, offset)
         groups = group_hits(hits[:limit], convs)
         emit(events.results(query, offset, groups, more=len(hits) > limit))
 
@@ -268,7 +269,7 @@ class Handlers:
             ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
             turns_running=self.engine.running, running=self.engine.running_turns(),
             socket=str(self.config.socket_path), data_dir=str(self.config.data_dir),
-            mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await ocr_support()).to_json(),
+            mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await self.readers.ocr.support()).to_json(),
             config_error=self.config_error,
         ))
 
@@ -355,5 +356,5 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:
     """Drop a deleted conversation's search rows, a batch a trip to the history thread."""
-    while await history.unindex_deleted(cid):
+    while await history.run(HistoryStore.unindex_deleted, cid):
         pass

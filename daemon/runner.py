@@ -81,7 +81,7 @@ class TurnRunner:
     def renewed(self, config: Config, router: RouterClient, mcp: McpHost | None) -> TurnRunner:
         """A runner for a reloaded configuration, sharing what outlives one: the prompts held
         for the server's cache, the title requests under way, the models without tools."""
-        context = ContextBuilder(config, self.history, router, self.context.kbs)
+        context = ContextBuilder(config, self.history, router, self.context.kbs, self.context.readers)
         context.replays = self.context.replays
         return TurnRunner(config, self.history, router, context, self.toolbox, self.background, self.live,
                           self.approvals, mcp=mcp, no_tools=self._no_tools, titling=self._titling)
@@ -208,8 +208,8 @@ class TurnRunner:
                                  done=done, total=total))
 
         ctx_used = past.conversation.ctx_used if past else 0
-        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max,
-                                   ctx_used=ctx_used, on_ocr=reading)
+        return await prepare_files(ask.files, self.context.readers, model=model.id, vision=model.vision,
+                                   ctx_max=model.ctx_max, ctx_used=ctx_used, on_ocr=reading)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
@@ -268,6 +268,23 @@ class NewAttachment:
     full_text: str | None = None
 
 
+@dataclass(frozen=True)
+class NewTurn:
+    """A question to store as a new running turn (``HistoryStore.start_turn``)."""
+
+    conversation: int | None  # None: a new conversation, made in the same transaction
+    text: str
+    messages: list[dict[str, Any]]
+    files: list[dict[str, Any]]  # the chips, as the protocol sends them
+    model: str | None  # None: the conversation's own model, else ``default_model``
+    title: str = ""  # of a conversation made here (ignored otherwise), as the next two
+    attachments: Sequence[NewAttachment] = ()
+    conversation_model: str | None = None
+    default_model: str | None = None
+    system_prompt: str | None = None  # None: the daemon's
+    ref: str | None = None  # the client's own name for the turn
+
+
 def _flipped_bm25(score: float) -> float:
     # bm25() is negative with lower meaning better; flipped so callers (and the model
     # reading conversation_search results) see "bigger is better". (0.0 - x, not -x: an
@@ -364,9 +381,9 @@ class TurnContext:
 
     conversation: Conversation
     compaction: Compaction | None  # the latest one; its summary stands for the turns it folded
-    # (turn, messages) of the answered turns after the compaction and after what the
-    # caller already holds from earlier turns (``HistoryStore.turn_context``'s ``held_upto``)
+    # (turn, messages) of the answered turns after the compaction and after the turn the
+    # caller asked to read after (``HistoryStore.turn_context``'s ``after``)
     earlier: list[tuple[int, list[dict[str, Any]]]]
     has_attachments: bool
     kb_ids: list[int]  # the knowledge bases the conversation sees
-    held_upto: int = 0  # what it was read with: ``earlier`` holds the answered turns after it
+    after: int = 0  # what it was read with: ``earlier`` holds only the answered turns after it

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from history import HistoryStore
+from history import HistoryStore, NewTurn
 from history import migrations as migrations_module
 from history.fts import index_turn
 from history.migrations import MIGRATIONS, m001_initial, migrate, table_columns
@@ -239,7 +239,7 @@ def test_old_schema_file_upgrades_in_place(tmp_path: Path) -> None:
         assert store.search_all("monkey") != []
         assert store.search_all("secret") == []
         # And the upgraded file takes new turns.
-        _, new = store.start_turn(1, "more", [{"role": "user", "content": "more"}], [], None)
+        _, new = store.start_turn(NewTurn(1, "more", [{"role": "user", "content": "more"}], [], None))
         assert new.turn == 3
 
     with connect(path) as conn:
