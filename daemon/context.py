@@ -7,7 +7,8 @@ Layout (docs/DESIGN.md, "Prompt layout"):
     earlier    the turns after the summary, as stored (image references resolved,
                a message over its share of the context cut to head and tail)
     this turn  the user message: this question's knowledge-base passages first,
-               then the question and its files; tool rounds append after it
+               then the passages recalled from the conversation's archive (folded
+               turns, files), then the question and its files; tool rounds append after it
 
 A model server reuses the longest common prefix of consecutive prompts (llama-server's
 prompt cache) and re-reads everything after the first changed byte.  So everything up
@@ -46,7 +47,7 @@ from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
 from history import AsyncHistory, Compaction, Conversation, TurnContext
-from kbinject import Hit, KnowledgeBases
+from kbinject import ArchiveRecall, Hit, KnowledgeBases, Recall, recall_label, recall_mode
 from recall import (
     IN_PLACE_REQUEST,
     attachment_manifest,
@@ -62,6 +63,7 @@ __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", 
 
 logger = logging.getLogger(__name__)
 
+RECENT_MESSAGES = 4  # the messages whose words a short, back-referring question is searched with too
 KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
 COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
 NO_SUMMARY = "{previous}(Later turns could not be summarised: conversation_search finds what was said in them.)"
@@ -140,6 +142,7 @@ class ContextBuilder:
         self.router = router
         self.kbs = kbs
         self.replays = ReplayCache(estimate_messages)
+        self.archive = ArchiveRecall(history)
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
@@ -162,6 +165,7 @@ class ContextBuilder:
         tools: list[dict[str, Any]] | None = None,
         tool_tokens: int = 0,
         force: bool = False,
+        recall: bool = True,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
@@ -172,7 +176,9 @@ class ContextBuilder:
         it shares the prompt the server holds from the last turn. ``tool_tokens`` counts in the
         prompt's tokens: the hosted (MCP) tools' definitions, which the chat template renders
         into the prompt (docs/DESIGN.md, "MCP"). ``force`` folds every earlier turn and adds no
-        passages: the router said the last prompt overflowed, so our estimate was low.
+        passages: the router said the last prompt overflowed, so our estimate was low. ``recall``
+        False recalls nothing from the conversation's archive (a turn taken up again had its
+        passages when it began); else its ``recall_injection`` says (docs/DESIGN.md, "Recall injection").
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
@@ -194,20 +200,48 @@ class ContextBuilder:
             if made is not None:
                 entry.fold(made)
                 system = await self._system(entry, cid, instructions)
-        earlier, tokens, encoded = await self._replay(entry, system, current, budget, model, cid, tool_tokens)
+        earlier, tokens, encoded, left_out = await self._replay(entry, system, current, budget, model, cid,
+                                                                tool_tokens)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
-        # after an overflow the estimate has proved low: no passages this time
+        if force:  # after an overflow the estimate has proved low: no passages this time
+            return Prompt(prompt, tokens, budget, encoded)
         kb_ids = past.kb_ids if past else None
-        block, sources = (None, []) if force else await self._knowledge(
-            cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
-        if block:
+        block, sources = await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
+        blocks = [block] if block else []
+        if recall and past is not None and (left_out or past.has_attachments):
+            used = tokens + sum(estimate_text(b) for b in blocks)
+            recalled = await self._recall(cid, query, prompt, blocks, left_out, used, budget.passage_limit, past,
+                                          progress)
+            if recalled.block:
+                blocks.append(recalled.block)
+                sources = [*sources, *recalled.sources]
+        if blocks:
             question = prompt[-1]
-            prompt[-1] = with_passages(question, block)
+            prompt[-1] = with_passages(question, "\n\n".join(blocks))
             cost = model.image_tokens
             tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
         return Prompt(prompt, tokens, budget, encoded, sources)
+
+    async def _recall(
+        self, cid: int, query: str, prompt: list[dict[str, Any]], blocks: list[str], through: int, used: int,
+        limit: int, past: TurnContext, progress: Progress,
+    ) -> Recall:
+        """The passages recalled from the conversation's archive (turns 1..``through`` and its
+        files) for this question, when its ``recall_injection`` is ``auto``; a ``recall`` progress
+        tells what was found (docs/PROTOCOL.md, "Recall injection")."""
+        if recall_mode(past.conversation.settings, self.config.recall_injection) != "auto":
+            return Recall()
+        held = "\n".join([*map(message_words, prompt), *blocks])
+        recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
+        recalled = await self.archive.recall(cid, query, recent, through, held, used, limit)
+        if recalled.block:
+            labels = ", ".join(recall_label(source) for source in recalled.sources)
+            progress("recall", f"recalled: {labels}", recalled.sources)
+        elif recalled.searched:
+            progress("recall", recalled.note or "nothing recalled: no earlier passage matched the question", [])
+        return recalled
 
     async def _replayed(
         self, cid: int, turn: int, model: ModelInfo, budget: Budget, past: TurnContext | None
@@ -257,9 +291,10 @@ class ContextBuilder:
         model: ModelInfo,
         cid: int,
         fixed: int = 0,
-    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix]:
-        """The earlier turns in router form, the whole prompt's tokens and the JSON its start
-        is made of; the oldest turns are left out while the prompt cannot fit.
+    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix, int]:
+        """The earlier turns in router form, the whole prompt's tokens, the JSON its start
+        is made of, and the last turn out of the prompt (folded, or left out; 0: none); the
+        oldest turns are left out while the prompt cannot fit.
 
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
@@ -278,7 +313,8 @@ class ContextBuilder:
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:
             earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
-        return earlier, own + total, encoded_prefix(system, turns[skip:])
+        left_out = turns[skip - 1].n if skip else (entry.compaction.through_turn if entry.compaction else 0)
+        return earlier, own + total, encoded_prefix(system, turns[skip:]), left_out
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -413,3 +449,11 @@ def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:
     if isinstance(content, list):
         return {**message, "content": [{"type": "text", "text": block}, *content]}
     return {**message, "content": f"{block}\n\n{content}"}
+
+
+def message_words(message: dict[str, Any]) -> str:
+    """The text of a router-form message (its text parts), for recall's search and dedup."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""

@@ -212,8 +212,9 @@ class Handlers:
             if model is not None:
                 await self.router.model_info(model)  # not_found names the models there are
             changes["model"] = model
-        if request.has("kb_injection"):
-            changes["settings"] = {"kb_injection": request.get("kb_injection")}
+        for key in ("kb_injection", "recall_injection"):
+            if request.has(key):
+                changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         if request.has("system"):
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):

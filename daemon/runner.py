@@ -53,7 +53,7 @@ from core.router import (
 )
 from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext, TurnCalls
 from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome, TurnStatus, parse_arguments
-from kbinject import injection_mode
+from kbinject import injection_mode, recall_mode
 
 from .approvals import Approvals, Asker, TurnGate
 from .background import Background
@@ -547,7 +547,7 @@ class TurnRunner:
         # a turn taken up again had its passages when it began: none are added before its tool results
         build = partial(self.context.build, state.conversation, state.turn, current=[state.question, *state.resumed],
                         progress=progress, query=state.query, past=state.past,
-                        kb_injection="off" if state.resumed else state.kb_injection,
+                        kb_injection="off" if state.resumed else state.kb_injection, recall=not state.resumed,
                         tools=definitions, tool_tokens=tool_tokens)
         prompt = await build(state.model)
         state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
@@ -600,6 +600,7 @@ class TurnRunner:
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
             max_chars=0, image_chars=state.model.image_tokens * BUDGET_CHARS_PER_TOKEN,
             kb_injection=state.kb_injection,
+            recall_injection=recall_mode(past.conversation.settings if past else None, self.config.recall_injection),
             has_attachments=(past is not None and past.has_attachments) or has_files(state.messages[0]),
             kb_ids=past.kb_ids if past else None, gate=gate,
         )

@@ -41,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
+from .archive import ArchiveFound, ArchiveStore, FileToChunk
 from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
 from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
 from .store import (
@@ -128,6 +129,7 @@ class AsyncHistory:
         # told of each kept outcome once it is written at last (the daemon tells its watchers)
         self.on_saved: Callable[[TurnOutcome], None] | None = None
         self.kb = AsyncKnowledgeStore(self, store.kb)
+        self.archive = AsyncArchiveStore(self, store.archive)
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -571,3 +573,20 @@ def unusable(path: Path, exc: BaseException) -> StartupError:
             "again: a new, empty history is made (the old file can be inspected or restored from a backup)"
         )
     return StartupError(f"cannot open {path} ({exc}); check the file and its folder")
+
+
+class AsyncArchiveStore:
+    """The conversation archive's recall queries (``HistoryStore.archive``), on the history thread."""
+
+    def __init__(self, history: AsyncHistory, archive: ArchiveStore) -> None:
+        self._call = history._call
+        self._archive = archive
+
+    async def unchunked(self, cid: int) -> list[FileToChunk]:
+        return await self._call(self._archive.unchunked, cid)
+
+    async def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
+        return await self._call(self._archive.put_chunks, attachment_id, chunks)
+
+    async def search(self, cid: int, phrases: Sequence[str], through: int, limit: int) -> ArchiveFound:
+        return await self._call(self._archive.search, cid, phrases, through, limit)

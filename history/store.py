@@ -37,6 +37,7 @@ from .fts import (
     load_messages,
     unindex_conversation,
 )
+from .archive import ArchiveStore
 from .kb import KnowledgeStore
 from .migrations import immediate_transaction, migrate
 from .records import (
@@ -93,6 +94,7 @@ class HistoryStore:
             raise
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
+        self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
 
     # -- lifecycle -----------------------------------------------------------------
 

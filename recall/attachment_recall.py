@@ -116,6 +116,8 @@ class AttachmentRecall(Tool):
     }
 
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
+        if ctx.recall_injection == "off":
+            return False
         if ctx.has_attachments is not None:
             return ctx.has_attachments
         return await ctx.history.has_attachments(ctx.conversation)
