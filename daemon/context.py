@@ -212,8 +212,8 @@ class ContextBuilder:
         blocks = [block] if block else []
         if recall and past is not None and (left_out or past.has_attachments):
             used = tokens + sum(estimate_text(b) for b in blocks)
-            recalled = await self._recall(cid, query, prompt, blocks, left_out, used, budget.passage_limit, past,
-                                          progress)
+            recalled = await self._recall(cid, turn, query, prompt, blocks, left_out, used, budget.passage_limit,
+                                          past, progress)
             if recalled.block:
                 blocks.append(recalled.block)
                 sources = [*sources, *recalled.sources]
@@ -225,8 +225,8 @@ class ContextBuilder:
         return Prompt(prompt, tokens, budget, encoded, sources)
 
     async def _recall(
-        self, cid: int, query: str, prompt: list[dict[str, Any]], blocks: list[str], through: int, used: int,
-        limit: int, past: TurnContext, progress: Progress,
+        self, cid: int, turn: int, query: str, prompt: list[dict[str, Any]], blocks: list[str], through: int,
+        used: int, limit: int, past: TurnContext, progress: Progress,
     ) -> Recall:
         """The passages recalled from the conversation's archive (turns 1..``through`` and its
         files) for this question, when its ``recall_injection`` is ``auto``; a ``recall`` progress
@@ -235,7 +235,7 @@ class ContextBuilder:
             return Recall()
         held = "\n".join([*map(message_words, prompt), *blocks])
         recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
-        recalled = await self.archive.recall(cid, query, recent, through, held, used, limit)
+        recalled = await self.archive.recall(cid, turn, query, recent, through, held, used, limit)
         if recalled.block:
             labels = ", ".join(recall_label(source) for source in recalled.sources)
             progress("recall", f"recalled: {labels}", recalled.sources)

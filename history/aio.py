@@ -588,5 +588,5 @@ class AsyncArchiveStore:
     async def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
         return await self._call(self._archive.put_chunks, attachment_id, chunks)
 
-    async def search(self, cid: int, phrases: Sequence[str], through: int, limit: int) -> ArchiveFound:
-        return await self._call(self._archive.search, cid, phrases, through, limit)
+    async def search(self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int) -> ArchiveFound:
+        return await self._call(self._archive.search, cid, phrases, through, before, limit)

@@ -128,18 +128,21 @@ class ArchiveStore:
             ])
             self._conn.execute(SET_CHUNKED, (attachment_id,))
 
-    def search(self, cid: int, phrases: Sequence[str], through: int, limit: int) -> ArchiveFound:
+    def search(self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int) -> ArchiveFound:
         """The best matches of any of ``phrases`` (each quoted) in turns 1..``through`` and in the
         conversation's chunked files: at most ``limit`` of each kind, best first within a kind;
-        and how many of the archive's pieces hold each phrase (what is common says little)."""
+        and how many pieces of the conversation before turn ``before`` (its messages, its files'
+        chunks) hold each phrase: what most of it says tells no passage apart."""
         if not phrases or limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
             return ArchiveFound([], 0, {})
         match = " OR ".join(phrases)
         hits: list[ArchiveHit] = []
         ranges: list[tuple[str, str, int, int]] = []  # (count, count holding, lo, hi) of each part
+        if before > 1:
+            lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, before - 1, MAX_MESSAGE_INDEX)
+            ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
         if through > 0:
             lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, through, MAX_MESSAGE_INDEX)
-            ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
             for rowid, body, role, score in self._conn.execute(SEARCH_MESSAGES, (match, lo, hi, limit)):
                 _, turn, n = split_rowid(rowid)
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))

@@ -14,10 +14,11 @@ injection"). The tools stay, for the model that digs further.
   file is chunked as a KB document is (chunking.py), the first time it is searched.
 - Back-references: a question of few keywords ("what was it again?", "the code I gave
   you") is searched with the recent turns' keywords as well.
-- The floor: a passage must hold a keyword of the question (when it has any) and
-  ``MIN_MATCHED`` keywords in all (one when the question has only one), so "what is 12
-  times 12?" finds nothing in a conversation about lockers. Keywords that much of the
-  archive holds (``COMMON_SHARE``) do not count: they tell no passage apart.
+- The floor: a passage must hold half the question's keywords, ``MIN_MATCHED`` at most
+  (numbers count only in a question of numbers alone), so "what is 12 times 12?" finds
+  nothing in a conversation about lockers, nor in one that mentions 12 cats; a question
+  of no keywords must share ``MIN_MATCHED`` with the recent turns. Keywords that much of the
+  conversation holds (``COMMON_SHARE``) do not count: they tell no passage apart.
 - Dedup: a passage whose text the prompt already holds is dropped (files still inline).
 - Order: oldest first, so when two passages disagree the newest stands nearest the question.
 - Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best
@@ -65,9 +66,9 @@ RECALL_TOP_K = 3  # passages a turn gets at most
 CANDIDATES = 20  # matches of each kind (turns, file chunks) ranked before the floor
 BACK_REFERENCE_TERMS = 3  # a question with fewer keywords is searched with the recent turns' too
 RECENT_TERMS = 12  # keywords taken from the recent turns, at most
-MIN_MATCHED = 2  # keywords a passage must hold (one when the question has just one)
-# A keyword that more than this share of the archive's pieces hold (and at least COMMON_PIECES
-# of them) tells nothing about a passage: it does not count for the floor
+MIN_MATCHED = 2  # keywords of the question a passage must hold at most (half of them when fewer)
+# A keyword that more than this share of the conversation's pieces hold (messages, file chunks;
+# at least COMMON_PIECES of them) tells no passage apart: it does not count for the floor
 COMMON_SHARE = 0.3
 COMMON_PIECES = 3
 # Words of a question that refers back and say nothing of what it asks for
@@ -168,14 +169,16 @@ class Terms:
         return cls(asked, [t for t in query_terms(recent) if t not in asked][:RECENT_TERMS])
 
     def relevant(self, text: str) -> bool:
-        """The floor: a keyword of the question (when it has any), and enough keywords in all."""
-        asked = round(keyword_share(self.question, text) * len(self.question))
-        recent = round(keyword_share(self.recent, text) * len(self.recent))
-        need = 1 if len(self.question) == 1 else MIN_MATCHED
-        return (asked >= 1 or not self.question) and asked + recent >= need
+        """The floor: half the question's keywords (its words, when it has numbers too: "12 times
+        12" is about times), at most ``MIN_MATCHED``; a question of none needs that many of the
+        recent turns' keywords."""
+        words = [t for t in self.question if not t.isdigit()] or self.question
+        if not words:
+            return held(self.recent, text) >= MIN_MATCHED
+        return held(words, text) >= min(MIN_MATCHED, (len(words) + 1) // 2)
 
     def without_common(self, pieces: int, holding: Mapping[str, int]) -> Terms:
-        """These terms less those too common in the archive to tell a passage (``holding``: by phrase)."""
+        """These terms less those too common in the conversation to tell a passage (``holding``: by phrase)."""
         def rare(term: str) -> bool:
             held = holding.get(fts_phrases([term])[0], 0)
             return held < COMMON_PIECES or held <= COMMON_SHARE * pieces
@@ -183,6 +186,11 @@ class Terms:
 
     def strength(self, text: str) -> float:
         return keyword_share([*self.question, *self.recent], text)
+
+
+def held(terms: Sequence[str], text: str) -> int:
+    """How many of ``terms`` ``text`` holds (by their stems, as search.py matches them)."""
+    return round(keyword_share(terms, text) * len(terms))
 
 
 def normalized(text: str) -> str:
@@ -208,26 +216,29 @@ class ArchiveRecall:
         self.top_k = top_k
 
     async def recall(
-        self, cid: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
+        self, cid: int, turn: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
     ) -> Recall:
-        """The block for this turn: passages of turns 1..``through`` and of the conversation's
+        """The block for turn ``turn``: passages of turns 1..``through`` and of the conversation's
         files for ``question`` (with ``recent``'s words when it has few), none that ``held``
         (the prompt's text) already holds, as many as keep the prompt (``ctx_used`` tokens so far)
         within ``limit`` tokens. Never raises (but CancelledError)."""
         try:
-            return await self._recall(cid, Terms.of(question, recent), through, held, ctx_used, limit)
+            terms = Terms.of(question, recent)
+            return await self._recall(cid, turn, terms, through, held, ctx_used, limit)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("recall: the search failed for conversation %d", cid)
             return Recall(searched=True, note=f"recall failed ({type(exc).__name__})")
 
-    async def _recall(self, cid: int, terms: Terms, through: int, held: str, ctx_used: int, limit: int) -> Recall:
+    async def _recall(
+        self, cid: int, turn: int, terms: Terms, through: int, held: str, ctx_used: int, limit: int
+    ) -> Recall:
         if self.top_k <= 0 or not (terms.question or terms.recent):
             return Recall()
         await self._chunk_files(cid)
-        found = await self.history.archive.search(cid, fts_phrases([*terms.question, *terms.recent]), through,
-                                                  CANDIDATES)
+        phrases = fts_phrases([*terms.question, *terms.recent])
+        found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES)
         chosen = self._choose(found.hits, terms, terms.without_common(found.pieces, found.holding), normalized(held))
         if not chosen:
             return Recall(searched=True)

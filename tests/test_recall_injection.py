@@ -102,7 +102,8 @@ async def test_a_folded_fact_is_recalled_before_the_question_and_shown(config: C
 
 
 async def test_a_question_that_needs_nothing_gets_no_passage(config: Config, router: FakeRouter) -> None:
-    cid = archived(config, [FILLER[0], LOCKER, *FILLER[1:]], through=5)
+    cats = ("I have 12 cats and a dog.", "That is a lot of cats.")
+    cid = archived(config, [FILLER[0], LOCKER, cats, *FILLER[1:]], through=6)
     async with serving(config) as (_, wire):
         router.script(Reply(text="144."))
         events = await wire.ask("what is 12 times 12?", conversation=cid)
