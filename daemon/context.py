@@ -46,7 +46,7 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
-from history import AsyncHistory, Compaction, Conversation, TurnContext
+from history import MAX_TURN, AsyncHistory, Compaction, Conversation, TurnContext
 from kbinject import ArchiveRecall, Hit, KnowledgeBases, Recall, recall_label, recall_mode
 from recall import (
     IN_PLACE_REQUEST,
@@ -59,7 +59,7 @@ from recall import (
 
 from .replay import ReplayCache, Replayed, encoded_prefix, router_messages
 
-__all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
+__all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "recall_estimate", "router_messages", "with_passages"]
 
 logger = logging.getLogger(__name__)
 
@@ -457,3 +457,24 @@ def message_words(message: dict[str, Any]) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return content if isinstance(content, str) else ""
+
+
+async def recall_estimate(
+    history: AsyncHistory, config: Config, conversation: Conversation, text: str, ctx_max: int
+) -> Recall:
+    """What an ``ask`` of ``text`` would recall in ``conversation`` now, for ``estimate``: as
+    ``ContextBuilder.build`` recalls, against the stored turns instead of the prompt (the summary
+    and the turns after it as what the prompt holds; no knowledge-base block)."""
+    if not text.strip() or recall_mode(conversation.settings, config.recall_injection) != "auto":
+        return Recall()
+    compaction, kept = await history.replay_source(conversation.id, MAX_TURN)
+    through = compaction.through_turn if compaction else 0
+    if not through and not await history.has_attachments(conversation.id):
+        return Recall()
+    messages = [message for _, turn in kept for message in turn]
+    held = "\n".join([compaction.summary if compaction else "", *map(message_words, messages)])
+    recent = "\n".join(message_words(m) for m in messages[-RECENT_MESSAGES:])
+    turn = (kept[-1][0] if kept else through) + 1
+    limit = Budget(ctx_max or config.assumed_ctx, config.max_reply_tokens).passage_limit
+    return await ArchiveRecall(history).recall(conversation.id, turn, text, recent, through, held,
+                                               conversation.ctx_used + estimate_text(text), limit)

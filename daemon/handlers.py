@@ -31,9 +31,10 @@ from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
-from kbinject import KbProgress, KnowledgeBases, kb_name
+from kbinject import KbProgress, KnowledgeBases, Recall, kb_name
 
 from .connection import Emit, Replier
+from .context import recall_estimate
 from .live import Live
 from .protocol import Request, encode_list
 from .turns import TurnEngine
@@ -189,11 +190,14 @@ class Handlers:
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
+        recalled = await recall_estimate(self.history, self.config, conv, text, ctx_max) if conv else Recall()
         emit({
             "type": "estimate",
             "conversation": cid,
-            "tokens": text_tokens + sum(f["tokens"] for f in files),
+            "tokens": text_tokens + sum(f["tokens"] for f in files) + recalled.tokens,
             "files": files,
+            "recall_tokens": recalled.tokens,
+            "recalled": recalled.sources,
             "ctx_used": ctx_used,
             "ctx_max": ctx_max,
         })

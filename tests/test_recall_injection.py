@@ -17,9 +17,11 @@ import pytest
 from client import Wire, of_type
 from core import Config
 from history import HistoryStore
+from core import estimate_text
 from kbinject.archive import BLOCK_FOOTER, BLOCK_HEADER
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from tests.conftest import serving
+from tests.test_client import cli
 
 pytestmark = pytest.mark.asyncio
 
@@ -274,3 +276,33 @@ async def test_a_part_of_a_file_cut_to_fit_is_recalled_with_its_name(
         sources = recall_events(events)[0]["sources"]
         assert [(s["recall"], s["file"], s["turn"]) for s in sources] == [("file", "notes.txt", 1)]
         assert recall_events(events)[0]["detail"] == "recalled: notes.txt"
+
+
+async def test_estimate_counts_the_passages_a_question_would_recall(config: Config, router: FakeRouter) -> None:
+    cid = archived(config, [FILLER[0], LOCKER, *FILLER[1:]], through=5)
+    async with serving(config) as (_, wire):
+        question = "What is my locker code?"
+        plain = await wire.request({"type": "estimate", "conversation": cid, "text": "what is 12 times 12?"})
+        assert plain["recall_tokens"] == 0 and plain["recalled"] == []
+        assert plain["tokens"] == estimate_text("what is 12 times 12?")
+        estimated = await wire.request({"type": "estimate", "conversation": cid, "text": question})
+        assert estimated["recalled"] == [{"recall": "turn", "turn": 2, "role": "user"}]
+        assert estimated["tokens"] == estimate_text(question) + estimated["recall_tokens"]
+        router.script(Reply(text="4711."))
+        events = await wire.ask(question, conversation=cid)
+        assert events[-1]["type"] == "done"
+        block = question_text(last_request(router)).removesuffix(f"\n\n{question}")
+        assert estimated["recall_tokens"] == estimate_text(block)
+
+
+async def test_the_cli_says_what_was_recalled_on_stderr(config: Config, router: FakeRouter) -> None:
+    archived(config, [FILLER[0], LOCKER, *FILLER[1:]], through=5)
+    async with serving(config):
+        router.script(Reply(text="It is 4711."))
+        code, out, err = await cli("ask", "-c", "What is my locker code?")
+        assert code == 0, err
+        assert out.strip() == "It is 4711."
+        assert "recalled: turn 2\n" in err
+        router.script(Reply(text="144."))
+        code, out, err = await cli("ask", "-c", "what is 12 times 12?")
+        assert code == 0 and "recalled" not in err
