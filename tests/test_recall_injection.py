@@ -20,6 +20,7 @@ from history import HistoryStore
 from core import estimate_text
 from kbinject.archive import BLOCK_FOOTER, BLOCK_HEADER
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
+from selfcheck.samples import make_pdf
 from tests.conftest import serving
 from tests.test_client import cli
 
@@ -306,3 +307,31 @@ async def test_the_cli_says_what_was_recalled_on_stderr(config: Config, router: 
         router.script(Reply(text="144."))
         code, out, err = await cli("ask", "-c", "what is 12 times 12?")
         assert code == 0 and "recalled" not in err
+
+
+async def test_a_page_of_a_folded_pdf_is_recalled_with_its_page(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    pages = ["Quarterly report of the Lisbon office.", "Revenue grew by nine percent.",
+             "The new office manager is Ana Duarte, from March.", "Outlook for next year is stable."]
+    pdf = make_pdf(tmp_path / "report.pdf", pages)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Noted."))
+        events = await wire.ask("Here is the report.", files=[str(pdf)])
+        assert events[-1]["type"] == "done", events[-1]
+        cid = events[-1]["conversation"]
+        for question, answer in FILLER[:3]:
+            router.script(Reply(text=answer))
+            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+    with HistoryStore(config.db_path) as store:  # a compaction folds the file's turn away
+        store.add_compaction(cid, 2, "The user shared a report and asked about tea.")
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Ana Duarte."))
+        events = await wire.ask("Who is the new office manager?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        sent = last_request(router)
+        assert "Ana Duarte" not in json.dumps(sent["messages"][:-1])
+        assert "report.pdf, page 3: The new office manager is Ana Duarte, from March." in question_text(sent)
+        shown = recall_events(events)[0]
+        assert shown["detail"] == "recalled: report.pdf p3"
+        assert [(s["recall"], s["file"], s["page"], s["turn"]) for s in shown["sources"]] == [("file", "report.pdf", 3, 1)]
