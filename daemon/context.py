@@ -176,9 +176,8 @@ class ContextBuilder:
         it shares the prompt the server holds from the last turn. ``tool_tokens`` counts in the
         prompt's tokens: the hosted (MCP) tools' definitions, which the chat template renders
         into the prompt (docs/DESIGN.md, "MCP"). ``force`` folds every earlier turn and adds no
-        passages: the router said the last prompt overflowed, so our estimate was low. ``recall``
-        False recalls nothing from the conversation's archive (a turn taken up again had its
-        passages when it began); else its ``recall_injection`` says (docs/DESIGN.md, "Recall injection").
+        passages: the router said the last prompt overflowed, so our estimate was low; ``recall``
+        False recalls nothing from the archive (docs/DESIGN.md, "Recall injection").
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
@@ -200,48 +199,41 @@ class ContextBuilder:
             if made is not None:
                 entry.fold(made)
                 system = await self._system(entry, cid, instructions)
-        earlier, tokens, encoded, left_out = await self._replay(entry, system, current, budget, model, cid,
-                                                                tool_tokens)
+        earlier, tokens, encoded, out = await self._replay(entry, system, current, budget, model, cid, tool_tokens)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
         if force:  # after an overflow the estimate has proved low: no passages this time
             return Prompt(prompt, tokens, budget, encoded)
+        blocks, sources = await self._passages(cid, turn, query, kb_injection, prompt, tokens, budget, past,
+                                               progress, out if recall else None)
+        if blocks:
+            tokens += put_before_question(prompt, "\n\n".join(blocks), model.image_tokens)
+        return Prompt(prompt, tokens, budget, encoded, sources)
+
+    async def _passages(
+        self, cid: int, turn: int, query: str, kb_injection: str, prompt: list[dict[str, Any]], tokens: int,
+        budget: Budget, past: TurnContext | None, progress: Progress, out_through: int | None,
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """This turn's blocks of passages and their sources: the knowledge bases', then those
+        recalled from the conversation's archive (turns 1..``out_through``, its files) when
+        ``out_through`` is not None and its ``recall_injection`` is ``auto``."""
         kb_ids = past.kb_ids if past else None
         block, sources = await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
         blocks = [block] if block else []
-        if recall and past is not None and (left_out or past.has_attachments):
-            used = tokens + sum(estimate_text(b) for b in blocks)
-            recalled = await self._recall(cid, turn, query, prompt, blocks, left_out, used, budget.passage_limit,
-                                          past, progress)
-            if recalled.block:
-                blocks.append(recalled.block)
-                sources = [*sources, *recalled.sources]
-        if blocks:
-            question = prompt[-1]
-            prompt[-1] = with_passages(question, "\n\n".join(blocks))
-            cost = model.image_tokens
-            tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
-        return Prompt(prompt, tokens, budget, encoded, sources)
-
-    async def _recall(
-        self, cid: int, turn: int, query: str, prompt: list[dict[str, Any]], blocks: list[str], through: int,
-        used: int, limit: int, past: TurnContext, progress: Progress,
-    ) -> Recall:
-        """The passages recalled from the conversation's archive (turns 1..``through`` and its
-        files) for this question, when its ``recall_injection`` is ``auto``; a ``recall`` progress
-        tells what was found (docs/PROTOCOL.md, "Recall injection")."""
+        if out_through is None or past is None or not (out_through or past.has_attachments):
+            return blocks, sources
         if recall_mode(past.conversation.settings, self.config.recall_injection) != "auto":
-            return Recall()
+            return blocks, sources
+        used = tokens + sum(estimate_text(b) for b in blocks)
         held = "\n".join([*map(message_words, prompt), *blocks])
         recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
-        recalled = await self.archive.recall(cid, turn, query, recent, through, held, used, limit)
+        recalled = await self.archive.recall(cid, turn, query, recent, out_through, held, used, budget.passage_limit)
+        tell_recalled(recalled, progress)
         if recalled.block:
-            labels = ", ".join(recall_label(source) for source in recalled.sources)
-            progress("recall", f"recalled: {labels}", recalled.sources)
-        elif recalled.searched:
-            progress("recall", recalled.note or "nothing recalled: no earlier passage matched the question", [])
-        return recalled
+            blocks.append(recalled.block)
+            sources = [*sources, *recalled.sources]
+        return blocks, sources
 
     async def _replayed(
         self, cid: int, turn: int, model: ModelInfo, budget: Budget, past: TurnContext | None
@@ -429,6 +421,15 @@ class ContextBuilder:
         return entry.system
 
 
+def tell_recalled(recalled: Recall, progress: Progress) -> None:
+    """The ``recall`` progress of a search of the archive (docs/PROTOCOL.md, "Recall injection")."""
+    if recalled.block:
+        labels = ", ".join(recall_label(source) for source in recalled.sources)
+        progress("recall", f"recalled: {labels}", recalled.sources)
+    elif recalled.searched:
+        progress("recall", recalled.note or "nothing recalled: no earlier passage matched the question", [])
+
+
 def passages_detail(hits: list[Hit]) -> str:
     """The ``kb`` progress line for a person: how many passages, from which documents."""
     documents = list(dict.fromkeys(f"{hit.document} ({hit.kb})" for hit in hits))
@@ -441,6 +442,13 @@ BUSY_STATUSES = (429, 502, 503, 504)  # a server loading a model, overloaded, or
 def busy(exc: AssistantError) -> bool:
     """Whether the model server could not answer just now, rather than could not at all."""
     return isinstance(exc, RouterError) and exc.status in BUSY_STATUSES
+
+
+def put_before_question(prompt: list[dict[str, Any]], block: str, image_tokens: int) -> int:
+    """Put ``block`` into the prompt's last message (the question), before its text; the tokens it adds."""
+    question = prompt[-1]
+    prompt[-1] = with_passages(question, block)
+    return estimate_messages([prompt[-1]], image_tokens) - estimate_messages([question], image_tokens)
 
 
 def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:

@@ -53,12 +53,14 @@ COUNT_FILE_CHUNKS_HOLDING = "SELECT count(*) FROM attachment_chunk_fts WHERE att
 # The conversation's files with text, live conversations only; ``chunked`` says whether
 # its chunks are those of its current text.
 SELECT_FILES = """
-SELECT a.id, a.turn, a.name, a.chunked FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+SELECT a.id, a.turn, a.name, a.chunked
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
 WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.full_text IS NOT NULL AND a.full_text != ''
 ORDER BY a.id
 """
 SELECT_UNCHUNKED = """
-SELECT a.id, a.name, a.kind, a.full_text FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+SELECT a.id, a.name, a.kind, a.full_text
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
 WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.chunked = 0
   AND a.full_text IS NOT NULL AND a.full_text != ''
 ORDER BY a.id

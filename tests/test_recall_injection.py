@@ -334,4 +334,5 @@ async def test_a_page_of_a_folded_pdf_is_recalled_with_its_page(
         assert "report.pdf, page 3: The new office manager is Ana Duarte, from March." in question_text(sent)
         shown = recall_events(events)[0]
         assert shown["detail"] == "recalled: report.pdf p3"
-        assert [(s["recall"], s["file"], s["page"], s["turn"]) for s in shown["sources"]] == [("file", "report.pdf", 3, 1)]
+        found = [(s["recall"], s["file"], s["page"], s["turn"]) for s in shown["sources"]]
+        assert found == [("file", "report.pdf", 3, 1)]
