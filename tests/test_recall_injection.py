@@ -22,6 +22,7 @@ from kbinject.archive import BLOCK_FOOTER, BLOCK_HEADER
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
 from selfcheck.samples import make_pdf
 from tests.conftest import serving
+from tests.e2e_tools import scenarios
 from tests.test_client import cli
 
 pytestmark = pytest.mark.asyncio
@@ -336,3 +337,21 @@ async def test_a_page_of_a_folded_pdf_is_recalled_with_its_page(
         assert shown["detail"] == "recalled: report.pdf p3"
         found = [(s["recall"], s["file"], s["page"], s["turn"]) for s in shown["sources"]]
         assert found == [("file", "report.pdf", 3, 1)]
+
+
+@pytest.mark.parametrize("kind", ["recall", "file", "followup", "none"])
+async def test_the_real_model_scenarios_recall_in_a_few_requests(
+    config: Config, router: FakeRouter, tmp_path: Path, kind: str
+) -> None:
+    """tests/e2e_tools' scenarios (issue 49, item 4), their mechanics on the fake router: the long
+    past is stored, not generated, the needle is folded away and recalled, at most three requests."""
+    async with serving(config) as (_, wire):
+        run = await scenarios.SCENARIOS[kind](wire, 1, tmp_path, config.db_path)
+    assert run.error is None
+    assert len([r for r in router.requests if r.get("stream")]) <= 3
+    if kind in scenarios.EXPECTED_RECALL:
+        assert run.compacted
+        assert any(label.endswith(scenarios.EXPECTED_RECALL[kind]) for label in run.recalled), run.to_json()
+        assert run.needle in question_text(last_request(router))
+    else:
+        assert run.recalled == []
