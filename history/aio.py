@@ -588,5 +588,7 @@ class AsyncArchiveStore:
     async def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
         return await self._call(self._archive.put_chunks, attachment_id, chunks)
 
-    async def search(self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int) -> ArchiveFound:
-        return await self._call(self._archive.search, cid, phrases, through, before, limit)
+    async def search(
+        self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int, common: tuple[float, int],
+    ) -> ArchiveFound:
+        return await self._call(self._archive.search, cid, phrases, through, before, limit, common)

@@ -43,13 +43,18 @@ ORDER BY score
 LIMIT ?
 """
 SELECT_FILE_CHUNK = "SELECT ordinal, page, text FROM attachment_chunks WHERE id = ?"
-COUNT_MESSAGES = f"SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}"
+COUNT_MESSAGES = f"""
+SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+"""
 COUNT_MESSAGES_HOLDING = f"""
-SELECT count(*) FROM message_fts
-WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+SELECT count(*) FROM (SELECT 1 FROM message_fts
+WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX} LIMIT ?)
 """
 COUNT_FILE_CHUNKS = "SELECT count(*) FROM attachment_chunks WHERE id BETWEEN ? AND ?"
-COUNT_FILE_CHUNKS_HOLDING = "SELECT count(*) FROM attachment_chunk_fts WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?"
+COUNT_FILE_CHUNKS_HOLDING = """
+SELECT count(*) FROM (SELECT 1 FROM attachment_chunk_fts
+WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)
+"""
 # The conversation's files with text, live conversations only; ``chunked`` says whether
 # its chunks are those of its current text.
 SELECT_FILES = """
@@ -97,11 +102,10 @@ class ArchiveHit:
 
 @dataclass(frozen=True)
 class ArchiveFound:
-    """A search of the archive: its matches, and how common each phrase is in it."""
+    """A search of the archive: its matches, and the phrases too common in it to search by."""
 
     hits: list[ArchiveHit]
-    pieces: int  # the messages and file chunks searched
-    holding: dict[str, int]  # phrase -> the pieces that hold it
+    common: frozenset[str]
 
 
 def file_range(attachment_id: int) -> tuple[int, int]:
@@ -130,32 +134,47 @@ class ArchiveStore:
             ])
             self._conn.execute(SET_CHUNKED, (attachment_id,))
 
-    def search(self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int) -> ArchiveFound:
-        """The best matches of any of ``phrases`` (each quoted) in turns 1..``through`` and in the
-        conversation's chunked files: at most ``limit`` of each kind, best first within a kind;
-        and how many pieces of the conversation before turn ``before`` (its messages, its files'
-        chunks) hold each phrase: what most of it says tells no passage apart."""
+    def search(
+        self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int, common: tuple[float, int],
+    ) -> ArchiveFound:
+        """The best matches of the rare ``phrases`` (each quoted) in turns 1..``through`` and in the
+        conversation's chunked files: at most ``limit`` of each kind, best first within a kind.
+
+        A phrase is common when more than ``common`` = (share, least) of the conversation's pieces
+        before turn ``before`` (its messages, its files' chunks) hold it, and at least ``least``:
+        what most of it says tells no passage apart, and ranking its many matches is the cost.
+        """
         if not phrases or limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
-            return ArchiveFound([], 0, {})
-        match = " OR ".join(phrases)
-        hits: list[ArchiveHit] = []
-        ranges: list[tuple[str, str, int, int]] = []  # (count, count holding, lo, hi) of each part
+            return ArchiveFound([], frozenset())
+        files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
+        ranges = [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
         if before > 1:
             lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, before - 1, MAX_MESSAGE_INDEX)
             ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
+        pieces = sum(self._conn.execute(count, (lo, hi)).fetchone()[0] for count, _, lo, hi in ranges)
+        share, least = common
+        cap = max(least, int(share * pieces)) + 1  # a phrase held this often is common: counting stops there
+        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, ranges, cap) >= cap)
+        rare = [phrase for phrase in phrases if phrase not in frequent]
+        if not rare:
+            return ArchiveFound([], frequent)
+        match = " OR ".join(rare)
+        hits: list[ArchiveHit] = []
         if through > 0:
             lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, through, MAX_MESSAGE_INDEX)
             for rowid, body, role, score in self._conn.execute(SEARCH_MESSAGES, (match, lo, hi, limit)):
                 _, turn, n = split_rowid(rowid)
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))
-        files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
-        ranges += [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
-        pieces = sum(self._conn.execute(count, (lo, hi)).fetchone()[0] for count, _, lo, hi in ranges)
-        holding = {
-            phrase: sum(self._conn.execute(held, (phrase, lo, hi)).fetchone()[0] for _, held, lo, hi in ranges)
-            for phrase in phrases
-        }
-        return ArchiveFound(hits + self._file_hits(files, match, limit), pieces, holding)
+        return ArchiveFound(hits + self._file_hits(files, match, limit), frequent)
+
+    def _holding(self, phrase: str, ranges: Sequence[tuple[str, str, int, int]], cap: int) -> int:
+        """How many pieces of ``ranges`` hold ``phrase``, counted up to ``cap``."""
+        held = 0
+        for _, holding, lo, hi in ranges:
+            held += self._conn.execute(holding, (phrase, lo, hi, cap - held)).fetchone()[0]
+            if held >= cap:
+                break
+        return held
 
     def _file_hits(self, files: dict[int, tuple[int, int, str, int]], match: str, limit: int) -> list[ArchiveHit]:
         found: list[tuple[float, int, int]] = []

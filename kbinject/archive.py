@@ -68,7 +68,7 @@ BACK_REFERENCE_TERMS = 3  # a question with fewer keywords is searched with the 
 RECENT_TERMS = 12  # keywords taken from the recent turns, at most
 MIN_MATCHED = 2  # keywords of the question a passage must hold at most (half of them when fewer)
 # A keyword that more than this share of the conversation's pieces hold (messages, file chunks;
-# at least COMMON_PIECES of them) tells no passage apart: it does not count for the floor
+# more than COMMON_PIECES of them) tells no passage apart: it is not searched by, nor counts for the floor
 COMMON_SHARE = 0.3
 COMMON_PIECES = 3
 # Words of a question that refers back and say nothing of what it asks for
@@ -177,11 +177,10 @@ class Terms:
             return held(self.recent, text) >= MIN_MATCHED
         return held(words, text) >= min(MIN_MATCHED, (len(words) + 1) // 2)
 
-    def without_common(self, pieces: int, holding: Mapping[str, int]) -> Terms:
-        """These terms less those too common in the conversation to tell a passage (``holding``: by phrase)."""
+    def without(self, common: frozenset[str]) -> Terms:
+        """These terms less those whose phrase is in ``common`` (too common to tell a passage)."""
         def rare(term: str) -> bool:
-            held = holding.get(fts_phrases([term])[0], 0)
-            return held < COMMON_PIECES or held <= COMMON_SHARE * pieces
+            return fts_phrases([term])[0] not in common
         return Terms([t for t in self.question if rare(t)], [t for t in self.recent if rare(t)])
 
     def strength(self, text: str) -> float:
@@ -238,8 +237,9 @@ class ArchiveRecall:
             return Recall()
         await self._chunk_files(cid)
         phrases = fts_phrases([*terms.question, *terms.recent])
-        found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES)
-        chosen = self._choose(found.hits, terms, terms.without_common(found.pieces, found.holding), normalized(held))
+        common = (COMMON_SHARE, COMMON_PIECES)
+        found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES, common)
+        chosen = self._choose(found.hits, terms, terms.without(found.common), normalized(held))
         if not chosen:
             return Recall(searched=True)
         return fit(chosen, ctx_used, limit)

@@ -355,3 +355,17 @@ async def test_the_real_model_scenarios_recall_in_a_few_requests(
         assert run.needle in question_text(last_request(router))
     else:
         assert run.recalled == []
+
+
+async def test_a_word_most_of_the_conversation_holds_recalls_nothing(config: Config, router: FakeRouter) -> None:
+    teas = [(f"I drank a cup of tea at {hour} o'clock.", "Tea is nice.") for hour in range(1, 9)]
+    cid = archived(config, [*teas, LOCKER, *teas[:2]], through=9)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Tea."))
+        events = await wire.ask("What about tea?", conversation=cid)
+        assert events[-1]["type"] == "done"
+        assert question_text(last_request(router)) == "What about tea?"
+        assert [e["sources"] for e in recall_events(events)] == [[]]
+        router.script(Reply(text="4711."))
+        events = await wire.ask("And my locker code, with my tea?", conversation=cid)
+        assert "turn 9, you said: My locker code is 4711." in question_text(last_request(router))
