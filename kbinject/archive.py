@@ -221,6 +221,8 @@ class ArchiveRecall:
         files for ``question`` (with ``recent``'s words when it has few), none that ``held``
         (the prompt's text) already holds, as many as keep the prompt (``ctx_used`` tokens so far)
         within ``limit`` tokens. Never raises (but CancelledError)."""
+        if not question.strip():  # files alone: their words are no question to recall for
+            return Recall()
         try:
             terms = Terms.of(question, recent)
             return await self._recall(cid, turn, terms, through, held, ctx_used, limit)
@@ -239,7 +241,8 @@ class ArchiveRecall:
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
         found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES, common)
-        chosen = self._choose(found.hits, terms, terms.without(found.common), normalized(held))
+        # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
+        chosen = await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
         if not chosen:
             return Recall(searched=True)
         return fit(chosen, ctx_used, limit)
@@ -250,8 +253,9 @@ class ArchiveRecall:
             chunks = await asyncio.to_thread(file_chunks, file)
             await self.history.archive.put_chunks(file.id, chunks)
 
-    def _choose(self, hits: list[ArchiveHit], terms: Terms, floor: Terms, held: str) -> list[Passage]:
-        """The best passages past the ``floor`` and not in the prompt, best first."""
+    def _choose(self, hits: list[ArchiveHit], terms: Terms, floor: Terms, prompt: str) -> list[Passage]:
+        """The best passages past the ``floor`` and not in the ``prompt``'s text, best first."""
+        held = normalized(prompt)
         turns = [i for i, hit in enumerate(hits) if hit.file is None]
         files = [i for i, hit in enumerate(hits) if hit.file is not None]
         chosen: list[Passage] = []

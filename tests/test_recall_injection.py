@@ -20,7 +20,7 @@ from history import HistoryStore
 from core import estimate_text
 from kbinject.archive import BLOCK_FOOTER, BLOCK_HEADER
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply, default_models
-from selfcheck.samples import make_pdf
+from selfcheck.samples import make_pdf, make_png
 from tests.conftest import serving
 from tests.e2e_tools import scenarios
 from tests.test_client import cli
@@ -369,3 +369,15 @@ async def test_a_word_most_of_the_conversation_holds_recalls_nothing(config: Con
         router.script(Reply(text="4711."))
         events = await wire.ask("And my locker code, with my tea?", conversation=cid)
         assert "turn 9, you said: My locker code is 4711." in question_text(last_request(router))
+
+
+async def test_a_question_of_files_alone_recalls_nothing(config: Config, router: FakeRouter, tmp_path: Path) -> None:
+    recent = [("I am at the gym and my locker will not open.", "Try the code you set for it.")]
+    cid = archived(config, [FILLER[0], LOCKER, *FILLER[1:], *recent], through=6)
+    photo = make_png(tmp_path / "locker.png")
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="A picture."))
+        events = await wire.ask("", files=[str(photo)], conversation=cid, model="fake-vision")
+        assert events[-1]["type"] == "done", events[-1]
+        assert recall_events(events) == []
+        assert "4711" not in json.dumps(last_request(router)["messages"])
