@@ -41,7 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
-from .archive import ArchiveFound, ArchiveStore, FileToChunk
+from .archive import ArchiveFound, ArchiveStore
 from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
 from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
 from .store import (
@@ -581,9 +581,6 @@ class AsyncArchiveStore:
     def __init__(self, history: AsyncHistory, archive: ArchiveStore) -> None:
         self._call = history._call
         self._archive = archive
-
-    async def unchunked(self, cid: int) -> list[FileToChunk]:
-        return await self._call(self._archive.unchunked, cid)
 
     async def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
         return await self._call(self._archive.put_chunks, attachment_id, chunks)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import sql
 from .fts import MAX_MESSAGE_INDEX, message_rowid, split_rowid
@@ -102,10 +102,12 @@ class ArchiveHit:
 
 @dataclass(frozen=True)
 class ArchiveFound:
-    """A search of the archive: its matches, and the phrases too common in it to search by."""
+    """A search of the archive: its matches, and the phrases too common in it to search by; or,
+    when files of it have no chunks yet, those files (and no search: chunk them, then search)."""
 
     hits: list[ArchiveHit]
     common: frozenset[str]
+    unchunked: list[FileToChunk] = field(default_factory=list)
 
 
 def file_range(attachment_id: int) -> tuple[int, int]:
@@ -146,6 +148,9 @@ class ArchiveStore:
         """
         if not phrases or limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
             return ArchiveFound([], frozenset())
+        unchunked = self.unchunked(cid)  # in the same trip: most turns find none
+        if unchunked:
+            return ArchiveFound([], frozenset(), unchunked)
         files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
         ranges = [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
         if before > 1:

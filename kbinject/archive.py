@@ -237,19 +237,21 @@ class ArchiveRecall:
     ) -> Recall:
         if self.top_k <= 0 or not (terms.question or terms.recent):
             return Recall()
-        await self._chunk_files(cid)
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
         found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES, common)
+        if found.unchunked:  # the first search since these files came: chunk them, search again
+            await self._chunk_files(found.unchunked)
+            found = await self.history.archive.search(cid, phrases, through, turn, CANDIDATES, common)
         # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
         chosen = await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
         if not chosen:
             return Recall(searched=True)
         return fit(chosen, ctx_used, limit)
 
-    async def _chunk_files(self, cid: int) -> None:
-        """Chunk the conversation's files not chunked yet (off the event loop)."""
-        for file in await self.history.archive.unchunked(cid):
+    async def _chunk_files(self, files: list[FileToChunk]) -> None:
+        """Chunk these files and store their chunks (off the event loop)."""
+        for file in files:
             chunks = await asyncio.to_thread(file_chunks, file)
             await self.history.archive.put_chunks(file.id, chunks)
 
