@@ -26,7 +26,7 @@ from pathlib import Path
 from benchlib import ROOT, header, median, ms, p90, temp_dir, terminate_on_sigterm, verdict, vocabulary
 
 sys.path.insert(0, str(ROOT))
-from history import AsyncHistory, HistoryStore, NewAttachment  # noqa: E402
+from history import AsyncHistory, HistoryStore  # noqa: E402
 from kbinject import ArchiveRecall  # noqa: E402
 
 TARGET_P95 = 0.005

@@ -18,7 +18,8 @@ injection"). The tools stay, for the model that digs further.
   (numbers count only in a question of numbers alone), so "what is 12 times 12?" finds
   nothing in a conversation about lockers, nor in one that mentions 12 cats; a question
   of no keywords must share ``MIN_MATCHED`` with the recent turns. Keywords that much of the
-  conversation holds (``COMMON_SHARE``) do not count: they tell no passage apart.
+  conversation holds (``COMMON_SHARE``) are neither searched by nor counted: they tell no
+  passage apart. No vectors yet (docs/DESIGN.md says why).
 - Dedup: a passage whose text the prompt already holds is dropped (files still inline).
 - Order: oldest first, so when two passages disagree the newest stands nearest the question.
 - Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best

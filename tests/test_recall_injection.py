@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from client import Wire, of_type
+from client import of_type
 from core import Config
 from history import HistoryStore
 from core import estimate_text
