@@ -32,10 +32,11 @@ from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, HistoryStore, SearchHit, Turn, search_words
 from fileops import Converter
-from kbinject import KnowledgeBases, kb_name
+from kbinject import KnowledgeBases, Recall, kb_name
 
 from . import events
 from .connection import Emit, Replier
+from .context import recall_estimate
 from .convert import on_convert, on_operations
 from .kb_handlers import KbHandlers
 from .live import Live
@@ -194,7 +195,9 @@ class Handlers:
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
-        emit(events.estimate(cid, text_tokens + sum(f["tokens"] for f in files), files, ctx_used, ctx_max))
+        recalled = await recall_estimate(self.history, self.config, conv, text, ctx_max) if conv else Recall()
+        emit(events.estimate(cid, text_tokens + sum(f["tokens"] for f in files) + recalled.tokens, files, ctx_used,
+                             ctx_max, recalled.tokens, recalled.sources))
 
     async def on_settings(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -210,8 +213,9 @@ class Handlers:
             if model is not None:
                 await self.router.model_info(model)  # not_found names the models there are
             changes["model"] = model
-        if request.has("kb_injection"):
-            changes["settings"] = {"kb_injection": request.get("kb_injection")}
+        for key in ("kb_injection", "recall_injection"):
+            if request.has(key):
+                changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         if request.has("system"):
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):

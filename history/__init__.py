@@ -1,6 +1,7 @@
 """SQLite history: conversations, turns, migrations, the FTS5 message index and KB tables."""
 
 from .aio import AsyncHistory
+from .archive import ArchiveFound, ArchiveHit, ArchiveStore, FileToChunk
 from .fts import (
     CONVERSATION_SHIFT,
     MAX_CONVERSATION_ID,
@@ -50,11 +51,15 @@ from .store import UNSET, HistoryStore
 from .threads import IMPORTED, thread_digest
 
 __all__ = [
+    "ArchiveFound",
+    "ArchiveStore",
+    "ArchiveHit",
     "AsyncHistory",
     "Attachment",
     "CONVERSATION_SHIFT",
     "Compaction",
     "Conversation",
+    "FileToChunk",
     "HistoryStore",
     "IMPORTED",
     "KB_CHUNK_SHIFT",

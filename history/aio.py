@@ -38,17 +38,19 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
+from .archive import ArchiveStore
 from .kb import KnowledgeStore
 from .records import Turn, TurnOutcome
 from .store import HistoryStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
+S = TypeVar("S")  # a group of tables with a store of its own (AsyncTables)
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +124,8 @@ class AsyncHistory:
         self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
         # told of each kept outcome once it is written at last (the daemon tells its watchers)
         self.on_saved: Callable[[TurnOutcome], None] | None = None
-        self.kb = AsyncKnowledgeStore(self, store.kb)
+        self.kb = AsyncTables(self, store.kb)
+        self.archive = AsyncTables(self, store.archive)  # recall injection's queries
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -265,19 +268,18 @@ class AsyncHistory:
             self._thread.stop()
 
 
-class AsyncKnowledgeStore:
-    """The history's knowledge-base tables (``HistoryStore.kb``), on the history thread as
-    ``AsyncHistory``'s are: ``await history.kb.run(KnowledgeStore.get, name)``."""
+class AsyncTables(Generic[S]):
+    """A group of the history's tables with a store of their own (``HistoryStore.kb``,
+    ``HistoryStore.archive``), on the history thread as ``AsyncHistory``'s are:
+    ``await history.kb.run(KnowledgeStore.get, name)``."""
 
-    def __init__(self, history: AsyncHistory, kb: KnowledgeStore) -> None:
+    def __init__(self, history: AsyncHistory, tables: S) -> None:
         self._history = history
-        self._kb = kb
+        self._tables = tables
 
-    async def run(
-        self, method: Callable[Concatenate[KnowledgeStore, P], T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """``method``, a ``KnowledgeStore`` method named on its class, run on the history thread."""
-        return await self._history._submit(partial(method, self._kb, *args, **kwargs))
+    async def run(self, method: Callable[Concatenate[S, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``method``, a method of the tables' store named on its class, run on the history thread."""
+        return await self._history._submit(partial(method, self._tables, *args, **kwargs))
 
 
 def is_damaged(exc: sqlite3.Error) -> bool:

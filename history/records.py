@@ -149,7 +149,8 @@ class Turn(FromRow):
     completion_tokens: int | None
     created_at: str
     updated_at: str
-    # the knowledge-base passages its prompt carried (m008): where they came from, not their text
+    # the knowledge-base passages its prompt carried (m008): where they came from, not their text;
+    # the passages recalled from the conversation's archive too, told apart by their "recall" key
     sources: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
     ref: str | None = None  # the client's own reference, given on its ask  (m009)
     # how each call of a tool that may act was allowed or denied (m010)
@@ -183,7 +184,8 @@ class Turn(FromRow):
             "model": self.model,
             # the shape of a ``done`` event's: an object whose counts may be null
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
-            "sources": self.sources,
+            "sources": [source for source in self.sources if "recall" not in source],
+            "recalled": [source for source in self.sources if "recall" in source],
             "created_at": self.created_at,
             "ref": self.ref,
             "approvals": self.approvals,

@@ -37,6 +37,7 @@ from .fts import (
     load_messages,
     unindex_conversation,
 )
+from .archive import ArchiveStore
 from .kb import KnowledgeStore
 from .migrations import immediate_transaction, migrate
 from .records import (
@@ -93,6 +94,7 @@ class HistoryStore:
             raise
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
+        self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -389,17 +391,33 @@ class HistoryStore:
         with self._transaction():
             now = self._now()
             cid = self._insert_conversation(title, model, system_prompt, now)
-            for number, (question, reply) in enumerate(turns, 1):
-                messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
-                self._conn.execute(sql.INSERT_TURN, (cid, number, question, "[]", _dumps(messages), model, now, now, None))
-                self._conn.execute(sql.FINISH_TURN, (
-                    _dumps(messages), reply, "complete", IMPORTED, None, None, None, None, "[]", "[]", now, cid, number,
-                ))
-                self._phrases.indexed(index_turn(self._conn, cid, number, messages))
+            self._insert_imported(cid, 1, turns, model, now)
             self._conn.execute(sql.INSERT_THREAD, (digest, cid, len(turns)))
             conversation = self._conversation(cid)
         assert conversation is not None
         return conversation
+
+    def add_imported_turns(self, cid: int, turns: Sequence[tuple[str, str]]) -> int:
+        """Append complete turns (question, reply) to a live conversation, as ``import_conversation``
+        stores them: how a test or a bench makes a long past without a model writing it. The
+        number of its last turn; LookupError when the conversation is missing or deleted."""
+        with self._transaction():
+            conversation = self._conversation(cid) if self._is_live(cid) else None
+            if conversation is None:
+                raise LookupError(f"conversation {cid} not found")
+            self._insert_imported(cid, conversation.turns + 1, turns, conversation.model, self._now())
+        return conversation.turns + len(turns)
+
+    def _insert_imported(
+        self, cid: int, first: int, turns: Sequence[tuple[str, str]], model: str | None, now: str
+    ) -> None:
+        for number, (question, reply) in enumerate(turns, first):
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+            self._conn.execute(sql.INSERT_TURN, (cid, number, question, "[]", _dumps(messages), model, now, now, None))
+            self._conn.execute(sql.FINISH_TURN, (
+                _dumps(messages), reply, "complete", IMPORTED, None, None, None, None, "[]", "[]", now, cid, number,
+            ))
+            self._phrases.indexed(index_turn(self._conn, cid, number, messages))
 
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""

@@ -120,6 +120,8 @@ class AttachmentRecall(Tool):
         self.images = images if images is not None else ImageCache()
 
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
+        if ctx.recall_injection == "off":
+            return False
         if ctx.has_attachments is not None:
             return ctx.has_attachments
         return await ctx.history.run(HistoryStore.has_attachments, ctx.conversation)

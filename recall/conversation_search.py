@@ -83,7 +83,7 @@ class ConversationSearch(Tool):
         # offered from the first turn on (where it finds nothing yet): the tools a
         # chat template renders sit at the top of the prompt, and a tool that appeared
         # on turn 2 would make the server re-read the whole first exchange
-        return True
+        return ctx.recall_injection != "off"  # the conversation keeps its past out
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         query = string_argument(arguments, "query")

@@ -451,6 +451,7 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "model": "gemma",
         "usage": {"prompt_tokens": 9, "completion_tokens": 4},
         "sources": [],
+        "recalled": [],
         "created_at": turn.created_at,
         "ref": None,
         "approvals": [denied],

@@ -32,6 +32,7 @@ ALL_MIGRATIONS = [
     "m009_turn_ref",
     "m010_turn_approvals",
     "m011_threads",
+    "m012_attachment_chunks",
 ]
 
 
@@ -87,8 +88,9 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
             "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
-            "size_bytes", "sha256", "pages", "full_text", "created_at",
+            "size_bytes", "sha256", "pages", "full_text", "created_at", "chunked",
         ]
+        assert table_columns(conn, "attachment_chunks") == ["id", "attachment_id", "ordinal", "page", "text"]
         assert "attachments_conversation" in schema_sql(conn, "attachments_conversation")
         assert table_columns(conn, "compactions") == [
             "id", "conversation_id", "through_turn", "summary", "created_at",
@@ -336,5 +338,6 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
-        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads"]
+        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
+                                 "m012_attachment_chunks"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
