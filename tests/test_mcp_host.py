@@ -908,3 +908,24 @@ async def test_the_readmes_example_server_reads_without_asking_and_asks_to_act(
     events = await wire.ask("what is on my list?")
     assert of_type(events, "tool")[0]["ok"] is True
     assert tool_messages(router.requests[-1])[0]["content"] == "buy milk\n"
+
+
+async def test_an_mcp_call_written_as_bare_json_runs_as_a_call(hosting: Any, router: FakeRouter) -> None:
+    """Issue 49: a small model writes an MCP call as its reply's text (llama-server leaves an
+    unfenced call as content); it runs as the call it is, ``from_text``, and its result goes back."""
+    wire = await hosting({"good": server("good")})
+    router.script(Reply(text=json.dumps({"name": "good__add", "arguments": {"a": 2, "b": 40}})), Reply(text="42"))
+    events = await wire.ask("add 2 and 40 with the tool")
+    assert events[-1]["type"] == "done" and reply_text(events) == json.dumps(
+        {"name": "good__add", "arguments": {"a": 2, "b": 40}}) + "42"  # the client saw the text as it came
+    [tool] = of_type(events, "tool")
+    assert tool["name"] == "good__add" and tool["ok"] is True and tool["from_text"] is True, tool
+    assert tool_messages(router.requests[-1])[0]["content"] == "42"
+    opened = await wire.request({"type": "open", "conversation": events[-1]["conversation"]})
+    assert opened["turns"][0]["reply"] == "42"  # what is kept is the answer, not the call's text
+    # a server this conversation does not use: its tool is not offered, and the text stays the reply
+    await wire.request({"type": "settings", "conversation": events[-1]["conversation"], "mcp_servers": []})
+    written = json.dumps({"name": "good__add", "arguments": {"a": 1, "b": 1}})
+    router.script(Reply(text=written))
+    events = await wire.ask("again", conversation=events[-1]["conversation"])
+    assert events[-1]["type"] == "done" and events[-1]["text"] == written and not of_type(events, "tool")
