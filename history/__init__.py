@@ -29,6 +29,7 @@ from .kb import (
     chunk_kb,
     kb_chunk_range,
 )
+from .memories import MAX_MEMORY_CHARS, Memory, OtherHit
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -62,11 +63,14 @@ __all__ = [
     "KnowledgeBase",
     "KnowledgeStore",
     "MAX_CONVERSATION_ID",
+    "MAX_MEMORY_CHARS",
     "MAX_MESSAGE_INDEX",
     "MAX_TURN",
     "MIGRATIONS",
+    "Memory",
     "NewAttachment",
     "NewKbDocument",
+    "OtherHit",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",
     "SearchHit",

@@ -42,6 +42,7 @@ from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
 from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
+from .memories import AsyncMemories
 from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
 from .store import (
     DEFAULT_ALL_HITS,
@@ -128,6 +129,7 @@ class AsyncHistory:
         # told of each kept outcome once it is written at last (the daemon tells its watchers)
         self.on_saved: Callable[[TurnOutcome], None] | None = None
         self.kb = AsyncKnowledgeStore(self, store.kb)
+        self.memories = AsyncMemories(self._call, store.memories)
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
