@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from common import ADD_KB, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
 
+from .memory import render_memories, render_memory
+
 __all__ = [
     "RENDERERS", "Printable", "chip_text", "describe_estimate", "describe_kb_add", "describe_timings", "error_text",
     "json_line", "render_settings",
@@ -250,6 +252,8 @@ RENDERERS: dict[str, Renderer] = {
     "presets": _render_presets,
     "mcp_servers": _render_mcp_servers,
     "settings": render_settings,
+    "memories": render_memories,
+    "memory": render_memory,
     "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),
     "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
     "cancelled": lambda e, out: print(

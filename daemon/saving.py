@@ -10,6 +10,7 @@ short had streamed. A full disk keeps an outcome in memory (``AsyncHistory.finis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -58,7 +59,7 @@ class TurnSaver:
             for p in prepared
         ]
         try:
-            return await self.history.begin_turn(
+            turn, past = await self.history.begin_turn(
                 cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
                 provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
                 default_model=default_model, system_prompt=ask.system,
@@ -66,6 +67,11 @@ class TurnSaver:
             )
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
+        if cid is None and ask.memory is not None:  # set before its first prompt reads memories
+            conv = await self.history.update_conversation(past.conversation.id, settings={"memory": ask.memory})
+            if conv is not None:
+                past = dataclasses.replace(past, conversation=conv)
+        return turn, past
 
     async def store_failed(
         self, ask: TurnRequest, prepared: list[Prepared], exc: AssistantError,
