@@ -208,6 +208,8 @@ def render_settings(event: dict[str, Any], out: TextIO) -> None:
         print(f"  {key}: {own[key] if own.get(key) is not None else 'the default'}", file=out)
     approved = own.get("approved_tools") or []
     print(f"  tools approved for this conversation: {', '.join(approved) or 'none'}", file=out)
+    if own.get("memory") == "off":  # said only when it differs from the default
+        print("  memory: off (incognito)", file=out)
 
 
 def describe_timings(timings: dict[str, Any]) -> str:

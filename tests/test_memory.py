@@ -196,6 +196,8 @@ async def test_deleting_a_conversation_forgets_what_was_saved_there(
     assert change["action"] == "forgotten" and change["memory"]["id"] == 1
     assert [m["text"] for m in (await wire.request({"type": "memories"}))["items"]] == ["kept: added by the user"]
     assert (await wire.request({"type": "search", "query": "Zebulon"}))["total"] == 0
+    remembered = await wire.request({"type": "memory_search", "query": "Zebulon"})
+    assert remembered["memories"] == [] and remembered["results"] == []
     router.script(call("conversation_search", {"query": "Zebulon ginger", "scope": "all"}), Reply(text="No."))
     await wire.ask("what is my cat called?", conversation=other)
     result = tool_result(router.requests[-1])
@@ -269,5 +271,7 @@ async def test_ask_prints_what_the_model_remembered_and_incognito_reads_none(
     assert code == 0 and "The user rides a Brompton" in system_text(router.requests[-1])
     code, _, err = await cli("ask", "-c", "--incognito", "and now?")
     assert code == 2 and "settings" in err and "--memory off" in err
+    code, out, err = await cli("settings", "2")
+    assert code == 0 and "  memory: off (incognito)" in out.splitlines(), err
     code, out, err = await cli("settings", "2", "--memory", "on")
-    assert code == 0, err
+    assert code == 0 and "memory: off" not in out, err
