@@ -158,10 +158,18 @@ async def test_a_too_long_memory_save_is_an_error_result_and_keeps_nothing(wire:
     assert (await wire.request({"type": "memories"}))["items"] == []
 
 
-async def test_an_incognito_conversation_neither_reads_nor_saves_memories(wire: Wire, router: FakeRouter) -> None:
+async def test_an_incognito_conversation_neither_reads_nor_saves_memories(
+    wire: Wire, router: FakeRouter, daemon: Any
+) -> None:
     await wire.request({"type": "memory_add", "text": "I live in Lisbon"})
+    watcher = await watching(daemon)
     events = await wire.ask("hello", memory="off")
     cid = events[0]["conversation"]
+    updated = await next_change(watcher, "conversation")
+    while updated["action"] != "updated":
+        updated = await next_change(watcher, "conversation")
+    await watcher.close()
+    assert updated["conversation"] == cid and updated["settings"] == {"memory": "off"}  # watchers know it
     assert "Lisbon" not in system_text(router.requests[-1])
     assert "memory_save" not in tool_names(router.requests[-1])
     opened = await wire.request({"type": "open", "conversation": cid})
