@@ -75,7 +75,7 @@ def memory_block(memories: list[Memory], max_chars: int) -> str:
     lines: list[str] = []
     used = len(MEMORY_HEADER)
     for memory in memories:
-        line = f"- ({memory.updated_at[:10]}) {memory.text}"
+        line = f"- ({memory.updated_at[:10]}) {' '.join(memory.text.split())}"  # one line each, a list
         used += len(line) + 1
         if used > max_chars:
             break
