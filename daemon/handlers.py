@@ -206,7 +206,7 @@ class Handlers(MemoryHandlers):
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):
             changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
-        for key in ("temperature", "top_p", "memory"):  # null: the model's again (core/sampling.py); memory off: incognito
+        for key in ("temperature", "top_p", "memory"):  # null: the model's again; memory off: incognito
             if request.has(key):
                 changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)

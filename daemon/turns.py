@@ -61,7 +61,8 @@ class TurnEngine:
         self.memories = Memories(history, live)  # saved memories, told to the watchers
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool(), MemorySave(self.memories)]), self._background, live, self.approvals, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool(), MemorySave(self.memories)]), self._background, live,
+            self.approvals, mcp=mcp,
         )
 
     @property

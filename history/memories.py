@@ -147,6 +147,9 @@ class MemoryStore:
 
     def freeze(self, cid: int, max_chars: int) -> str:
         """The conversation's block: the one kept, else the memories now (made and kept once)."""
+        kept = self.frozen(cid)
+        if kept is not None:  # every turn but the first: a read, no write lock
+            return kept
         with immediate_transaction(self._conn):
             kept = self.frozen(cid)
             if kept is not None:
