@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 # far under the connection's own cap (connection.MAX_WRITE_BUFFER), which would drop it
 WATCH_BACKLOG = 1024 * 1024
 
-ChangeKind = Literal["conversation", "turn", "kb", "approval"]
+ChangeKind = Literal["conversation", "turn", "kb", "approval", "memory"]
 
 
 @dataclass

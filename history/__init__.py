@@ -30,6 +30,7 @@ from .kb import (
     chunk_kb,
     kb_chunk_range,
 )
+from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -68,12 +69,16 @@ __all__ = [
     "KnowledgeBase",
     "KnowledgeStore",
     "MAX_CONVERSATION_ID",
+    "MAX_MEMORY_CHARS",
     "MAX_MESSAGE_INDEX",
     "MAX_TURN",
     "MIGRATIONS",
+    "Memory",
+    "MemoryStore",
     "NewAttachment",
     "NewTurn",
     "NewKbDocument",
+    "OtherHit",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",
     "SearchHit",

@@ -499,6 +499,36 @@ def m012_attachment_chunks(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN chunked INTEGER NOT NULL DEFAULT 0")
 
 
+CREATE_MEMORIES = """
+CREATE TABLE memories (
+    id INTEGER PRIMARY KEY,
+    -- A short fact the user wants kept across conversations (at most MAX_MEMORY_CHARS).
+    text TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    -- Where the model saved it (memory_save); NULL for one the user added. Deleting that
+    -- conversation forgets it: the fact came from there.
+    conversation_id INTEGER REFERENCES conversations(id),
+    turn INTEGER
+)
+"""
+CREATE_MEMORIES_INDEX = "CREATE INDEX memories_conversation ON memories (conversation_id)"
+CREATE_CONVERSATION_MEMORIES = """
+CREATE TABLE conversation_memories (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id),
+    -- The saved memories as its system prompt carries them, frozen at its first prompt so
+    -- the prompt stays the same bytes on every turn (docs/DESIGN.md, "Memory").
+    block TEXT NOT NULL
+)
+"""
+
+
+def m013_memories(conn: sqlite3.Connection) -> None:
+    """`memories` and `conversation_memories`: facts kept across conversations (docs/MEMORY.md)."""
+    for statement in (CREATE_MEMORIES, CREATE_MEMORIES_INDEX, CREATE_CONVERSATION_MEMORIES):
+        conn.execute(statement)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -512,6 +542,7 @@ MIGRATIONS: list[Migration] = [
     m010_turn_approvals,
     m011_threads,
     m012_attachment_chunks,
+    m013_memories,
 ]
 
 

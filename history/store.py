@@ -39,6 +39,7 @@ from .fts import (
 )
 from .archive import ArchiveStore
 from .kb import KnowledgeStore
+from .memories import MemoryStore
 from .migrations import immediate_transaction, migrate
 from .records import (
     TURN_STATUSES,
@@ -95,6 +96,7 @@ class HistoryStore:
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
         self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
+        self.memories = MemoryStore(self._conn, self._now, self._phrases)  # history/memories.py
 
     # -- lifecycle -----------------------------------------------------------------
 
