@@ -26,7 +26,7 @@ from core.errors import (
     listed,
     no_conversation,
 )
-from core.models import image_cost
+from core.models import display_name, image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
@@ -275,7 +275,7 @@ class Handlers(MemoryHandlers):
                 logger.debug("no default model for status", exc_info=True)
         emit(events.status(
             version=__version__, router_url=self.config.router_url, router_reachable=reachable, model=model,
-            ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
+            model_name=display_name(model) if model else None, ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
             turns_running=self.engine.running, running=self.engine.running_turns(),
             socket=str(self.config.socket_path), data_dir=str(self.config.data_dir),
             mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await self.readers.ocr.support()).to_json(),
