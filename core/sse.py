@@ -206,6 +206,10 @@ class StreamEnd:
 StreamEvent = ContentDelta | ReasoningDelta | StreamEnd
 
 
+# what a model may write as a tool's name in a call it writes as text (OpenAI's rule for names)
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
 def call_in_text(text: str, offered: Collection[str], call_id: str) -> ToolCall | None:
     """The tool call a reply's whole text is, or None.
 
@@ -213,8 +217,11 @@ def call_in_text(text: str, offered: Collection[str], call_id: str) -> ToolCall 
     it (Qwen2.5-Coder-1.5B: a bare ``{"name": "calc__add", "arguments": {...}}``, which
     llama-server left as content): the call was meant, and nothing would run. A call is the
     whole text, stripped, optionally inside one ``` fence: one JSON object with exactly
-    ``name`` (an offered tool's) and ``arguments`` (an object, or a JSON string of one). A
-    reply that merely holds such an object among words, or names a tool not offered, is text.
+    ``name`` and ``arguments`` (an object, or a JSON string of one). A reply that merely holds
+    such an object among words is text. A call of a tool not ``offered`` is a call too (the
+    same 1.5B model wrote ``{"name": "math_operation", ...}`` for "what is 17 times 13?",
+    issue 49's run): it runs nothing, and its result tells the model the tools there are, so
+    the model answers rather than leave the user a call as the reply.
     """
     body = text.strip()
     fenced = FENCE_PATTERN.match(body)
@@ -224,7 +231,9 @@ def call_in_text(text: str, offered: Collection[str], call_id: str) -> ToolCall 
         return None
     try:
         value = json.loads(body)
-        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or value["name"] not in offered:
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or not offered:
+            return None
+        if not isinstance(value["name"], str) or not TOOL_NAME.match(value["name"]):
             return None
         arguments = value["arguments"]
         if isinstance(arguments, str):

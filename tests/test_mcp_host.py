@@ -925,9 +925,11 @@ async def test_an_mcp_call_written_as_bare_json_runs_as_a_call(hosting: Any, rou
     assert tool_messages(router.requests[-1])[0]["content"] == "42"
     opened = await wire.request({"type": "open", "conversation": events[-1]["conversation"]})
     assert opened["turns"][0]["reply"] == "42"  # what is kept is the answer, not the call's text
-    # a server this conversation does not use: its tool is not offered, and the text stays the reply
+    # a server this conversation does not use: its tool is not offered, nothing runs, and the
+    # model is told so (it answers without it)
     await wire.request({"type": "settings", "conversation": events[-1]["conversation"], "mcp_servers": []})
-    written = json.dumps({"name": "good__add", "arguments": {"a": 1, "b": 1}})
-    router.script(Reply(text=written))
+    router.script(Reply(text=json.dumps({"name": "good__add", "arguments": {"a": 1, "b": 1}})), Reply(text="2"))
     events = await wire.ask("again", conversation=events[-1]["conversation"])
-    assert events[-1]["type"] == "done" and events[-1]["text"] == written and not of_type(events, "tool")
+    assert events[-1]["type"] == "done" and events[-1]["text"] == "2"
+    assert [t["ok"] for t in of_type(events, "tool")] == [False]
+    assert "there is no tool named 'good__add'" in tool_messages(router.requests[-1])[-1]["content"]

@@ -81,7 +81,7 @@ def assert_turn(events: list[dict[str, Any]]) -> dict[str, Any]:
     assert "user" in kinds and kinds.index("user") < kinds.index("delta"), kinds
     first = kinds.index("user")
     waiting = first + 1
-    while events[waiting]["type"] == "progress" and events[waiting]["stage"] in ("compacting", "kb"):
+    while events[waiting]["type"] == "progress" and events[waiting]["stage"] in ("compacting", "kb", "recall"):
         waiting += 1  # the prompt's preparation comes before the request leaves
     assert kinds[waiting] == "progress" and events[waiting]["stage"] == "waiting", events[waiting]
     assert set(kinds[waiting + 1:-1]) <= {"delta", "reasoning"}, kinds

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.asyncio
 
 
 async def test_an_openai_client_asks_through_the_door(config: Config) -> None:
-    config = dataclasses.replace(config, openai_listen="127.0.0.1:0", openai_key="e2e-key")
+    config = dataclasses.replace(config, openai_listen="127.0.0.1:0", openai_key="e2e-key-of-sixteen-chars")
     running: RunningDaemon
     wire: Wire
     async with serving(config) as (running, wire):
