@@ -27,7 +27,7 @@ async def test_an_openai_client_asks_through_the_door(config: Config) -> None:
     async with serving(config) as (running, wire):
         assert running.server is not None and running.server.door is not None
         host, port = running.server.door.address or ("", 0)
-        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key="e2e-key", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key="e2e-key-of-sixteen-chars", max_retries=0)
         model = (await client.models.list()).data[0].id
         messages = [{"role": "user", "content": "Say hello in five words."}]
         stream = await client.chat.completions.create(model=model, messages=messages, stream=True, max_tokens=24,
