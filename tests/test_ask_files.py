@@ -320,7 +320,7 @@ async def test_estimate_counts_staged_text_and_files(wire: Wire, tmp_path: Path)
         {"name": "cat.png", "kind": "image", "tokens": 765, "truncated": False},
     ]
     assert event["tokens"] == 10 + 1000 + 765
-    assert event["ctx_used"] == 0 and event["ctx_max"] == 8192
+    assert event["ctx_used"] > 0 and event["ctx_max"] == 8192  # a new conversation: its system message, tools
     cid = (await wire.ask("hello"))[0]["conversation"]
     later = await wire.request({"type": "estimate", "text": "more", "conversation": cid})
     assert later["ctx_used"] > 0 and later["files"] == []
