@@ -85,6 +85,9 @@ class Config:
     # read by OCR for a model without vision (a photo's OCR is noise: off by default)
     ocr_languages: str = "eng"
     ocr_images: bool = False
+    # how far back a watcher reconnecting with `since` is sent what it missed (daemon/live.py)
+    watch_journal: int = 10_000
+    watch_journal_minutes: float = 10.0
     # the presets the canvas offers for dropped files: built-in, and [presets.NAME] (core/presets.py)
     presets: Mapping[str, Preset] = dataclasses.field(default_factory=lambda: dict(BUILTIN_PRESETS))
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
@@ -136,6 +139,8 @@ class Config:
             "openai_max_unkeyed": self.openai_max_unkeyed,
             "ocr_languages": self.ocr_languages,
             "ocr_images": self.ocr_images,
+            "watch_journal": self.watch_journal,
+            "watch_journal_minutes": self.watch_journal_minutes,
             "presets": [preset.to_json() for preset in self.presets.values()],
             "mcp": {
                 "servers": [{"name": s.name, "transport": s.transport, "approval": s.approval} for s in mcp.servers],
@@ -293,6 +298,9 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
     for key in ("request_timeout", "connect_timeout", "approval_timeout"):
         if values.get(key, 1.0) <= 0:
             raise refuse(key, "must be a positive number of seconds")
+    for key in ("watch_journal", "watch_journal_minutes"):
+        if values.get(key, 0) < 0:
+            raise refuse(key, "must not be negative (0: a reconnecting watcher is told it missed changes)")
     if values.get("shutdown_grace", 0.0) < 0:
         raise refuse("shutdown_grace", "must not be negative (seconds)")
     if not OCR_LANGUAGES.fullmatch(values.get("ocr_languages", Config.ocr_languages)):

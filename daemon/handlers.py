@@ -290,8 +290,9 @@ class Handlers:
     # -- live state (issue 30): what changes, and a running reply ------------------------------
 
     async def on_watch(self, request: Request, emit: Replier) -> None:
-        """Every later change to this connection, as ``changed`` events (``daemon.live``)."""
-        emit(events.watching(self.live.watch(emit)))
+        """Every later change to this connection, as ``changed`` events (``daemon.live``); with
+        ``since``, the changes after it first."""
+        self.live.watch(emit, request.get("since"))
 
     async def on_follow(self, request: Request, emit: Replier) -> None:
         """The conversation's running turn so far, then its events as they come."""

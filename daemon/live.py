@@ -12,30 +12,53 @@ A watcher that does not read is bounded like any client: once more than
 reading: ``Connection.backlog``), it gets one ``missed`` event naming the first
 ``seq`` it did not get, then nothing until what waits is back under the bound, when
 ``changed`` events resume. It holds at most the bound and one event; the others are
-served meanwhile. ``seq`` counts from the daemon's start (0: nothing changed yet), so a
-client that reconnects reads afresh what it shows.
+served meanwhile.
+
+``seq`` never goes back, across restarts too: the history keeps a number no change has
+passed (``history.journal``), reserved a block ahead, so the store is written once a
+block, never on a turn's path. Each change is kept in a bounded journal (the last
+``watch_journal`` changes, of the last ``watch_journal_minutes``) so that a watcher that
+reconnects with ``since`` is sent what it missed; the journal is saved at a clean stop and
+read back at the next start. ``epoch`` names this run: a client that sees it change knows
+the daemon restarted (docs/DESIGN.md, "Resuming a watch").
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from history import Conversation
+from history import Conversation, SavedChange
 
 from . import events
 from .connection import Replier
 
-__all__ = ["ChangeKind", "Live", "WATCH_BACKLOG"]
+__all__ = ["ChangeKind", "JournalLimits", "Live", "RESERVE_BLOCK", "WATCH_BACKLOG"]
 
 logger = logging.getLogger(__name__)
 
 # bytes a watcher may leave unread before it misses changes: hundreds of ordinary changes,
 # far under the connection's own cap (connection.MAX_WRITE_BUFFER), which would drop it
 WATCH_BACKLOG = 1024 * 1024
+# change numbers reserved in the history at a time: one write per this many changes
+RESERVE_BLOCK = 1000
 
 ChangeKind = Literal["conversation", "turn", "kb", "approval"]
+
+
+@dataclass(frozen=True)
+class JournalLimits:
+    """How much of the past a reconnecting watcher can be sent: the last ``changes``, made in
+    the last ``seconds`` (the ``watch_journal`` settings)."""
+
+    changes: int = 10_000
+    seconds: float = 600.0
 
 
 @dataclass
@@ -49,15 +72,50 @@ class _Watch:
 class Live:
     """The daemon's changes, numbered, and the connections watching them."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: JournalLimits = JournalLimits()) -> None:
         self.seq = 0  # the last change's number
+        self.epoch = secrets.token_hex(8)  # this run's name: another one means the daemon restarted
+        self.limits = limits
+        self._journal: deque[tuple[float, dict[str, Any]]] = deque()  # (made at, Unix time; the change)
+        self._reserved: int | None = None  # no change is numbered past it; None: not kept (no history)
+        self.on_reserve: Callable[[int], None] | None = None  # writes a new reservation
         self._watches: dict[object, _Watch] = {}  # by connection: one watch a connection
 
-    def watch(self, emit: Replier) -> int:
-        """Send every later change to ``emit``'s connection (a second watch there replaces its
-        first); the ``seq`` of the last change before."""
-        self._watches[emit.connection] = _Watch(emit)
-        return self.seq
+    def resume(self, base: int, saved: list[SavedChange]) -> None:
+        """At start: count on from ``base`` (``base + RESERVE_BLOCK`` is reserved), with the
+        changes the last run saved at its stop (those that end at ``base``, one after another)."""
+        self.seq, self._reserved = base, base + RESERVE_BLOCK
+        if saved and saved[-1].seq == base and all(b.seq == a.seq + 1 for a, b in zip(saved, saved[1:])):
+            self._journal.extend((change.at, json.loads(change.event)) for change in saved)
+        self._trim()
+
+    @property
+    def kept(self) -> bool:
+        """Whether the numbering is the history's (``resume``): only then is it saved."""
+        return self._reserved is not None
+
+    def saved(self) -> tuple[int, list[SavedChange]]:
+        """At a clean stop: the last change's number and the journal, for the next start."""
+        self._trim()
+        return self.seq, [SavedChange(event["seq"], at, json.dumps(event, ensure_ascii=False))
+                          for at, event in self._journal]
+
+    def watch(self, emit: Replier, since: int | None = None) -> None:
+        """Answer ``watching`` and send every later change to ``emit``'s connection (a second
+        watch there replaces its first); with ``since``, first the changes after it, or
+        ``missed`` when the journal no longer holds them all."""
+        self._trim()
+        first = self._journal[0][1]["seq"] if self._journal else self.seq + 1
+        emit(events.watching(self.seq, self.epoch, first))
+        watch = self._watches[emit.connection] = _Watch(emit)
+        if since is None or since == self.seq:
+            return
+        if first <= since + 1 <= self.seq:
+            for _at, event in self._journal:
+                if event["seq"] > since:
+                    self._deliver(watch, event)  # bounded as any change is
+        else:  # gone from the journal (or never in it: another run's, a history moved aside)
+            emit(events.missed(min(since + 1, first)))
 
     def watchers(self) -> list[Replier]:
         """The watching connections that can still send requests (answer an approval)."""
@@ -67,11 +125,23 @@ class Live:
         """One change: ``changed`` to every watcher, with the next ``seq``."""
         self.seq += 1
         event = events.changed(self.seq, kind, action, fields)
+        self._journal.append((time.time(), event))
+        self._trim()
+        if self._reserved is not None and self.seq + RESERVE_BLOCK // 2 > self._reserved:
+            self._reserved += RESERVE_BLOCK  # long before it is reached: the write lands first
+            if self.on_reserve is not None:
+                self.on_reserve(self._reserved)
         for key, watch in list(self._watches.items()):
             if watch.emit.gone:
                 del self._watches[key]  # hung up: forgotten at the next change
             else:
                 self._deliver(watch, event)
+
+    def _trim(self) -> None:
+        """Forget the changes past the journal's limits."""
+        oldest = time.time() - self.limits.seconds
+        while self._journal and (len(self._journal) > self.limits.changes or self._journal[0][0] < oldest):
+            self._journal.popleft()
 
     def _deliver(self, watch: _Watch, event: dict[str, Any]) -> None:
         over = watch.emit.backlog > WATCH_BACKLOG

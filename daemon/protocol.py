@@ -52,7 +52,7 @@ MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p", "remember",
+    "temperature", "top_p", "remember", "seq",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -110,7 +110,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "mcp_servers": {},
     "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},
     # live state (docs/PROTOCOL.md, "Live state"): every change; a running turn joined
-    "watch": {},
+    "watch": {"since": S("seq")},  # the last change seen: those after it are sent first
     "follow": {"conversation": S("int", required=True)},
     # a person's answer to a call waiting for approval (docs/PROTOCOL.md, "Approval")
     "approve": {"conversation": S("int", required=True), "call": S("str", required=True),
@@ -131,6 +131,7 @@ _KIND_NAMES = {
     "temperature": "a number from 0 to 2, or null",
     "top_p": "a number above 0 and at most 1, or null",
     "remember": "one of " + ", ".join(REMEMBER),
+    "seq": "an integer from 0 (a watching or changed event's seq)",
 }
 
 
@@ -181,6 +182,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
     if kind == "timestamp":
         return isinstance(value, str) and TIMESTAMP.fullmatch(value) is not None
+    if kind == "seq":  # a change's number (daemon/live.py): SQLite's integers at most
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
     if kind == "offset":
         return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEARCH_OFFSET
     raise AssertionError(kind)

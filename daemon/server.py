@@ -33,7 +33,7 @@ from kbinject import KbSettings, KnowledgeBases
 from .connection import Connection
 from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
-from .live import Live
+from .live import RESERVE_BLOCK, JournalLimits, Live
 from .notify import extended_start, sd_notify
 from .openai import OpenAIDoor
 from .turns import TurnEngine
@@ -77,7 +77,7 @@ class Server:
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
         self.door: OpenAIDoor | None = None  # the OpenAI door, when openai_listen is set
-        self.live = Live()  # every change, told to the watching connections
+        self.live = Live(journal_limits(config))  # every change, told to the watching connections
 
     @property
     def engine(self) -> TurnEngine | None:
@@ -146,6 +146,7 @@ class Server:
         self._kbs.settings = KbSettings(self._kbs.settings.embedding_model, new.kb_top_k)
         in_flight = self._engine.reconfigure(new, router, mcp)
         self._handlers.config, self._handlers.router = new, router
+        self.live.limits = journal_limits(new)
         self.config = new
         return in_flight
 
@@ -206,6 +207,7 @@ class Server:
             )
         async with extended_start():  # a migration of millions of turns outlasts systemd's start timeout
             self._history = await AsyncHistory.open(self.config.db_path)
+        await self._resume_live(self._history)
         configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
         configure_ocr(self.config.data_dir / "ocr", self.config.ocr_languages, self.config.ocr_images)
         try:
@@ -231,6 +233,20 @@ class Server:
             self.door = OpenAIDoor(self.config, self._engine, self._history, self._router, self.live)
             await self.door.start()
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
+
+    async def _resume_live(self, history: AsyncHistory) -> None:
+        """Number changes on from the last run's, with its journal (daemon/live.py)."""
+        self.live.resume(*await history.journal.start(RESERVE_BLOCK))
+        self.live.on_reserve = lambda upto: self._in_background(history.journal.reserve(upto))
+
+    async def _save_live(self, history: AsyncHistory) -> None:
+        """The last change's number and the journal, for the next start to resume from."""
+        if not self.live.kept:
+            return  # the start failed before it numbered on: keep the last run's
+        try:
+            await history.journal.save(*self.live.saved())
+        except Exception as exc:  # a full disk: the next start numbers on from the reservation
+            logger.warning("the live state's journal could not be saved (%s); watchers will re-read", exc)
 
     async def _check_store(self) -> None:
         """Say at once when the history is damaged, and how to recover (it is served as it is)."""
@@ -306,6 +322,7 @@ class Server:
         for router in (*self._old_routers, *([self._router] if self._router is not None else [])):
             await router.aclose()
         if self._history is not None:
+            await self._save_live(self._history)
             await self._history.close()
         if self._listener is not None:
             self._listener.cleanup()
@@ -313,6 +330,10 @@ class Server:
                 self._listener.sock.close()
         if self.ready.is_set():  # a start that failed says why, not that it stopped
             logger.info("stopped")
+
+
+def journal_limits(config: Config) -> JournalLimits:
+    return JournalLimits(config.watch_journal, config.watch_journal_minutes * 60)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

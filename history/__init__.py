@@ -29,6 +29,7 @@ from .kb import (
     chunk_kb,
     kb_chunk_range,
 )
+from .journal import SavedChange
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -67,6 +68,7 @@ __all__ = [
     "MIGRATIONS",
     "NewAttachment",
     "NewKbDocument",
+    "SavedChange",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",
     "SearchHit",

@@ -41,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
+from .journal import AsyncJournal
 from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
 from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
 from .store import (
@@ -128,6 +129,7 @@ class AsyncHistory:
         # told of each kept outcome once it is written at last (the daemon tells its watchers)
         self.on_saved: Callable[[TurnOutcome], None] | None = None
         self.kb = AsyncKnowledgeStore(self, store.kb)
+        self.journal = AsyncJournal(self, store.journal)
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:

@@ -38,6 +38,7 @@ from .fts import (
     unindex_conversation,
 )
 from .kb import KnowledgeStore
+from .journal import JournalStore
 from .migrations import immediate_transaction, migrate
 from .records import (
     TURN_STATUSES,
@@ -93,6 +94,7 @@ class HistoryStore:
             raise
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
+        self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -32,6 +32,7 @@ ALL_MIGRATIONS = [
     "m009_turn_ref",
     "m010_turn_approvals",
     "m011_threads",
+    "m012_live_journal",
 ]
 
 
@@ -336,5 +337,22 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
-        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads"]
+        assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
+                                 "m012_live_journal"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
+
+
+def test_m012_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
+    """A history.db of m011 gains the live state's tables, empty, and an index of turns by ref."""
+    db = tmp_path / "history.db"
+    with connect(db) as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        for migration in MIGRATIONS[:11]:
+            with conn:
+                migration(conn)
+                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        assert migrate(conn) == ["m012_live_journal"]
+        assert table_columns(conn, "live_seq") == ["id", "reserved"]
+        assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
+        assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)
+        assert "WHERE ref IS NOT NULL" in schema_sql(conn, "turns_ref")
