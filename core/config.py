@@ -123,7 +123,14 @@ class Config:
             "max_reply_tokens": self.max_reply_tokens or None,
             "compact_at": self.compact_at,
             "image_tokens": self.image_tokens,
-            "models": {name: {"image_tokens": tokens} for name, tokens in sorted(self.model_image_tokens.items())},
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "models": {  # each [models."ID"] table: what it sets, null for what it leaves to the top level
+                name: {"image_tokens": self.model_image_tokens.get(name),
+                       "temperature": self.model_sampling.get(name, {}).get("temperature"),
+                       "top_p": self.model_sampling.get(name, {}).get("top_p")}
+                for name in sorted({*self.model_image_tokens, *self.model_sampling})
+            },
             "embedding_model": self.embedding_model or None,
             "embedding_url": masked_url(self.embeddings_base),
             "kb_top_k": self.kb_top_k,

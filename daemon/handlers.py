@@ -102,10 +102,17 @@ class Handlers:
             [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
 
     async def on_open(self, request: Request, emit: Emit) -> None:
-        cid: int = request.get("conversation")
-        conv = await self._conversation(cid)
+        if request.has("ref"):  # the turn whose ask carried it, in its conversation
+            found = await self._by_ref(request)
+            cid, conv, picked = found.conversation_id, await self._conversation(found.conversation_id), [found]
+        elif request.has("conversation"):
+            cid = request.get("conversation")
+            conv = await self._conversation(cid)
+            picked = None
+        else:
+            raise BadRequest("open needs 'conversation' (a conversation's id) or 'ref' (an ask's own reference)")
         before = self.engine.running_turn(cid)
-        turns = self.history.shown(await self._open_turns(request, conv))  # with any kept in memory
+        turns = self.history.shown(picked or await self._open_turns(request, conv))  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
         live = {before, self.engine.running_turn(cid)}
@@ -117,6 +124,17 @@ class Handlers:
         # every client with it (bench/bench_open.py)
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit(events.conversation(conv, ctx_max=await self._ctx_max(conv.model), running=running, turns=shown))
+
+    async def _by_ref(self, request: Request) -> Turn:
+        """The newest turn whose ask carried the ``ref`` an ``open`` names."""
+        if any(request.has(key) for key in ("conversation", "turn", "from_turn", "limit")):
+            raise BadRequest("open takes 'ref' alone (it finds one turn); or 'conversation' and a turn or page")
+        ref: str = request.get("ref")
+        turn = await self.history.journal.turn_by_ref(ref)
+        if turn is None:
+            raise NotFound(f"no stored turn's ask carried the ref {ref[:128]!r}: the ask was not stored (its "
+                           "conversation may have been deleted); ask again")
+        return turn
 
     async def _open_turns(self, request: Request, conv: Conversation) -> list[Turn]:
         """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most

@@ -82,7 +82,8 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
             "ref": S("str"), "preset": S("str"), "temperature": S("temperature"), "top_p": S("top_p")},
     "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
-    "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
+    # ``conversation``, or ``ref``: the turn whose ask carried it (handlers.on_open)
+    "open": {"conversation": S("int"), "ref": S("str"), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
     "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"),

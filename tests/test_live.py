@@ -327,3 +327,32 @@ async def test_a_watcher_reading_a_large_event_misses_nothing_and_one_that_stops
     writer.transport.unread = 0  # it read everything
     live.publish("conversation", "deleted", conversation=3)
     assert (sent[-1]["type"], sent[-1]["seq"], sent[-1]["conversation"]) == ("changed", n + 2, 3)
+
+
+async def test_an_ask_whose_connection_dropped_is_found_by_its_ref(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter
+) -> None:
+    canvas = await daemon.connect()
+    wid = await watching(canvas)
+    await wire.ask("an older question", ref="lost-1")  # the same ref earlier: the newest is found
+    router.script(Reply(chunks=["the answer"], delay=0.05))
+    asker = await daemon.connect()
+    await asker.send({"type": "ask", "text": "where am I?", "ref": "lost-1"})
+    await asker.close()  # gone before its user event
+    found = await changes(canvas, wid, 5)
+    started = found[-1]
+    assert (started["action"], started["ref"]) == ("started", "lost-1")
+    opened = await wire.request({"type": "open", "ref": "lost-1"})
+    assert opened["type"] == "conversation" and opened["conversation"] == started["conversation"]
+    assert [(t["turn"], t["text"], t["ref"]) for t in opened["turns"]] == [(1, "where am I?", "lost-1")]
+    assert opened["total"] == 1
+    missing = await wire.request({"type": "open", "ref": "never-sent"})
+    assert missing["type"] == "error" and missing["code"] == "not_found" and "ask again" in missing["message"]
+    both = await wire.request({"type": "open", "ref": "lost-1", "conversation": 1})
+    assert both["type"] == "error" and both["code"] == "bad_request" and "'ref' alone" in both["message"]
+    neither = await wire.request({"type": "open"})
+    assert neither["type"] == "error" and neither["code"] == "bad_request" and "'ref'" in neither["message"]
+    await wire.request({"type": "delete", "conversation": started["conversation"]})
+    older = await wire.request({"type": "open", "ref": "lost-1"})  # the deleted one is not found
+    assert older["turns"][0]["text"] == "an older question"
+    await canvas.close()
