@@ -68,6 +68,10 @@ async def test_a_watcher_hears_of_every_change_another_client_makes(
     assert ended["action"] == "ended" and ended["ref"] == "canvas-1" and ended["saved"] is True
     assert (ended["status"], ended["finish_reason"], ended["usage"], ended["ctx_used"]) == (
         "complete", "stop", done["usage"], done["ctx_used"])
+    # enough to keep a list in order without a read: the model that answered, the conversation's updated_at
+    listed = (await wire.request({"type": "conversations"}))["items"][0]
+    assert (ended["model"], ended["updated_at"]) == (done["model"], listed["updated_at"]) == ("fake-text",
+                                                                                             listed["updated_at"])
 
     await wire.request({"type": "settings", "conversation": cid, "title": "Pipes", "kb_injection": "off"})
     (updated,) = await changes(watcher, rid, 1)
@@ -157,12 +161,13 @@ async def test_a_follower_that_leaves_does_not_touch_the_turn(
 
 async def test_status_and_conversations_say_what_runs(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(chunks=["a long story"], hang=True))
-    rid = await wire.send({"type": "ask", "text": "a story"})
+    rid = await wire.send({"type": "ask", "text": "a story", "ref": "story-1"})
     cid = (await wire.until(rid, ("delta",)))[0]["conversation"]
     status = await wire.request({"type": "status"})
     (running,) = status["running"]
     assert (running["conversation"], running["turn"], running["stage"], running["model"]) == (
         cid, 1, "replying", "fake-text")
+    assert (running["text"], running["ref"]) == ("a story", "story-1")  # what it is, without a follow
     listed = await wire.request({"type": "conversations"})
     assert [(i["conversation"], i["running"]) for i in listed["items"]] == [(cid, True)]
     await wire.request({"type": "cancel", "conversation": cid})
