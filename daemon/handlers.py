@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from attachments import estimate_files, ocr_support
+from attachments import estimate_files
 from core import estimate_text
 from core.config import Config
 from core.errors import (
@@ -35,6 +35,7 @@ from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from . import events
 from .connection import Emit, Replier
+from .health import HealthWatch, health
 from .live import Live
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
@@ -65,6 +66,7 @@ class Handlers:
         self.kbs = kbs
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
+        self.health = HealthWatch(live, self.look)  # its changes told to the watchers
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
@@ -281,25 +283,18 @@ class Handlers:
         self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
-        reachable = await self.router.reachable()
-        model = self.router.default_model()  # the configured one, else the router's first as last seen
-        ctx_max: int | None = None
-        ctx_source: str | None = None
-        if reachable:
-            try:
-                # load=False: a status line must not make llama-swap load the default model
-                info = await asyncio.wait_for(self.router.model_info(model, load=False), CTX_LOOKUP_SECONDS)
-                model, ctx_max, ctx_source = info.id, info.ctx_max, info.ctx_source
-            except Exception:  # status must answer, and soon, whatever the router says
-                logger.debug("no default model for status", exc_info=True)
+        now = await self.look()
+        self.health.observe(now)  # a change it shows is told to the watchers too
         emit(events.status(
-            version=__version__, router_url=self.config.router_url, router_reachable=reachable, model=model,
-            ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
-            turns_running=self.engine.running, running=self.engine.running_turns(),
-            socket=str(self.config.socket_path), data_dir=str(self.config.data_dir),
-            mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await ocr_support()).to_json(),
-            config_error=self.config_error,
+            version=__version__, router_url=self.config.router_url, **now,
+            uptime=round(time.monotonic() - self.started, 3), turns_running=self.engine.running,
+            running=self.engine.running_turns(), socket=str(self.config.socket_path),
+            data_dir=str(self.config.data_dir), config_error=self.config_error,
         ))
+
+    async def look(self) -> dict[str, Any]:
+        """The daemon's health now (``daemon.health``), with the router and MCP host in effect."""
+        return await health(self.router, self.engine.mcp)
 
     async def on_config(self, request: Request, emit: Emit) -> None:
         """The settings in effect (read-only; secrets masked), and the default model they give."""

@@ -25,6 +25,7 @@ the daemon restarted (docs/DESIGN.md, "Resuming a watch").
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -49,7 +50,7 @@ WATCH_BACKLOG = 1024 * 1024
 # change numbers reserved in the history at a time: one write per this many changes
 RESERVE_BLOCK = 1000
 
-ChangeKind = Literal["conversation", "turn", "kb", "approval"]
+ChangeKind = Literal["conversation", "turn", "kb", "approval", "daemon"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Live:
         self._reserved: int | None = None  # no change is numbered past it; None: not kept (no history)
         self.on_reserve: Callable[[int], None] | None = None  # writes a new reservation
         self._watches: dict[object, _Watch] = {}  # by connection: one watch a connection
+        self.wake = asyncio.Event()  # set by a watch: what looks only while anyone watches goes on (daemon.health)
 
     def resume(self, base: int, saved: list[SavedChange]) -> None:
         """At start: count on from ``base`` (``base + RESERVE_BLOCK`` is reserved), with the
@@ -108,6 +110,7 @@ class Live:
         first = self._journal[0][1]["seq"] if self._journal else self.seq + 1
         emit(events.watching(self.seq, self.epoch, first))
         watch = self._watches[emit.connection] = _Watch(emit)
+        self.wake.set()
         if since is None or since == self.seq:
             return
         if first <= since + 1 <= self.seq:
@@ -116,6 +119,12 @@ class Live:
                     self._deliver(watch, event)  # bounded as any change is
         else:  # gone from the journal (or never in it: another run's, a history moved aside)
             emit(events.missed(min(since + 1, first)))
+
+    def watched(self) -> bool:
+        """Whether any connection still watches (those that hung up are forgotten)."""
+        for key in [key for key, watch in self._watches.items() if watch.emit.gone]:
+            del self._watches[key]
+        return bool(self._watches)
 
     def watchers(self) -> list[Replier]:
         """The watching connections that can still send requests (answer an approval)."""

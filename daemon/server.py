@@ -113,6 +113,7 @@ class Server:
             self._handlers.config_error = None
             in_flight = self._apply(self._kept(new))
             self._in_background(self._retire(in_flight))
+            self._in_background(self._handlers.health.check())  # another router, model or MCP server: told
             logger.info("configuration reloaded from %s", new.config_path or "the environment")
             sd_notify(f"READY=1\nSTATUS={self._status_line()}")
             return True
@@ -177,7 +178,9 @@ class Server:
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
             # so is the MCP SDK, in a worker thread, when servers are configured
             warm = [self._mcp.warm()] if self._mcp is not None else []
-            for work in (self._kbs.start(), self._check_router(), self._check_store(), self._unindex_deleted(), *warm):
+            assert self._handlers is not None
+            for work in (self._kbs.start(), self._check_router(), self._check_store(), self._unindex_deleted(),
+                         self._handlers.health.run(), *warm):
                 task = asyncio.create_task(work)
                 task.add_done_callback(_log_failure)
                 self._background.add(task)

@@ -15,6 +15,7 @@ import pytest
 
 from client import Wire
 from core import Config
+from daemon import health as health_module
 from selfcheck.fakerouter import FakeRouter
 from tests.conftest import EVENT_TIMEOUT, RunningDaemon, serving
 from tests.test_lifecycle import DaemonProcess, spawned, start
@@ -166,3 +167,34 @@ async def test_a_clean_restart_with_nothing_changed_misses_nothing(
     (deleted,) = await changes(wire, rid, 1)
     assert (deleted["type"], deleted["seq"]) == ("changed", 5)
     await wire.close()
+
+
+async def test_a_router_that_goes_away_and_comes_back_is_told_twice(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health changes pushed (issue 46 item 4): the watchers are told, with the new values."""
+    monkeypatch.setattr(health_module, "HEALTH_SECONDS", 0.05)
+    canvas = await daemon.connect()
+    cid, _ = await watch(canvas)
+    other = await daemon.connect()
+    oid, _ = await watch(other)
+    assert (await wire.request({"type": "status"}))["router_reachable"] is True  # seen up: what changes is told
+    router.stop()
+    (gone,) = await changes(canvas, cid, 1)
+    assert (gone["kind"], gone["action"]) == ("daemon", "health")
+    assert (gone["router_reachable"], gone["model"], gone["ctx_max"], gone["ctx_source"]) == (
+        False, "fake-text", None, None)
+    assert gone["mcp"] == [] and gone["ocr"]["available"] in (True, False)
+    back_router = FakeRouter(port=router.port).start()  # the same address, answering again
+    try:
+        (back,) = await changes(canvas, cid, 1)
+        assert (back["router_reachable"], back["model"], back["ctx_source"]) == (True, "fake-text", "models")
+        assert back["seq"] == gone["seq"] + 1 and back["ctx_max"] == 4096
+        # each watcher is told the same
+        assert bare(await changes(other, oid, 2)) == bare([gone, back])
+        status = await wire.request({"type": "status"})
+        assert status["router_reachable"] is True and status["ctx_max"] == back["ctx_max"]
+    finally:
+        back_router.stop()
+    await canvas.close()
+    await other.close()
