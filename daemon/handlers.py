@@ -36,7 +36,7 @@ from kbinject import KbProgress, KnowledgeBases, kb_name
 from . import events
 from .connection import Emit, Replier
 from .health import HealthWatch, health
-from .live import Live
+from .live import KbProgressTold, Live
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
 from .turns import TurnEngine
@@ -259,8 +259,11 @@ class Handlers:
         if not request.get("paths"):
             raise BadRequest("kb_add needs at least one file or folder in 'paths'")
 
+        told = KbProgressTold(self.live, kb)  # and the watchers, of another client's add
+
         def progress(step: KbProgress) -> None:
             emit(events.kb_progress(kb, step.to_json()))
+            told(step.phase, step.done, step.total)
 
         result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
         emit(events.kb(result.to_json()))

@@ -40,7 +40,7 @@ from history import Conversation, SavedChange
 from . import events
 from .connection import Replier
 
-__all__ = ["ChangeKind", "JournalLimits", "Live", "RESERVE_BLOCK", "WATCH_BACKLOG"]
+__all__ = ["ChangeKind", "JournalLimits", "KbProgressTold", "Live", "RESERVE_BLOCK", "WATCH_BACKLOG"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,3 +174,19 @@ class Live:
         """A reply a full disk kept in memory is saved at last."""
         self.publish("turn", "saved", conversation=conversation, turn=turn, status=status,
                      finish_reason=finish_reason)
+
+
+class KbProgressTold:
+    """A ``kb_add``'s steps as the watchers are told them: one a percent of each phase at most,
+    so that an add of thousands of files does not push every other change out of the journal."""
+
+    def __init__(self, live: Live, kb: str) -> None:
+        self._live = live
+        self._kb = kb
+        self._last: tuple[str, int] | None = None  # the phase and percent last told
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        mark = (phase, done * 100 // total if total else 100)
+        if mark != self._last:
+            self._last = mark
+            self._live.publish("kb", "progress", kb=self._kb, phase=phase, done=done, total=total)

@@ -82,17 +82,23 @@ async def test_a_watcher_hears_of_every_change_another_client_makes(
     await wire.until(add, ("kb", "error"))
     await wire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
     again = await wire.send({"type": "kb_add", "kb": "notes", "paths": [str(tmp_path / "notes.md")]})
-    await wire.until(again, ("kb", "error"))  # nothing changed: nothing to tell
+    await wire.until(again, ("kb", "error"))  # nothing changed: its progress alone is told
     await wire.request({"type": "kb_remove", "kb": "notes"})
     await wire.request({"type": "delete", "conversation": cid})
-    added, linked, removed, deleted = await changes(watcher, rid, 4)
+    told = []
+    while not told or told[-1]["action"] != "deleted":
+        told += await changes(watcher, rid, 1)
+    assert [e["seq"] for e in told] == list(range(5, 5 + len(told)))  # one a change, none skipped
+    steps = [(e["kb"], e["phase"], e["done"], e["total"]) for e in told if e["action"] == "progress"]
+    # another client's add, told as it goes (issue 46 item 5): each file read, in both adds
+    assert steps == [("notes", "reading", 0, 1), ("notes", "reading", 1, 1)] * 2
+    added, linked, removed, deleted = [e for e in told if e["action"] != "progress"]
     assert (added["kind"], added["action"], added["kb"], added["documents"]) == ("kb", "added", "notes", 1)
     assert (linked["action"], linked["conversation"], linked["linked"]) == ("linked", cid, True)
     assert (removed["action"], removed["kb"]) == ("removed", "notes")
     assert (deleted["kind"], deleted["action"], deleted["conversation"]) == ("conversation", "deleted", cid)
-    assert [e["seq"] for e in (added, linked, removed, deleted)] == [5, 6, 7, 8]  # one a change, none skipped
     # a later watch starts from the last change
-    assert (await wire.request({"type": "watch"}))["seq"] == 8
+    assert (await wire.request({"type": "watch"}))["seq"] == deleted["seq"] == 12
     await watcher.close()
 
 

@@ -198,3 +198,25 @@ async def test_a_router_that_goes_away_and_comes_back_is_told_twice(
         back_router.stop()
     await canvas.close()
     await other.close()
+
+
+async def test_another_clients_kb_add_is_told_as_it_goes(daemon: RunningDaemon, wire: Wire, tmp_path: Path) -> None:
+    """A kb_add's progress reaches the watchers, not only its end (issue 46 item 5)."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for n in range(150):
+        (folder / f"note{n}.md").write_text(f"# Note {n}\n\nword{n} is here.\n")
+    canvas = await daemon.connect()
+    try:
+        cid, _ = await watch(canvas)
+        rid = await wire.send({"type": "kb_add", "kb": "many", "paths": [str(folder)]})
+        answered = await wire.until(rid, ("kb", "error"))
+        asker = [(e["phase"], e["done"], e["total"]) for e in answered if e["type"] == "progress"]
+        told = []
+        while not told or told[-1]["action"] != "added":
+            told += await changes(canvas, cid, 1)
+        steps = [(e["phase"], e["done"], e["total"]) for e in told if e["action"] == "progress"]
+        assert steps == asker and steps[-1] == ("reading", 150, 150)  # at most a step a percent
+        assert all(e["kb"] == "many" for e in told) and told[-1]["documents"] == 150
+    finally:
+        await canvas.close()
