@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,11 @@ from .wire import DaemonGone, Wire
 __all__ = [
     "Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system",
 ]
+
+
+def new_ref() -> str:
+    """A reference for an ask, unique enough that no other client's ask carries it."""
+    return f"cli-{uuid.uuid4().hex}"
 
 
 def compose_question(words: list[str], piped: str | None) -> str:
@@ -121,6 +127,8 @@ class Turn:
 
     async def run(self, request: dict[str, Any]) -> int:
         self.conversation = request.get("conversation")
+        # the ask's own reference: a connection lost before ``user`` finds the turn by it (open with ref)
+        request.setdefault("ref", new_ref())
         rid = await self.client.send(request)
         self.sent = True
         return await self._events(rid)

@@ -203,6 +203,7 @@ async def test_a_question_too_big_for_the_context_is_shown_before_its_error(wire
     events = await wire.ask("please read: " + "blah " * 6_000, **fields)
     assert [e["type"] for e in events] == ["user", "error"]
     assert events[-1]["code"] == "context_overflow" and events[-1]["turn"] == events[0]["turn"]
+    assert events[-1]["conversation"] == events[0]["conversation"] is not None  # a new one's id too (issue 46)
     opened = await wire.request({"type": "open", "conversation": events[0]["conversation"]})
     assert opened["turns"][-1]["status"] == "error" and opened["turns"][-1]["text"].startswith("please read")
 

@@ -119,7 +119,7 @@ async def term(daemon: RunningDaemon) -> AsyncIterator[list[Terminal]]:
 
 
 async def test_a_conversation_typed_at_the_prompt(
-    term: list[Terminal], router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+    term: list[Terminal], router: FakeRouter, monkeypatch: pytest.MonkeyPatch, daemon: RunningDaemon
 ) -> None:
     # in the C locale a byte that is not UTF-8 reaches the chat as a surrogate (readline under
     # UTF-8 drops it)
@@ -138,6 +138,12 @@ async def test_a_conversation_typed_at_the_prompt(
     assert [m["content"] for m in router.requests[-1]["messages"] if m["role"] == "user"] == [
         "what is a pipe?", "and a socket?",
     ]
+    # each ask carries a ref of its own, by which a lost connection finds its turn (issue 46)
+    wire = await daemon.connect()
+    refs = [t["ref"] for t in (await wire.request({"type": "open", "conversation": 1}))["turns"]]
+    assert len(set(refs)) == 2 and all(ref.startswith("cli-") for ref in refs)
+    assert (await wire.request({"type": "open", "ref": refs[1]}))["turns"][0]["text"] == "and a socket?"
+    await wire.close()
 
 
 async def test_ctrl_c_stops_the_reply_and_comes_back_to_the_prompt(term: list[Terminal], router: FakeRouter) -> None:
