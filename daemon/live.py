@@ -40,7 +40,7 @@ from history import Conversation, SavedChange
 from . import events
 from .connection import Replier
 
-__all__ = ["ChangeKind", "JournalLimits", "KbProgressTold", "Live", "RESERVE_BLOCK", "WATCH_BACKLOG"]
+__all__ = ["JOURNAL_BYTES", "ChangeKind", "JournalLimits", "KbProgressTold", "Live", "RESERVE_BLOCK", "WATCH_BACKLOG"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 WATCH_BACKLOG = 1024 * 1024
 # change numbers reserved in the history at a time: one write per this many changes
 RESERVE_BLOCK = 1000
+# the journal's size at most, as JSON: a replay is sent whole (not cut at WATCH_BACKLOG, since a
+# client that reconnects reads at once), so it must stay far under the connection's own cap
+JOURNAL_BYTES = 8 * 1024 * 1024
 
 ChangeKind = Literal["conversation", "turn", "kb", "approval", "daemon"]
 
@@ -77,7 +80,8 @@ class Live:
         self.seq = 0  # the last change's number
         self.epoch = secrets.token_hex(8)  # this run's name: another one means the daemon restarted
         self.limits = limits
-        self._journal: deque[tuple[float, dict[str, Any]]] = deque()  # (made at, Unix time; the change)
+        self._journal: deque[tuple[float, dict[str, Any], int]] = deque()  # (made at, Unix time; the change; bytes)
+        self._journal_bytes = 0
         self._reserved: int | None = None  # no change is numbered past it; None: not kept (no history)
         self.on_reserve: Callable[[int], None] | None = None  # writes a new reservation
         self._watches: dict[object, _Watch] = {}  # by connection: one watch a connection
@@ -88,7 +92,8 @@ class Live:
         changes the last run saved at its stop (those that end at ``base``, one after another)."""
         self.seq, self._reserved = base, base + RESERVE_BLOCK
         if saved and saved[-1].seq == base and all(b.seq == a.seq + 1 for a, b in zip(saved, saved[1:])):
-            self._journal.extend((change.at, json.loads(change.event)) for change in saved)
+            for change in saved:
+                self._keep(change.at, json.loads(change.event), len(change.event))
         self._trim()
 
     @property
@@ -100,7 +105,7 @@ class Live:
         """At a clean stop: the last change's number and the journal, for the next start."""
         self._trim()
         return self.seq, [SavedChange(event["seq"], at, json.dumps(event, ensure_ascii=False))
-                          for at, event in self._journal]
+                          for at, event, _size in self._journal]
 
     def watch(self, emit: Replier, since: int | None = None) -> None:
         """Answer ``watching`` and send every later change to ``emit``'s connection (a second
@@ -114,9 +119,9 @@ class Live:
         if since is None or since == self.seq:
             return
         if first <= since + 1 <= self.seq:
-            for _at, event in self._journal:
+            for _at, event, _size in self._journal:
                 if event["seq"] > since:
-                    self._deliver(watch, event)  # bounded as any change is
+                    watch.emit(dict(event))  # whole: the journal is bounded (JOURNAL_BYTES)
         else:  # gone from the journal (or never in it: another run's, a history moved aside)
             emit(events.missed(min(since + 1, first)))
 
@@ -134,7 +139,7 @@ class Live:
         """One change: ``changed`` to every watcher, with the next ``seq``."""
         self.seq += 1
         event = events.changed(self.seq, kind, action, fields)
-        self._journal.append((time.time(), event))
+        self._keep(time.time(), event, len(json.dumps(event, ensure_ascii=False)))
         self._trim()
         if self._reserved is not None and self.seq + RESERVE_BLOCK // 2 > self._reserved:
             self._reserved += RESERVE_BLOCK  # long before it is reached: the write lands first
@@ -146,11 +151,16 @@ class Live:
             else:
                 self._deliver(watch, event)
 
+    def _keep(self, at: float, event: dict[str, Any], size: int) -> None:
+        self._journal.append((at, event, size))
+        self._journal_bytes += size
+
     def _trim(self) -> None:
         """Forget the changes past the journal's limits."""
         oldest = time.time() - self.limits.seconds
-        while self._journal and (len(self._journal) > self.limits.changes or self._journal[0][0] < oldest):
-            self._journal.popleft()
+        while self._journal and (len(self._journal) > self.limits.changes or self._journal[0][0] < oldest
+                                 or self._journal_bytes > JOURNAL_BYTES):
+            self._journal_bytes -= self._journal.popleft()[2]
 
     def _deliver(self, watch: _Watch, event: dict[str, Any]) -> None:
         over = watch.emit.backlog > WATCH_BACKLOG

@@ -16,6 +16,7 @@ import pytest
 from client import Wire
 from core import Config
 from daemon import health as health_module
+from daemon import live as live_module
 from selfcheck.fakerouter import FakeRouter
 from tests.conftest import EVENT_TIMEOUT, RunningDaemon, serving
 from tests.test_lifecycle import DaemonProcess, spawned, start
@@ -45,7 +46,7 @@ def bare(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def make_changes(wire: Wire, title: str) -> int:
     """Four changes: a conversation created, its turn started and ended, its title set."""
-    cid: int = (await wire.ask("what is a pipe?", ref=title))[0]["conversation"]
+    cid: int = (await wire.ask("what is a pipe?", ref=title[:128]))[0]["conversation"]
     await wire.request({"type": "settings", "conversation": cid, "title": title})
     return cid
 
@@ -220,3 +221,23 @@ async def test_another_clients_kb_add_is_told_as_it_goes(daemon: RunningDaemon, 
         assert all(e["kb"] == "many" for e in told) and told[-1]["documents"] == 150
     finally:
         await canvas.close()
+
+
+async def test_a_replay_is_sent_whole_and_the_journal_is_bounded_in_bytes(
+    daemon: RunningDaemon, wire: Wire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live_module, "WATCH_BACKLOG", 1024)  # a replay is not cut at a watcher's bound
+    await make_changes(wire, "one" * 200)
+    await make_changes(wire, "two" * 200)  # eight changes, over the bound in all
+    widget = await daemon.connect()
+    wid, _ = await watch(widget, since=0)
+    assert [e["seq"] for e in await changes(widget, wid, 8)] == list(range(1, 9))
+    monkeypatch.setattr(live_module, "JOURNAL_BYTES", 2000)  # the next change trims the journal to it
+    await wire.request({"type": "settings", "conversation": 1, "title": "three"})
+    other = await daemon.connect()
+    oid, back = await watch(other, since=0)
+    assert back["first"] > 2
+    (missed,) = await changes(other, oid, 1)
+    assert (missed["type"], missed["seq"]) == ("missed", 1)
+    await widget.close()
+    await other.close()
