@@ -105,7 +105,7 @@ class Handlers:
 
     async def on_open(self, request: Request, emit: Emit) -> None:
         if request.has("ref"):  # the turn whose ask carried it, in its conversation
-            found = await self._by_ref(request)
+            found = await turn_by_ref(self.history, request)
             cid, conv, picked = found.conversation_id, await self._conversation(found.conversation_id), [found]
         elif request.has("conversation"):
             cid = request.get("conversation")
@@ -114,7 +114,7 @@ class Handlers:
         else:
             raise BadRequest("open needs 'conversation' (a conversation's id) or 'ref' (an ask's own reference)")
         before = self.engine.running_turn(cid)
-        turns = self.history.shown(picked or await self._open_turns(request, conv))  # with any kept in memory
+        turns = self.history.shown(picked or await open_turns(self.history, request, conv))  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
         live = {before, self.engine.running_turn(cid)}
@@ -126,37 +126,6 @@ class Handlers:
         # every client with it (bench/bench_open.py)
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit(events.conversation(conv, ctx_max=await self._ctx_max(conv.model), running=running, turns=shown))
-
-    async def _by_ref(self, request: Request) -> Turn:
-        """The newest turn whose ask carried the ``ref`` an ``open`` names."""
-        if any(request.has(key) for key in ("conversation", "turn", "from_turn", "limit")):
-            raise BadRequest("open takes 'ref' alone (it finds one turn); or 'conversation' and a turn or page")
-        ref: str = request.get("ref")
-        turn = await self.history.journal.turn_by_ref(ref)
-        if turn is None:
-            raise NotFound(f"no stored turn's ask carried the ref {ref[:128]!r}: the ask was not stored (its "
-                           "conversation may have been deleted); ask again")
-        return turn
-
-    async def _open_turns(self, request: Request, conv: Conversation) -> list[Turn]:
-        """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
-        ``limit``; ``limit`` alone: the last ones), or every one."""
-        cid = conv.id
-        paged = request.has("from_turn") or request.has("limit")
-        if request.has("turn"):  # that turn alone
-            if paged:
-                raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
-            n: int = request.get("turn")
-            one = await self.history.turn(cid, n)
-            if one is None:
-                raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
-            return [one]
-        if not paged:
-            return await self.history.turns(cid)
-        limit: int | None = request.get("limit")
-        # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
-        first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
-        return await self.history.turns(cid, first, limit)
 
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -388,6 +357,39 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
         }
         for c in order
     ]
+
+
+async def turn_by_ref(history: AsyncHistory, request: Request) -> Turn:
+    """The newest turn whose ask carried the ``ref`` an ``open`` names."""
+    if any(request.has(key) for key in ("conversation", "turn", "from_turn", "limit")):
+        raise BadRequest("open takes 'ref' alone (it finds one turn); or 'conversation' and a turn or page")
+    ref: str = request.get("ref")
+    turn = await history.journal.turn_by_ref(ref)
+    if turn is None:
+        raise NotFound(f"no stored turn's ask carried the ref {ref[:128]!r}: the ask was not stored (its "
+                       "conversation may have been deleted); ask again")
+    return turn
+
+
+async def open_turns(history: AsyncHistory, request: Request, conv: Conversation) -> list[Turn]:
+    """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
+    ``limit``; ``limit`` alone: the last ones), or every one."""
+    cid = conv.id
+    paged = request.has("from_turn") or request.has("limit")
+    if request.has("turn"):  # that turn alone
+        if paged:
+            raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
+        n: int = request.get("turn")
+        one = await history.turn(cid, n)
+        if one is None:
+            raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
+        return [one]
+    if not paged:
+        return await history.turns(cid)
+    limit: int | None = request.get("limit")
+    # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
+    first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
+    return await history.turns(cid, first, limit)
 
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:

@@ -79,5 +79,5 @@ class HealthWatch:
         """The health as found (by a look, or a ``status``): a change from the last is told."""
         fields = changed_fields(now)
         if self._last is not None and fields != self._last:
-            self._live.publish("daemon", "health", **fields)
+            self._live.daemon_health(**fields)
         self._last = fields

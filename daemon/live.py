@@ -180,6 +180,16 @@ class Live:
         """A conversation's title, model, system prompt or settings changed."""
         self.publish("conversation", "updated", **events.conversation_shown(conv))
 
+    def kb_progress(self, kb: str, phase: str, done: int, total: int) -> None:
+        """A step of a ``kb_add`` (``KbProgressTold`` says which are told)."""
+        self.publish("kb", "progress", kb=kb, phase=phase, done=done, total=total)
+
+    def daemon_health(self, *, router_reachable: bool, model: str | None, ctx_max: int | None,
+                      ctx_source: str | None, ocr: dict[str, Any], mcp: list[dict[str, Any]]) -> None:
+        """The daemon's health changed (``daemon.health``): its new values."""
+        self.publish("daemon", "health", router_reachable=router_reachable, model=model, ctx_max=ctx_max,
+                     ctx_source=ctx_source, ocr=ocr, mcp=mcp)
+
     def turn_saved(self, conversation: int, turn: int, status: str, finish_reason: str | None) -> None:
         """A reply a full disk kept in memory is saved at last."""
         self.publish("turn", "saved", conversation=conversation, turn=turn, status=status,
@@ -199,4 +209,4 @@ class KbProgressTold:
         mark = (phase, done * 100 // total if total else 100)
         if mark != self._last:
             self._last = mark
-            self._live.publish("kb", "progress", kb=self._kb, phase=phase, done=done, total=total)
+            self._live.kb_progress(self._kb, phase, done, total)
