@@ -239,8 +239,14 @@ class Server:
 
     async def _resume_live(self, history: AsyncHistory) -> None:
         """Number changes on from the last run's, with its journal (daemon/live.py)."""
-        self.live.resume(*await history.journal.start(RESERVE_BLOCK))
         self.live.on_reserve = lambda upto: self._in_background(history.journal.reserve(upto))
+        try:
+            self.live.resume(*await history.journal.start(RESERVE_BLOCK))
+        except AssistantError as exc:  # a full disk: number on from the reservation, and reserve when there is room
+            logger.warning("the live state's numbering could not be reserved (%s); watchers that reconnect "
+                           "will re-read", exc.message)
+            self.live.resume(await history.journal.reserved(), [])
+            self.live.on_reserve(await history.journal.reserved() + RESERVE_BLOCK)
 
     async def _save_live(self, history: AsyncHistory) -> None:
         """The last change's number and the journal, for the next start to resume from."""

@@ -67,6 +67,11 @@ class JournalStore:
             self._conn.execute(SET_RESERVED, (base + block,))
         return base, saved
 
+    def reserved(self) -> int:
+        """The reservation as it stands (read only: a start on a full disk numbers on from it)."""
+        row = self._conn.execute(SELECT_RESERVED).fetchone()
+        return row[0] if row else 0
+
     def reserve(self, upto: int) -> None:
         """No change of this run is numbered past ``upto`` without another reservation."""
         with immediate_transaction(self._conn):
@@ -94,6 +99,9 @@ class AsyncJournal:
 
     async def start(self, block: int) -> tuple[int, list[SavedChange]]:
         return await self._call(self._journal.start, block)
+
+    async def reserved(self) -> int:
+        return await self._call(self._journal.reserved)
 
     async def reserve(self, upto: int) -> None:
         await self._call(self._journal.reserve, upto)
