@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-PACKAGES := common core history attachments recall kbinject daemon mcphost client mcpserve selfcheck doctor assistant.py
+PACKAGES := common core history attachments fileops recall kbinject daemon mcphost client mcpserve selfcheck doctor assistant.py
 
 .PHONY: setup run test selfcheck bench system-tools bytecode clean install-units uninstall-units FORCE
 
@@ -39,6 +39,7 @@ bytecode: $(STAMP)
 
 # the system tools the daemon runs, installed with apt when missing (scripts/system_tools.sh):
 # poppler renders scanned PDF pages (without it the daemon still reads PDF text, with pypdf),
+# ffmpeg runs the video operations (fileops/),
 # tesseract and its English data read them for models without vision
 system-tools:
 	@sh scripts/system_tools.sh

@@ -32,6 +32,7 @@ from .extract import (
 from .imagecache import configure_image_cache, decodes, image_data_url
 from .ocr import OcrSupport, configure_ocr, ocr_support
 from .ocr import page_texts as ocr_page_texts
+from .ocr import read_pages as ocr_read_pages
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
@@ -60,6 +61,7 @@ __all__ = [
     "image_data_url",
     "image_ref",
     "ocr_page_texts",
+    "ocr_read_pages",
     "ocr_support",
     "prepare_files",
     "read_pdf_text",

@@ -25,6 +25,7 @@ from typing import Any, TextIO, TypeAlias
 from common import MAX_LIST_LIMIT, default_socket_path, socket_path_problem, unknown_variables
 
 from .approve import Approver
+from .convert import ConvertUsage, add_convert_commands, run_convert, run_operations
 from .openaikey import openai_key
 from .render import RENDERERS, describe_kb_add, error_text, json_line
 from .terminal import (
@@ -288,6 +289,10 @@ async def _run(args: argparse.Namespace, terminal: Terminal) -> int:
                     await chat.client.close()
         if args.command == "kb" and args.kb_command == "add":
             return await _kb_add(client, args, terminal)
+        if args.command == "convert":
+            return await run_convert(client, args, terminal)
+        if args.command == "operations":
+            return await run_operations(client, args.json, terminal)
         return await _simple(client, await _request_of(client, args), args.json, terminal)
     finally:
         await client.close()
@@ -345,6 +350,7 @@ def add_client_commands(sub: Subcommands) -> None:
     _add_questions(sub, options)
     _add_conversations(sub, options)
     _add_kb(sub, options)
+    add_convert_commands(sub, options)
     sub.add_parser("models", parents=[options], help="list the router's models")
     sub.add_parser("status", parents=[options], help="the daemon's and the router's state")
     sub.add_parser("openai-key", help="print the key OpenAI clients send to the daemon's OpenAI door")
@@ -509,7 +515,7 @@ def guarded(terminal: Terminal, run: Callable[[], int]) -> int:
     except Refused as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_ERROR
-    except (UsageError, Unsendable) as exc:
+    except (UsageError, Unsendable, ConvertUsage) as exc:
         terminal.note(f"assistant: {exc}")
         return EXIT_USAGE
     except BrokenPipeError:

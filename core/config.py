@@ -85,6 +85,12 @@ class Config:
     # read by OCR for a model without vision (a photo's OCR is noise: off by default)
     ocr_languages: str = "eng"
     ocr_images: bool = False
+    # the file operations (fileops/): where outputs go ("" = beside the first input), the seconds
+    # one may run, and the bytes its output may take (a GIF: gif_max_bytes, far less)
+    output_dir: str = ""
+    convert_timeout: float = 600.0
+    convert_max_bytes: int = 4 * 1024**3
+    gif_max_bytes: int = 50 * 1024**2
     # how far back a watcher reconnecting with `since` is sent what it missed (daemon/live.py)
     watch_journal: int = 10_000
     watch_journal_minutes: float = 10.0
@@ -146,6 +152,10 @@ class Config:
             "openai_max_unkeyed": self.openai_max_unkeyed,
             "ocr_languages": self.ocr_languages,
             "ocr_images": self.ocr_images,
+            "output_dir": self.output_dir or None,
+            "convert_timeout": self.convert_timeout,
+            "convert_max_bytes": self.convert_max_bytes,
+            "gif_max_bytes": self.gif_max_bytes,
             "watch_journal": self.watch_journal,
             "watch_journal_minutes": self.watch_journal_minutes,
             "presets": [preset.to_json() for preset in self.presets.values()],
@@ -302,7 +312,13 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
         raise refuse("openai_max_messages", "must be at least 1 (messages a door request may carry)")
     if values.get("assumed_ctx", Config.assumed_ctx) < 512:
         raise refuse("assumed_ctx", "must be at least 512 tokens")
-    for key in ("request_timeout", "connect_timeout", "approval_timeout"):
+    for key in ("convert_max_bytes", "gif_max_bytes"):
+        if values.get(key, 1) <= 0:
+            raise refuse(key, "must be a positive number of bytes")
+    output_dir = values.get("output_dir", "")
+    if output_dir and not Path(output_dir).expanduser().is_absolute():
+        raise refuse("output_dir", "must be an absolute folder (or empty: beside the first input)")
+    for key in ("request_timeout", "connect_timeout", "approval_timeout", "convert_timeout"):
         if values.get(key, 1.0) <= 0:
             raise refuse(key, "must be a positive number of seconds")
     for key in ("watch_journal", "watch_journal_minutes"):

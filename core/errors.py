@@ -17,6 +17,11 @@ traceback goes to the log.  Every message says what the user can do.
     │   ├── UnsupportedKind           unsupported_kind
     │   ├── NoVision                  no_vision
     │   └── TooManyPixels             too_many_pixels  images waiting to be decoded pass the budget
+    ├── BadOption                     bad_option      an option a file operation does not take, or a wrong value
+    ├── ConvertFailed                 convert_failed  a file operation could not be done (fileops/)
+    │   ├── ToolMissing               tool_missing    its tool (ffmpeg, poppler) is not installed
+    │   ├── ConvertTimeout            convert_timeout  it passed convert_timeout
+    │   └── OutputTooLarge            output_too_large  its output passed its size bound
     ├── ContextOverflow               context_overflow  the turn cannot fit the model's context
     ├── RouterUnreachable             router_unreachable  no answer from the model server
     ├── RouterError                   router_error    the model server answered with an error
@@ -35,9 +40,12 @@ from common.advice import ADD_KB, ADVICE, LIST_CONVERSATIONS, LIST_KBS, LIST_MOD
 
 __all__ = [
     "AssistantError",
+    "BadOption",
     "BadRequest",
     "Busy",
     "ContextOverflow",
+    "ConvertFailed",
+    "ConvertTimeout",
     "DiskFull",
     "FileRefused",
     "HistoryDamaged",
@@ -45,6 +53,7 @@ __all__ = [
     "NoVision",
     "NotFound",
     "NotPending",
+    "OutputTooLarge",
     "RouterContextOverflow",
     "RouterError",
     "RouterFormatError",
@@ -53,6 +62,7 @@ __all__ = [
     "ShuttingDown",
     "StartupError",
     "TooManyRequests",
+    "ToolMissing",
     "TooManyFiles",
     "TooManyPixels",
     "UnknownType",
@@ -157,6 +167,37 @@ class TooManyPixels(FileRefused):
     """The images of a question, with those other questions are decoding, pass the pixel budget."""
 
     code = "too_many_pixels"
+
+
+class BadOption(AssistantError):
+    """An option of a file operation it does not take, or of a value it does not take: the
+    message names the option and what it takes (the request itself is well formed)."""
+
+    code = "bad_option"
+
+
+class ConvertFailed(AssistantError):
+    """A file operation could not be done: a damaged input (named), a tool that failed."""
+
+    code = "convert_failed"
+
+
+class ToolMissing(ConvertFailed):
+    """The tool an operation runs is not installed; the message names its Debian package."""
+
+    code = "tool_missing"
+
+
+class ConvertTimeout(ConvertFailed):
+    """A file operation ran past ``convert_timeout``."""
+
+    code = "convert_timeout"
+
+
+class OutputTooLarge(ConvertFailed):
+    """A file operation's output passed its size bound, which the message names."""
+
+    code = "output_too_large"
 
 
 class ContextOverflow(AssistantError):

@@ -31,12 +31,15 @@ from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
 from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
-from kbinject import KbProgress, KnowledgeBases, kb_name
+from fileops import Converter
+from kbinject import KnowledgeBases, kb_name
 
 from . import events
 from .connection import Emit, Replier
+from .convert import on_convert, on_operations
 from .health import HealthWatch, health
-from .live import KbProgressTold, Live
+from .kb_handlers import KbHandlers
+from .live import Live
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
 from .turns import TurnEngine
@@ -66,12 +69,16 @@ class Handlers:
         self.kbs = kbs
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
+        self.converter = Converter()  # the file operations under way (daemon/convert.py)
+        self.kb = KbHandlers(kbs, live)  # the knowledge bases' requests
         self.health = HealthWatch(live, self.look)  # its changes told to the watchers
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
             raise BadRequest(request.fault)
-        await getattr(self, "on_" + request.type)(request, emit)  # protocol.REQUESTS lists only these
+        name = "on_" + request.type  # protocol.REQUESTS lists only requests some group answers
+        group = next(g for g in (self, self.kb) if hasattr(g, name))
+        await getattr(group, name)(request, emit)
 
     async def on_ask(self, request: Request, emit: Emit) -> None:
         if request.fault is not None:  # refused with the turn it would have been
@@ -81,8 +88,13 @@ class Handlers:
         await self.engine.ask(TurnRequest.of(request), emit)
 
     async def on_cancel(self, request: Request, emit: Emit) -> None:
-        if request.has("kb") == request.has("conversation"):
-            raise BadRequest("cancel needs either 'conversation' (to stop its turn) or 'kb' (to stop adding to it)")
+        if sum(map(request.has, ("kb", "conversation", "convert"))) != 1:
+            raise BadRequest("cancel needs one of 'conversation' (to stop its turn), 'kb' (to stop adding to it) "
+                             "or 'convert' (to stop a file operation)")
+        if request.has("convert"):
+            ident: str = request.get("convert")
+            emit({"type": "cancelled", "convert": ident, "running": self.converter.cancel(ident)})
+            return
         if request.has("kb"):
             kb = kb_name(request.get("kb"))
             running = self.kbs.cancel(kb, sent=request.received)
@@ -222,37 +234,11 @@ class Handlers:
         groups = group_hits(hits[:limit], convs)
         emit(events.results(query, offset, groups, more=len(hits) > limit))
 
-    async def on_kb_add(self, request: Request, emit: Emit) -> None:
-        """Ingest files and folders into a knowledge base, reporting progress as it goes."""
-        kb = kb_name(request.get("kb"))
-        if not request.get("paths"):
-            raise BadRequest("kb_add needs at least one file or folder in 'paths'")
+    async def on_convert(self, request: Request, emit: Emit) -> None:
+        await on_convert(self.converter, self.config, request, emit)
 
-        told = KbProgressTold(self.live, kb)  # and the watchers, of another client's add
-
-        def progress(step: KbProgress) -> None:
-            emit(events.kb_progress(kb, step.to_json()))
-            told(step.phase, step.done, step.total)
-
-        result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
-        emit(events.kb(result.to_json()))
-        if result.created or result.added or result.updated or result.removed or result.embedded:
-            self.live.publish("kb", "added" if result.created else "changed", kb=result.kb,
-                              documents=result.documents, chunks=result.chunks)
-
-    async def on_kb_list(self, request: Request, emit: Emit) -> None:
-        emit(events.listing("kbs", [info.to_json() for info in await self.kbs.list()]))
-
-    async def on_kb_remove(self, request: Request, emit: Emit) -> None:
-        info = await self.kbs.remove(request.get("kb"))
-        emit(events.kb(info.to_json()))  # what it held, now gone
-        self.live.publish("kb", "removed", kb=info.name)
-
-    async def on_kb_link(self, request: Request, emit: Emit) -> None:
-        linked: bool = request.get("linked", True)
-        info = await self.kbs.link(request.get("kb"), request.get("conversation"), linked)
-        emit(events.kb(info.to_json()))
-        self.live.publish("kb", "linked", kb=info.name, conversation=request.get("conversation"), linked=linked)
+    async def on_operations(self, request: Request, emit: Emit) -> None:
+        await on_operations(self.converter, request, emit)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
         now = await self.look()
@@ -303,15 +289,6 @@ class Handlers:
         """Every configured MCP server with its state and tools (starting those not running)."""
         servers = await self.engine.mcp.describe() if self.engine.mcp else []
         emit(events.mcp_servers(servers))
-
-    async def on_kb_search(self, request: Request, emit: Emit) -> None:
-        """Search one named knowledge base (hybrid, as the kb_search tool does)."""
-        query: str = request.get("query")
-        if not query.strip():
-            raise BadRequest("kb_search needs words in 'query'")
-        found = await self.kbs.search(query, kbs=[request.get("kb")], limit=request.get("limit"))
-        emit(events.kb_results(kb_name(request.get("kb")), query, found.mode, found.note,
-                               [hit.to_json() for hit in found.hits]))
 
     def _mcp_servers(self, request: Request) -> list[str] | None:
         """The ``mcp_servers`` setting: configured names (null: the configuration's default)."""

@@ -52,7 +52,7 @@ MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p", "remember", "seq",
+    "temperature", "top_p", "remember", "object", "seq",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -80,7 +80,7 @@ S = FieldSpec
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str"),
             "ref": S("str"), "preset": S("str"), "temperature": S("temperature"), "top_p": S("top_p")},
-    "cancel": {"conversation": S("int"), "kb": S("str")},  # one of the two (handlers.on_cancel)
+    "cancel": {"conversation": S("int"), "kb": S("str"), "convert": S("str")},  # one of them (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     # ``conversation``, or ``ref``: the turn whose ask carried it (handlers.on_open)
     "open": {"conversation": S("int"), "ref": S("str"), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
@@ -116,6 +116,10 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     # a person's answer to a call waiting for approval (docs/PROTOCOL.md, "Approval")
     "approve": {"conversation": S("int", required=True), "call": S("str", required=True),
                 "allow": S("bool", required=True), "remember": S("remember")},
+    # local file operations (docs/PROTOCOL.md, "File operations"; fileops/)
+    "convert": {"operation": S("str", required=True), "files": S("str_list", required=True),
+                "options": S("object"), "output_dir": S("str")},
+    "operations": {},
 }
 
 _KIND_NAMES = {
@@ -132,6 +136,7 @@ _KIND_NAMES = {
     "temperature": "a number from 0 to 2, or null",
     "top_p": "a number above 0 and at most 1, or null",
     "remember": "one of " + ", ".join(REMEMBER),
+    "object": "a JSON object",
     "seq": "an integer from 0 (a watching or changed event's seq)",
 }
 
@@ -177,6 +182,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value in KB_INJECTION_MODES
     if kind == "remember":
         return value in REMEMBER
+    if kind == "object":
+        return isinstance(value, dict)
     if kind in ("temperature", "top_p"):
         return value is None or sampling_problem(kind, value) is None
     if kind == "limit":

@@ -310,6 +310,8 @@ class Server:
             self.door.stop_listening()
         for task in self._background:
             task.cancel()
+        if self._handlers is not None:
+            await self._handlers.converter.close()  # file operations: their tools killed, nothing half-written
         if self._engine is not None:
             await self._engine.shutdown(self.config.shutdown_grace)
         if self._requests:

@@ -18,6 +18,7 @@ from core.config import Config
 from core.errors import AssistantError, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
 from core.tools import Toolbox
+from fileops import FileConvert
 from history import AsyncHistory, Conversation
 from kbinject import KnowledgeBases
 from recall import default_toolbox
@@ -59,7 +60,8 @@ class TurnEngine:
         self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool()]), self._background, live, self.approvals, mcp=mcp,
+            Toolbox([*default_toolbox().tools, kbs.tool(), FileConvert(lambda: self.config)]),
+            self._background, live, self.approvals, mcp=mcp,
         )
 
     @property

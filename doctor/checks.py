@@ -24,6 +24,7 @@ HTTP_TIMEOUT = 10.0  # seconds the model server has for each of doctor's questio
 MCP_TIMEOUT = 120.0  # seconds the daemon has to start every MCP server and list their tools
 ROOMY_BYTES = 64 << 20  # free space under this and the daemon warns (history's ROOMY_BYTES)
 POPPLER = ("pdftotext", "pdftoppm", "pdfinfo")
+FFMPEG = ("ffmpeg", "ffprobe")  # convert's video operations (fileops/)
 
 
 @dataclass
@@ -183,10 +184,13 @@ async def _mcp(wire: Wire) -> list[Check]:
 
 
 def _local(config: Config, tell: Any) -> None:
-    """What this machine has: poppler, free space where the history is."""
+    """What this machine has: poppler, ffmpeg, free space where the history is."""
     lacking = [tool for tool in POPPLER if shutil.which(tool) is None]
     tell(Check("poppler", not lacking, f"no {', '.join(lacking)}: scanned PDF pages cannot be rendered; install "
                                        "poppler-utils (make setup does, with apt)" if lacking else "pdftotext, pdftoppm"))
+    video = [tool for tool in FFMPEG if shutil.which(tool) is None]
+    tell(Check("ffmpeg", not video, f"no {', '.join(video)}: convert cannot work on videos; install ffmpeg (make "
+                                    "setup does, with apt)" if video else "ffmpeg, ffprobe"))
     folder = config.data_dir
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent

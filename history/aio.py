@@ -289,6 +289,9 @@ class AsyncHistory:
     async def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
         return await self._call(self._store.attachment, cid, attachment_id)
 
+    async def add_attachments(self, cid: int, turn: int, attachments: Sequence[NewAttachment]) -> list[int]:
+        return await self._call(self._store.add_attachments, cid, turn, attachments)
+
     async def save_partial(self, cid: int, turn: int, reply: str) -> None:
         return await self._call(self._store.save_partial, cid, turn, reply)
 

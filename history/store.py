@@ -447,6 +447,14 @@ class HistoryStore:
         row = self._conn.execute(sql.SELECT_ATTACHMENT, (cid, attachment_id)).fetchone()
         return Attachment.from_row(row) if row else None
 
+    def add_attachments(self, cid: int, turn: int, attachments: Sequence[NewAttachment]) -> list[int]:
+        """Attach files to a turn already stored (a tool's outputs, file_convert's); their ids."""
+        now = self._now()
+        with self._transaction():
+            return [self._conn.execute(sql.INSERT_ATTACHMENT, (
+                cid, turn, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages, a.full_text, now,
+            )).lastrowid or 0 for a in attachments]
+
     def save_partial(self, cid: int, turn: int, reply: str) -> None:
         """Checkpoint a streaming reply; a crash then keeps what was already shown."""
         with self._transaction():

@@ -538,7 +538,8 @@ async def test_doctor_checks_the_set_up_one_line_each(
     code, out, err = await cli("doctor")
     assert code == 0, out + err
     lines = {line[6:20].strip(): line for line in out.splitlines()}
-    assert "FAIL" not in out and out.endswith("8 of 8 checks passed\n"), out
+    assert "FAIL" not in out and out.endswith("9 of 9 checks passed\n"), out
+    assert lines["ffmpeg"].endswith("ffmpeg, ffprobe")
     assert lines["ocr"].endswith("tesseract reads eng")
     assert f"on {config.socket_path}" in lines["daemon"]
     assert f"{router.url}: fake-text (ctx 4096, tools yes); fake-vision (ctx 8192, vision)" in lines["router"]

@@ -9,6 +9,8 @@ gives the space back.
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import errno
 import os
 import sqlite3
@@ -17,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from client import Wire, of_type, reply_text
@@ -280,3 +283,35 @@ async def test_knowledge_base_work_on_a_full_disk_stops_with_disk_full(
     finally:
         filler.unlink()
     await wire.close()
+
+
+async def test_a_door_question_with_a_file_on_a_full_disk_is_507_and_leaves_nothing(
+    config: Config, router: FakeRouter
+) -> None:
+    """Its file cannot be written: the door says the disk is full (not a 500), and no part of the
+    file, nor a conversation, is left behind."""
+    running = RunningDaemon(dataclasses.replace(config, openai_listen="127.0.0.1:0"))
+    await running.start()
+    try:
+        assert running.server is not None and running.server.door is not None
+        host, port = running.server.door.address or ("", 0)
+        key = (config.data_dir / "openai_key").read_text().strip()
+        filler = fill(config.data_dir)
+        data = base64.b64encode(b"x" * 200_000).decode()
+        body = {"model": "fake-text", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "read this"},
+            {"type": "file", "file": {"filename": "big.txt", "file_data": data}}]}]}
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"http://{host}:{port}/v1/chat/completions", json=body,
+                                       headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert answer.status_code == 507, answer.text
+        assert answer.json()["error"]["code"] == "disk_full" and "free some space" in answer.json()["error"]["message"]
+        assert not [p for p in (config.data_dir / "uploads").rglob("*") if p.is_file()]
+        filler.unlink()
+        wire = await running.connect()
+        try:
+            assert (await wire.request({"type": "conversations"}))["items"] == []
+        finally:
+            await wire.close()
+    finally:
+        await running.stop()

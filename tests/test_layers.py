@@ -1,6 +1,7 @@
 """The packages form floors: each imports only the floors below it, and nothing imports the daemon.
 
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core -> common
+                   daemon -> fileops -> attachments (its OCR)
                    daemon -> mcphost -> core
     assistant.py -> mcpserve -> client -> common
     assistant.py -> doctor -> {client, core.config}
@@ -27,7 +28,7 @@ import pytest
 from tests.test_client import bare_python
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("common", "core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
+OURS = ("common", "core", "history", "attachments", "fileops", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
         "selfcheck", "doctor")
 # what each package may import of ours
 ALLOWED = {
@@ -35,10 +36,12 @@ ALLOWED = {
     "core": {"common"},
     "history": {"common", "core"},
     "attachments": {"common", "core", "history"},
+    # the file operations (issue 47): above attachments, whose OCR reads scanned pages
+    "fileops": {"common", "core", "history", "attachments"},
     "recall": {"common", "core", "history", "attachments"},
     "kbinject": {"common", "core", "history", "attachments"},
     "mcphost": {"common", "core"},  # the MCP host: the daemon's, on the ground floor alone
-    "daemon": {"common", "core", "history", "attachments", "recall", "kbinject", "mcphost"},
+    "daemon": {"common", "core", "history", "attachments", "fileops", "recall", "kbinject", "mcphost"},
     # the command line and the socket client: standard library and common only (test below)
     "client": {"common"},
     # `assistant.py mcp ...`: a client of the socket, made of the client's own parts
@@ -47,7 +50,7 @@ ALLOWED = {
     "doctor": {"common", "client", "core"},
     "selfcheck": {"common", "core", "daemon", "client"},
 }
-DAEMON_SIDE = ("core", "history", "attachments", "recall", "kbinject", "mcphost", "daemon")
+DAEMON_SIDE = ("core", "history", "attachments", "fileops", "recall", "kbinject", "mcphost", "daemon")
 # what a client command may load of ours: the entry point and the client's packages
 CLIENT_START = {"__main__", "assistant", "common", "client", "mcpserve"}
 
@@ -135,3 +138,10 @@ def _all_imports(path: Path) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
     return frozenset(names)
+
+
+def test_no_function_over_60_lines_nor_a_class_over_300() -> None:
+    """The house's size rule (issue 43): scripts/sizes.py lists what breaks it."""
+    checked = subprocess.run([sys.executable, str(ROOT / "scripts" / "sizes.py")], cwd=ROOT, capture_output=True,
+                             text=True)
+    assert checked.returncode == 0, checked.stdout

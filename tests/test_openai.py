@@ -25,7 +25,7 @@ import pytest_asyncio
 from client import Wire, of_type
 from core import Config
 from history import IMPORTED
-from selfcheck.fakerouter import FakeRouter, Reply
+from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from selfcheck.samples import make_pdf, make_png
 from tests.conftest import RunningDaemon
 
@@ -342,3 +342,20 @@ async def test_llm_continues_one_conversation(
     listed = await wire.request({"type": "conversations"})
     assert [c["turns"] for c in listed["items"]] == [2]
     assert [m["content"] for m in router.requests[-1]["messages"][1:]] == ["Name a colour.", "Blue.", "Another one?"]
+
+
+async def test_models_are_listed_by_their_short_names(door: tuple[str, str], router: FakeRouter) -> None:
+    """llama-server without --alias names its model by the GGUF path: the door lists the file's
+    name, and a request naming it reaches that model by its own id."""
+    path = "/home/me/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    router.models = [FakeModel(path), FakeModel("/a/tiny.gguf"), FakeModel("/b/tiny.gguf")]
+    client = sdk(door)
+    try:
+        listed = [m.id async for m in client.models.list()]
+        assert listed == ["SmolLM2-135M-Instruct.Q4_1", "/a/tiny.gguf", "/b/tiny.gguf"]  # a shared name: the ids
+        answer = await client.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1", messages=[{"role": "user", "content": "hi"}])
+        assert answer.choices[0].message.content == "You said: hi"
+        assert router.requests[-1]["model"] == path
+    finally:
+        await client.close()

@@ -25,6 +25,7 @@ import os
 import resource
 import secrets
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from common import OPENAI_KEY_FILE
 from core.config import Config
 from core.errors import AssistantError, BadRequest, RouterError, RouterUnreachable, StartupError
 from core.jsontext import compact_json, strict_loads
+from core.models import ModelInfo, display_name
 from core.router import RouterClient
 from history import AsyncHistory, thread_digest
 
@@ -247,7 +249,7 @@ class OpenAIDoor:
         except (RouterUnreachable, RouterError) as exc:
             raise http_error(exc) from None
         reply.json(200, {"object": "list", "data": [
-            {"id": m.id, "object": "model", "created": 0, "owned_by": "assistant"} for m in models
+            {"id": name, "object": "model", "created": 0, "owned_by": "assistant"} for name in short_ids(models)
         ]})
 
     async def _chat(self, request: HttpRequest, reply: HttpReply) -> None:
@@ -268,7 +270,10 @@ class OpenAIDoor:
             written: list[Path] = []
             try:
                 if chat.uploads:
-                    paths, written = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+                    try:
+                        paths, written = await asyncio.to_thread(spool, chat.uploads, self.config.data_dir / UPLOADS)
+                    except AssistantError as exc:  # a full disk
+                        raise http_error(exc) from None
                 await self._run(_ask_request(chat, cid, paths), relay, reply)
             finally:
                 if relay.conversation is None:  # refused before its question was stored: keep nothing
@@ -384,6 +389,14 @@ def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> TurnReques
     return TurnRequest(text=chat.question, files=paths, conversation=cid, model=chat.model or None,
                        system=chat.system if cid is None else None, sampling=chat.sampling, client_tools=chat.tools,
                        tool_results=chat.tool_results)
+
+
+def short_ids(models: list[ModelInfo]) -> list[str]:
+    """The ids a client is shown: a model's short name (a GGUF path's file name) where no other
+    model has it, so ``llm`` and Open WebUI configurations stay short; the router's id else.
+    A chat request naming either is the same model (``RouterClient.model_info``)."""
+    names = Counter(display_name(m.id).casefold() for m in models)
+    return [display_name(m.id) if names[display_name(m.id).casefold()] == 1 else m.id for m in models]
 
 
 def http_error(exc: AssistantError) -> HttpError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import math
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from attachments import MAX_FILES, too_many_files
-from core.errors import BadRequest
+from core.errors import BadRequest, DiskFull
 from core.sampling import sampling_problem
 
 __all__ = ["ChatAsk", "Upload", "read_chat", "spool", "unspool"]
@@ -278,17 +279,22 @@ def spool(uploads: list[Upload], folder: Path) -> tuple[list[str], list[Path]]:
     ``unspool`` removes when the question is refused)."""
     paths: list[str] = []
     written: list[Path] = []
-    for upload in uploads:
-        digest = hashlib.sha256(upload.data).hexdigest()[:32]
-        place = folder / digest
-        place.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = place / stored_name(upload.name)
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(upload.data)
-            written.append(path)
-        paths.append(str(path))
+    try:
+        for upload in uploads:
+            place = folder / hashlib.sha256(upload.data).hexdigest()[:32]
+            place.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = place / stored_name(upload.name)
+            if not path.exists():
+                written.append(path)  # a part written is removed too
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(upload.data)
+            paths.append(str(path))
+    except OSError as exc:
+        unspool(written)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f"the disk holding {folder} is full; free some space, then send the question again") from exc
+        raise
     return paths, written
 
 

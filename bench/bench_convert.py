@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""convert: each file operation through the daemon against the same work run directly.
+
+Inputs are made once per run in a temporary folder: a 50-page text PDF
+(``selfcheck/samples.py``) and a 60-second 1280x720 30 fps video with sound (ffmpeg's
+``testsrc2`` and ``sine``). The daemon is its own process (``benchlib.Daemon``); each
+operation is a ``convert`` on its socket, timed from the request line to ``converted``.
+The direct run is what a person would type for the same output:
+
+- ``pdf_merge`` (the PDF twice), ``pdf_pages`` (``2-40``, turned 90°): the same pypdf
+  calls in a fresh ``python -c`` (the daemon's worker is such a process too);
+- ``pdf_to_markdown``: ``pdftohtml -xml -i -stdout`` alone (the Markdown is made in the
+  daemon from that output);
+- ``video_to_audio``: ``ffmpeg -i V -vn -c:a copy A.m4a``;
+- ``video_to_gif`` (5 s at 10 fps, 480 px): the same one-pass palette command;
+- ``trackcrop`` (9:16): ffmpeg decoding the video at 160 px grey to ``/dev/null`` (the
+  measure's pass, without numpy), then the same crop render with the window fixed.
+
+Runs alternate, ``--runs`` of each (default 3); the medians are compared. Target: the
+daemon within 1.1x of the direct run (issue 47).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchlib import Daemon, fake_router_process, header, median, temp_dir, terminate_on_sigterm, verdict
+
+from client import Wire
+from selfcheck.samples import make_pdf
+
+TARGET = 1.1
+PAGES = 50
+SECONDS = 60
+MERGE = """import sys
+from pypdf import PdfReader, PdfWriter
+w = PdfWriter()
+for p in sys.argv[2:]:
+    for page in PdfReader(p).pages: w.add_page(page)
+w.write(sys.argv[1])
+"""
+PAGES_CODE = """import sys
+from pypdf import PdfReader, PdfWriter
+w = PdfWriter()
+for page in PdfReader(sys.argv[2]).pages[1:40]: w.add_page(page).rotate(90)
+w.write(sys.argv[1])
+"""
+
+
+def make_inputs(folder: Path) -> tuple[Path, Path]:
+    pdf = make_pdf(folder / "doc.pdf", [f"Page {n}\n" + "A line of text on the page.\n" * 30 for n in range(PAGES)])
+    video = folder / "clip.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc2=size=1280x720:rate=30:duration={SECONDS}",
+                    "-f", "lavfi", "-i", f"sine=frequency=440:duration={SECONDS}", "-c:v", "libx264", "-preset",
+                    "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(video)], check=True)
+    return pdf, video
+
+
+def direct_runs(pdf: Path, video: Path, out: Path) -> dict[str, Callable[[], None]]:
+    def run(*args: str) -> None:
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+
+    def trackcrop() -> None:
+        run("ffmpeg", "-v", "error", "-nostdin", "-i", str(video), "-an", "-vf", "scale=160:90,format=gray",
+            "-f", "rawvideo", "-pix_fmt", "gray", "-y", "/dev/null")
+        run("ffmpeg", "-v", "error", "-nostdin", "-i", str(video), "-vf", "crop=404:720:400:0", "-c:v", "libx264",
+            "-preset", "veryfast", "-crf", "20", "-pix_fmt", "yuv420p", "-c:a", "aac", "-y", str(out / "crop.mp4"))
+
+    gif = ("fps=10,scale=480:-2:flags=lanczos,split[a][b];[a]palettegen=stats_mode=diff[p];"
+           "[b][p]paletteuse=dither=bayer")
+    return {
+        "pdf_merge": lambda: run(sys.executable, "-c", MERGE, str(out / "m.pdf"), str(pdf), str(pdf)),
+        "pdf_pages": lambda: run(sys.executable, "-c", PAGES_CODE, str(out / "p.pdf"), str(pdf)),
+        "pdf_to_markdown": lambda: run("pdftohtml", "-xml", "-i", "-stdout", "-q", str(pdf)),
+        "video_to_audio": lambda: run("ffmpeg", "-v", "error", "-nostdin", "-i", str(video), "-vn", "-c:a", "copy",
+                                      "-y", str(out / "a.m4a")),
+        "video_to_gif": lambda: run("ffmpeg", "-v", "error", "-nostdin", "-ss", "0", "-t", "5", "-i", str(video), "-an",
+                                    "-filter_complex", gif, "-loop", "0", "-y", str(out / "g.gif")),
+        "trackcrop": trackcrop,
+    }
+
+
+def requests(pdf: Path, video: Path, out: Path) -> dict[str, dict[str, Any]]:
+    def convert(operation: str, files: list[Path], **options: Any) -> dict[str, Any]:
+        return {"type": "convert", "operation": operation, "files": [str(f) for f in files], "options": options,
+                "output_dir": str(out)}
+
+    return {
+        "pdf_merge": convert("pdf_merge", [pdf, pdf]),
+        "pdf_pages": convert("pdf_pages", [pdf], pages="2-40", rotate=90),
+        "pdf_to_markdown": convert("pdf_to_markdown", [pdf]),
+        "video_to_audio": convert("video_to_audio", [video]),
+        "video_to_gif": convert("video_to_gif", [video], duration=5),
+        "trackcrop": convert("trackcrop", [video]),
+    }
+
+
+async def through_daemon(wire: Wire, request: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    rid = await wire.send(request)
+    end = (await wire.until(rid, ("converted", "error")))[-1]
+    took = time.perf_counter() - started
+    if end["type"] != "converted":
+        raise RuntimeError(f"{request['operation']}: {end}")
+    for chip in end["outputs"]:
+        Path(chip["path"]).unlink()  # the next run writes the same name, not "name (1)"
+    return took
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", help="one operation")
+    args = parser.parse_args()
+    terminate_on_sigterm()
+    header("convert: each operation through the daemon against the same work run directly")
+    with temp_dir("conv") as work, fake_router_process() as url, Daemon(work / "d", url) as daemon:
+        out = work / "out"
+        out.mkdir()
+        pdf, video = make_inputs(work)
+        direct, asked = direct_runs(pdf, video, out), requests(pdf, video, out)
+        wire = await Wire.open(daemon.socket_path, timeout=600)
+        ok = True
+        for operation in [args.only] if args.only else list(asked):
+            ours, theirs = [], []
+            for _ in range(args.runs):
+                ours.append(await through_daemon(wire, asked[operation]))
+                started = time.perf_counter()
+                await asyncio.to_thread(direct[operation])
+                theirs.append(time.perf_counter() - started)
+            ratio = median(ours) / median(theirs)
+            ok &= ratio <= TARGET
+            print(f"{operation:16} daemon {median(ours):7.3f} s  direct {median(theirs):7.3f} s  "
+                  f"ratio {ratio:.2f}  {verdict(ratio <= TARGET)}", flush=True)
+        await wire.close()
+    print(f"target: every operation within {TARGET}x of the direct run: {verdict(ok)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
