@@ -108,6 +108,7 @@ class Turn:
         self.conversation: int | None = None
         self.turn: int | None = None  # known from the `user` event
         self.sent = False  # the request went out: it may have reached the daemon
+        self.ref: str | None = None  # the ask's ref (``run``)
         self.shown = ""  # the reply's text shown so far
         self.cancelling = False
         self._cancel_sent: asyncio.Future[Any] | None = None
@@ -127,11 +128,20 @@ class Turn:
 
     async def run(self, request: dict[str, Any]) -> int:
         self.conversation = request.get("conversation")
-        # the ask's own reference: a connection lost before ``user`` finds the turn by it (open with ref)
-        request.setdefault("ref", new_ref())
+        # the ask's own reference: a connection lost before ``user`` finds the turn by it (``find``)
+        self.ref = request.setdefault("ref", new_ref())
         rid = await self.client.send(request)
         self.sent = True
         return await self._events(rid)
+
+    async def find(self, client: Wire) -> bool:
+        """Whether the daemon stored this ask, whose ``user`` event was lost with its connection:
+        found by its ``ref``, its conversation and turn are then known (``rejoin`` follows it)."""
+        found = await client.request({"type": "open", "ref": self.ref})
+        if found["type"] != "conversation" or not found["turns"]:
+            return False  # not stored (not_found), or a daemon that cannot tell (an older one)
+        self.conversation, self.turn = found["conversation"], found["turns"][0]["turn"]
+        return True
 
     async def rejoin(self, client: Wire) -> int:
         """Go on showing this turn on ``client``, a new connection: its reply followed from where
