@@ -90,9 +90,11 @@ MODEL ?= smollm2
 demo: setup
 	$(PY) scripts/llama.py demo --model $(MODEL)
 
+# tests/e2e_tools/ runs too where the tool-calling model is cached (make e2e-tools fetched it);
+# without it, its tests are skipped with the reason
 e2e: setup
 	@$(PY) scripts/llama.py install || echo "e2e: llama-server could not be installed; tests/e2e is skipped (reason below)"
-	$(PY) -m pytest tests/e2e/ -v -rs
+	$(PY) -m pytest tests/e2e/ tests/e2e_tools/ -v -rs
 
 e2e-tools: setup
 	@$(PY) scripts/llama.py install --tools || echo "e2e-tools: the model could not be installed; tests/e2e_tools is skipped (reason below)"

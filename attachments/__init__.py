@@ -10,8 +10,9 @@ The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, p
   and for storage (images as ``image_ref`` parts);
 - ``resolve_image_refs(messages)`` on stored history before sending it again;
 - ``estimate_files(paths, ...)`` for the ``estimate`` request;
-- ``configure_ocr(folder, languages, images)`` at start and ``ocr_support()`` for
-  ``status``: scanned pages read by tesseract (``ocr.py``).
+- each of them takes the daemon's ``FileReaders`` (``readers.py``), made once at start:
+  ``Ocr`` (scanned pages read by tesseract, ``ocr.py``; ``support()`` for ``status``) and
+  ``ImageCache`` (the decode thread, the pixel budget and the caches, ``imagecache.py``).
 
 It stands on ``core`` alone (errors, safe file opening, token rates).
 """
@@ -29,13 +30,12 @@ from .extract import (
     read_text_file,
     too_many_files,
 )
-from .imagecache import configure_image_cache, decodes, image_data_url
-from .ocr import OcrSupport, configure_ocr, ocr_support
-from .ocr import page_texts as ocr_page_texts
-from .ocr import read_pages as ocr_read_pages
+from .imagecache import ImageCache
+from .ocr import Ocr, OcrSupport
 from .images import MAX_IMAGE_BYTES
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
+from .readers import FileReaders
 from .refs import attached_image, image_ref, resolve_image_refs, user_content
 
 __all__ = [
@@ -46,23 +46,19 @@ __all__ = [
     "PAGE_BREAK",
     "PAGE_MARKER",
     "Chip",
+    "FileReaders",
+    "ImageCache",
     "ImageAttachment",
     "Kind",
+    "Ocr",
     "OcrSupport",
     "Prepared",
     "attached_image",
     "budget_chars",
     "classify",
-    "configure_image_cache",
-    "configure_ocr",
-    "decodes",
     "estimate_files",
     "fair_shares",
-    "image_data_url",
     "image_ref",
-    "ocr_page_texts",
-    "ocr_read_pages",
-    "ocr_support",
     "prepare_files",
     "read_pdf_text",
     "read_sent_pages",

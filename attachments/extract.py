@@ -45,13 +45,12 @@ from core.files import check_path, open_regular, read_head, sha256_file
 from core.filethreads import FILE_THREADS
 from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
-from . import ocr, pdf
+from . import pdf
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
 from .classify import Kind, classify, is_code
-from .imagecache import encode as encode_probed
-from .imagecache import reserve_pixels, thumbnail
 from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
-from .ocr import OcrProgress, ocr_images, ocr_support
+from .ocr import OCR_PAGE_CHARS, Ocr, OcrProgress
+from .readers import FileReaders
 from .tasks import gather_all
 
 __all__ = [
@@ -203,16 +202,16 @@ def too_many_files(count: int) -> TooManyFiles:
     return TooManyFiles(f"at most {MAX_FILES} files can go with one question; you sent {count}, send fewer")
 
 
-async def _stage_all(paths: Sequence[str], *, model: str, vision: bool) -> list[_Staged]:
+async def _stage_all(paths: Sequence[str], ocr: Ocr, *, model: str, vision: bool) -> list[_Staged]:
     """Stage every path, refusing too many files, and images for a blind model unless they are
     read by OCR (``ocr_images``)."""
     if len(paths) > MAX_FILES:
         raise too_many_files(len(paths))
     staged = await gather_all(FILE_THREADS.run(str(path), _stage_file, path) for path in paths)
     if not vision and any(item.kind == "image" for item in staged):
-        if not ocr_images():
+        if not ocr.images:
             raise _no_vision(model, hint=OCR_IMAGES_CURE)
-        if not (support := await ocr_support()).available:
+        if not (support := await ocr.support()).available:
             raise _no_vision(model, hint=support.note)
     return staged
 
@@ -238,13 +237,13 @@ class _PagePlan:
     later: list[int] = field(default_factory=list)  # shown, and read by OCR once the question is sent
 
 
-async def _plan_pages(text: pdf.PdfText, *, name: str, model: str, vision: bool) -> _PagePlan:
+async def _plan_pages(text: pdf.PdfText, ocr: Ocr, *, name: str, model: str, vision: bool) -> _PagePlan:
     """A PDF's pages to send as images, to read by OCR and only to list; NoVision when a blind
     model needs pages that cannot be read by OCR (tesseract or its language missing)."""
     shown, hidden = pdf.pages_to_show(text)
     if not shown:
         return _PagePlan([], [], hidden)
-    support = await ocr_support()
+    support = await ocr.support()
     if vision:
         return _PagePlan(shown, [], hidden, shown if support.available else [])
     if not support.available:
@@ -294,14 +293,16 @@ async def _extract_text(item: _Staged) -> _Extracted:
     return _Extracted(text, max(text_weight(text) + 1, item.size), full, None, item.size, "bytes", truncated=True)
 
 
-async def _extract_image(item: _Staged, probe: Probe, *, vision: bool, progress: OcrProgress) -> _Extracted:
+async def _extract_image(
+    item: _Staged, probe: Probe, readers: FileReaders, *, vision: bool, progress: OcrProgress
+) -> _Extracted:
     """An image file's extraction: the data URL the model sees (decoded once, see imagecache.py),
     or for a model without vision the text OCR reads in it (``ocr_images``)."""
-    encoded = await encode_probed(probe, item.name)
-    shown = await thumbnail(probe.sha256, encoded)
+    encoded = await readers.images.encode(probe, item.name)
+    shown = await readers.images.thumbnail(probe.sha256, encoded)
     if not vision:
         raw = base64.b64decode(encoded.data_url.partition(",")[2])
-        found = await ocr.read_image(raw, item.name, probe.sha256, progress)
+        found = await readers.ocr.read_image(raw, item.name, probe.sha256, progress)
         if found is None:
             body = f"{pdf.OCR_MARK} (tesseract could not read the image)"
         else:
@@ -314,14 +315,14 @@ async def _extract_image(item: _Staged, probe: Probe, *, vision: bool, progress:
 
 
 async def _extract_pdf(
-    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, progress: OcrProgress
+    item: _Staged, ocr: Ocr, *, model: str, vision: bool, limit: asyncio.Semaphore, progress: OcrProgress
 ) -> _Extracted:
     """A PDF's extraction: its text layer, and its pages without text rendered or read by OCR."""
     hashing = asyncio.ensure_future(FILE_THREADS.run(item.path, sha256_file, item.path))
     pending: list[asyncio.Future[Any]] = [hashing]
     try:
         text = await pdf.read_text(item.path, item.name)
-        plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
+        plan = await _plan_pages(text, ocr, name=item.name, model=model, vision=vision)
         # pages render while tesseract reads (the file's hash is the OCR cache's key)
         rendering = asyncio.ensure_future(gather_all(
             pdf.render_page(item.path, item.name, page, text.sizes.get(page), limit) for page in plan.shown
@@ -396,18 +397,19 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
 
 
 async def _extract(
-    item: _Staged, *, model: str, vision: bool, limit: asyncio.Semaphore, probe: Probe | None, progress: OcrProgress
+    item: _Staged, readers: FileReaders, *, model: str, vision: bool, limit: asyncio.Semaphore,
+    probe: Probe | None, progress: OcrProgress,
 ) -> _Extracted:
     """Extract one staged file by its kind (an image probed already)."""
     if item.kind == "text":
         return await _extract_text(item)
     if probe is not None:
-        return await _extract_image(item, probe, vision=vision, progress=progress)
-    return await _extract_pdf(item, model=model, vision=vision, limit=limit, progress=progress)
+        return await _extract_image(item, probe, readers, vision=vision, progress=progress)
+    return await _extract_pdf(item, readers.ocr, model=model, vision=vision, limit=limit, progress=progress)
 
 
 async def prepare_files(
-    paths: Sequence[str], *, model: str, vision: bool, ctx_max: int, ctx_used: int,
+    paths: Sequence[str], readers: FileReaders, *, model: str, vision: bool, ctx_max: int, ctx_used: int,
     on_ocr: Callable[[int, int], None] | None = None,
 ) -> list[Prepared]:
     """Check, extract and budget a question's files, in the order given; ``on_ocr(done, total)``
@@ -417,14 +419,14 @@ async def prepare_files(
     first file that cannot be used; then nothing should be sent.
     """
     started = time.monotonic()
-    staged = await _stage_all(paths, model=model, vision=vision)
+    staged = await _stage_all(paths, readers.ocr, model=model, vision=vision)
     limit = asyncio.Semaphore(pdf.RENDER_CONCURRENCY)
     progress = OcrProgress(on_ocr)
     # images are read, hashed and sized first: their pixels are reserved together
     probes = await gather_all(_probe(item) for item in staged)
-    async with reserve_pixels([p for p in probes if p is not None], "the images of this question"):
+    async with readers.images.reserve_pixels([p for p in probes if p is not None], "the images of this question"):
         extracted = await gather_all(
-            _extract(item, model=model, vision=vision, limit=limit, probe=probe, progress=progress)
+            _extract(item, readers, model=model, vision=vision, limit=limit, probe=probe, progress=progress)
             for item, probe in zip(staged, probes)
         )
     shares = fair_shares([done.need for done in extracted], budget_chars(ctx_max, ctx_used))
@@ -434,7 +436,7 @@ async def prepare_files(
     return prepared
 
 
-async def read_sent_pages(prepared: Prepared) -> tuple[str, dict[int, str]]:
+async def read_sent_pages(prepared: Prepared, ocr: Ocr) -> tuple[str, dict[int, str]]:
     """Read by OCR the scanned pages a vision model was sent as images (``read_later``), after
     the question went: the file's recall text with their text, and the text of each page."""
     assert prepared.sha256 is not None and prepared.full_text is not None
@@ -453,7 +455,7 @@ async def _probe(item: _Staged) -> Probe | None:
     return probe
 
 
-async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int, int, bool]:
+async def _estimate_one(item: _Staged, ocr: Ocr, *, model: str, vision: bool) -> tuple[int, int, bool]:
     """A staged file's text need (characters), image count, and whether page images are left
     out (a PDF with more scanned pages than are shown), without rendering anything."""
     if item.kind == "text":
@@ -465,17 +467,18 @@ async def _estimate_one(item: _Staged, *, model: str, vision: bool) -> tuple[int
         return text_weight(read), 0, False
     if item.kind == "image":
         # read by OCR for a model without vision (staging refused it otherwise)
-        return (ocr.OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)
+        return (OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)
     text = await pdf.read_text(item.path, item.name)
-    plan = await _plan_pages(text, name=item.name, model=model, vision=vision)
+    plan = await _plan_pages(text, ocr, name=item.name, model=model, vision=vision)
     if plan.read:  # the pages' text is not known before tesseract reads them
         body = pdf.pdf_body(text, [], dict.fromkeys(plan.read, ""))
-        return len(body) + ocr.OCR_PAGE_CHARS * len(plan.read), 0, bool(plan.hidden)
+        return len(body) + OCR_PAGE_CHARS * len(plan.read), 0, bool(plan.hidden)
     return len(pdf.pdf_body(text, plan.shown)), len(plan.shown), bool(plan.hidden)
 
 
 async def estimate_files(
     paths: Sequence[str],
+    readers: FileReaders,
     *,
     image_tokens: int = DEFAULT_IMAGE_TOKENS,
     model: str = "",
@@ -493,8 +496,8 @@ async def estimate_files(
     paths, kinds, sizes and vision; damaged images are only found by
     ``prepare_files``, which decodes them.
     """
-    staged = await _stage_all(paths, model=model, vision=vision)
-    counted = await gather_all(_estimate_one(item, model=model, vision=vision) for item in staged)
+    staged = await _stage_all(paths, readers.ocr, model=model, vision=vision)
+    counted = await gather_all(_estimate_one(item, readers.ocr, model=model, vision=vision) for item in staged)
     shares = fair_shares([need for need, _, _ in counted], budget_chars(ctx_max, ctx_used))
     return [
         {

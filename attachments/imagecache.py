@@ -44,8 +44,7 @@ from core.filethreads import FILE_THREADS
 
 from .images import MAX_IMAGE_PIXELS, EncodedImage, Probe, _data_url, decode_pixels, encode_image, pillow, probe_data, probe_image
 
-__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "THUMBNAIL_PX", "cached_image", "configure_image_cache",
-           "decodes", "evict_least_used", "image_data_url", "load_image", "reserve_pixels", "thumbnail"]
+__all__ = ["CACHE_BYTES", "MAX_WAITING_PIXELS", "THUMBNAIL_PX", "ImageCache", "evict_least_used"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,59 +53,6 @@ MAX_WAITING_PIXELS = 16 * MAX_IMAGE_PIXELS  # two questions of eight images at t
 CACHE_BYTES = 256 * 1024 * 1024
 CACHE_VERSION = 1  # part of each entry's name: a change in how images are encoded starts afresh
 THUMBNAIL_PX = 256  # a thumbnail's longest side: a chip's picture, not the image
-
-
-class _State:
-    """The module's one budget and cache folder (set by the daemon at start)."""
-
-    def __init__(self) -> None:
-        self.cache_dir: Path | None = None
-        self.thumbnails_dir: Path | None = None
-        self.waiting = 0  # pixels reserved by questions, not yet decoded
-        self.decoder: ThreadPoolExecutor | None = None  # made on the first decode
-        self.decodes = 0  # images decoded since start: a resend from the cache adds none
-
-
-_state = _State()
-
-
-def configure_image_cache(folder: Path | None, thumbnails: Path | None = None) -> None:
-    """Keep encoded images in ``folder`` and chips' thumbnails in ``thumbnails`` (each made 0700
-    when missing); None keeps none."""
-    _state.cache_dir = _folder(folder, "images are decoded on every turn")
-    _state.thumbnails_dir = _folder(thumbnails, "image chips have no thumbnail")
-
-
-def _folder(folder: Path | None, without: str) -> Path | None:
-    if folder is not None:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            logger.warning("cannot use %s (%s): %s", folder, exc, without)
-            return None
-    return folder
-
-
-def decodes() -> int:
-    """How many images were decoded since start (the cache's hits are not)."""
-    return _state.decodes
-
-
-@asynccontextmanager
-async def reserve_pixels(probes: Sequence[Probe], what: str) -> AsyncIterator[None]:
-    """Reserve the pixels ``probes`` will decode, together, for as long as the block runs;
-    ``TooManyPixels`` when the pixels waiting across questions would pass ``MAX_WAITING_PIXELS``."""
-    pixels = sum(decode_pixels(p) for p in probes)
-    if _state.waiting and _state.waiting + pixels > MAX_WAITING_PIXELS:
-        raise TooManyPixels(
-            f"{what}: other questions are still decoding {_state.waiting // 1_000_000} megapixels of images, "
-            f"and these add {pixels // 1_000_000}; ask again in a moment, or attach scaled-down copies"
-        )
-    _state.waiting += pixels
-    try:
-        yield
-    finally:
-        _state.waiting -= pixels
 
 
 RELEASE_PIXELS = 16_000_000  # after decoding an image this large, freed memory goes back to the system
@@ -131,50 +77,6 @@ def _release_memory() -> None:
         pass
 
 
-def _entry(sha256: str) -> Path | None:
-    folder = _state.cache_dir
-    return folder / f"{sha256}.v{CACHE_VERSION}" if folder is not None else None
-
-
-def cached_image(probe: Probe) -> EncodedImage | None:
-    """What the model was sent for this file before, if the cache holds it (blocking)."""
-    entry = _entry(probe.sha256)
-    if entry is None:
-        return None
-    try:
-        with open(entry, "rb") as handle:
-            meta = json.loads(handle.readline())
-            body = handle.read()
-        os.utime(entry)  # recently used: evicted last
-    except (OSError, ValueError):
-        return None
-    if meta.get("reencoded"):
-        url = f"data:{meta['mime']};base64,{base64.b64encode(body).decode('ascii')}"
-    else:
-        url = _data_url(meta["mime"], probe.data)
-    return EncodedImage(url, meta["mime"], meta["width"], meta["height"], bool(meta.get("reencoded")))
-
-
-def _store(probe: Probe, encoded: EncodedImage) -> None:
-    """Keep ``encoded`` for later turns; a failure (a full disk) only costs a decode later."""
-    entry = _entry(probe.sha256)
-    if entry is None:
-        return
-    meta = {"mime": encoded.mime, "width": encoded.width, "height": encoded.height, "reencoded": encoded.reencoded}
-    body = base64.b64decode(encoded.data_url.partition(",")[2]) if encoded.reencoded else b""
-    temporary = entry.with_suffix(".tmp")
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(json.dumps(meta).encode() + b"\n" + body)
-        os.replace(temporary, entry)
-    except OSError as exc:
-        logger.debug("image cache: %s not kept (%s)", probe.sha256, exc)
-        temporary.unlink(missing_ok=True)
-        return
-    evict_least_used(entry.parent, CACHE_BYTES)
-
-
 def evict_least_used(folder: Path, limit: int) -> None:
     """Drop the least recently used entries of a cache folder while it holds more than ``limit``
     bytes (an entry's mtime is when it was last used)."""
@@ -188,34 +90,6 @@ def evict_least_used(folder: Path, limit: int) -> None:
             break
         entry.unlink(missing_ok=True)
         total -= size
-
-
-async def encode(probe: Probe, name: str) -> EncodedImage:
-    """The image the model gets for ``probe``: from the cache, else decoded within the budget."""
-    cached = await asyncio.to_thread(cached_image, probe)
-    if cached is not None:
-        return cached
-    if _state.decoder is None:
-        _state.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
-    encoded = await asyncio.get_running_loop().run_in_executor(_state.decoder, _encode, probe, name)
-    _state.decodes += 1
-    await asyncio.to_thread(_store, probe, encoded)
-    return encoded
-
-
-async def thumbnail(sha256: str, encoded: EncodedImage) -> str | None:
-    """The path of the thumbnail of the image file of hash ``sha256``, made from ``encoded`` (what
-    the model is sent) unless it exists; None when there is no folder for it or it cannot be made."""
-    folder = _state.thumbnails_dir
-    if folder is None:
-        return None
-    path = folder / f"{sha256}.png"
-    if await asyncio.to_thread(path.is_file):
-        return str(path)  # the same file attached before
-    if _state.decoder is None:
-        _state.decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
-    made = await asyncio.get_running_loop().run_in_executor(_state.decoder, _make_thumbnail, encoded, path)
-    return str(path) if made else None
 
 
 def _make_thumbnail(encoded: EncodedImage, path: Path) -> bool:
@@ -242,22 +116,133 @@ def _make_thumbnail(encoded: EncodedImage, path: Path) -> bool:
     return True
 
 
-async def image_data_url(data: bytes, name: str) -> str:
-    """An image handed over whole (an MCP tool's result) as the model gets it: checked, decoded
-    within the pixel budget and scaled down as an attached file is; FileRefused when it cannot be
-    used (not an image, damaged, a bomb, over 20 MB)."""
-    probe = await asyncio.to_thread(probe_data, data, name)
-    async with reserve_pixels([probe], name):
-        return (await encode(probe, name)).data_url
+def _folder(folder: Path | None, without: str) -> Path | None:
+    if folder is not None:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            logger.warning("cannot use %s (%s): %s", folder, exc, without)
+            return None
+    return folder
 
 
-async def load_image(path: str, name: str, expected: str | None = None) -> tuple[EncodedImage, str] | None:
-    """The image at ``path`` for the model and its hash; None when its hash is not ``expected``.
+class ImageCache:
+    """The daemon's images: the cache of what the model was sent, chips' thumbnails, the one
+    decode thread and the pixel budget across questions. Made once at start by the server and
+    handed to what reads files."""
 
-    Raises FileRefused for a file that cannot be used.
-    """
-    probe = await FILE_THREADS.run(path, probe_image, path, name, expected)
-    if probe is None:
-        return None
-    async with reserve_pixels([probe], name):
-        return await encode(probe, name), probe.sha256
+    def __init__(self, folder: Path | None = None, thumbnails: Path | None = None) -> None:
+        """Keep encoded images in ``folder`` and chips' thumbnails in ``thumbnails`` (each made 0700
+        when missing); None keeps none."""
+        self.cache_dir = _folder(folder, "images are decoded on every turn")
+        self.thumbnails_dir = _folder(thumbnails, "image chips have no thumbnail")
+        self.waiting = 0  # pixels reserved by questions, not yet decoded
+        self.decodes = 0  # images decoded since start: a resend from the cache adds none
+        self._decoder: ThreadPoolExecutor | None = None  # made on the first decode
+
+    def close(self) -> None:
+        """Let the decode thread end once what it was given is done."""
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False)
+            self._decoder = None
+
+    @asynccontextmanager
+    async def reserve_pixels(self, probes: Sequence[Probe], what: str) -> AsyncIterator[None]:
+        """Reserve the pixels ``probes`` will decode, together, for as long as the block runs;
+        ``TooManyPixels`` when the pixels waiting across questions would pass ``MAX_WAITING_PIXELS``."""
+        pixels = sum(decode_pixels(p) for p in probes)
+        if self.waiting and self.waiting + pixels > MAX_WAITING_PIXELS:
+            raise TooManyPixels(
+                f"{what}: other questions are still decoding {self.waiting // 1_000_000} megapixels of images, "
+                f"and these add {pixels // 1_000_000}; ask again in a moment, or attach scaled-down copies"
+            )
+        self.waiting += pixels
+        try:
+            yield
+        finally:
+            self.waiting -= pixels
+
+    def _entry(self, sha256: str) -> Path | None:
+        return self.cache_dir / f"{sha256}.v{CACHE_VERSION}" if self.cache_dir is not None else None
+
+    def cached_image(self, probe: Probe) -> EncodedImage | None:
+        """What the model was sent for this file before, if the cache holds it (blocking)."""
+        entry = self._entry(probe.sha256)
+        if entry is None:
+            return None
+        try:
+            with open(entry, "rb") as handle:
+                meta = json.loads(handle.readline())
+                body = handle.read()
+            os.utime(entry)  # recently used: evicted last
+        except (OSError, ValueError):
+            return None
+        if meta.get("reencoded"):
+            url = f"data:{meta['mime']};base64,{base64.b64encode(body).decode('ascii')}"
+        else:
+            url = _data_url(meta["mime"], probe.data)
+        return EncodedImage(url, meta["mime"], meta["width"], meta["height"], bool(meta.get("reencoded")))
+
+    def _store(self, probe: Probe, encoded: EncodedImage) -> None:
+        """Keep ``encoded`` for later turns; a failure (a full disk) only costs a decode later."""
+        entry = self._entry(probe.sha256)
+        if entry is None:
+            return
+        meta = {"mime": encoded.mime, "width": encoded.width, "height": encoded.height, "reencoded": encoded.reencoded}
+        body = base64.b64decode(encoded.data_url.partition(",")[2]) if encoded.reencoded else b""
+        temporary = entry.with_suffix(".tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(json.dumps(meta).encode() + b"\n" + body)
+            os.replace(temporary, entry)
+        except OSError as exc:
+            logger.debug("image cache: %s not kept (%s)", probe.sha256, exc)
+            temporary.unlink(missing_ok=True)
+            return
+        evict_least_used(entry.parent, CACHE_BYTES)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._decoder is None:
+            self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD)
+        return self._decoder
+
+    async def encode(self, probe: Probe, name: str) -> EncodedImage:
+        """The image the model gets for ``probe``: from the cache, else decoded within the budget."""
+        cached = await asyncio.to_thread(self.cached_image, probe)
+        if cached is not None:
+            return cached
+        encoded = await asyncio.get_running_loop().run_in_executor(self._thread(), _encode, probe, name)
+        self.decodes += 1
+        await asyncio.to_thread(self._store, probe, encoded)
+        return encoded
+
+    async def thumbnail(self, sha256: str, encoded: EncodedImage) -> str | None:
+        """The path of the thumbnail of the image file of hash ``sha256``, made from ``encoded`` (what
+        the model is sent) unless it exists; None when there is no folder for it or it cannot be made."""
+        if self.thumbnails_dir is None:
+            return None
+        path = self.thumbnails_dir / f"{sha256}.png"
+        if await asyncio.to_thread(path.is_file):
+            return str(path)  # the same file attached before
+        made = await asyncio.get_running_loop().run_in_executor(self._thread(), _make_thumbnail, encoded, path)
+        return str(path) if made else None
+
+    async def image_data_url(self, data: bytes, name: str) -> str:
+        """An image handed over whole (an MCP tool's result) as the model gets it: checked, decoded
+        within the pixel budget and scaled down as an attached file is; FileRefused when it cannot be
+        used (not an image, damaged, a bomb, over 20 MB)."""
+        probe = await asyncio.to_thread(probe_data, data, name)
+        async with self.reserve_pixels([probe], name):
+            return (await self.encode(probe, name)).data_url
+
+    async def load_image(self, path: str, name: str, expected: str | None = None) -> tuple[EncodedImage, str] | None:
+        """The image at ``path`` for the model and its hash; None when its hash is not ``expected``.
+
+        Raises FileRefused for a file that cannot be used.
+        """
+        probe = await FILE_THREADS.run(path, probe_image, path, name, expected)
+        if probe is None:
+            return None
+        async with self.reserve_pixels([probe], name):
+            return await self.encode(probe, name), probe.sha256

@@ -45,14 +45,9 @@ from .tasks import gather_all
 __all__ = [
     "KB_OCR_PAGES",
     "OCR_PAGE_CHARS",
+    "Ocr",
     "OcrProgress",
     "OcrSupport",
-    "configure_ocr",
-    "ocr_images",
-    "page_texts",
-    "ocr_support",
-    "read_image",
-    "read_pages",
 ]
 
 logger = logging.getLogger(__name__)
@@ -80,77 +75,17 @@ class OcrSupport:
     languages: tuple[str, ...]  # the configured ones
     installed: tuple[str, ...] = ()  # what tesseract has
     note: str | None = None  # why not, naming the Debian packages to install
+    images: bool = False  # whether image files are read for models without vision (``ocr_images``)
 
     def to_json(self) -> dict[str, Any]:
         """``status``'s ``ocr``."""
         return {"available": self.available, "languages": list(self.languages),
-                "installed": list(self.installed), "images": _state.images, "note": self.note}
-
-
-class _State:
-    """The module's settings, cache folder and known support (set by the daemon at start)."""
-
-    def __init__(self) -> None:
-        self.languages = DEFAULT_LANGUAGES
-        self.images = False
-        self.cache_dir: Path | None = None
-        self.support: OcrSupport | None = None  # kept once available
-        self.limit: asyncio.Semaphore | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-
-_state = _State()
-
-
-def configure_ocr(folder: Path | None, languages: str = DEFAULT_LANGUAGES, images: bool = False) -> None:
-    """Read in ``languages`` (tesseract's ``eng+deu``), keep pages read in ``folder`` (made 0700
-    when missing; None keeps none); ``images``: read image files for models without vision."""
-    _state.languages = languages
-    _state.images = images
-    _state.support = None
-    _state.cache_dir = None
-    if folder is not None:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _state.cache_dir = folder
-        except OSError as exc:
-            logger.warning("cannot use %s (%s): scanned pages are read again on every turn", folder, exc)
-
-
-def ocr_images() -> bool:
-    """Whether image files are read by OCR for a model without vision (``ocr_images``)."""
-    return _state.images
+                "installed": list(self.installed), "images": self.images, "note": self.note}
 
 
 def package_of(language: str) -> str:
     """The Debian package of a tesseract language (``chi_sim`` is ``tesseract-ocr-chi-sim``)."""
     return "tesseract-ocr-" + language.lower().replace("_", "-")
-
-
-async def ocr_support() -> OcrSupport:
-    """Whether tesseract and the configured languages are installed (asked once it is)."""
-    if _state.support is not None:
-        return _state.support
-    wanted = tuple(_state.languages.split("+"))
-    packages = " and ".join(["tesseract-ocr", *map(package_of, wanted)])
-    binary = shutil.which(OCR_TOOL)
-    if binary is None:
-        return OcrSupport(False, wanted, note=f"tesseract is not installed: install {packages} to read scanned pages")
-    installed = await asyncio.to_thread(_installed_languages)
-    if installed is None:  # its data is not where a package puts it: tesseract says where
-        try:
-            out, _ = await pdf.run_tool([binary, "--list-langs"], name=OCR_TOOL, timeout=LIST_TIMEOUT,
-                                       max_output=MAX_OCR_OUTPUT)
-        except FileRefused as exc:
-            return OcrSupport(False, wanted, note=f"tesseract does not answer ({exc.message}); reinstall {packages}")
-        installed = tuple(line.strip() for line in out.decode("utf-8", "replace").splitlines()[1:] if line.strip())
-    missing = [language for language in wanted if language not in installed]
-    if missing:
-        return OcrSupport(False, wanted, installed, note=(
-            f"tesseract has no {'+'.join(missing)} language data: install "
-            f"{' and '.join(map(package_of, missing))} to read scanned pages"))
-    _state.support = OcrSupport(True, wanted, installed)
-    return _state.support
 
 
 def _installed_languages() -> tuple[str, ...] | None:
@@ -199,53 +134,6 @@ class OcrProgress:
             self.report(self.done, self.total)
 
 
-def _limit() -> asyncio.Semaphore:
-    """The daemon-wide bound on pages read at once (one per event loop: the tests run many)."""
-    loop = asyncio.get_running_loop()
-    if _state.limit is None or _state.loop is not loop:
-        _state.limit, _state.loop = asyncio.Semaphore(OCR_CONCURRENCY), loop
-    return _state.limit
-
-
-def _entry(sha256: str, page: int) -> Path | None:
-    folder = _state.cache_dir
-    if folder is None:
-        return None
-    return folder / f"{sha256}.p{page}.{_state.languages}.v{CACHE_VERSION}"
-
-
-def _cached(sha256: str, page: int) -> str | None:
-    """A page's text as read before, if the cache holds it (blocking)."""
-    entry = _entry(sha256, page)
-    if entry is None:
-        return None
-    try:
-        text = entry.read_text("utf-8")
-        os.utime(entry)  # recently used: evicted last
-    except (OSError, ValueError):
-        return None
-    return text
-
-
-def _store(sha256: str, page: int, text: str) -> None:
-    """Keep a page's text; a failure (a full disk) only costs reading it again later (blocking)."""
-    entry = _entry(sha256, page)
-    if entry is None:
-        return
-    temporary = entry.with_suffix(".tmp")
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, entry)
-    except OSError as exc:
-        logger.debug("ocr cache: %s page %d not kept (%s)", sha256, page, exc)
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
-        return
-    evict_least_used(entry.parent, CACHE_BYTES)
-
-
 def _clean(output: bytes) -> str:
     """tesseract's text: its form feed (page end) dropped, which would split pages in the text
     kept for recall (``pdf.PAGE_BREAK``), and trailing blanks trimmed."""
@@ -253,79 +141,169 @@ def _clean(output: bytes) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
-async def _tesseract(image: bytes, name: str) -> str:
-    """The text tesseract reads in one image (a PNM, PNG or JPEG), within the daemon's bound."""
-    binary = shutil.which(OCR_TOOL) or OCR_TOOL
-    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
-    out, _cut = await pdf.run_tool([binary, "stdin", "stdout", "-l", _state.languages], name=name,
-                                   timeout=OCR_TIMEOUT, max_output=MAX_OCR_OUTPUT, stdin=image, env=env)
-    return _clean(out)
+class Ocr:
+    """Tesseract for the daemon: its languages, the cache of pages read and the bound on pages
+    read at once. Made once at start by the server and handed to what reads files."""
 
+    def __init__(self, folder: Path | None = None, languages: str = DEFAULT_LANGUAGES, images: bool = False) -> None:
+        """Read in ``languages`` (tesseract's ``eng+deu``), keep pages read in ``folder`` (made 0700
+        when missing; None keeps none); ``images``: read image files for models without vision."""
+        self.languages = languages
+        self.images = images
+        self.cache_dir: Path | None = None
+        self._support: OcrSupport | None = None  # kept once available
+        self._limit: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if folder is not None:
+            try:
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.cache_dir = folder
+            except OSError as exc:
+                logger.warning("cannot use %s (%s): scanned pages are read again on every turn", folder, exc)
 
-async def _read_page(path: str, name: str, page: int, size: tuple[float, float] | None) -> str:
-    """One PDF page rendered in grey and read; raises FileRefused when either tool fails."""
-    async with _limit():
-        gray = await pdf.render_gray(path, name, page, size)
-        return await _tesseract(gray, name)
+    async def support(self) -> OcrSupport:
+        """Whether tesseract and the configured languages are installed (asked once it is)."""
+        if self._support is not None:
+            return self._support
+        wanted = tuple(self.languages.split("+"))
+        packages = " and ".join(["tesseract-ocr", *map(package_of, wanted)])
+        binary = shutil.which(OCR_TOOL)
+        if binary is None:
+            why = f"tesseract is not installed: install {packages} to read scanned pages"
+            return OcrSupport(False, wanted, note=why, images=self.images)
+        installed = await asyncio.to_thread(_installed_languages)
+        if installed is None:  # its data is not where a package puts it: tesseract says where
+            try:
+                out, _ = await pdf.run_tool([binary, "--list-langs"], name=OCR_TOOL, timeout=LIST_TIMEOUT,
+                                           max_output=MAX_OCR_OUTPUT)
+            except FileRefused as exc:
+                why = f"tesseract does not answer ({exc.message}); reinstall {packages}"
+                return OcrSupport(False, wanted, note=why, images=self.images)
+            installed = tuple(line.strip() for line in out.decode("utf-8", "replace").splitlines()[1:] if line.strip())
+        missing = [language for language in wanted if language not in installed]
+        if missing:
+            return OcrSupport(False, wanted, installed, note=(
+                f"tesseract has no {'+'.join(missing)} language data: install "
+                f"{' and '.join(map(package_of, missing))} to read scanned pages"), images=self.images)
+        self._support = OcrSupport(True, wanted, installed, images=self.images)
+        return self._support
 
+    def _bound(self) -> asyncio.Semaphore:
+        """The daemon-wide bound on pages read at once (one per event loop: the tests run many)."""
+        loop = asyncio.get_running_loop()
+        if self._limit is None or self._loop is not loop:
+            self._limit, self._loop = asyncio.Semaphore(OCR_CONCURRENCY), loop
+        return self._limit
 
-async def read_pages(
-    path: str, name: str, sha256: str, pages: Sequence[int], sizes: dict[int, tuple[float, float]],
-    progress: OcrProgress | None = None,
-) -> dict[int, str | None]:
-    """The OCR text of ``pages`` of a PDF (None for a page tesseract could not read), from the
-    cache when it holds them."""
-    found: dict[int, str | None] = {}
-    for page in pages:
-        if (text := await asyncio.to_thread(_cached, sha256, page)) is not None:
-            found[page] = text
-    missing = [page for page in pages if page not in found]
-    if progress is not None:
-        progress.planned(len(missing))
+    def _entry(self, sha256: str, page: int) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / f"{sha256}.p{page}.{self.languages}.v{CACHE_VERSION}"
 
-    async def one(page: int) -> str | None:
+    def _cached(self, sha256: str, page: int) -> str | None:
+        """A page's text as read before, if the cache holds it (blocking)."""
+        entry = self._entry(sha256, page)
+        if entry is None:
+            return None
         try:
-            text = await _read_page(path, name, page, sizes.get(page))
-        except FileRefused as exc:  # the page is listed as not read; the others still count
-            logger.info("OCR of %s page %d failed: %s", name, page, exc.message)
+            text = entry.read_text("utf-8")
+            os.utime(entry)  # recently used: evicted last
+        except (OSError, ValueError):
+            return None
+        return text
+
+    def _store(self, sha256: str, page: int, text: str) -> None:
+        """Keep a page's text; a failure (a full disk) only costs reading it again later (blocking)."""
+        entry = self._entry(sha256, page)
+        if entry is None:
+            return
+        temporary = entry.with_suffix(".tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(temporary, entry)
+        except OSError as exc:
+            logger.debug("ocr cache: %s page %d not kept (%s)", sha256, page, exc)
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            return
+        evict_least_used(entry.parent, CACHE_BYTES)
+
+    async def _read_page(self, path: str, name: str, page: int, size: tuple[float, float] | None) -> str:
+        """One PDF page rendered in grey and read; raises FileRefused when either tool fails."""
+        async with self._bound():
+            gray = await pdf.render_gray(path, name, page, size)
+            return await _tesseract(gray, name, self.languages)
+
+    async def read_pages(
+        self, path: str, name: str, sha256: str, pages: Sequence[int], sizes: dict[int, tuple[float, float]],
+        progress: OcrProgress | None = None,
+    ) -> dict[int, str | None]:
+        """The OCR text of ``pages`` of a PDF (None for a page tesseract could not read), from the
+        cache when it holds them."""
+        found: dict[int, str | None] = {}
+        for page in pages:
+            if (text := await asyncio.to_thread(self._cached, sha256, page)) is not None:
+                found[page] = text
+        missing = [page for page in pages if page not in found]
+        if progress is not None:
+            progress.planned(len(missing))
+
+        async def one(page: int) -> str | None:
+            try:
+                text = await self._read_page(path, name, page, sizes.get(page))
+            except FileRefused as exc:  # the page is listed as not read; the others still count
+                logger.info("OCR of %s page %d failed: %s", name, page, exc.message)
+                return None
+            finally:
+                if progress is not None:
+                    progress.finished()
+            await asyncio.to_thread(self._store, sha256, page, text)
+            return text
+
+        read = await gather_all(one(page) for page in missing)
+        found.update(zip(missing, read))
+        return {page: found[page] for page in pages}
+
+    async def page_texts(
+        self, path: str, name: str, sha256: str, text: pdf.PdfText, limit: int = KB_OCR_PAGES
+    ) -> list[str]:
+        """A PDF's page texts with its first ``limit`` pages without a text layer read by OCR (after
+        ``pdf.OCR_MARK``) when OCR is available: what a knowledge base indexes."""
+        scanned, _rest = pdf.pages_to_show(text, limit)
+        if not scanned or not (await self.support()).available:
+            return text.page_texts
+        found = await self.read_pages(path, name, sha256, scanned, text.sizes)
+        return [f"{pdf.OCR_MARK}\n{read}" if (read := found.get(number)) else page
+                for number, page in enumerate(text.page_texts, start=1)]
+
+    async def read_image(
+        self, image: bytes, name: str, sha256: str, progress: OcrProgress | None = None
+    ) -> str | None:
+        """The OCR text of an image file (``image``: what the model would be sent, at most 2048 px);
+        None when tesseract cannot read it."""
+        if (text := await asyncio.to_thread(self._cached, sha256, 0)) is not None:
+            return text
+        if progress is not None:
+            progress.planned(1)
+        try:
+            async with self._bound():
+                text = await _tesseract(image, name, self.languages)
+        except FileRefused as exc:  # said in the file's block, as for a page
+            logger.info("OCR of %s failed: %s", name, exc.message)
             return None
         finally:
             if progress is not None:
                 progress.finished()
-        await asyncio.to_thread(_store, sha256, page, text)
+        await asyncio.to_thread(self._store, sha256, 0, text)
         return text
 
-    read = await gather_all(one(page) for page in missing)
-    found.update(zip(missing, read))
-    return {page: found[page] for page in pages}
 
-
-async def page_texts(path: str, name: str, sha256: str, text: pdf.PdfText, limit: int = KB_OCR_PAGES) -> list[str]:
-    """A PDF's page texts with its first ``limit`` pages without a text layer read by OCR (after
-    ``pdf.OCR_MARK``) when OCR is available: what a knowledge base indexes."""
-    scanned, _rest = pdf.pages_to_show(text, limit)
-    if not scanned or not (await ocr_support()).available:
-        return text.page_texts
-    found = await read_pages(path, name, sha256, scanned, text.sizes)
-    return [f"{pdf.OCR_MARK}\n{read}" if (read := found.get(number)) else page
-            for number, page in enumerate(text.page_texts, start=1)]
-
-
-async def read_image(image: bytes, name: str, sha256: str, progress: OcrProgress | None = None) -> str | None:
-    """The OCR text of an image file (``image``: what the model would be sent, at most 2048 px);
-    None when tesseract cannot read it."""
-    if (text := await asyncio.to_thread(_cached, sha256, 0)) is not None:
-        return text
-    if progress is not None:
-        progress.planned(1)
-    try:
-        async with _limit():
-            text = await _tesseract(image, name)
-    except FileRefused as exc:  # said in the file's block, as for a page
-        logger.info("OCR of %s failed: %s", name, exc.message)
-        return None
-    finally:
-        if progress is not None:
-            progress.finished()
-    await asyncio.to_thread(_store, sha256, 0, text)
-    return text
+async def _tesseract(image: bytes, name: str, languages: str) -> str:
+    """The text tesseract reads in one image (a PNM, PNG or JPEG), within the daemon's bound."""
+    binary = shutil.which(OCR_TOOL) or OCR_TOOL
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    out, _cut = await pdf.run_tool([binary, "stdin", "stdout", "-l", languages], name=name,
+                                   timeout=OCR_TIMEOUT, max_output=MAX_OCR_OUTPUT, stdin=image, env=env)
+    return _clean(out)

@@ -36,7 +36,7 @@ from core.filethreads import FILE_THREADS
 from . import pdf
 from .pdf import OCR_MARK
 from .extract import Prepared
-from .imagecache import load_image
+from .imagecache import ImageCache
 from .images import EncodedImage
 
 __all__ = ["attached_image", "image_ref", "resolve_image_refs", "user_content"]
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _RefKey = tuple[str, str, int | None]
 
 
-async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | None:
+async def attached_image(path: str, name: str, sha256: str, images: ImageCache) -> EncodedImage | None:
     """An image attached earlier, as it was sent then (re-encoded alike; the cache keeps it);
     None when the file has changed. Raises ``FileRefused`` when it cannot be read.
 
@@ -54,7 +54,7 @@ async def attached_image(path: str, name: str, sha256: str) -> EncodedImage | No
     replaced file is never decoded).
     """
     await FILE_THREADS.run(path, check_path, path)
-    loaded = await load_image(path, name, expected=sha256)
+    loaded = await images.load_image(path, name, expected=sha256)
     return loaded[0] if loaded is not None else None
 
 
@@ -105,7 +105,8 @@ def _is_ref(part: object) -> bool:
 class _Resolver:
     """Resolves the image refs of one ``resolve_image_refs`` call, with its caches."""
 
-    def __init__(self) -> None:
+    def __init__(self, images: ImageCache) -> None:
+        self.images = images
         self.hashes: dict[str, asyncio.Future[str | None]] = {}
         self.parts: dict[_RefKey, asyncio.Future[dict[str, Any]]] = {}
         self.limit = asyncio.Semaphore(pdf.RENDER_CONCURRENCY)
@@ -137,7 +138,7 @@ class _Resolver:
                     return _unavailable(ref)
                 encoded = await pdf.render_pdf_page(path, name, page, self.limit)
             else:
-                image = await attached_image(path, name, sha256)
+                image = await attached_image(path, name, sha256, self.images)
                 if image is None:
                     return _unavailable(ref)
                 encoded = image
@@ -162,14 +163,16 @@ class _Resolver:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def resolve_image_refs(messages: Sequence[dict[str, Any]], *, vision: bool = True) -> list[dict[str, Any]]:
+async def resolve_image_refs(
+    messages: Sequence[dict[str, Any]], images: ImageCache, *, vision: bool = True
+) -> list[dict[str, Any]]:
     """``messages`` with every ``image_ref`` part resolved; the input is not modified.
 
     With ``vision`` False (the conversation moved to a text-only model), each
     ref becomes ``[image NAME not shown: the model cannot see images]`` without
     the files being touched.
     """
-    resolver = _Resolver()
+    resolver = _Resolver(images)
     futures: dict[tuple[int, int], asyncio.Future[dict[str, Any]]] = {}
     try:
         for m_index, message in enumerate(messages):

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from benchlib import header, median, ms, temp_dir, terminate_on_sigterm, verdict
 
-from attachments import prepare_files
-from attachments.ocr import configure_ocr
+from attachments import FileReaders, Ocr, prepare_files
 from selfcheck.samples import Scan, make_pdf
 
 PAGES = 4
@@ -57,9 +56,9 @@ def direct(pdf: Path, scratch: Path) -> float:
 
 async def ready(pdf: Path, cache: Path) -> tuple[float, str]:
     """The PDF prepared for a text-only model, with ``cache`` as the OCR cache: seconds, its block."""
-    configure_ocr(cache)
+    readers = FileReaders(ocr=Ocr(cache))
     started = time.perf_counter()
-    [prepared] = await prepare_files([str(pdf)], model="text-only", vision=False, ctx_max=32768, ctx_used=0)
+    [prepared] = await prepare_files([str(pdf)], readers, model="text-only", vision=False, ctx_max=32768, ctx_used=0)
     return time.perf_counter() - started, prepared.text_block or ""
 
 

@@ -47,13 +47,7 @@ from typing import Any
 import numpy as np
 from benchlib import header, temp_dir, terminate_on_sigterm, verdict, vocabulary
 
-from history import (
-    HistoryStore,
-    SearchHit,
-    conversation_rowid_range,
-    message_rowid,
-    quote_fts,
-)
+from history import HistoryStore, NewTurn, SearchHit, conversation_rowid_range, message_rowid, quote_fts
 
 CORPUS_VERSION = 2  # bump when the generator changes: the cache name carries it
 SEED = 20260401
@@ -394,7 +388,7 @@ def store_turns(path: Path, corpus: Corpus, turns: int) -> float:
             if n % 50 == 0:
                 cid = None
             question_message = {"role": "user", "content": question}
-            conversation, turn = store.start_turn(cid, question, [question_message], [], "bench", "t")
+            conversation, turn = store.start_turn(NewTurn(cid, question, [question_message], [], "bench", "t"))
             cid = conversation.id
             store.finish_turn(
                 cid, turn.turn, messages=[question_message, {"role": "assistant", "content": reply}],

@@ -420,7 +420,7 @@ def write_history(
 
     Returns each conversation's id and its messages as the daemon will replay them.
     """
-    from history import HistoryStore
+    from history import HistoryStore, NewTurn
 
     db_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     out: dict[int, list[dict[str, str]]] = {}
@@ -431,7 +431,8 @@ def write_history(
             for t in range(turns):
                 question = f"Question {t + 1} of conversation {c + 1}: tell me something about topic {t % 17}."
                 reply = "You said: " + question + " Well, " * (filler // 6)
-                conv, turn = store.start_turn(cid, question, [{"role": "user", "content": question}], [], model, question[:40])
+                asked = [{"role": "user", "content": question}]
+                conv, turn = store.start_turn(NewTurn(cid, question, asked, [], model, question[:40]))
                 cid = conv.id
                 exchange = history_messages(question, reply)
                 store.finish_turn(

@@ -170,6 +170,7 @@ async def _settings_request(client: Wire, args: argparse.Namespace) -> dict[str,
         approved = (shown.get("settings") or {}).get("approved_tools") or []
         request["approved_tools"] = [name for name in approved if name not in args.revoke]
     for key, value, to_default in (("title", args.title, False), ("kb_injection", args.kb, False),
+                                   ("recall_injection", args.recall, False),
                                    ("model", args.model, args.default_model),
                                    ("system", args.system, args.default_system)):
         if to_default:
@@ -400,6 +401,8 @@ def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> No
     model.add_argument("-m", "--model", help="its model from now on")
     model.add_argument("--default-model", action="store_true", help="follow the daemon's default model")
     settings.add_argument("--kb", choices=("auto", "tool_only", "both", "off"), help="knowledge-base injection")
+    settings.add_argument("--recall", choices=("auto", "tool_only", "off"),
+                          help="passages of its folded turns and files put before each question")
     system = settings.add_mutually_exclusive_group()
     system.add_argument("-s", "--system", help="its system prompt ('' for none)")
     system.add_argument("--default-system", action="store_true", help="use the daemon's system_prompt")

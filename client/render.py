@@ -202,6 +202,7 @@ def render_settings(event: dict[str, Any], out: TextIO) -> None:
     print(f"  system prompt: {shown}", file=out)
     own = event.get("settings") or {}
     print(f"  kb_injection: {own.get('kb_injection', 'auto')}", file=out)
+    print(f"  recall_injection: {own.get('recall_injection', 'the default')}", file=out)
     for key in ("temperature", "top_p"):
         print(f"  {key}: {own[key] if own.get(key) is not None else 'the default'}", file=out)
     approved = own.get("approved_tools") or []

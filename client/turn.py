@@ -263,6 +263,9 @@ class Turn:
         elif kind == "delta" and self.stream:
             self.terminal.text(event["text"])
             self.shown += event["text"]
+        elif kind == "progress" and event.get("stage") == "recall" and event.get("sources"):
+            if not self.terminal.quiet:  # what the model was shown of the past: a line that stays
+                self.terminal.note(str(event.get("detail")))
         elif kind == "progress" and not self.cancelling:
             self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
         elif kind == "reasoning" and not self.cancelling:

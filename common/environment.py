@@ -24,7 +24,8 @@ __all__ = [
 # the keys a user may set, in the order Config declares them (tests/test_config.py holds the two together)
 SETTINGS = (
     "router_url", "api_key", "model", "system_prompt", "ctx_max", "assumed_ctx", "max_reply_tokens",
-    "embedding_model", "embedding_url", "kb_top_k", "compact_at", "request_timeout", "connect_timeout",
+    "embedding_model", "embedding_url", "kb_top_k", "recall_injection", "compact_at", "request_timeout",
+    "connect_timeout",
     "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace", "approval_timeout", "openai_listen",
     "openai_key", "openai_max_messages", "openai_max_connections", "openai_max_unkeyed", "ocr_languages",
     "ocr_images", "output_dir", "convert_timeout", "convert_max_bytes", "gif_max_bytes", "watch_journal",

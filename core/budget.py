@@ -70,6 +70,11 @@ class Budget:
         """The most tokens one replayed message may take."""
         return int(self.ctx_max * REPLAY_SHARE)
 
+    @property
+    def passage_limit(self) -> int:
+        """The most a prompt with recalled passages may take: they never shrink the reply below its cap."""
+        return self.ctx_max - self.reply_cap - int(self.ctx_max * NEXT_QUESTION_SHARE)
+
     def reply_tokens(self, prompt_tokens: int) -> int:
         """``max_tokens`` for a request whose prompt takes about ``prompt_tokens``."""
         room = self.ctx_max - prompt_tokens - int(self.ctx_max * NEXT_QUESTION_SHARE)

@@ -38,6 +38,9 @@ class ConfigError(AssistantError):
     code = "config_error"
 
 
+RECALL_MODES = ("auto", "tool_only", "off")  # recall_injection's values (kbinject/archive.py)
+
+
 @dataclass(frozen=True)
 class Config:
     """Every setting of the daemon; see the README's configuration table. The keys a user sets
@@ -56,6 +59,9 @@ class Config:
     embedding_model: str = ""
     embedding_url: str = ""  # empty: router_url
     kb_top_k: int = 3
+    # what a conversation's archive does in its turns unless its settings say otherwise:
+    # auto (recalled before the question), tool_only, off (docs/DESIGN.md, "Recall injection")
+    recall_injection: str = "auto"
     compact_at: float = 0.75
     request_timeout: float = 300.0  # seconds between two chunks of a reply
     connect_timeout: float = 5.0
@@ -140,6 +146,7 @@ class Config:
             "embedding_model": self.embedding_model or None,
             "embedding_url": masked_url(self.embeddings_base),
             "kb_top_k": self.kb_top_k,
+            "recall_injection": self.recall_injection,
             "request_timeout": self.request_timeout,
             "connect_timeout": self.connect_timeout,
             "auto_title": self.auto_title,
@@ -310,6 +317,8 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise refuse(key, "must not be negative")
     if values.get("openai_max_messages", Config.openai_max_messages) < 1:
         raise refuse("openai_max_messages", "must be at least 1 (messages a door request may carry)")
+    if values.get("recall_injection", Config.recall_injection) not in RECALL_MODES:
+        raise refuse("recall_injection", f"must be one of {', '.join(RECALL_MODES)}")
     if values.get("assumed_ctx", Config.assumed_ctx) < 512:
         raise refuse("assumed_ctx", "must be at least 512 tokens")
     for key in ("convert_max_bytes", "gif_max_bytes"):

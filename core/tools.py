@@ -98,6 +98,8 @@ class ToolContext(Generic[H]):
     # the conversation's kb_injection setting (auto/tool_only/both/off): kb_search is
     # offered only under tool_only and both; None reads as the default, auto
     kb_injection: str | None = None
+    # the conversation's recall_injection (auto/tool_only/off): off offers neither recall tool
+    recall_injection: str | None = None
     # what the turn already read from history, so the offer needs no trip of its own (None: ask)
     has_attachments: bool | None = None
     kb_ids: list[int] | None = None

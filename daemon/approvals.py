@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from core.errors import NotPending
 from core.tools import Approval, Tool
-from history import AsyncHistory, utc_timestamp
+from history import AsyncHistory, HistoryStore, utc_timestamp
 
 from . import events
 from .connection import Emit, Replier
@@ -195,7 +195,7 @@ class TurnGate:
         self._asked += 1
         question = Question(self.conversation, self.turn, f"{self.turn}.{self._asked}", tool.name, tool.server,
                             tool.own_name, arguments, tool.annotations or {})
-        conv = await self.history.get_conversation(self.conversation)
+        conv = await self.history.run(HistoryStore.get_conversation, self.conversation)
         if conv is not None and tool.name in approved_tools(conv.settings):
             return self._record(question, Approval(allowed=True, by="conversation", at=utc_timestamp()))
         self.progress("approval", f"waiting for approval of {tool.name}")
@@ -220,10 +220,11 @@ class TurnGate:
 
     async def _remember(self, name: str) -> None:
         """Approve ``name`` for the rest of the conversation (its ``approved_tools`` setting)."""
-        conv = await self.history.get_conversation(self.conversation)
+        conv = await self.history.run(HistoryStore.get_conversation, self.conversation)
         if conv is None:
             return
         names = sorted({*approved_tools(conv.settings), name})
-        conv = await self.history.update_conversation(self.conversation, settings={APPROVED_SETTING: names})
+        conv = await self.history.run(
+            HistoryStore.update_conversation, self.conversation, settings={APPROVED_SETTING: names})
         if conv is not None:
             self.live.conversation_updated(conv)

@@ -7,7 +7,8 @@ Layout (docs/DESIGN.md, "Prompt layout"):
     earlier    the turns after the summary, as stored (image references resolved,
                a message over its share of the context cut to head and tail)
     this turn  the user message: this question's knowledge-base passages first,
-               then the question and its files; tool rounds append after it
+               then the passages recalled from the conversation's archive (folded
+               turns, files), then the question and its files; tool rounds append after it
 
 A model server reuses the longest common prefix of consecutive prompts (llama-server's
 prompt cache) and re-reads everything after the first changed byte.  So everything up
@@ -33,6 +34,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attachments import FileReaders
 from core import (
     BUDGET_CHARS_PER_TOKEN,
     Budget,
@@ -45,8 +47,8 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
-from history import AsyncHistory, Compaction, Conversation, TurnContext
-from kbinject import Hit, KnowledgeBases
+from history import MAX_TURN, AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
+from kbinject import ArchiveRecall, Hit, KnowledgeBases, Recall, recall_label, recall_mode
 from recall import (
     IN_PLACE_REQUEST,
     attachment_manifest,
@@ -58,10 +60,11 @@ from recall import (
 
 from .replay import ReplayCache, Replayed, encoded_prefix, router_messages
 
-__all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "router_messages", "with_passages"]
+__all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "recall_estimate", "router_messages", "with_passages"]
 
 logger = logging.getLogger(__name__)
 
+RECENT_MESSAGES = 4  # the messages whose words a short, back-referring question is searched with too
 KEEP_LAST_TURNS = 2  # folded last: the model needs the recent exchange verbatim
 COMPACT_TO = 0.5  # a compaction leaves the prompt at this share of the threshold, room for many turns
 NO_SUMMARY = "{previous}(Later turns could not be summarised: conversation_search finds what was said in them.)"
@@ -134,19 +137,23 @@ class Prompt:
 class ContextBuilder:
     """Builds prompts for one daemon; compacts conversations that outgrow the context."""
 
-    def __init__(self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases) -> None:
+    def __init__(
+        self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases, readers: FileReaders,
+    ) -> None:
         self.config = config
         self.history = history
         self.router = router
         self.kbs = kbs
+        self.readers = readers  # the files of a question are read with them, images resolved
         self.replays = ReplayCache(estimate_messages)
+        self.archive = ArchiveRecall(history)
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)
 
     async def read(self, cid: int) -> TurnContext | None:
         """The conversation and the turns answered since its last prompt (one trip to the store)."""
-        return await self.history.turn_context(cid, self.replays.held_upto(cid))
+        return await self.history.run(HistoryStore.turn_context, cid, self.replays.held_upto(cid))
 
     async def build(
         self,
@@ -162,6 +169,7 @@ class ContextBuilder:
         tools: list[dict[str, Any]] | None = None,
         tool_tokens: int = 0,
         force: bool = False,
+        recall: bool = True,
     ) -> Prompt:
         """The prompt for turn ``turn``: earlier turns, then ``current`` (router form).
 
@@ -172,7 +180,8 @@ class ContextBuilder:
         it shares the prompt the server holds from the last turn. ``tool_tokens`` counts in the
         prompt's tokens: the hosted (MCP) tools' definitions, which the chat template renders
         into the prompt (docs/DESIGN.md, "MCP"). ``force`` folds every earlier turn and adds no
-        passages: the router said the last prompt overflowed, so our estimate was low.
+        passages: the router said the last prompt overflowed, so our estimate was low; ``recall``
+        False recalls nothing from the archive (docs/DESIGN.md, "Recall injection").
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
@@ -194,20 +203,41 @@ class ContextBuilder:
             if made is not None:
                 entry.fold(made)
                 system = await self._system(entry, cid, instructions)
-        earlier, tokens, encoded = await self._replay(entry, system, current, budget, model, cid, tool_tokens)
+        earlier, tokens, encoded, out = await self._replay(entry, system, current, budget, model, cid, tool_tokens)
         prompt = [*system, *earlier, *current]
         if tokens > budget.prompt_limit:  # the summary and this question alone are too much
             raise self._too_big(model, budget, tokens, current)
-        # after an overflow the estimate has proved low: no passages this time
-        kb_ids = past.kb_ids if past else None
-        block, sources = (None, []) if force else await self._knowledge(
-            cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
-        if block:
-            question = prompt[-1]
-            prompt[-1] = with_passages(question, block)
-            cost = model.image_tokens
-            tokens += estimate_messages([prompt[-1]], cost) - estimate_messages([question], cost)
+        if force:  # after an overflow the estimate has proved low: no passages this time
+            return Prompt(prompt, tokens, budget, encoded)
+        blocks, sources = await self._passages(cid, turn, query, kb_injection, prompt, tokens, budget, past,
+                                               progress, out if recall else None)
+        if blocks:
+            tokens += put_before_question(prompt, "\n\n".join(blocks), model.image_tokens)
         return Prompt(prompt, tokens, budget, encoded, sources)
+
+    async def _passages(
+        self, cid: int, turn: int, query: str, kb_injection: str, prompt: list[dict[str, Any]], tokens: int,
+        budget: Budget, past: TurnContext | None, progress: Progress, out_through: int | None,
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """This turn's blocks of passages and their sources: the knowledge bases', then those
+        recalled from the conversation's archive (turns 1..``out_through``, its files) when
+        ``out_through`` is not None and its ``recall_injection`` is ``auto``."""
+        kb_ids = past.kb_ids if past else None
+        block, sources = await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
+        blocks = [block] if block else []
+        if out_through is None or past is None or not (out_through or past.has_attachments):
+            return blocks, sources
+        if recall_mode(past.conversation.settings, self.config.recall_injection) != "auto":
+            return blocks, sources
+        used = tokens + sum(estimate_text(b) for b in blocks)
+        held = "\n".join([*map(message_words, prompt), *blocks])
+        recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
+        recalled = await self.archive.recall(cid, turn, query, recent, out_through, held, used, budget.passage_limit)
+        tell_recalled(recalled, progress)
+        if recalled.block:
+            blocks.append(recalled.block)
+            sources = [*sources, *recalled.sources]
+        return blocks, sources
 
     async def _replayed(
         self, cid: int, turn: int, model: ModelInfo, budget: Budget, past: TurnContext | None
@@ -216,14 +246,14 @@ class ContextBuilder:
         compaction = past.compaction if past else None
         after = compaction.through_turn if compaction else 0
         held_for = (budget.ctx_max, model.vision, model.image_tokens)
-        read_after = past.held_upto if past else 0  # the turns ``past`` skipped: held when it was read
+        read_after = past.after if past else 0  # the turns ``past`` skipped: held when it was read
         entry = self.replays.get(cid, after, held_for, read_after)
         raw = past.earlier if past else []
         if entry is None:
             # what was read is the whole story only when it skipped nothing and nothing was
             # held (a held entry for another context size may have compacted since)
             if read_after > 0 or self.replays.holds(cid):
-                compaction, raw = await self.history.replay_source(cid, turn)
+                compaction, raw = await self.history.run(HistoryStore.replay_source, cid, turn)
             entry = self.replays.start(cid, compaction, held_for)
         self.replays.add(entry, [(n, complete_exchanges(m)) for n, m in raw], turn - 1, budget.replay_tokens)
         return entry
@@ -257,9 +287,10 @@ class ContextBuilder:
         model: ModelInfo,
         cid: int,
         fixed: int = 0,
-    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix]:
-        """The earlier turns in router form, the whole prompt's tokens and the JSON its start
-        is made of; the oldest turns are left out while the prompt cannot fit.
+    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix, int]:
+        """The earlier turns in router form, the whole prompt's tokens, the JSON its start
+        is made of, and the last turn out of the prompt (folded, or left out; 0: none); the
+        oldest turns are left out while the prompt cannot fit.
 
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
@@ -277,8 +308,9 @@ class ContextBuilder:
                            cid, skip, model.id)
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:
-            earlier += t.sent if t.sent is not None else await t.for_router(model.vision)
-        return earlier, own + total, encoded_prefix(system, turns[skip:])
+            earlier += t.sent if t.sent is not None else await t.for_router(model.vision, self.readers.images)
+        left_out = turns[skip - 1].n if skip else (entry.compaction.through_turn if entry.compaction else 0)
+        return earlier, own + total, encoded_prefix(system, turns[skip:]), left_out
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -319,7 +351,7 @@ class ContextBuilder:
             # oldest turn anew (and asking for a summary again) on every turn
             logger.warning("compaction of conversation %d failed, turns folded unsummarised: %s", cid, exc.message)
             summary = NO_SUMMARY.format(previous=f"{previous.summary}\n\n" if previous else "")
-        return await self.history.add_compaction(cid, through, summary)
+        return await self.history.run(HistoryStore.add_compaction, cid, through, summary)
 
     async def _summary(
         self, model: ModelInfo, budget: Budget, entry: Replayed, through: int, tools: list[dict[str, Any]] | None,
@@ -331,7 +363,8 @@ class ContextBuilder:
         and the summary: the server then reads only the last exchange and the request. Else
         from a transcript of the folded turns, cut to fit.
         """
-        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision)]]
+        images = self.readers.images
+        conversation = [*(entry.system or []), *[m for t in entry.turns for m in await t.for_router(model.vision, images)]]
         needed = (estimate_messages(conversation, model.image_tokens) + estimate_text(IN_PLACE_REQUEST)
                   + budget.summary_tokens)
         if tools:
@@ -383,7 +416,7 @@ class ContextBuilder:
         parts = [instructions] if instructions else []
         compaction = entry.compaction
         if compaction is not None:
-            attachments = await self.history.attachments(cid)
+            attachments = await self.history.run(HistoryStore.attachments, cid)
             manifest = attachment_manifest(attachments, compaction.through_turn)
             if manifest:
                 parts.append(manifest)
@@ -391,6 +424,15 @@ class ContextBuilder:
         entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
         return entry.system
+
+
+def tell_recalled(recalled: Recall, progress: Progress) -> None:
+    """The ``recall`` progress of a search of the archive (docs/PROTOCOL.md, "Recall injection")."""
+    if recalled.block:
+        labels = ", ".join(recall_label(source) for source in recalled.sources)
+        progress("recall", f"recalled: {labels}", recalled.sources)
+    elif recalled.searched:
+        progress("recall", recalled.note or "nothing recalled: no earlier passage matched the question", [])
 
 
 def passages_detail(hits: list[Hit]) -> str:
@@ -407,9 +449,45 @@ def busy(exc: AssistantError) -> bool:
     return isinstance(exc, RouterError) and exc.status in BUSY_STATUSES
 
 
+def put_before_question(prompt: list[dict[str, Any]], block: str, image_tokens: int) -> int:
+    """Put ``block`` into the prompt's last message (the question), before its text; the tokens it adds."""
+    question = prompt[-1]
+    prompt[-1] = with_passages(question, block)
+    return estimate_messages([prompt[-1]], image_tokens) - estimate_messages([question], image_tokens)
+
+
 def with_passages(message: dict[str, Any], block: str) -> dict[str, Any]:
     """The user message with the knowledge-base block before the question (router form only)."""
     content = message.get("content")
     if isinstance(content, list):
         return {**message, "content": [{"type": "text", "text": block}, *content]}
     return {**message, "content": f"{block}\n\n{content}"}
+
+
+def message_words(message: dict[str, Any]) -> str:
+    """The text of a router-form message (its text parts), for recall's search and dedup."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+async def recall_estimate(
+    history: AsyncHistory, config: Config, conversation: Conversation, text: str, ctx_max: int
+) -> Recall:
+    """What an ``ask`` of ``text`` would recall in ``conversation`` now, for ``estimate``: as
+    ``ContextBuilder.build`` recalls, against the stored turns instead of the prompt (the summary
+    and the turns after it as what the prompt holds; no knowledge-base block)."""
+    if not text.strip() or recall_mode(conversation.settings, config.recall_injection) != "auto":
+        return Recall()
+    compaction, kept = await history.run(HistoryStore.replay_source, conversation.id, MAX_TURN)
+    through = compaction.through_turn if compaction else 0
+    if not through and not await history.run(HistoryStore.has_attachments, conversation.id):
+        return Recall()
+    messages = [message for _, turn in kept for message in turn]
+    held = "\n".join([compaction.summary if compaction else "", *map(message_words, messages)])
+    recent = "\n".join(message_words(m) for m in messages[-RECENT_MESSAGES:])
+    turn = (kept[-1][0] if kept else through) + 1
+    limit = Budget(ctx_max or config.assumed_ctx, config.max_reply_tokens).passage_limit
+    return await ArchiveRecall(history).recall(conversation.id, turn, text, recent, through, held,
+                                               conversation.ctx_used + estimate_text(text), limit)

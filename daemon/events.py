@@ -155,9 +155,12 @@ def listing(kind: str, items: list[dict[str, Any]], **extra: Any) -> Event:
     return {"type": kind, "items": items, **extra}
 
 
-def estimate(conversation: int | None, tokens: int, files: list[dict[str, Any]], ctx_used: int, ctx_max: int) -> Event:
-    return {"type": "estimate", "conversation": conversation, "tokens": tokens, "files": files, "ctx_used": ctx_used,
-            "ctx_max": ctx_max}
+def estimate(conversation: int | None, tokens: int, files: list[dict[str, Any]], ctx_used: int, ctx_max: int,
+             recall_tokens: int = 0, recalled: list[dict[str, Any]] | None = None) -> Event:
+    """What a staged question would cost: ``tokens`` counts its text, its files and the passages
+    recall would add (``recall_tokens``, from ``recalled``)."""
+    return {"type": "estimate", "conversation": conversation, "tokens": tokens, "files": files,
+            "recall_tokens": recall_tokens, "recalled": recalled or [], "ctx_used": ctx_used, "ctx_max": ctx_max}
 
 
 def settings(conv: Conversation) -> Event:

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from attachments import estimate_files
+from attachments import FileReaders, estimate_files
 from core import estimate_text
 from core.config import Config
 from core.errors import (
@@ -30,12 +30,13 @@ from core.models import image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, SearchHit, Turn, search_words
+from history import AsyncHistory, Conversation, HistoryStore, JournalStore, SearchHit, Turn, search_words
 from fileops import Converter
-from kbinject import KnowledgeBases, kb_name
+from kbinject import KnowledgeBases, Recall, kb_name
 
 from . import events
 from .connection import Emit, Replier
+from .context import recall_estimate
 from .convert import on_convert, on_operations
 from .health import HealthWatch, health
 from .kb_handlers import KbHandlers
@@ -59,9 +60,10 @@ class Handlers:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, engine: TurnEngine, kbs: KnowledgeBases,
-        live: Live,
+        live: Live, readers: FileReaders,
     ) -> None:
         self.config = config
+        self.readers = readers
         self.live = live
         self.history = history
         self.router = router
@@ -69,7 +71,7 @@ class Handlers:
         self.kbs = kbs
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
-        self.converter = Converter()  # the file operations under way (daemon/convert.py)
+        self.converter = Converter(readers.ocr)  # the file operations under way (daemon/convert.py)
         self.kb = KbHandlers(kbs, live)  # the knowledge bases' requests
         self.health = HealthWatch(live, self.look)  # its changes told to the watchers
 
@@ -111,7 +113,7 @@ class Handlers:
     async def on_conversations(self, request: Request, emit: Emit) -> None:
         limit = request.get("limit", DEFAULT_LIST_LIMIT)
         before = request.get("before")
-        items = await self.history.list_conversations(limit, before)
+        items = await self.history.run(HistoryStore.list_conversations, limit, before)
         emit(events.conversations(
             [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
 
@@ -144,7 +146,7 @@ class Handlers:
         await self._conversation(cid)
         if self.engine.cancel(cid):
             await self.engine.wait_turn(cid)  # its last write lands before the delete
-        if not await self.history.delete_conversation(cid):
+        if not await self.history.run(HistoryStore.delete_conversation, cid):
             raise NotFound(f"conversation {cid} does not exist")
         emit(events.deleted(cid))
         self.live.publish("conversation", "deleted", conversation=cid)
@@ -178,11 +180,13 @@ class Handlers:
             name, vision, ctx_max = "", True, 0
             image_tokens = image_cost(self.config, named or self.router.default_model() or "")
         files = await estimate_files(
-            request.get("files", []), image_tokens=image_tokens, model=name, vision=vision,
+            request.get("files", []), self.readers, image_tokens=image_tokens, model=name, vision=vision,
             ctx_max=ctx_max, ctx_used=ctx_used,
         )
         text_tokens = estimate_text(text)
-        emit(events.estimate(cid, text_tokens + sum(f["tokens"] for f in files), files, ctx_used, ctx_max))
+        recalled = await recall_estimate(self.history, self.config, conv, text, ctx_max) if conv else Recall()
+        emit(events.estimate(cid, text_tokens + sum(f["tokens"] for f in files) + recalled.tokens, files, ctx_used,
+                             ctx_max, recalled.tokens, recalled.sources))
 
     async def on_settings(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -198,8 +202,9 @@ class Handlers:
             if model is not None:
                 await self.router.model_info(model)  # not_found names the models there are
             changes["model"] = model
-        if request.has("kb_injection"):
-            changes["settings"] = {"kb_injection": request.get("kb_injection")}
+        for key in ("kb_injection", "recall_injection"):
+            if request.has(key):
+                changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         if request.has("system"):
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):
@@ -210,7 +215,7 @@ class Handlers:
         if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)
             approved = sorted(set(request.get("approved_tools") or ())) or None
             changes["settings"] = {**changes.get("settings", {}), "approved_tools": approved}
-        conv = await self.history.update_conversation(cid, **changes)
+        conv = await self.history.run(HistoryStore.update_conversation, cid, **changes)
         if conv is None:
             raise no_conversation(cid)
         emit(events.settings(conv))
@@ -230,7 +235,7 @@ class Handlers:
         if cid is not None:
             await self._conversation(cid)
         # one hit past the limit says whether there are more
-        hits, convs = await self.history.search_with_conversations(query, limit + 1, cid, offset)
+        hits, convs = await self.history.run(HistoryStore.search_with_conversations, query, limit + 1, cid, offset)
         groups = group_hits(hits[:limit], convs)
         emit(events.results(query, offset, groups, more=len(hits) > limit))
 
@@ -252,7 +257,7 @@ class Handlers:
 
     async def look(self) -> dict[str, Any]:
         """The daemon's health now (``daemon.health``), with the router and MCP host in effect."""
-        return await health(self.router, self.engine.mcp)
+        return await health(self.router, self.engine.mcp, self.readers.ocr)
 
     async def on_config(self, request: Request, emit: Emit) -> None:
         """The settings in effect (read-only; secrets masked), and the default model they give."""
@@ -341,7 +346,7 @@ async def turn_by_ref(history: AsyncHistory, request: Request) -> Turn:
     if any(request.has(key) for key in ("conversation", "turn", "from_turn", "limit")):
         raise BadRequest("open takes 'ref' alone (it finds one turn); or 'conversation' and a turn or page")
     ref: str = request.get("ref")
-    turn = await history.journal.turn_by_ref(ref)
+    turn = await history.journal.run(JournalStore.turn_by_ref, ref)
     if turn is None:
         raise NotFound(f"no stored turn's ask carried the ref {ref[:128]!r}: the ask was not stored (its "
                        "conversation may have been deleted); ask again")
@@ -357,19 +362,19 @@ async def open_turns(history: AsyncHistory, request: Request, conv: Conversation
         if paged:
             raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
         n: int = request.get("turn")
-        one = await history.turn(cid, n)
+        one = await history.run(HistoryStore.turn, cid, n)
         if one is None:
             raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
         return [one]
     if not paged:
-        return await history.turns(cid)
+        return await history.run(HistoryStore.turns, cid)
     limit: int | None = request.get("limit")
     # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
     first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
-    return await history.turns(cid, first, limit)
+    return await history.run(HistoryStore.turns, cid, first, limit)
 
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:
     """Drop a deleted conversation's search rows, a batch a trip to the history thread."""
-    while await history.unindex_deleted(cid):
+    while await history.run(HistoryStore.unindex_deleted, cid):
         pass

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from attachments import ocr_support
+from attachments import Ocr
 from core.router import RouterClient
 
 from .live import Live
@@ -31,7 +31,7 @@ HEALTH_SECONDS = 10.0  # between two looks while anyone watches: a canvas learns
 CTX_LOOKUP_SECONDS = 2.0  # ``status`` shows null rather than wait on a slow router
 
 
-async def health(router: RouterClient, mcp: McpHost | None) -> dict[str, Any]:
+async def health(router: RouterClient, mcp: McpHost | None, ocr: Ocr) -> dict[str, Any]:
     """``status``'s fields about the daemon's health, as they are now."""
     reachable = await router.reachable()
     model = router.default_model()  # the configured one, else the router's first as last seen
@@ -45,7 +45,7 @@ async def health(router: RouterClient, mcp: McpHost | None) -> dict[str, Any]:
         except Exception:  # status must answer, and soon, whatever the router says
             logger.debug("no default model for status", exc_info=True)
     return {"router_reachable": reachable, "model": model, "ctx_max": ctx_max, "ctx_source": ctx_source,
-            "ocr": (await ocr_support()).to_json(), "mcp": mcp.status() if mcp else []}
+            "ocr": (await ocr.support()).to_json(), "mcp": mcp.status() if mcp else []}
 
 
 def changed_fields(now: dict[str, Any]) -> dict[str, Any]:

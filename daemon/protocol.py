@@ -47,12 +47,13 @@ logger = logging.getLogger(__name__)
 MAX_LINE_BYTES = MAX_REQUEST_BYTES  # a request line over 1 MiB is refused (the client checks it too)
 MAX_ID_CHARS = 256  # a request id, as JSON: ids are echoed on every event
 KB_INJECTION_MODES = ("auto", "tool_only", "both", "off")
+RECALL_MODES = ("auto", "tool_only", "off")  # recall_injection (kbinject/archive.py)
 REMEMBER = ("once", "conversation")  # an approve's reach: this call, or the tool for the conversation's rest
 MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/search.py): none lie past it
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p", "remember", "object", "seq",
+    "temperature", "top_p", "remember", "object", "recall_mode", "seq",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -91,6 +92,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "settings": {
         "conversation": S("int", required=True),
         "kb_injection": S("kb_mode"),
+        "recall_injection": S("recall_mode"),
         "title": S("str"),
         "model": S("str_or_null"),
         "system": S("str_or_null"),
@@ -129,6 +131,7 @@ _KIND_NAMES = {
     "str_list": "a list of strings",
     "str_or_null": "a string or null",
     "kb_mode": "one of " + ", ".join(KB_INJECTION_MODES),
+    "recall_mode": "one of " + ", ".join(RECALL_MODES),
     "limit": f"an integer from 1 to {MAX_LIST_LIMIT}",
     "timestamp": "an updated_at from an earlier answer, such as \"2026-11-29T20:04:30.454753Z\"",
     "str_list_or_null": "a list of strings or null",
@@ -180,6 +183,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value is None or _valid("str_list", value)
     if kind == "kb_mode":
         return value in KB_INJECTION_MODES
+    if kind == "recall_mode":
+        return value in RECALL_MODES
     if kind == "remember":
         return value in REMEMBER
     if kind == "object":

@@ -6,7 +6,7 @@ again on every turn would cost time that grows with the conversation, before the
 token (``bench/bench_ttft.py``, ``bench/bench_body.py``).  The answered turns do not
 change once answered (one turn runs per conversation, and nothing edits a past one), so
 the replayed form of each, with its JSON bytes, is made once and held here; a turn reads
-only the turns answered since (``HistoryStore.turn_context(held_upto=...)``).
+only the turns answered since (``HistoryStore.turn_context(after=...)``).
 
 What is held stays valid while the conversation's latest compaction and the model's
 context size, vision and image cost are the same; otherwise the entry is rebuilt from storage.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attachments import resolve_image_refs
+from attachments import ImageCache, resolve_image_refs
 from core import IMAGE_PART_TYPES, fit_message
 from core.jsontext import EncodedPrefix, encode_message
 from history import Compaction
@@ -57,10 +57,10 @@ class ReplayedTurn:
     sent: Messages | None  # the router's form; None when it has images, resolved per prompt
     json: bytes | None  # ``sent`` encoded once, the messages joined by commas (None with ``sent``)
 
-    async def for_router(self, vision: bool) -> Messages:
+    async def for_router(self, vision: bool, images: ImageCache) -> Messages:
         if self.sent is not None:
             return self.sent
-        return router_messages(await resolve_image_refs(self.stored, vision=vision))
+        return router_messages(await resolve_image_refs(self.stored, images, vision=vision))
 
 
 @dataclass

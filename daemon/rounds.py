@@ -27,6 +27,7 @@ from core.router import (
 )
 from core.tools import TOOL_GUIDANCE, Tool, Toolbox, ToolContext
 from history import AsyncHistory
+from kbinject import recall_mode
 
 from . import events
 from .approvals import Approvals, Asker, TurnGate
@@ -91,7 +92,7 @@ class Rounds:
         build = partial(self.context.build, state.conversation, state.turn, current=[state.question, *state.client.resumed],
                         progress=progress, query=state.query, past=state.past,
                         kb_injection="off" if state.client.resumed else state.kb_injection,
-                        tools=definitions, tool_tokens=tool_tokens)
+                        recall=not state.client.resumed, tools=definitions, tool_tokens=tool_tokens)
         prompt = await build(state.model)
         state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
@@ -143,6 +144,7 @@ class Rounds:
             conversation=state.conversation, turn=state.turn, history=self.history, vision=state.model.vision,
             max_chars=0, image_chars=state.model.image_tokens * BUDGET_CHARS_PER_TOKEN,
             kb_injection=state.kb_injection,
+            recall_injection=recall_mode(past.conversation.settings if past else None, self.config.recall_injection),
             has_attachments=(past is not None and past.has_attachments) or has_files(state.messages[0]),
             kb_ids=past.kb_ids if past else None, gate=gate,
         )

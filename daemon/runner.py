@@ -32,7 +32,7 @@ from core.config import Config
 from core.errors import AssistantError, InternalError, RouterError, RouterUnreachable, no_conversation
 from core.router import ModelInfo, RouterClient, Usage
 from core.tools import Toolbox
-from history import AsyncHistory, Turn, TurnContext
+from history import AsyncHistory, HistoryStore, Turn, TurnContext
 from kbinject import injection_mode
 
 from . import events
@@ -81,7 +81,7 @@ class TurnRunner:
     def renewed(self, config: Config, router: RouterClient, mcp: McpHost | None) -> TurnRunner:
         """A runner for a reloaded configuration, sharing what outlives one: the prompts held
         for the server's cache, the title requests under way, the models without tools."""
-        context = ContextBuilder(config, self.history, router, self.context.kbs)
+        context = ContextBuilder(config, self.history, router, self.context.kbs, self.context.readers)
         context.replays = self.context.replays
         return TurnRunner(config, self.history, router, context, self.toolbox, self.background, self.live,
                           self.approvals, mcp=mcp, no_tools=self._no_tools, titling=self._titling)
@@ -184,7 +184,7 @@ class TurnRunner:
     async def _updated_at(self, cid: int) -> str | None:
         """The conversation's ``updated_at`` as stored now (None: deleted, or unreadable)."""
         try:
-            conv = await self.history.get_conversation(cid)
+            conv = await self.history.run(HistoryStore.get_conversation, cid)
         except AssistantError:  # a full disk, a damaged file: the change is told all the same
             return None
         return conv.updated_at if conv else None
@@ -219,8 +219,8 @@ class TurnRunner:
                                  done=done, total=total))
 
         ctx_used = past.conversation.ctx_used if past else 0
-        return await prepare_files(ask.files, model=model.id, vision=model.vision, ctx_max=model.ctx_max,
-                                   ctx_used=ctx_used, on_ocr=reading)
+        return await prepare_files(ask.files, self.context.readers, model=model.id, vision=model.vision,
+                                   ctx_max=model.ctx_max, ctx_used=ctx_used, on_ocr=reading)
 
     # -- answer: the reply streamed and stored ----------------------------------------------
 

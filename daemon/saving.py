@@ -17,7 +17,7 @@ from typing import Any
 from attachments import Prepared, read_sent_pages, user_content
 from core import estimate_messages
 from core.errors import AssistantError, BadRequest, DiskFull, no_conversation
-from history import AsyncHistory, NewAttachment, Turn, TurnContext, TurnOutcome
+from history import AsyncHistory, HistoryStore, NewAttachment, NewTurn, Turn, TurnContext, TurnOutcome
 
 from .background import Background
 from .context import ContextBuilder
@@ -57,13 +57,14 @@ class TurnSaver:
                           sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
             for p in prepared
         ]
+        new = NewTurn(
+            cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
+            provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
+            default_model=default_model, system_prompt=ask.system, ref=ask.ref,
+        )
+        held = self.context.replays.held_upto(cid) if cid is not None else 0
         try:
-            return await self.history.begin_turn(
-                cid, ask.text, [stored], [p.chip.to_json() for p in prepared], model,
-                provisional_title(ask.question(prepared)), attachments=records, conversation_model=ask.model,
-                default_model=default_model, system_prompt=ask.system,
-                held_upto=self.context.replays.held_upto(cid) if cid is not None else 0, ref=ask.ref,
-            )
+            return await self.history.run(HistoryStore.begin_turn, new, held)
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
 
@@ -86,7 +87,7 @@ class TurnSaver:
         """The conversation's last turn, which ended on calls to an OpenAI client's own tools,
         running again; ``BadRequest`` when it did not."""
         try:
-            return await self.history.reopen_turn(cid, self.context.replays.held_upto(cid))
+            return await self.history.run(HistoryStore.reopen_turn, cid, self.context.replays.held_upto(cid))
         except LookupError:
             raise BadRequest(f"the last turn of conversation {cid} is not waiting for tool results; send the "
                              "results right after the assistant message that called the tools") from None
@@ -101,11 +102,11 @@ class TurnSaver:
     async def _keep_page_text(self, cid: int, turn: int, item: Prepared, stored: asyncio.Event | None) -> None:
         """A file's pages read by OCR, kept with its turn once the turn is stored (whose outcome
         would write the question over them)."""
-        full_text, pages = await read_sent_pages(item)
+        full_text, pages = await read_sent_pages(item, self.context.readers.ocr)
         if stored is not None:
             await stored.wait()
         if pages and item.sha256 is not None:
-            await self.history.add_page_text(cid, turn, item.sha256, full_text, pages)
+            await self.history.run(HistoryStore.add_page_text, cid, turn, item.sha256, full_text, pages)
 
     def checkpoint(self, state: TurnState) -> None:
         """Save the streaming reply at most every CHECKPOINT_SECONDS, and soon after the last delta."""
@@ -124,7 +125,7 @@ class TurnSaver:
 
     async def _write_partial(self, cid: int, turn: int, reply: str) -> None:
         try:
-            await self.history.save_partial(cid, turn, reply)
+            await self.history.run(HistoryStore.save_partial, cid, turn, reply)
         except DiskFull:
             # the reply is in memory (the turn's state) and its outcome is kept if it cannot be
             # written either; a checkpoint only guards against a crash

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from attachments import configure_image_cache, configure_ocr, image_data_url
+from attachments import FileReaders
 from core.config import Config, ConfigError
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
-from history import AsyncHistory
+from history import AsyncHistory, HistoryStore, JournalStore
 from kbinject import KbSettings, KnowledgeBases
 
 from .connection import Connection
@@ -74,6 +74,7 @@ class Server:
         self._router: RouterClient | None = None
         self._kbs: KnowledgeBases | None = None
         self._mcp: McpHost | None = None
+        self._readers: FileReaders | None = None  # OCR and the image cache, made at start
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
         self.door: OpenAIDoor | None = None  # the OpenAI door, when openai_listen is set
@@ -82,6 +83,10 @@ class Server:
     @property
     def engine(self) -> TurnEngine | None:
         return self._engine
+
+    @property
+    def readers(self) -> FileReaders | None:
+        return self._readers
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -142,7 +147,8 @@ class Server:
         elif new.mcp.servers:
             from mcphost import McpHost
 
-            mcp = McpHost(new.mcp, image_data_url)
+            assert self._readers is not None
+            mcp = McpHost(new.mcp, self._readers.images.image_data_url)
         self._mcp = mcp
         self._kbs.settings = KbSettings(self._kbs.settings.embedding_model, new.kb_top_k)
         in_flight = self._engine.reconfigure(new, router, mcp)
@@ -211,10 +217,10 @@ class Server:
         async with extended_start():  # a migration of millions of turns outlasts systemd's start timeout
             self._history = await AsyncHistory.open(self.config.db_path)
         await self._resume_live(self._history)
-        configure_image_cache(self.config.data_dir / "images", self.config.data_dir / "thumbnails")
-        configure_ocr(self.config.data_dir / "ocr", self.config.ocr_languages, self.config.ocr_images)
+        readers = self._readers = FileReaders.in_folder(self.config.data_dir, self.config.ocr_languages,
+                                                        self.config.ocr_images)
         try:
-            interrupted = await self._history.interrupt_running()
+            interrupted = await self._history.run(HistoryStore.interrupt_running)
         except Exception as exc:  # a full disk: serve what can be served, and say so
             logger.warning("turns cut by a crash could not be marked interrupted (%s); free some space "
                            "and restart to mark them", exc)
@@ -223,15 +229,15 @@ class Server:
             logger.warning("%d turn(s) were cut by a crash; kept as interrupted", interrupted)
         self._router = RouterClient(self.config)
         self._kbs = KnowledgeBases(
-            self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k)
+            self._history, self._router, KbSettings(self.config.embedding_model, self.config.kb_top_k), readers.ocr
         )
         if self.config.mcp.servers:  # the host's code loads only when servers are configured
             from mcphost import McpHost, ServerHandle
 
-            self._mcp = McpHost(self.config.mcp, image_data_url)
+            self._mcp = McpHost(self.config.mcp, readers.images.image_data_url)
         self._history.on_saved = lambda o: self.live.turn_saved(o.conversation, o.turn, o.status, o.finish_reason)
-        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, self.live, self._mcp)
-        self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live)
+        self._engine = TurnEngine(self.config, self._history, self._router, self._kbs, readers, self.live, self._mcp)
+        self._handlers = Handlers(self.config, self._history, self._router, self._engine, self._kbs, self.live, readers)
         if self.config.openai_address is not None:
             self.door = OpenAIDoor(self.config, self._engine, self._history, self._router, self.live)
             await self.door.start()
@@ -239,21 +245,22 @@ class Server:
 
     async def _resume_live(self, history: AsyncHistory) -> None:
         """Number changes on from the last run's, with its journal (daemon/live.py)."""
-        self.live.on_reserve = lambda upto: self._in_background(history.journal.reserve(upto))
+        self.live.on_reserve = lambda upto: self._in_background(history.journal.run(JournalStore.reserve, upto))
         try:
-            self.live.resume(*await history.journal.start(RESERVE_BLOCK))
+            self.live.resume(*await history.journal.run(JournalStore.start, RESERVE_BLOCK))
         except AssistantError as exc:  # a full disk: number on from the reservation, and reserve when there is room
             logger.warning("the live state's numbering could not be reserved (%s); watchers that reconnect "
                            "will re-read", exc.message)
-            self.live.resume(await history.journal.reserved(), [])
-            self.live.on_reserve(await history.journal.reserved() + RESERVE_BLOCK)
+            base = await history.journal.run(JournalStore.reserved)
+            self.live.resume(base, [])
+            self.live.on_reserve(base + RESERVE_BLOCK)
 
     async def _save_live(self, history: AsyncHistory) -> None:
         """The last change's number and the journal, for the next start to resume from."""
         if not self.live.kept:
             return  # the start failed before it numbered on: keep the last run's
         try:
-            await history.journal.save(*self.live.saved())
+            await history.journal.run(JournalStore.save, *self.live.saved())
         except Exception as exc:  # a full disk: the next start numbers on from the reservation
             logger.warning("the live state's journal could not be saved (%s); watchers will re-read", exc)
 
@@ -289,7 +296,7 @@ class Server:
     async def _unindex_deleted(self) -> None:
         """Drop the search rows of conversations whose delete a stop cut short."""
         assert self._history is not None
-        for cid in await self._history.deleted_but_indexed():
+        for cid in await self._history.run(HistoryStore.deleted_but_indexed):
             await unindex_deleted(self._history, cid)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -335,6 +342,8 @@ class Server:
         if self._history is not None:
             await self._save_live(self._history)
             await self._history.close()
+        if self._readers is not None:
+            self._readers.close()
         if self._listener is not None:
             self._listener.cleanup()
             if not self._listener.owned or self._server is None:  # else the server closed it

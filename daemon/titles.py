@@ -9,7 +9,7 @@ from typing import Any
 
 from core.errors import AssistantError
 from core.router import RouterClient
-from history import AsyncHistory, Conversation
+from history import AsyncHistory, Conversation, HistoryStore
 
 __all__ = ["clean_title", "make_title", "provisional_title", "title_prompt"]
 
@@ -90,7 +90,7 @@ async def make_title(
     if not title:
         return
     # kept when the user has renamed the conversation meanwhile
-    if await history.replace_title(cid, provisional_title(question), title) and renamed is not None:
-        conv = await history.get_conversation(cid)
+    if await history.run(HistoryStore.replace_title, cid, provisional_title(question), title) and renamed is not None:
+        conv = await history.run(HistoryStore.get_conversation, cid)
         if conv is not None:
             renamed(conv)

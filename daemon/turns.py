@@ -14,12 +14,13 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from attachments import FileReaders
 from core.config import Config
 from core.errors import AssistantError, Busy, InternalError, ShuttingDown, no_conversation
 from core.router import RouterClient
 from core.tools import Toolbox
 from fileops import FileConvert
-from history import AsyncHistory, Conversation
+from history import AsyncHistory, Conversation, HistoryStore
 from kbinject import KnowledgeBases
 from recall import default_toolbox
 
@@ -45,7 +46,7 @@ class TurnEngine:
 
     def __init__(
         self, config: Config, history: AsyncHistory, router: RouterClient, kbs: KnowledgeBases,
-        live: Live, mcp: McpHost | None = None,
+        readers: FileReaders, live: Live, mcp: McpHost | None = None,
     ) -> None:
         self.config = config
         self.mcp = mcp  # None: no MCP server configured (the SDK is never loaded)
@@ -59,8 +60,8 @@ class TurnEngine:
         self.live = live
         self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
         self.runner = TurnRunner(
-            config, history, router, ContextBuilder(config, history, router, kbs),
-            Toolbox([*default_toolbox().tools, kbs.tool(), FileConvert(lambda: self.config)]),
+            config, history, router, ContextBuilder(config, history, router, kbs, readers),
+            Toolbox([*default_toolbox(readers.images).tools, kbs.tool(), FileConvert(lambda: self.config, readers.ocr)]),
             self._background, live, self.approvals, mcp=mcp,
         )
 
@@ -121,7 +122,7 @@ class TurnEngine:
         if cid is None:
             return 1
         try:
-            conv = await self.history.get_conversation(cid)
+            conv = await self.history.run(HistoryStore.get_conversation, cid)
         except Exception:  # the store is closing: the refusal goes out without its turn
             logger.debug("no turn for a refused ask", exc_info=True)
             return None
@@ -258,7 +259,7 @@ class TurnEngine:
         """The live conversation ``cid`` (None for None); ``not_found`` when there is none."""
         if cid is None:
             return None
-        conv = await self.history.get_conversation(cid)
+        conv = await self.history.run(HistoryStore.get_conversation, cid)
         if conv is None:
             raise no_conversation(cid)
         return conv

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from attachments import Ocr
+
 from .options import FileKind, OperationSpec
 from .outputs import Staged
 
@@ -28,6 +30,7 @@ class Job:
     max_bytes: int  # convert_max_bytes
     gif_max_bytes: int
     report: Report
+    ocr: Ocr  # reads the pages of a scanned PDF (the daemon's, with its cache)
     staged: list[Staged] = field(default_factory=list)
 
     @property

@@ -7,7 +7,6 @@ import hashlib
 import json
 from pathlib import Path
 
-from attachments import ocr_read_pages, ocr_support
 from core.errors import OutputTooLarge
 
 from .job import Job, ProgressUnit
@@ -46,9 +45,9 @@ async def pdf_to_markdown(job: Job) -> None:
     pages = await asyncio.to_thread(lambda: pages_markdown(parse_pages(xml.stdout)))
     job.report(len(pages), len(pages), "pages")
     scanned = [number for number, text in enumerate(pages, start=1) if not text]
-    if scanned and (await ocr_support()).available:
+    if scanned and (await job.ocr.support()).available:
         sha256 = await asyncio.to_thread(lambda: hashlib.sha256(path.read_bytes()).hexdigest())
-        read = await ocr_read_pages(str(path), path.name, sha256, scanned, {})
+        read = await job.ocr.read_pages(str(path), path.name, sha256, scanned, {})
         pages = [text or (read.get(number) or "").strip() for number, text in enumerate(pages, start=1)]
     document = "\n\n".join(text for text in pages if text).strip() + "\n"
     data = document.encode()

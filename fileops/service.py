@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attachments import Ocr
 from core.config import Config
 from core.errors import ConvertTimeout, FileRefused, NotFound, ShuttingDown
 
@@ -58,7 +59,8 @@ class Converted:
 class Converter:
     """Runs the file operations; each has an id (``c1``, ``c2``, ...) that ``cancel`` names."""
 
-    def __init__(self, prefix: str = "c") -> None:
+    def __init__(self, ocr: Ocr | None = None, prefix: str = "c") -> None:
+        self._ocr = ocr or Ocr()  # the daemon's (its cache); alone, one that keeps none
         self._prefix = prefix  # file_convert's own: "t1", ... (a turn's cancel stops those)
         self._ids = itertools.count(1)
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -81,7 +83,8 @@ class Converter:
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise FileRefused(f"{folder}: not a folder this daemon may write to; choose another output_dir")
         ident = f"{self._prefix}{next(self._ids)}"
-        return Job(ident, spec, inputs, checked, folder, config.convert_max_bytes, config.gif_max_bytes, report(ident))
+        return Job(ident, spec, inputs, checked, folder, config.convert_max_bytes, config.gif_max_bytes, report(ident),
+                   self._ocr)
 
     async def convert(self, job: Job, timeout: float, thumbnails: Path | None) -> Converted:
         """Run ``job`` to its end; its outputs published and described, or none if cancelled."""

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attachments import FULL_TEXT_CAP
+from attachments import FULL_TEXT_CAP, Ocr
 from core.config import Config
 from core.errors import AssistantError
 from core.tools import Tool, ToolContext, ToolError, ToolResult, json_content, one_line, string_argument
-from history import AsyncHistory, NewAttachment
+from history import AsyncHistory, HistoryStore, NewAttachment
 
 from .options import OPERATIONS
 from .outputs import OutputChip
@@ -62,17 +62,17 @@ class FileConvert(Tool):
         "required": ["operation", "attachments"],
     }
 
-    def __init__(self, config: Callable[[], Config]) -> None:
+    def __init__(self, config: Callable[[], Config], ocr: Ocr | None = None) -> None:
         self.description = _description()
         self._config = config  # the configuration in effect, read at each call (a reload changes it)
-        self._converter = Converter(prefix="t")
+        self._converter = Converter(ocr, prefix="t")
 
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
         """Offered once the conversation has a file an operation takes (a PDF, an image): a text
         file alone would cost every prompt the tool's definition for nothing."""
         if ctx.has_attachments is False:
             return False
-        return any(a.kind in CONVERTIBLE for a in await ctx.history.attachments(ctx.conversation))
+        return any(a.kind in CONVERTIBLE for a in await ctx.history.run(HistoryStore.attachments, ctx.conversation))
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         operation = string_argument(arguments, "operation") or ""
@@ -87,7 +87,7 @@ class FileConvert(Tool):
         except AssistantError as exc:  # a bad option, a damaged file, a missing ffmpeg: the model is told
             raise ToolError(exc.message) from None
         stored = await asyncio.to_thread(lambda: [_stored(chip) for chip in done.outputs])
-        ids = await ctx.history.add_attachments(ctx.conversation, ctx.turn, stored)
+        ids = await ctx.history.run(HistoryStore.add_attachments, ctx.conversation, ctx.turn, stored)
         outputs = [{"id": ident, "filename": chip.name, "path": chip.path, "size_bytes": chip.size, "kind": chip.kind}
                    for ident, chip in zip(ids, done.outputs)]
         written = ", ".join(chip.name for chip in done.outputs)
@@ -102,7 +102,7 @@ class FileConvert(Tool):
             raise ToolError(f"at most {MAX_ATTACHMENTS} attachments in one call")
         paths = []
         for ident in ids:
-            found = await ctx.history.attachment(ctx.conversation, ident)
+            found = await ctx.history.run(HistoryStore.attachment, ctx.conversation, ident)
             if found is None:
                 raise ToolError(f"this conversation has no attachment {ident}; attachment_recall's list shows them")
             path = Path(found.path)

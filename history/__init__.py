@@ -1,6 +1,7 @@
 """SQLite history: conversations, turns, migrations, the FTS5 message index and KB tables."""
 
 from .aio import AsyncHistory
+from .archive import ArchiveFound, ArchiveHit, ArchiveStore, FileToChunk
 from .fts import (
     CONVERSATION_SHIFT,
     MAX_CONVERSATION_ID,
@@ -29,7 +30,7 @@ from .kb import (
     chunk_kb,
     kb_chunk_range,
 )
-from .journal import SavedChange
+from .journal import JournalStore, SavedChange
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -37,6 +38,7 @@ from .records import (
     Compaction,
     Conversation,
     NewAttachment,
+    NewTurn,
     SearchHit,
     Turn,
     TurnContext,
@@ -50,11 +52,15 @@ from .store import UNSET, HistoryStore
 from .threads import IMPORTED, thread_digest
 
 __all__ = [
+    "ArchiveFound",
+    "ArchiveStore",
+    "ArchiveHit",
     "AsyncHistory",
     "Attachment",
     "CONVERSATION_SHIFT",
     "Compaction",
     "Conversation",
+    "FileToChunk",
     "HistoryStore",
     "IMPORTED",
     "KB_CHUNK_SHIFT",
@@ -67,7 +73,9 @@ __all__ = [
     "MAX_TURN",
     "MIGRATIONS",
     "NewAttachment",
+    "NewTurn",
     "NewKbDocument",
+    "JournalStore",
     "SavedChange",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",

@@ -4,12 +4,14 @@ SQLite calls block, so they must not run on the event loop; and a sqlite3 connec
 belongs to the thread that made it. One dedicated thread (``HistoryThread``) therefore
 creates the store and runs every call, in submission order (aiosqlite's design).
 
-``AsyncHistory`` has an ``async`` twin of each store method used outside this package, of
-the same name and signature (``await history.turns(cid)``; the knowledge-base tables'
-under ``history.kb``). Each sends the whole store method to the thread, so a
-multi-statement write is one trip and one transaction, never statements interleaved with
-other callers; reads a caller needs together are one store method too
-(``HistoryStore.replay_source``, ``search_with_conversations``).
+``AsyncHistory.run`` takes a store method named on its class, with its arguments, typed by
+its signature (``await history.run(HistoryStore.turns, cid)``; the knowledge-base tables'
+through ``history.kb.run(KnowledgeStore.get, name)``): go-to-definition leads to the method
+that runs. Each call sends the whole store method to the thread, so a multi-statement write
+is one trip and one transaction, never statements interleaved with other callers; reads a
+caller needs together are one store method too (``HistoryStore.replay_source``,
+``search_with_conversations``). ``AsyncHistory``'s own methods are those with logic of their
+own: a turn's outcome kept through a full disk, the disk's room, the quick check.
 
 Cancelling an awaiting caller does not stop its call, queued or running: every call
 sent runs, and its transaction completes (or rolls back) as a whole.
@@ -33,28 +35,22 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from core.errors import DiskFull, HistoryDamaged, StartupError
 
 from .connection import MEMORY
-from .journal import AsyncJournal
-from .kb import KbChunk, KbDocument, KnowledgeBase, KnowledgeStore, NewKbDocument
-from .records import Attachment, Compaction, Conversation, NewAttachment, SearchHit, Turn, TurnContext, TurnOutcome
-from .store import (
-    DEFAULT_ALL_HITS,
-    DEFAULT_CONVERSATION_HITS,
-    DEFAULT_LIST_LIMIT,
-    UNSET,
-    HistoryStore,
-    _Unset,
-)
+from .archive import ArchiveStore
+from .kb import KnowledgeStore
+from .records import Turn, TurnOutcome
+from .store import HistoryStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
+S = TypeVar("S")  # a group of tables with a store of its own (AsyncTables)
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +124,9 @@ class AsyncHistory:
         self._roomy_until = 0.0  # monotonic time until which the disk is not looked at again
         # told of each kept outcome once it is written at last (the daemon tells its watchers)
         self.on_saved: Callable[[TurnOutcome], None] | None = None
-        self.kb = AsyncKnowledgeStore(self, store.kb)
-        self.journal = AsyncJournal(self, store.journal)
+        self.kb = AsyncTables(self, store.kb)
+        self.archive = AsyncTables(self, store.archive)  # recall injection's queries
+        self.journal = AsyncTables(self, store.journal)  # the live state's numbering and journal
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:
@@ -152,12 +149,16 @@ class AsyncHistory:
         """
         return await asyncio.to_thread(quick_check, self._store.path)
 
-    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """``fn(*args, **kwargs)``, a store method, on the history thread; a full disk is DiskFull."""
+    async def run(self, method: Callable[Concatenate[HistoryStore, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``method``, a ``HistoryStore`` method named on its class, run on the history thread:
+        ``await history.run(HistoryStore.turns, cid)``. A full disk is DiskFull."""
+        return await self._submit(partial(method, self._store, *args, **kwargs))
+
+    async def _submit(self, call: Callable[[], T]) -> T:
         if self._closed:
             raise RuntimeError("history store is closed")
         try:
-            return await self._thread.submit(partial(fn, *args, **kwargs))
+            return await self._thread.submit(call)
         except sqlite3.OperationalError as exc:
             if not is_disk_full(exc):
                 raise
@@ -167,169 +168,6 @@ class AsyncHistory:
                 raise
             raise HistoryDamaged(self._store.path, exc) from exc
 
-    # -- the store's methods, each run on the history thread -----------------------------
-
-    async def create_conversation(
-        self, title: str = "", model: str | None = None, system_prompt: str | None = None
-    ) -> Conversation:
-        return await self._call(self._store.create_conversation, title, model, system_prompt)
-
-    async def get_conversation(self, cid: int) -> Conversation | None:
-        return await self._call(self._store.get_conversation, cid)
-
-    async def turn_context(
-        self, cid: int, held_upto: int = 0, before: int | None = None, conversation: Conversation | None = None
-    ) -> TurnContext | None:
-        return await self._call(self._store.turn_context, cid, held_upto, before, conversation)
-
-    async def list_conversations(
-        self, limit: int = DEFAULT_LIST_LIMIT, before: str | None = None
-    ) -> list[Conversation]:
-        return await self._call(self._store.list_conversations, limit, before)
-
-    async def update_conversation(
-        self,
-        cid: int,
-        *,
-        title: str | None = None,
-        model: str | None | _Unset = UNSET,
-        settings: dict[str, Any] | None = None,
-        system_prompt: str | None | _Unset = UNSET,
-    ) -> Conversation | None:
-        return await self._call(
-            self._store.update_conversation, cid, title=title, model=model, settings=settings,
-            system_prompt=system_prompt,
-        )
-
-    async def replace_title(self, cid: int, old: str, new: str) -> bool:
-        return await self._call(self._store.replace_title, cid, old, new)
-
-    async def delete_conversation(self, cid: int) -> bool:
-        return await self._call(self._store.delete_conversation, cid)
-
-    async def unindex_deleted(self, cid: int, limit: int | None = None) -> int:
-        return await self._call(self._store.unindex_deleted, cid, limit)
-
-    async def deleted_but_indexed(self) -> list[int]:
-        return await self._call(self._store.deleted_but_indexed)
-
-    async def start_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        *,
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        system_prompt: str | None = None,
-        ref: str | None = None,
-    ) -> tuple[Conversation, Turn]:
-        return await self._call(
-            self._store.start_turn, cid, text, messages, files, model, title, attachments=attachments,
-            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt, ref=ref,
-        )
-
-    async def begin_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        *,
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        system_prompt: str | None = None,
-        held_upto: int = 0,
-        ref: str | None = None,
-    ) -> tuple[Turn, TurnContext]:
-        return await self._call(
-            self._store.begin_turn, cid, text, messages, files, model, title, attachments=attachments,
-            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt,
-            held_upto=held_upto, ref=ref,
-        )
-
-    async def thread_conversation(self, digest: str) -> int | None:
-        return await self._call(self._store.thread_conversation, digest)
-
-    async def add_thread(self, digest: str, cid: int, turns: int) -> None:
-        await self._call(self._store.add_thread, digest, cid, turns)
-
-    async def waiting_calls(self, cid: int) -> list[str] | None:
-        return await self._call(self._store.waiting_calls, cid)
-
-    async def discard_import(self, cid: int) -> bool:
-        return await self._call(self._store.discard_import, cid)
-
-    async def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
-        return await self._call(self._store.reopen_turn, cid, held_upto)
-
-    async def import_conversation(
-        self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
-        system_prompt: str | None,
-    ) -> Conversation:
-        return await self._call(
-            self._store.import_conversation, turns, digest, title=title, model=model, system_prompt=system_prompt,
-        )
-    async def add_page_text(self, cid: int, turn: int, sha256: str, full_text: str, pages: dict[int, str]) -> bool:
-        return await self._call(self._store.add_page_text, cid, turn, sha256, full_text, pages)
-
-    async def attachments(self, cid: int) -> list[Attachment]:
-        return await self._call(self._store.attachments, cid)
-
-    async def has_attachments(self, cid: int) -> bool:
-        return await self._call(self._store.has_attachments, cid)
-
-    async def attachment(self, cid: int, attachment_id: int) -> Attachment | None:
-        return await self._call(self._store.attachment, cid, attachment_id)
-
-    async def add_attachments(self, cid: int, turn: int, attachments: Sequence[NewAttachment]) -> list[int]:
-        return await self._call(self._store.add_attachments, cid, turn, attachments)
-
-    async def save_partial(self, cid: int, turn: int, reply: str) -> None:
-        return await self._call(self._store.save_partial, cid, turn, reply)
-
-    async def turns(self, cid: int, from_turn: int = 1, limit: int | None = None) -> list[Turn]:
-        return await self._call(self._store.turns, cid, from_turn, limit)
-
-    async def turn(self, cid: int, n: int) -> Turn | None:
-        return await self._call(self._store.turn, cid, n)
-
-    async def interrupt_running(self) -> int:
-        return await self._call(self._store.interrupt_running)
-
-    async def add_compaction(self, cid: int, through_turn: int, summary: str) -> Compaction:
-        return await self._call(self._store.add_compaction, cid, through_turn, summary)
-
-    async def replay_source(
-        self, cid: int, turn: int
-    ) -> tuple[Compaction | None, list[tuple[int, list[dict[str, Any]]]]]:
-        return await self._call(self._store.replay_source, cid, turn)
-
-    async def search_conversation(
-        self,
-        cid: int,
-        query: str,
-        limit: int = DEFAULT_CONVERSATION_HITS,
-        role: str | None = None,
-        before_turn: int | None = None,
-    ) -> list[SearchHit]:
-        return await self._call(self._store.search_conversation, cid, query, limit, role, before_turn)
-
-    async def search_all(self, query: str, limit: int = DEFAULT_ALL_HITS) -> list[SearchHit]:
-        return await self._call(self._store.search_all, query, limit)
-
-    async def search_with_conversations(
-        self, query: str, limit: int, cid: int | None = None, offset: int = 0
-    ) -> tuple[list[SearchHit], dict[int, Conversation]]:
-        return await self._call(self._store.search_with_conversations, query, limit, cid, offset)
-
     # -- a full disk ---------------------------------------------------------------------
 
     async def finish(self, outcome: TurnOutcome) -> bool:
@@ -337,7 +175,7 @@ class AsyncHistory:
         another program holds locked) and is kept in memory, written later."""
         self._kept.pop(outcome.key, None)  # an older outcome of the same turn is superseded
         try:
-            await self._call(self._store.finish, outcome)
+            await self.run(HistoryStore.finish, outcome)
         except (DiskFull, sqlite3.DatabaseError) as exc:
             self._unwritable = self._why(exc)
             if not self._kept:
@@ -392,7 +230,7 @@ class AsyncHistory:
         async with self._flushing:
             for key, outcome in list(self._kept.items()):
                 try:
-                    await self._call(self._store.finish, outcome)
+                    await self.run(HistoryStore.finish, outcome)
                 except (DiskFull, sqlite3.DatabaseError) as exc:
                     self._unwritable = self._why(exc)
                     return False
@@ -431,101 +269,18 @@ class AsyncHistory:
             self._thread.stop()
 
 
-class AsyncKnowledgeStore:
-    """The history's knowledge-base tables (``HistoryStore.kb``), each method run on the history
-    thread as ``AsyncHistory``'s are."""
+class AsyncTables(Generic[S]):
+    """A group of the history's tables with a store of their own (``HistoryStore.kb``,
+    ``HistoryStore.archive``), on the history thread as ``AsyncHistory``'s are:
+    ``await history.kb.run(KnowledgeStore.get, name)``."""
 
-    def __init__(self, history: AsyncHistory, kb: KnowledgeStore) -> None:
-        self._call = history._call
-        self._kb = kb
+    def __init__(self, history: AsyncHistory, tables: S) -> None:
+        self._history = history
+        self._tables = tables
 
-    async def get(self, name: str) -> KnowledgeBase | None:
-        return await self._call(self._kb.get, name)
-
-    async def ids(self) -> list[int]:
-        return await self._call(self._kb.ids)
-
-    async def ids_named(self, names: Sequence[str]) -> dict[str, int]:
-        return await self._call(self._kb.ids_named, names)
-
-    async def ensure(self, name: str) -> tuple[KnowledgeBase, bool]:
-        return await self._call(self._kb.ensure, name)
-
-    async def all(self) -> list[KnowledgeBase]:
-        return await self._call(self._kb.all)
-
-    async def delete_chunks(self, kb_id: int, limit: int) -> int:
-        return await self._call(self._kb.delete_chunks, kb_id, limit)
-
-    async def begin_remove(self, name: str) -> KnowledgeBase | None:
-        return await self._call(self._kb.begin_remove, name)
-
-    async def being_removed(self) -> list[int]:
-        return await self._call(self._kb.being_removed)
-
-    async def remove(self, kb_id: int) -> None:
-        return await self._call(self._kb.remove, kb_id)
-
-    async def set_link(self, name: str, cid: int | None, linked: bool) -> KnowledgeBase | None:
-        return await self._call(self._kb.set_link, name, cid, linked)
-
-    async def linked(self, cid: int) -> list[KnowledgeBase]:
-        return await self._call(self._kb.linked, cid)
-
-    async def linked_ids(self, cid: int, *, live: bool = False) -> list[int]:
-        return await self._call(self._kb.linked_ids, cid, live=live)
-
-    async def documents(self, kb_id: int) -> list[KbDocument]:
-        return await self._call(self._kb.documents, kb_id)
-
-    async def put_document(self, kb_id: int, document: NewKbDocument) -> tuple[KbDocument, list[int], list[int]]:
-        return await self._call(self._kb.put_document, kb_id, document)
-
-    async def set_mtime(self, document_id: int, mtime_ns: int) -> None:
-        return await self._call(self._kb.set_mtime, document_id, mtime_ns)
-
-    async def remove_documents(self, kb_id: int, paths: Iterable[str]) -> list[int]:
-        return await self._call(self._kb.remove_documents, kb_id, paths)
-
-    async def document_chunks(self, kb_id: int, path: str) -> list[KbChunk]:
-        return await self._call(self._kb.document_chunks, kb_id, path)
-
-    async def chunks(self, ids: Sequence[int]) -> list[KbChunk]:
-        return await self._call(self._kb.chunks, ids)
-
-    async def chunks_and_vectors(
-        self, model: str, ids: Sequence[int], vector_ids: Sequence[int]
-    ) -> tuple[list[KbChunk], list[tuple[int, bytes]]]:
-        return await self._call(self._kb.chunks_and_vectors, model, ids, vector_ids)
-
-    async def search(self, phrases: Sequence[str], kb_ids: Sequence[int] | None, limit: int) -> list[tuple[int, float]]:
-        return await self._call(self._kb.search, phrases, kb_ids, limit)
-
-    async def pending_chunks(
-        self, model: str, dim: int | None, kb_id: int, after: int, limit: int
-    ) -> list[tuple[int, str]]:
-        return await self._call(self._kb.pending_chunks, model, dim, kb_id, after, limit)
-
-    async def count_pending(self, model: str, dim: int | None, kb_id: int) -> int:
-        return await self._call(self._kb.count_pending, model, dim, kb_id)
-
-    async def count_vectors(self, model: str, dim: int | None, kb_id: int) -> int:
-        return await self._call(self._kb.count_vectors, model, dim, kb_id)
-
-    async def all_embedded(self, model: str, kb_id: int) -> bool:
-        return await self._call(self._kb.all_embedded, model, kb_id)
-
-    async def put_vectors(self, model: str, dim: int, rows: Sequence[tuple[int, bytes]]) -> list[int]:
-        return await self._call(self._kb.put_vectors, model, dim, rows)
-
-    async def vector_dims(self, model: str) -> dict[int, int]:
-        return await self._call(self._kb.vector_dims, model)
-
-    async def vectors(self, model: str, dim: int, after: int, limit: int) -> list[tuple[int, bytes]]:
-        return await self._call(self._kb.vectors, model, dim, after, limit)
-
-    async def vectors_of(self, model: str, ids: Sequence[int]) -> list[tuple[int, bytes]]:
-        return await self._call(self._kb.vectors_of, model, ids)
+    async def run(self, method: Callable[Concatenate[S, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``method``, a method of the tables' store named on its class, run on the history thread."""
+        return await self._history._submit(partial(method, self._tables, *args, **kwargs))
 
 
 def is_damaged(exc: sqlite3.Error) -> bool:

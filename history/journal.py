@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
 
 from .migrations import immediate_transaction
 from .records import Turn
 from .sql import TURN_COLUMNS
 
-__all__ = ["AsyncJournal", "JournalStore", "SavedChange"]
+__all__ = ["JournalStore", "SavedChange"]
 
 SELECT_RESERVED = "SELECT reserved FROM live_seq WHERE id = 1"
 SET_RESERVED = "INSERT INTO live_seq (id, reserved) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET reserved = excluded.reserved"
@@ -89,25 +88,3 @@ class JournalStore:
         row = self._conn.execute(SELECT_TURN_BY_REF, (ref,)).fetchone()
         return Turn.from_row(row) if row else None
 
-
-class AsyncJournal:
-    """``JournalStore``'s methods, each run on the history thread as ``AsyncHistory``'s are."""
-
-    def __init__(self, history: Any, journal: JournalStore) -> None:
-        self._call = history._call
-        self._journal = journal
-
-    async def start(self, block: int) -> tuple[int, list[SavedChange]]:
-        return await self._call(self._journal.start, block)
-
-    async def reserved(self) -> int:
-        return await self._call(self._journal.reserved)
-
-    async def reserve(self, upto: int) -> None:
-        await self._call(self._journal.reserve, upto)
-
-    async def save(self, last: int, changes: list[SavedChange]) -> None:
-        await self._call(self._journal.save, last, changes)
-
-    async def turn_by_ref(self, ref: str) -> Turn | None:
-        return await self._call(self._journal.turn_by_ref, ref)

@@ -452,7 +452,54 @@ def m011_threads(conn: sqlite3.Connection) -> None:
     conn.execute(CREATE_THREADS)
 
 
-def m012_live_journal(conn: sqlite3.Connection) -> None:
+CREATE_ATTACHMENT_CHUNKS = """
+CREATE TABLE attachment_chunks (
+    -- attachment_id << 16 | n: an attachment's chunks are one rowid range, so a search
+    -- scoped to a conversation's files is a `rowid BETWEEN` per file (history/archive.py)
+    id INTEGER PRIMARY KEY,
+    -- no foreign key: the chunks are an index of attachments.full_text, made again at will
+    attachment_id INTEGER NOT NULL,
+    -- 1-based position in the file, and the PDF page it comes from (NULL for text)
+    ordinal INTEGER NOT NULL,
+    page INTEGER,
+    text TEXT NOT NULL
+)
+"""
+CREATE_ATTACHMENT_CHUNK_FTS = """
+CREATE VIRTUAL TABLE attachment_chunk_fts USING fts5(
+    text,
+    content = 'attachment_chunks',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+)
+"""
+CREATE_ATTACHMENT_CHUNK_TRIGGERS = (
+    """
+    CREATE TRIGGER attachment_chunks_ai AFTER INSERT ON attachment_chunks BEGIN
+        INSERT INTO attachment_chunk_fts (rowid, text) VALUES (new.id, new.text);
+    END
+    """,
+    """
+    CREATE TRIGGER attachment_chunks_ad AFTER DELETE ON attachment_chunks BEGIN
+        INSERT INTO attachment_chunk_fts (attachment_chunk_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END
+    """,
+)
+
+
+def m012_attachment_chunks(conn: sqlite3.Connection) -> None:
+    """`attachment_chunks`: the attachments' full text in chunks, indexed for recall injection."""
+    # Chunked lazily, the first time a turn recalls from the conversation (kbinject/archive.py):
+    # `chunked` says the chunks are those of the current full_text (OCR text arriving later
+    # resets it, history/sql.py SET_ATTACHMENT_TEXT).
+    conn.execute(CREATE_ATTACHMENT_CHUNKS)
+    conn.execute(CREATE_ATTACHMENT_CHUNK_FTS)
+    for trigger in CREATE_ATTACHMENT_CHUNK_TRIGGERS:
+        conn.execute(trigger)
+    conn.execute("ALTER TABLE attachments ADD COLUMN chunked INTEGER NOT NULL DEFAULT 0")
+
+
+def m013_live_journal(conn: sqlite3.Connection) -> None:
     """`live_seq`, `live_changes` and `turns_ref`: the live state across a restart (history/journal.py)."""
     # `reserved`: no change the daemon told its watchers is numbered past it, so a restart,
     # even after a crash, never numbers a change as an earlier one was (daemon/live.py)
@@ -476,7 +523,8 @@ MIGRATIONS: list[Migration] = [
     m009_turn_ref,
     m010_turn_approvals,
     m011_threads,
-    m012_live_journal,
+    m012_attachment_chunks,
+    m013_live_journal,
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
@@ -149,7 +149,8 @@ class Turn(FromRow):
     completion_tokens: int | None
     created_at: str
     updated_at: str
-    # the knowledge-base passages its prompt carried (m008): where they came from, not their text
+    # the knowledge-base passages its prompt carried (m008): where they came from, not their text;
+    # the passages recalled from the conversation's archive too, told apart by their "recall" key
     sources: list[dict[str, Any]] = field(default_factory=list, metadata=column(convert=json_column(list)))
     ref: str | None = None  # the client's own reference, given on its ask  (m009)
     # how each call of a tool that may act was allowed or denied (m010)
@@ -183,7 +184,8 @@ class Turn(FromRow):
             "model": self.model,
             # the shape of a ``done`` event's: an object whose counts may be null
             "usage": self.usage or {"prompt_tokens": None, "completion_tokens": None},
-            "sources": self.sources,
+            "sources": [source for source in self.sources if "recall" not in source],
+            "recalled": [source for source in self.sources if "recall" in source],
             "created_at": self.created_at,
             "ref": self.ref,
             "approvals": self.approvals,
@@ -266,6 +268,23 @@ class NewAttachment:
     sha256: str
     pages: int | None = None
     full_text: str | None = None
+
+
+@dataclass(frozen=True)
+class NewTurn:
+    """A question to store as a new running turn (``HistoryStore.start_turn``)."""
+
+    conversation: int | None  # None: a new conversation, made in the same transaction
+    text: str
+    messages: list[dict[str, Any]]
+    files: list[dict[str, Any]]  # the chips, as the protocol sends them
+    model: str | None  # None: the conversation's own model, else ``default_model``
+    title: str = ""  # of a conversation made here (ignored otherwise), as the next two
+    attachments: Sequence[NewAttachment] = ()
+    conversation_model: str | None = None
+    default_model: str | None = None
+    system_prompt: str | None = None  # None: the daemon's
+    ref: str | None = None  # the client's own name for the turn
 
 
 def _flipped_bm25(score: float) -> float:
@@ -364,9 +383,9 @@ class TurnContext:
 
     conversation: Conversation
     compaction: Compaction | None  # the latest one; its summary stands for the turns it folded
-    # (turn, messages) of the answered turns after the compaction and after what the
-    # caller already holds from earlier turns (``HistoryStore.turn_context``'s ``held_upto``)
+    # (turn, messages) of the answered turns after the compaction and after the turn the
+    # caller asked to read after (``HistoryStore.turn_context``'s ``after``)
     earlier: list[tuple[int, list[dict[str, Any]]]]
     has_attachments: bool
     kb_ids: list[int]  # the knowledge bases the conversation sees
-    held_upto: int = 0  # what it was read with: ``earlier`` holds the answered turns after it
+    after: int = 0  # what it was read with: ``earlier`` holds only the answered turns after it

@@ -133,7 +133,8 @@ WHERE conversation_id = ? AND turn = ?
 SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"
 SELECT_TURN_MESSAGES = "SELECT messages FROM turns WHERE conversation_id = ? AND turn = ?"
 SET_TURN_MESSAGES = "UPDATE turns SET messages = ? WHERE conversation_id = ? AND turn = ?"
-SET_ATTACHMENT_TEXT = "UPDATE attachments SET full_text = ? WHERE conversation_id = ? AND turn = ? AND sha256 = ?"
+# new text: its recall chunks are made again (history/archive.py)
+SET_ATTACHMENT_TEXT = "UPDATE attachments SET full_text = ?, chunked = 0 WHERE conversation_id = ? AND turn = ? AND sha256 = ?"
 INTERRUPT_TURN = """
 UPDATE turns SET status = 'interrupted', messages = ?, updated_at = ?
 WHERE conversation_id = ? AND turn = ?

@@ -37,6 +37,7 @@ from .fts import (
     load_messages,
     unindex_conversation,
 )
+from .archive import ArchiveStore
 from .kb import KnowledgeStore
 from .journal import JournalStore
 from .migrations import immediate_transaction, migrate
@@ -45,7 +46,7 @@ from .records import (
     Attachment,
     Compaction,
     Conversation,
-    NewAttachment,
+    NewTurn,
     SearchHit,
     Turn,
     TurnContext,
@@ -94,6 +95,7 @@ class HistoryStore:
             raise
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
+        self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
         self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -161,13 +163,12 @@ class HistoryStore:
         return self._conversation(cid)
 
     def turn_context(
-        self, cid: int, held_upto: int = 0, before: int | None = None, conversation: Conversation | None = None
+        self, cid: int, after: int = 0, before: int | None = None, conversation: Conversation | None = None
     ) -> TurnContext | None:
         """The conversation and what its next prompt needs; None if it is missing or deleted.
 
-        ``held_upto`` is the last turn the caller still holds from an earlier call: only the
-        answered turns after it (and after the latest compaction), and before ``before``
-        (default: all), are read and decoded. ``conversation``: as just read, in this
+        Only the answered turns after ``after`` (and after the latest compaction), and before
+        ``before`` (default: all), are read and decoded. ``conversation``: as just read, in this
         transaction's thread (not read again).
         """
         if conversation is None:
@@ -175,14 +176,14 @@ class HistoryStore:
         if conversation is None:
             return None
         compaction = self.latest_compaction(cid)
-        after = max(compaction.through_turn if compaction else 0, held_upto)
+        start = max(compaction.through_turn if compaction else 0, after)
         return TurnContext(
             conversation=conversation,
             compaction=compaction,
-            earlier=self.answered_turns(cid, before or conversation.turns + 1, after),
+            earlier=self.answered_turns(cid, before or conversation.turns + 1, start),
             has_attachments=self.has_attachments(cid),
             kb_ids=self.kb.linked_ids(cid, live=True),  # the conversation was just read, live
-            held_upto=held_upto,
+            after=after,
         )
 
     def list_conversations(
@@ -262,39 +263,26 @@ class HistoryStore:
         row = self._conn.execute(sql.SELECT_TURN_ROW, (cid, turn)).fetchone()
         return Turn.from_row(row) if row else None
 
-    def start_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        *,
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        system_prompt: str | None = None,
-        ref: str | None = None,
-    ) -> tuple[Conversation, Turn]:
-        """Record a new running turn (creating the conversation when cid is None).
+    def start_turn(self, new: NewTurn) -> tuple[Conversation, Turn]:
+        """Record a new running turn (creating the conversation when ``new.conversation`` is None).
 
-        `title`, `conversation_model` and `system_prompt` (NULL: the daemon's) describe a
-        conversation created here and are ignored otherwise; the turn's `attachments` and
-        `ref` (the client's own) are stored with it, in the same transaction. `model` None
-        runs the turn on the conversation's own model, else `default_model`. Raises
-        LookupError when cid names a missing or deleted conversation.
+        ``title``, ``conversation_model`` and ``system_prompt`` describe a conversation created
+        here and are ignored otherwise; the turn's ``attachments`` are stored with it, in the
+        same transaction. Raises LookupError when ``new.conversation`` names a missing or
+        deleted conversation.
         """
         with self._transaction():
             now = self._now()
+            cid, model = new.conversation, new.model
             if cid is None:
-                cid = self._insert_conversation(title, conversation_model, system_prompt, now)
+                cid = self._insert_conversation(new.title, new.conversation_model, new.system_prompt, now)
                 number = 1
                 if model is None:
-                    model = conversation_model or default_model
+                    model = new.conversation_model or new.default_model
                 # the row as inserted, with its columns' defaults (not read back)
-                conversation = Conversation(id=cid, title=title, model=conversation_model, settings={}, ctx_used=0,
-                                            created_at=now, updated_at=now, turns=1, system_prompt=system_prompt)
+                conversation = Conversation(id=cid, title=new.title, model=new.conversation_model, settings={},
+                                            ctx_used=0, created_at=now, updated_at=now, turns=1,
+                                            system_prompt=new.system_prompt)
             else:
                 # one read says it is live, its next turn's number and its model
                 found = self._conversation(cid)
@@ -302,56 +290,39 @@ class HistoryStore:
                     raise LookupError(f"conversation {cid} not found")
                 number = found.turns + 1
                 if model is None:
-                    model = found.model or default_model
+                    model = found.model or new.default_model
                 self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
                 conversation = dataclasses.replace(found, updated_at=now, turns=number)
-            self._conn.execute(sql.INSERT_TURN, (cid, number, text, _dumps(files), _dumps(messages), model, now, now, ref))
+            self._conn.execute(sql.INSERT_TURN, (cid, number, new.text, _dumps(new.files), _dumps(new.messages), model,
+                                                 now, now, new.ref))
             # not indexed for search yet: finish_turn indexes the question with its reply, one
             # FTS write instead of two, and the question reaches the model sooner (a third of
             # this transaction's time went to the index)
-            if attachments:
+            if new.attachments:
                 self._conn.executemany(sql.INSERT_ATTACHMENT, [
                     (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages,
-                     a.full_text, now) for a in attachments
+                     a.full_text, now) for a in new.attachments
                 ])
         # the row as just written (not read back: its JSON would be decoded again)
         turn = Turn(
-            conversation_id=cid, turn=number, text=text, files=files, messages=messages, reply="",
+            conversation_id=cid, turn=number, text=new.text, files=new.files, messages=new.messages, reply="",
             status="running", error=None, error_code=None, finish_reason=None, model=model,
-            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[], ref=ref,
+            prompt_tokens=None, completion_tokens=None, created_at=now, updated_at=now, sources=[], ref=new.ref,
             approvals=[],
         )
         return conversation, turn
 
-    def begin_turn(
-        self,
-        cid: int | None,
-        text: str,
-        messages: list[dict[str, Any]],
-        files: list[dict[str, Any]],
-        model: str | None,
-        title: str = "",
-        *,
-        attachments: Sequence[NewAttachment] = (),
-        conversation_model: str | None = None,
-        default_model: str | None = None,
-        system_prompt: str | None = None,
-        held_upto: int = 0,
-        ref: str | None = None,
-    ) -> tuple[Turn, TurnContext]:
-        """``start_turn`` (same arguments), then what the turn's prompt needs (``turn_context``
-        with ``held_upto``): one call, so the daemon stores a question and reads its conversation
-        in one trip to this thread."""
-        conversation, turn = self.start_turn(
-            cid, text, messages, files, model, title, attachments=attachments,
-            conversation_model=conversation_model, default_model=default_model, system_prompt=system_prompt, ref=ref,
-        )
-        if cid is None:  # created here: nothing earlier to read; its files are this turn's
+    def begin_turn(self, new: NewTurn, after: int = 0) -> tuple[Turn, TurnContext]:
+        """``start_turn``, then what the turn's prompt needs (``turn_context`` after ``after``):
+        one call, so the daemon stores a question and reads its conversation in one trip to this
+        thread."""
+        conversation, turn = self.start_turn(new)
+        if new.conversation is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
-                                  has_attachments=bool(attachments),
-                                  kb_ids=self.kb.linked_ids(conversation.id, live=True), held_upto=held_upto)
+                                  has_attachments=bool(new.attachments),
+                                  kb_ids=self.kb.linked_ids(conversation.id, live=True), after=after)
         else:
-            found = self.turn_context(conversation.id, held_upto, before=turn.turn, conversation=conversation)
+            found = self.turn_context(conversation.id, after, before=turn.turn, conversation=conversation)
             assert found is not None
             context = found
         return turn, context
@@ -397,7 +368,7 @@ class HistoryStore:
         self._phrases.forget()
         return True
 
-    def reopen_turn(self, cid: int, held_upto: int = 0) -> tuple[Turn, TurnContext]:
+    def reopen_turn(self, cid: int, after: int = 0) -> tuple[Turn, TurnContext]:
         """Take up again the last turn of ``cid``, which ended on calls to a client's own tools (the
         OpenAI door): running again, and what its prompt needs from before it. LookupError when
         its last turn did not end so (or it is missing or deleted)."""
@@ -409,7 +380,7 @@ class HistoryStore:
             turn = row[0]
             self._conn.execute(sql.TOUCH_CONVERSATION, (now, cid))
             found = self._turn_row(cid, turn)
-            context = self.turn_context(cid, held_upto, before=turn)
+            context = self.turn_context(cid, after, before=turn)
         assert found is not None and context is not None
         return found, context
 
@@ -422,17 +393,33 @@ class HistoryStore:
         with self._transaction():
             now = self._now()
             cid = self._insert_conversation(title, model, system_prompt, now)
-            for number, (question, reply) in enumerate(turns, 1):
-                messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
-                self._conn.execute(sql.INSERT_TURN, (cid, number, question, "[]", _dumps(messages), model, now, now, None))
-                self._conn.execute(sql.FINISH_TURN, (
-                    _dumps(messages), reply, "complete", IMPORTED, None, None, None, None, "[]", "[]", now, cid, number,
-                ))
-                self._phrases.indexed(index_turn(self._conn, cid, number, messages))
+            self._insert_imported(cid, 1, turns, model, now)
             self._conn.execute(sql.INSERT_THREAD, (digest, cid, len(turns)))
             conversation = self._conversation(cid)
         assert conversation is not None
         return conversation
+
+    def add_imported_turns(self, cid: int, turns: Sequence[tuple[str, str]]) -> int:
+        """Append complete turns (question, reply) to a live conversation, as ``import_conversation``
+        stores them: how a test or a bench makes a long past without a model writing it. The
+        number of its last turn; LookupError when the conversation is missing or deleted."""
+        with self._transaction():
+            conversation = self._conversation(cid) if self._is_live(cid) else None
+            if conversation is None:
+                raise LookupError(f"conversation {cid} not found")
+            self._insert_imported(cid, conversation.turns + 1, turns, conversation.model, self._now())
+        return conversation.turns + len(turns)
+
+    def _insert_imported(
+        self, cid: int, first: int, turns: Sequence[tuple[str, str]], model: str | None, now: str
+    ) -> None:
+        for number, (question, reply) in enumerate(turns, first):
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+            self._conn.execute(sql.INSERT_TURN, (cid, number, question, "[]", _dumps(messages), model, now, now, None))
+            self._conn.execute(sql.FINISH_TURN, (
+                _dumps(messages), reply, "complete", IMPORTED, None, None, None, None, "[]", "[]", now, cid, number,
+            ))
+            self._phrases.indexed(index_turn(self._conn, cid, number, messages))
 
     def attachments(self, cid: int) -> list[Attachment]:
         """The conversation's attachments, oldest first, without their text."""

@@ -9,6 +9,8 @@ embedder is any ``core.Embedder``: the daemon's router client, or a test's fake)
 - ``await kbs.context_block(conversation, query, mode, ctx_used_estimate, ctx_max)`` →
   ``Injection`` per turn (docs/DESIGN.md), ``injection_mode(conversation.settings)`` for the
   mode;
+- ``ArchiveRecall(history).recall(...)`` → ``Recall``: the conversation's own archive
+  searched before a turn (archive.py), ``recall_mode(settings, default)`` for its mode;
 - ``kbs.tool()`` → the ``kb_search`` tool for the Toolbox (``ToolContext.kb_injection``);
 - ``await kbs.start()`` (optional: load the vectors at start) and ``await kbs.close()``.
 
@@ -19,6 +21,15 @@ facade (search and injection too) over ``index.py`` (the vector index, kept in s
 says why); ``vectors`` is imported by the first code that needs it.
 """
 
+from .archive import (
+    DEFAULT_RECALL_MODE,
+    RECALL_MODES,
+    ArchiveRecall,
+    Recall,
+    RecallMode,
+    recall_label,
+    recall_mode,
+)
 from .chunking import CHUNK_CHARS, CHUNK_OVERLAP, Chunk, chunk_pages, chunk_text
 from .embedder import QUERY_CACHE_SIZE, QUERY_TIMEOUT, RETRY_AFTER
 from .ingest import FileNote
@@ -45,11 +56,14 @@ __all__ = [
     "CHUNK_OVERLAP",
     "CONTEXT_LIMIT",
     "DEFAULT_INJECTION_MODE",
+    "DEFAULT_RECALL_MODE",
     "INJECTION_MODES",
     "QUERY_CACHE_SIZE",
     "QUERY_TIMEOUT",
+    "RECALL_MODES",
     "RETRY_AFTER",
     "AddResult",
+    "ArchiveRecall",
     "Chunk",
     "FileNote",
     "Hit",
@@ -61,6 +75,8 @@ __all__ = [
     "KbSettings",
     "KnowledgeBases",
     "ProgressCallback",
+    "Recall",
+    "RecallMode",
     "SearchMode",
     "SearchResult",
     "SimilarityKind",
@@ -69,4 +85,6 @@ __all__ = [
     "format_block",
     "injection_mode",
     "kb_name",
+    "recall_label",
+    "recall_mode",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from core.errors import DiskFull
-from history import AsyncHistory, KnowledgeBase, NewKbDocument, kb_chunk_range
+from history import AsyncHistory, KnowledgeBase, KnowledgeStore, NewKbDocument, kb_chunk_range
 
 from .search import CANDIDATES
 
@@ -105,12 +105,12 @@ class KbIndex:
         async with self.lock:
             if self._loaded:
                 return
-            dims = await self.history.kb.vector_dims(model)
+            dims = await self.history.kb.run(KnowledgeStore.vector_dims, model)
             indexes = {}
             for dim, count in dims.items():
                 index = indexes[dim] = vectors.VectorIndex(dim, capacity=count)
                 after = 0
-                while rows := await self.history.kb.vectors(model, dim, after, LOAD_PAGE):
+                while rows := await self.history.kb.run(KnowledgeStore.vectors, model, dim, after, LOAD_PAGE):
                     after = rows[-1][0]
                     good = [(chunk_id, blob) for chunk_id, blob in rows if len(blob) == dim * 4]
                     if good:
@@ -126,7 +126,7 @@ class KbIndex:
     async def put_document(self, kb_id: int, document: NewKbDocument) -> builtins.list[int]:
         """Store a document (replacing one at its path); its new chunk ids."""
         async with self.lock:
-            _, ids, replaced = await self.history.kb.put_document(kb_id, document)
+            _, ids, replaced = await self.history.kb.run(KnowledgeStore.put_document, kb_id, document)
             if replaced:
                 self._remove(replaced)
         return ids
@@ -134,7 +134,7 @@ class KbIndex:
     async def remove_documents(self, kb_id: int, paths: Sequence[str]) -> None:
         """Remove these documents of a KB, their chunks and vectors."""
         async with self.lock:
-            removed = await self.history.kb.remove_documents(kb_id, paths)
+            removed = await self.history.kb.run(KnowledgeStore.remove_documents, kb_id, paths)
             if removed:
                 self._remove(removed)
 
@@ -146,7 +146,7 @@ class KbIndex:
         big KB is removed. A removal cut short is finished by ``finish_removals``.
         """
         async with self.lock:
-            removed = await self.history.kb.begin_remove(kb.name)
+            removed = await self.history.kb.run(KnowledgeStore.begin_remove, kb.name)
             if removed is not None:
                 try:
                     await self._delete(removed.id)
@@ -158,7 +158,7 @@ class KbIndex:
     async def finish_removals(self) -> None:
         """Finish the KB removals a stop (or a full disk) cut short: at start-up."""
         async with self.lock:
-            for kb_id in await self.history.kb.being_removed():
+            for kb_id in await self.history.kb.run(KnowledgeStore.being_removed):
                 logger.info("kb: finishing the removal of knowledge base %d", kb_id)
                 await self._delete(kb_id)
 
@@ -166,9 +166,9 @@ class KbIndex:
         for index in self._indexes.values():
             index.remove_range(*kb_chunk_range(kb_id))
         self._drop_empty()
-        while await self.history.kb.delete_chunks(kb_id, REMOVE_BATCH):
+        while await self.history.kb.run(KnowledgeStore.delete_chunks, kb_id, REMOVE_BATCH):
             pass
-        await self.history.kb.remove(kb_id)
+        await self.history.kb.run(KnowledgeStore.remove, kb_id)
 
     async def store(self, ids: Sequence[int], computed: Sequence[Vector | None]) -> int:
         """Store and index the vectors computed for these chunks; how many were stored.
@@ -189,7 +189,7 @@ class KbIndex:
         async with self.lock:
             for dim, pairs in by_dim.items():
                 blobs = [(chunk_id, vector_blob(v)) for chunk_id, v in pairs]
-                put = set(await self.history.kb.put_vectors(model, dim, blobs))
+                put = set(await self.history.kb.run(KnowledgeStore.put_vectors, model, dim, blobs))
                 kept = [(chunk_id, v) for chunk_id, v in pairs if chunk_id in put]
                 if not kept:
                     continue

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from attachments import FULL_TEXT_CAP, Kind, classify, ocr_page_texts, read_pdf_text, read_text_file, suffix_of
+from attachments import FULL_TEXT_CAP, Kind, Ocr, classify, read_pdf_text, read_text_file, suffix_of
 from core.files import check_path, describe_mode, open_regular, read_head, sha256_file
 from core.filethreads import FileThreads
 from history import NewKbDocument
@@ -274,12 +274,12 @@ def _read_and_chunk(path: str, markdown: bool) -> tuple[list[Chunk], bool]:
     return chunk_text(body, markdown=markdown), complete
 
 
-async def read_document(staged: Staged, sha256: str) -> NewKbDocument:
+async def read_document(staged: Staged, sha256: str, ocr: Ocr) -> NewKbDocument:
     """Extract a text or PDF file into a document of chunks; raises FileRefused."""
     if staged.kind == "pdf":
         text = await read_pdf_text(staged.path, staged.name)
         # scanned pages are read by OCR, as for a question (attachments/ocr.py; cached by hash)
-        read = await ocr_page_texts(staged.path, staged.name, sha256, text)
+        read = await ocr.page_texts(staged.path, staged.name, sha256, text)
         chunks = await in_ingest_thread(chunk_pages, read)  # chunking a long PDF is long work
         pages: int | None = text.total_pages
         truncated = text.cut or len(text.page_texts) < text.total_pages

@@ -28,8 +28,9 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from attachments import Ocr
 from core.errors import DiskFull, FileRefused, no_kb
-from history import AsyncHistory, KbDocument, NewKbDocument
+from history import AsyncHistory, KbDocument, KnowledgeStore, NewKbDocument
 
 from .embedder import BATCH_SIZE, BatchEmbedder, EmbedderFailed
 from .index import REMOVE_BATCH, KbIndex
@@ -81,8 +82,9 @@ class _Throttle:
 class Ingest:
     """Adds files to knowledge bases and embeds their chunks; one add per KB at a time."""
 
-    def __init__(self, history: AsyncHistory, index: KbIndex, embedder: BatchEmbedder | None) -> None:
+    def __init__(self, history: AsyncHistory, index: KbIndex, embedder: BatchEmbedder | None, ocr: Ocr) -> None:
         self.history = history
+        self.ocr = ocr  # scanned PDF pages are read as for a question
         self.index = index
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
@@ -134,7 +136,7 @@ class Ingest:
 
     async def _add(self, name: str, paths: Sequence[str], progress: ProgressCallback | None,
                    stop: asyncio.Event) -> AddResult:
-        record, created = await self.history.kb.ensure(name)
+        record, created = await self.history.kb.run(KnowledgeStore.ensure, name)
         result = AddResult(kb=name, created=created)
         found = await in_ingest_thread(collect, list(paths)) if not stop.is_set() else Collected()
         result.errors += found.errors
@@ -143,7 +145,7 @@ class Ingest:
         await self._read_all(record.id, found, result, report, stop)
         if self.embedder is not None and not stop.is_set():
             await self._embed_kb(record.id, result, report, stop)
-        final = await self.history.kb.get(name)
+        final = await self.history.kb.run(KnowledgeStore.get, name)
         assert final is not None
         if created and final.documents == 0 and not stop.is_set():  # nothing it was given could be read:
             # no empty KB is left behind (a cancelled add keeps the KB it made, as a link may wait on it)
@@ -151,7 +153,8 @@ class Ingest:
             result.created = False
         result.documents, result.chunks = final.documents, final.chunks
         if self.embedder is not None:
-            result.pending = await self.history.kb.count_pending(self.embedder.model, self.embedder.dim, record.id)
+            result.pending = await self.history.kb.run(
+                KnowledgeStore.count_pending, self.embedder.model, self.embedder.dim, record.id)
         result.cancelled = stop.is_set()
         return result
 
@@ -160,18 +163,19 @@ class Ingest:
         if self.embedder is None:
             return
         async with self.lock(name):
-            record = await self.history.kb.get(name)
+            record = await self.history.kb.run(KnowledgeStore.get, name)
             if record is None:
                 raise no_kb(name)
             await self._embed_kb(record.id, total, _Throttle(progress), asyncio.Event())
-            total.pending += await self.history.kb.count_pending(self.embedder.model, self.embedder.dim, record.id)
+            total.pending += await self.history.kb.run(
+                KnowledgeStore.count_pending, self.embedder.model, self.embedder.dim, record.id)
 
     # -- reading --------------------------------------------------------------------------
 
     async def _read_all(
         self, kb_id: int, found: Collected, result: AddResult, report: _Throttle, stop: asyncio.Event
     ) -> None:
-        known = {doc.path: doc for doc in await self.history.kb.documents(kb_id)}
+        known = {doc.path: doc for doc in await self.history.kb.run(KnowledgeStore.documents, kb_id)}
         total = len(found.files)
         done = 0
         report(KbProgress(0, total, "reading", "reading files"))
@@ -219,9 +223,9 @@ class Ingest:
             sha256 = await in_ingest_thread(file_hash, file.path, staged.size, staged.kind, reading=file.path)
             if known is not None and known.sha256 == sha256:
                 result.unchanged += 1
-                await self.history.kb.set_mtime(known.id, staged.mtime_ns)
+                await self.history.kb.run(KnowledgeStore.set_mtime, known.id, staged.mtime_ns)
                 return
-            document = await read_document(staged, sha256)
+            document = await read_document(staged, sha256, self.ocr)
         except FileRefused as exc:  # UnsupportedKind too
             note = FileNote(file.path, exc.message)
             (result.skipped if exc.code == "unsupported_kind" else result.errors).append(note)
@@ -280,14 +284,14 @@ class Ingest:
         model = embedder.model
         try:
             dim = embedder.dim
-            if await self.history.kb.all_embedded(model, kb_id):
+            if await self.history.kb.run(KnowledgeStore.all_embedded, model, kb_id):
                 # the model is asked the size of its vectors now, so the passages a model since
                 # swapped for another embedded are found pending (were any passage without a
                 # vector, its batch would tell, as it comes back)
                 dim = await _until(stop, embedder.dimension())
                 if stop.is_set():
                     return
-            total = await self.history.kb.count_pending(model, dim, kb_id)
+            total = await self.history.kb.run(KnowledgeStore.count_pending, model, dim, kb_id)
             if not total:
                 return
             report(KbProgress(0, total, "embedding", f"embedding {total} chunks"))
@@ -295,7 +299,7 @@ class Ingest:
             done = 0
             restarts = 0
             while not stop.is_set():
-                batch = await self.history.kb.pending_chunks(model, dim, kb_id, after, BATCH_SIZE)
+                batch = await self.history.kb.run(KnowledgeStore.pending_chunks, model, dim, kb_id, after, BATCH_SIZE)
                 if not batch and dim != embedder.dim and restarts < MAX_DIMENSION_RESTARTS:
                     # the model changed size under way: the chunks before the cursor have
                     # vectors of the old size, so go round once more from the start

@@ -104,7 +104,12 @@ def keyword_share(terms: Sequence[str], text: str) -> float:
     if not terms:
         return 0.0
     words = set(WORD.findall(text.lower()))
-    found = sum(1 for term in terms if term in words or any(w.startswith(_stem(term)) for w in words))
+    stems = {term: _stem(term) for term in terms}
+    # a word starts with a stem when its first len(stem) letters are the stem: one set of
+    # those prefixes, rather than every word tried against every stem
+    lengths = {len(stem) for stem in stems.values()}
+    prefixes = {word[:n] for word in words for n in lengths if len(word) >= n}
+    found = sum(1 for term in terms if term in words or stems[term] in prefixes)
     return found / len(terms)
 
 

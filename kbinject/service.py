@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from attachments import Ocr
 from core.errors import ADD_KB, BadRequest, no_conversation, no_kb
 from core.seams import Embedder
-from history import AsyncHistory, KbDocument, KnowledgeBase
+from history import AsyncHistory, KbDocument, KnowledgeBase, KnowledgeStore
 
 from .embedder import QUERY_TIMEOUT, BatchEmbedder
 from .index import KbIndex
@@ -92,14 +93,15 @@ class KbSettings:
 class KnowledgeBases:
     """Knowledge bases: add, list, remove, link, search, inject, and the kb_search tool."""
 
-    def __init__(self, history: AsyncHistory, embedder: Embedder, settings: KbSettings) -> None:
+    def __init__(self, history: AsyncHistory, embedder: Embedder, settings: KbSettings, ocr: Ocr | None = None) -> None:
+        """``ocr``: the daemon's (``FileReaders.ocr``); None, one of its own without a cache."""
         self.settings = settings
         self.history = history
         model = settings.embedding_model
         self.embedder = BatchEmbedder(embedder, model) if model else None
         self.query_timeout = QUERY_TIMEOUT  # the most a search waits for its query's vector
         self.index = KbIndex(history, model)  # never loaded without an embedder
-        self.ingest = Ingest(history, self.index, self.embedder)
+        self.ingest = Ingest(history, self.index, self.embedder, ocr if ocr is not None else Ocr())
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -120,28 +122,28 @@ class KnowledgeBases:
         if self.embedder is None:
             return KbInfo.from_record(kb)
         model, dim = self.embedder.model, self.embedder.dim
-        embedded = await self.history.kb.count_vectors(model, dim, kb.id)
+        embedded = await self.history.kb.run(KnowledgeStore.count_vectors, model, dim, kb.id)
         return KbInfo.from_record(kb, embedded)
 
     async def list(self) -> builtins.list[KbInfo]:
         """Every KB, by name, with its counts and links."""
-        kbs = await self.history.kb.all()
+        kbs = await self.history.kb.run(KnowledgeStore.all)
         return [await self._info(kb) for kb in kbs]
 
     async def get(self, kb: str) -> KbInfo:
         """One KB; NotFound if there is none of that name."""
         name = kb_name(kb)
-        found = await self.history.kb.get(name)
+        found = await self.history.kb.run(KnowledgeStore.get, name)
         if found is None:
             raise no_kb(name)
         return await self._info(found)
 
     async def documents(self, kb: str) -> builtins.list[KbDocument]:
         """The documents of a KB, by path; NotFound if there is no such KB."""
-        info = await self.history.kb.get(kb_name(kb))
+        info = await self.history.kb.run(KnowledgeStore.get, kb_name(kb))
         if info is None:
             raise no_kb(kb)
-        return await self.history.kb.documents(info.id)
+        return await self.history.kb.run(KnowledgeStore.documents, info.id)
 
     async def remove(self, kb: str) -> KbInfo:
         """Delete a KB and everything in it (its files are untouched); what it held.
@@ -151,7 +153,7 @@ class KnowledgeBases:
         """
         name = kb_name(kb)
         async with self.ingest.lock(name):
-            found = await self.history.kb.get(name)
+            found = await self.history.kb.run(KnowledgeStore.get, name)
             if found is None:
                 raise no_kb(name)
             removed = await self.index.remove_kb(found)
@@ -166,7 +168,7 @@ class KnowledgeBases:
         """
         name = kb_name(kb)
         try:
-            updated = await self.history.kb.set_link(name, conversation, linked)
+            updated = await self.history.kb.run(KnowledgeStore.set_link, name, conversation, linked)
         except LookupError:
             raise no_conversation(conversation) from None
         if updated is None:
@@ -175,12 +177,12 @@ class KnowledgeBases:
 
     async def linked(self, conversation: int) -> builtins.list[KbInfo]:
         """The KBs a conversation sees (none for a deleted one)."""
-        kbs = await self.history.kb.linked(conversation)
+        kbs = await self.history.kb.run(KnowledgeStore.linked, conversation)
         return [KbInfo.from_record(kb) for kb in kbs]
 
     async def has_linked(self, conversation: int) -> bool:
         """Whether any KB is linked to the conversation (cheap: for the per-turn checks)."""
-        return bool(await self.history.kb.linked_ids(conversation))
+        return bool(await self.history.kb.run(KnowledgeStore.linked_ids, conversation))
 
     # -- ingest ---------------------------------------------------------------------------
 
@@ -233,9 +235,10 @@ class KnowledgeBases:
         limit: int | None = None,
     ) -> SearchResult:
         """Hybrid search of the KBs linked to ``conversation``, or of the KBs named, or of all."""
-        scope: Scope = self.history.kb.ids  # (not a KB being removed: its chunks are still there)
+        # (not a KB being removed: its chunks are still there)
+        scope: Scope = partial(self.history.kb.run, KnowledgeStore.ids)
         if conversation is not None:
-            scope = partial(self.history.kb.linked_ids, conversation)
+            scope = partial(self.history.kb.run, KnowledgeStore.linked_ids, conversation)
         elif kbs is not None:
             scope = partial(self._named_ids, [kb_name(name) for name in kbs])
         wanted = DEFAULT_SEARCH_LIMIT if limit is None else max(1, min(MAX_SEARCH_LIMIT, limit))
@@ -243,7 +246,7 @@ class KnowledgeBases:
 
     async def _named_ids(self, names: Sequence[str]) -> builtins.list[int]:
         """The ids of the KBs named, in order; NotFound for the first that does not exist."""
-        ids = await self.history.kb.ids_named(names)
+        ids = await self.history.kb.run(KnowledgeStore.ids_named, names)
         missing = next((name for name in names if name not in ids), None)
         if missing is not None:
             raise no_kb(missing)
@@ -273,7 +276,7 @@ class KnowledgeBases:
         if kb_ids == []:
             await _dropped(embedding)
             return SearchResult([], "bm25", "no knowledge base is linked")
-        bm25 = asyncio.ensure_future(self.history.kb.search(phrases, kb_ids, CANDIDATES))
+        bm25 = asyncio.ensure_future(self.history.kb.run(KnowledgeStore.search, phrases, kb_ids, CANDIDATES))
         try:
             nearest, vector, note = await self._nearest(kb_ids, embedding)
             keywords = await bm25
@@ -290,7 +293,7 @@ class KnowledgeBases:
         if chosen:
             model = self.embedder.model if self.embedder is not None else ""
             scored = chosen if vector is not None else []
-            chunks, blobs = await self.history.kb.chunks_and_vectors(model, chosen, scored)
+            chunks, blobs = await self.history.kb.run(KnowledgeStore.chunks_and_vectors, model, chosen, scored)
         else:
             chunks, blobs = [], []
         cosines = dict(self.index.rescored(vector, blobs)) if vector is not None and blobs else {}
@@ -366,7 +369,10 @@ class KnowledgeBases:
         top_k = self.settings.top_k
         if mode not in INJECTING_MODES or top_k <= 0 or not query.strip():
             return Injection(None)
-        kb_ids = list(known_ids) if known_ids is not None else await self.history.kb.linked_ids(conversation)
+        if known_ids is not None:
+            kb_ids = list(known_ids)
+        else:
+            kb_ids = await self.history.kb.run(KnowledgeStore.linked_ids, conversation)
         if not kb_ids:
             return Injection(None)
         if ctx_max > 0 and ctx_used >= CONTEXT_LIMIT * ctx_max:

@@ -10,6 +10,7 @@ It stands on ``history``, ``attachments`` and ``core``; compaction takes a
 ``core.Completer`` (the daemon's router client, or a test's fake model).
 """
 
+from attachments import ImageCache
 from core.tools import Toolbox
 
 from .attachment_recall import MAX_IMAGE_BASE64, AttachmentRecall, document_pages
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 
-def default_toolbox() -> Toolbox:
-    """The tools every turn may be offered, in the order they are offered."""
-    return Toolbox([AttachmentRecall(), ConversationSearch()])
+def default_toolbox(images: ImageCache) -> Toolbox:
+    """The tools every turn may be offered, in the order they are offered; ``images``: the
+    daemon's image cache, which shows an image attached earlier again."""
+    return Toolbox([AttachmentRecall(images), ConversationSearch()])

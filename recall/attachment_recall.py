@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, attached_image
+from attachments import PAGE_BREAK, PAGE_MARKER, ImageCache, attached_image
 from core.errors import FileRefused
 from core.tokens import cut_to_weight, text_weight
 from core.tools import (
@@ -35,7 +35,7 @@ from core.tools import (
     json_content,
     string_argument,
 )
-from history import AsyncHistory, Attachment
+from history import AsyncHistory, Attachment, HistoryStore
 
 __all__ = [
     "MAX_IMAGE_BASE64",
@@ -115,10 +115,16 @@ class AttachmentRecall(Tool):
         "required": ["action"],
     }
 
+    def __init__(self, images: ImageCache | None = None) -> None:
+        """``images``: the daemon's image cache (``FileReaders.images``); None, one of its own."""
+        self.images = images if images is not None else ImageCache()
+
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
+        if ctx.recall_injection == "off":
+            return False
         if ctx.has_attachments is not None:
             return ctx.has_attachments
-        return await ctx.history.has_attachments(ctx.conversation)
+        return await ctx.history.run(HistoryStore.has_attachments, ctx.conversation)
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         action = string_argument(arguments, "action")
@@ -131,7 +137,7 @@ class AttachmentRecall(Tool):
     # -- list -------------------------------------------------------------------------
 
     async def _list(self, ctx: ToolContext[AsyncHistory]) -> ToolResult:
-        attachments = await ctx.history.attachments(ctx.conversation)
+        attachments = await ctx.history.run(HistoryStore.attachments, ctx.conversation)
         items = [a.to_json() for a in attachments]
         body: dict[str, Any] = {"attachments": items, "count": len(items)}
         if len(json_content(body)) > ctx.max_chars:
@@ -153,7 +159,7 @@ class AttachmentRecall(Tool):
         wanted = integer_argument(arguments, "attachment_id")
         if wanted is None:
             raise ToolError("action=read needs attachment_id; call action=list to see the ids")
-        attachment = await ctx.history.attachment(ctx.conversation, wanted)
+        attachment = await ctx.history.run(HistoryStore.attachment, ctx.conversation, wanted)
         if attachment is None:
             raise ToolError(f"no attachment {wanted} in this conversation; call action=list")
         if attachment.kind == "image" and (ctx.vision or not attachment.full_text):
@@ -246,7 +252,7 @@ class AttachmentRecall(Tool):
             )
         # as it was sent when attached (a WebP or a large photo re-encoded alike), not the file's bytes
         try:
-            image = await attached_image(attachment.path, attachment.name, attachment.sha256)
+            image = await attached_image(attachment.path, attachment.name, attachment.sha256, self.images)
         except FileRefused:
             raise ToolError(GONE) from None
         if image is None:

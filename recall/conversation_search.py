@@ -27,7 +27,7 @@ from core.tools import (
     one_line,
     string_argument,
 )
-from history import AsyncHistory, SearchHit, search_words
+from history import AsyncHistory, HistoryStore, SearchHit, search_words
 
 __all__ = ["DEFAULT_RESULTS", "MAX_RESULTS", "ConversationSearch"]
 
@@ -83,7 +83,7 @@ class ConversationSearch(Tool):
         # offered from the first turn on (where it finds nothing yet): the tools a
         # chat template renders sit at the top of the prompt, and a tool that appeared
         # on turn 2 would make the server re-read the whole first exchange
-        return True
+        return ctx.recall_injection != "off"  # the conversation keeps its past out
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext[AsyncHistory]) -> ToolResult:
         query = string_argument(arguments, "query")
@@ -96,7 +96,7 @@ class ConversationSearch(Tool):
         if role not in ROLE_FILTERS:
             raise ToolError(f"role_filter must be one of {', '.join(ROLE_FILTERS)}")
         cid, turn = ctx.conversation, ctx.turn
-        hits = await ctx.history.search_conversation(cid, query, limit, role, before_turn=turn)
+        hits = await ctx.history.run(HistoryStore.search_conversation, cid, query, limit, role, before_turn=turn)
         results = [_result(hit) for hit in hits]
         body: dict[str, Any] = {
             "results": results,

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from attachments.ocr import _state as ocr_state
 from client import Wire
 from core import Config, load_config
 from core import router as router_module
@@ -97,8 +96,7 @@ def no_tesseract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tools.mkdir()
     for tool in ("pdftotext", "pdftoppm", "pdfinfo"):
         (tools / tool).symlink_to(shutil.which(tool) or tool)
-    monkeypatch.setenv("PATH", str(tools))
-    monkeypatch.setattr(ocr_state, "support", None)  # asked again, not taken from an earlier test
+    monkeypatch.setenv("PATH", str(tools))  # each daemon's (and each FileReaders') OCR asks afresh
 
 
 @pytest.fixture

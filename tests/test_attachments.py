@@ -36,6 +36,8 @@ from attachments import (
     MAX_FILES,
     MAX_PAGE_IMAGES,
     Chip,
+    FileReaders,
+    ImageCache,
     Prepared,
     budget_chars,
     estimate_files,
@@ -72,7 +74,7 @@ async def prepare(
     *paths: Path | str, vision: bool = True, ctx_max: int = 0, ctx_used: int = 0, model: str = "gemma"
 ) -> list[Prepared]:
     """prepare_files with the test's defaults."""
-    return await prepare_files([str(path) for path in paths], model=model, vision=vision,
+    return await prepare_files([str(path) for path in paths], FileReaders(), model=model, vision=vision,
                                ctx_max=ctx_max, ctx_used=ctx_used)
 
 
@@ -415,16 +417,16 @@ async def test_estimate_counts_text_images_and_page_images(tmp_path: Path) -> No
     if all(shutil.which(tool) for tool in ("pdftotext", "pdftoppm", "pdfinfo")):
         items.append(make_pdf(tmp_path / "c.pdf", ["hello", None]))
         items.append(make_pdf(tmp_path / "d.pdf", [None] * 5))  # one scanned page more than are shown
-    got = await estimate_files([str(item) for item in items], image_tokens=500)
+    got = await estimate_files([str(item) for item in items], FileReaders(), image_tokens=500)
     assert got[0] == {"name": "a.txt", "kind": "text", "tokens": 100, "truncated": False}
     assert got[1] == {"name": "b.png", "kind": "image", "tokens": 500, "truncated": False}
     if len(got) == 4:
         assert got[2]["kind"] == "pdf" and 500 < got[2]["tokens"] < 600 and got[2]["truncated"] is False
         assert got[3]["truncated"] is True and got[3]["tokens"] > 4 * 500
     with pytest.raises(NoVision, match="^gemma cannot see images; ask a model that can"):
-        await estimate_files([str(image)], model="gemma", vision=False)
+        await estimate_files([str(image)], FileReaders(), model="gemma", vision=False)
     with pytest.raises(FileRefused, match="not an absolute path"):
-        await estimate_files(["a.txt"])
+        await estimate_files(["a.txt"], FileReaders())
 
 
 # ---------------------------------------------------------------- refusals
@@ -510,10 +512,10 @@ async def test_unreadable_file_is_refused(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import asyncio, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from attachments import prepare_files
+        from attachments import FileReaders, prepare_files
         from core.errors import FileRefused
         try:
-            asyncio.run(prepare_files([{str(locked)!r}], model="m", vision=True, ctx_max=0, ctx_used=0))
+            asyncio.run(prepare_files([{str(locked)!r}], FileReaders(), model="m", vision=True, ctx_max=0, ctx_used=0))
         except FileRefused as exc:
             print(exc.message)
         else:
@@ -602,16 +604,16 @@ async def test_image_ref_resolves_and_then_becomes_unavailable(tmp_path: Path) -
         {"role": "user", "content": to_store},
         {"role": "assistant", "content": "ok"},
     ]
-    resolved = await resolve_image_refs(history)
+    resolved = await resolve_image_refs(history, ImageCache())
     assert resolved[1]["content"] == to_router
     assert resolved[0] is history[0] and history[1]["content"] == to_store  # input untouched
     make_png(path, (51, 40))  # the file changes
-    changed = await resolve_image_refs(history)
+    changed = await resolve_image_refs(history, ImageCache())
     assert changed[1]["content"][2] == {"type": "text", "text": "[image chart.png is no longer available]"}
     path.unlink()
-    gone = await resolve_image_refs(history)
+    gone = await resolve_image_refs(history, ImageCache())
     assert gone[1]["content"][2] == {"type": "text", "text": "[image chart.png is no longer available]"}
-    blind = await resolve_image_refs(history, vision=False)
+    blind = await resolve_image_refs(history, ImageCache(), vision=False)
     assert blind[1]["content"][2]["text"] == "[image chart.png not shown: the model cannot see images]"
 
 
@@ -624,10 +626,10 @@ async def test_pdf_page_refs_are_rendered_again(tmp_path: Path) -> None:
     refs = [part for part in to_store if part["type"] == "image_ref"]
     assert [ref["page"] for ref in refs] == [2, 3] and {ref["sha256"] for ref in refs} == {prepared[0].sha256}
     history = [{"role": "user", "content": to_store}, {"role": "user", "content": to_store}]
-    resolved = await resolve_image_refs(history)
+    resolved = await resolve_image_refs(history, ImageCache())
     assert resolved[0]["content"] == to_router and resolved[1]["content"] == to_router
     make_pdf(path, ["cover changed", Scan("two"), Scan("three")])
-    changed = await resolve_image_refs(history)
+    changed = await resolve_image_refs(history, ImageCache())
     assert changed[0]["content"][2] == {"type": "text", "text": "[image scan.pdf (page 2) is no longer available]"}
     assert changed[0]["content"][4] == {"type": "text", "text": "[image scan.pdf (page 3) is no longer available]"}
 

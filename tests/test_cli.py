@@ -359,11 +359,11 @@ async def test_json_lines_stay_json_with_control_characters(daemon: RunningDaemo
 async def test_settings_command(daemon: RunningDaemon, router: FakeRouter) -> None:
     await cli("ask", "hello")
     code, out, err = await cli("settings", "1", "--title", "Greetings", "-m", "fake-vision", "--kb", "off",
-                               "-s", "Be brief.")
+                               "--recall", "tool_only", "-s", "Be brief.")
     assert code == 0, err
     assert out.splitlines() == [
         "conversation 1: Greetings", "  model: fake-vision", "  system prompt: 'Be brief.'", "  kb_injection: off",
-        "  temperature: the default", "  top_p: the default",
+        "  recall_injection: tool_only", "  temperature: the default", "  top_p: the default",
         "  tools approved for this conversation: none",
     ]
     code, out, _ = await cli("settings", "1", "--default-model", "--default-system")

@@ -13,7 +13,7 @@ import pytest_asyncio
 from core import Config
 from core.errors import RouterError, RouterUnreachable
 from core.router import RouterClient
-from history import SUMMARY_SLOT, HistoryStore, message_rowid
+from history import HistoryStore, NewTurn, SUMMARY_SLOT, message_rowid
 from recall import plan_compaction, summarize, summary_message, transcript
 from recall.compaction import SUMMARY_INSTRUCTIONS
 from selfcheck.fakerouter import FakeRouter, Reply
@@ -202,7 +202,7 @@ def turns(store: HistoryStore, count: int) -> int:
     cid: int | None = None
     for n in range(count):
         question = {"role": "user", "content": f"question {n + 1}"}
-        conversation, turn = store.start_turn(cid, question["content"], [question], [], None)
+        conversation, turn = store.start_turn(NewTurn(cid, question["content"], [question], [], None))
         cid = conversation.id
         store.finish_turn(cid, turn.turn, messages=[question, {"role": "assistant", "content": "answer"}],
                           reply="answer", status="complete")

@@ -25,7 +25,7 @@ import pytest
 from client import Wire, of_type, reply_text
 from core import Config, load_config
 from core.errors import StartupError
-from history import HistoryStore
+from history import HistoryStore, NewTurn
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 
@@ -227,7 +227,8 @@ async def test_start_up_on_a_full_disk_after_a_crash_serves_what_it_can(
     await daemon.stop()
     # a crash leaves a turn running, and the WAL files open: this connection keeps them
     with HistoryStore(config.db_path) as store:
-        store.start_turn(cid, "cut by a crash", [{"role": "user", "content": "cut by a crash"}], [], "fake-text")
+        cut = "cut by a crash"
+        store.start_turn(NewTurn(cid, cut, [{"role": "user", "content": cut}], [], "fake-text"))
         fill(config.data_dir.parent)
         await daemon.start()  # marking the cut turn interrupted fails: it is served all the same
         wire = await daemon.connect()

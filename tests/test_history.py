@@ -17,11 +17,12 @@ import pytest
 
 from core.errors import StartupError
 from history import (
-    SUMMARY_SLOT,
     AsyncHistory,
     Conversation,
     HistoryStore,
     NewAttachment,
+    NewTurn,
+    SUMMARY_SLOT,
     SearchHit,
     Turn,
     TurnOutcome,
@@ -59,7 +60,7 @@ def assistant(text: str) -> dict[str, Any]:
 
 def ask(store: HistoryStore, cid: int | None, question: str, answer: str) -> Turn:
     """A whole completed turn: start it, then finish it with the answer."""
-    conversation, turn = store.start_turn(cid, question, [user(question)], [], "m", "t")
+    conversation, turn = store.start_turn(NewTurn(cid, question, [user(question)], [], "m", "t"))
     return store.finish_turn(
         conversation.id,
         turn.turn,
@@ -121,7 +122,7 @@ def test_create_and_get_conversation(store: HistoryStore) -> None:
 
 
 def test_conversation_to_json(store: HistoryStore) -> None:
-    conversation, _ = store.start_turn(None, "q", [user("q")], [], None, "Title")
+    conversation, _ = store.start_turn(NewTurn(None, "q", [user("q")], [], None, "Title"))
     assert conversation.to_json() == {
         "conversation": conversation.id,
         "title": "Title",
@@ -179,7 +180,7 @@ def test_delete_conversation(store: HistoryStore, db_path: Path) -> None:
     # The neighbour's index rows are untouched by the range delete.
     assert len(fts_rows(db_path, keep)) == 2
     with pytest.raises(LookupError):
-        store.start_turn(gone, "again", [user("again")], [], None)
+        store.start_turn(NewTurn(gone, "again", [user("again")], [], None))
 
 
 def test_search_never_shows_a_deleted_conversation(store: HistoryStore, db_path: Path) -> None:
@@ -236,9 +237,9 @@ def test_start_turn_creates_conversation(store: HistoryStore, db_path: Path) -> 
             ],
         }
     ]
-    conversation, turn = store.start_turn(
+    conversation, turn = store.start_turn(NewTurn(
         None, "What changed?", messages, files, "gemma", "Report changes"
-    )
+    ))
     assert (conversation.title, conversation.turns, conversation.model) == (
         "Report changes", 1, None,
     )
@@ -262,7 +263,7 @@ def test_start_turn_numbers_turns_and_touches_conversation(store: HistoryStore) 
     cid = first.conversation_id
     before = store.get_conversation(cid)
     assert before is not None
-    conversation, second = store.start_turn(cid, "two", [user("two")], [], None, "ignored")
+    conversation, second = store.start_turn(NewTurn(cid, "two", [user("two")], [], None, "ignored"))
     assert second.turn == 2
     assert conversation.turns == 2
     assert conversation.title == "t"  # title only names a new conversation
@@ -283,8 +284,9 @@ def test_begin_turn_returns_what_it_stored_and_what_a_read_gives(
     cid = None if new else ask(store, None, "one", "1").conversation_id
     files = [{"name": "a.txt", "kind": "text"}] if with_file else []
     messages = [{"role": "user", "content": [{"type": "text", "text": "two"}]}]
-    turn, context = store.begin_turn(cid, "two", messages, files, "m", "Two", attachments=[doc] if with_file else [],
-                                     conversation_model="own", system_prompt="Answer in French.")
+    asked = NewTurn(cid, "two", messages, files, "m", "Two", attachments=[doc] if with_file else [],
+                    conversation_model="own", system_prompt="Answer in French.")
+    turn, context = store.begin_turn(asked)
     assert turn == store.turn(context.conversation.id, turn.turn)
     assert context == store.turn_context(context.conversation.id, before=turn.turn)
     assert context.has_attachments == with_file and context.kb_ids == [kb.id]
@@ -295,14 +297,14 @@ def test_begin_turn_returns_what_it_stored_and_what_a_read_gives(
 
 def test_start_turn_on_missing_conversation_writes_nothing(store: HistoryStore) -> None:
     with pytest.raises(LookupError):
-        store.start_turn(42, "lost", [user("lost")], [], None)
+        store.start_turn(NewTurn(42, "lost", [user("lost")], [], None))
     assert store.list_conversations() == []
     assert store.turns(42) == []
     assert store.search_all("lost") == []
 
 
 def test_save_partial_checkpoints_running_turn_only(store: HistoryStore) -> None:
-    conversation, turn = store.start_turn(None, "q", [user("q")], [], None)
+    conversation, turn = store.start_turn(NewTurn(None, "q", [user("q")], [], None))
     store.save_partial(conversation.id, 1, "Half an ans")
     checkpoint = store.turn(conversation.id, 1)
     assert checkpoint is not None
@@ -320,7 +322,7 @@ def test_save_partial_checkpoints_running_turn_only(store: HistoryStore) -> None
 
 
 def test_finish_turn(store: HistoryStore) -> None:
-    conversation, started = store.start_turn(None, "q", [user("q")], [], "gemma")
+    conversation, started = store.start_turn(NewTurn(None, "q", [user("q")], [], "gemma"))
     cid = conversation.id
     finished = store.finish_turn(
         cid, 1,
@@ -346,7 +348,7 @@ def test_finish_turn(store: HistoryStore) -> None:
     assert after.updated_at == finished.updated_at
 
     # ctx_used left out keeps the last known value.
-    _, second = store.start_turn(cid, "q2", [user("q2")], [], None)
+    _, second = store.start_turn(NewTurn(cid, "q2", [user("q2")], [], None))
     errored = store.finish_turn(
         cid, 2, messages=[user("q2")], reply="", status="error",
         error="The router did not answer.", error_code="router_unreachable",
@@ -359,7 +361,7 @@ def test_finish_turn(store: HistoryStore) -> None:
 
 
 def test_finish_turn_rejects_unknown_turn_and_status(store: HistoryStore) -> None:
-    conversation, _ = store.start_turn(None, "q", [user("q")], [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "q", [user("q")], [], None))
     with pytest.raises(LookupError):
         store.finish_turn(conversation.id, 2, messages=[], reply="", status="complete")
     with pytest.raises(ValueError):
@@ -373,7 +375,7 @@ def test_finish_turn_rejects_unknown_turn_and_status(store: HistoryStore) -> Non
 def test_finish_after_delete_saves_but_does_not_index(
     store: HistoryStore, db_path: Path
 ) -> None:
-    conversation, _ = store.start_turn(None, "q", [user("q")], [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "q", [user("q")], [], None))
     store.delete_conversation(conversation.id)
     turn = store.finish_turn(
         conversation.id, 1, messages=[user("q"), assistant("walrus")], reply="walrus",
@@ -420,8 +422,8 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
          "ok": False, "summary": "bad arguments"},
         assistant("The budget is 12k."),
     ]
-    conversation, _ = store.start_turn(None, "find the budget", [user("find the budget")],
-                                       [{"name": "b.txt", "kind": "text"}], "gemma")
+    conversation, _ = store.start_turn(NewTurn(None, "find the budget", [user("find the budget")],
+                                       [{"name": "b.txt", "kind": "text"}], "gemma"))
     denied = {"call": "1.1", "name": "files__write", "server": "files", "tool": "write", "arguments": {"text": "x"},
               "allowed": False, "by": "user", "at": "2026-12-03T20:00:00.000000Z", "remember": False, "client": "python3"}
     turn = store.finish_turn(
@@ -449,6 +451,7 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
         "model": "gemma",
         "usage": {"prompt_tokens": 9, "completion_tokens": 4},
         "sources": [],
+        "recalled": [],
         "created_at": turn.created_at,
         "ref": None,
         "approvals": [denied],
@@ -456,8 +459,8 @@ def test_turn_to_json_derives_tools(store: HistoryStore) -> None:
 
 
 def test_damaged_json_columns_read_as_empty(store: HistoryStore, db_path: Path) -> None:
-    a, _ = store.start_turn(None, "q", [user("q")], [{"name": "f"}], None)
-    b, _ = store.start_turn(None, "q", [user("q")], [], None)
+    a, _ = store.start_turn(NewTurn(None, "q", [user("q")], [{"name": "f"}], None))
+    b, _ = store.start_turn(NewTurn(None, "q", [user("q")], [], None))
     with closing(sqlite3.connect(db_path)) as conn, conn:
         conn.execute("UPDATE conversations SET settings = '{broken'")
         conn.execute("UPDATE turns SET files = '{}', messages = '\"text\"'")
@@ -473,9 +476,9 @@ def test_damaged_json_columns_read_as_empty(store: HistoryStore, db_path: Path) 
 
 def test_interrupt_running(store: HistoryStore) -> None:
     done = ask(store, None, "done", "fine")
-    a, _ = store.start_turn(None, "crashed question", [user("crashed question")], [], None)
+    a, _ = store.start_turn(NewTurn(None, "crashed question", [user("crashed question")], [], None))
     store.save_partial(a.id, 1, "partial words")
-    b, _ = store.start_turn(done.conversation_id, "also running", [user("x")], [], None)
+    b, _ = store.start_turn(NewTurn(done.conversation_id, "also running", [user("x")], [], None))
 
     assert store.interrupt_running() == 2
     crashed = store.turn(a.id, 1)
@@ -534,7 +537,7 @@ def test_index_holds_the_searchable_text_of_each_message(
         {"role": "assistant", "content": "It is a bar chart."},
         {"role": "system", "content": "never indexed"},
     ]
-    conversation, _ = store.start_turn(None, "Look at this chart", messages[:1], [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "Look at this chart", messages[:1], [], None))
     store.finish_turn(conversation.id, 1, messages=messages, reply="It is a bar chart.",
                       status="complete")
     cid = conversation.id
@@ -547,7 +550,7 @@ def test_index_holds_the_searchable_text_of_each_message(
 
 
 def test_search_follows_finish_turn(store: HistoryStore, db_path: Path) -> None:
-    conversation, _ = store.start_turn(None, "tell me", [user("tell me")], [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "tell me", [user("tell me")], [], None))
     cid = conversation.id
     assert store.search_conversation(cid, "platypus") == []
     store.finish_turn(cid, 1, messages=[user("tell me"), assistant("A platypus lays eggs")],
@@ -688,7 +691,7 @@ def test_rowid_helpers() -> None:
 
 def test_overlong_turn_indexes_what_fits(store: HistoryStore, db_path: Path) -> None:
     messages = [user(f"msg{i}") for i in range(300)]
-    conversation, _ = store.start_turn(None, "q", messages, [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "q", messages, [], None))
     store.finish_turn(conversation.id, 1, messages=messages, reply="", status="error")
     rows = fts_rows(db_path, conversation.id)
     assert len(rows) == 255
@@ -712,7 +715,8 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
             current = threading.current_thread()
             return current.ident or 0, current.name
 
-        conversation, _ = await history.start_turn(None, "async wombat", [user("async wombat")], [], None)
+        new = NewTurn(None, "async wombat", [user("async wombat")], [], None)
+        conversation, _ = await history.run(HistoryStore.start_turn, new)
         places = await asyncio.gather(*(history._thread.submit(where) for _ in range(20)))
         assert len(set(places)) == 1
         ident, name = places[0]
@@ -720,10 +724,10 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
         assert ident != threading.get_ident()
         assert [t.ident for t in history_threads()] == [ident]
 
-        turns = await history.turns(conversation.id)
+        turns = await history.run(HistoryStore.turns, conversation.id)
         assert [t.text for t in turns] == ["async wombat"]
         assert await history.finish(TurnOutcome(conversation.id, 1, [user("async wombat")], "", "error"))
-        hits = await history.search_all("wombat")
+        hits = await history.run(HistoryStore.search_all, "wombat")
         assert [h.conversation_id for h in hits] == [conversation.id]
         # The connection was made on the history thread: this thread may not use it.
         with pytest.raises(sqlite3.ProgrammingError):
@@ -733,7 +737,7 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
 
     assert history_threads() == []
     with pytest.raises(RuntimeError):
-        await history.list_conversations()
+        await history.run(HistoryStore.list_conversations)
     await history.close()  # twice is harmless
 
 
@@ -741,7 +745,7 @@ async def test_async_history_runs_everything_on_one_thread(db_path: Path) -> Non
 async def test_async_history_keeps_call_order(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
-        created = await asyncio.gather(*(history.create_conversation(f"c{i}") for i in range(10)))
+        created = await asyncio.gather(*(history.run(HistoryStore.create_conversation, f"c{i}") for i in range(10)))
         assert [c.title for c in created] == [f"c{i}" for i in range(10)]
         assert [c.id for c in created] == list(range(1, 11))
     finally:
@@ -754,12 +758,12 @@ async def test_a_cancelled_caller_still_has_its_call_run(db_path: Path) -> None:
     release = threading.Event()
     try:
         blocker = history._thread.submit(lambda: release.wait(5))
-        queued = asyncio.ensure_future(history.create_conversation("sent, then abandoned"))
+        queued = asyncio.ensure_future(history.run(HistoryStore.create_conversation, "sent, then abandoned"))
         await asyncio.sleep(0.05)  # both sent; the second waits behind the first
         blocker.cancel()
         queued.cancel()
         release.set()
-        titles = [c.title for c in await history.list_conversations()]
+        titles = [c.title for c in await history.run(HistoryStore.list_conversations)]
         assert titles == ["sent, then abandoned"]
         assert queued.cancelled()
     finally:
@@ -771,8 +775,8 @@ async def test_async_history_propagates_errors(db_path: Path) -> None:
     history = await AsyncHistory.open(db_path)
     try:
         with pytest.raises(LookupError):
-            await history.start_turn(7, "q", [user("q")], [], None)
-        assert await history.list_conversations() == []
+            await history.run(HistoryStore.start_turn, NewTurn(7, "q", [user("q")], [], None))
+        assert await history.run(HistoryStore.list_conversations) == []
     finally:
         await history.close()
 
@@ -797,8 +801,8 @@ def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) 
                         pages=3, full_text="[page 1]\nhello")
     pic = NewAttachment(name="cat.png", path="/home/u/cat.png", kind="image",
                         content_type="image/png", size_bytes=99, sha256="cd" * 32)
-    conv, turn = store.start_turn(None, "look", [user("look")], [], None, "t", attachments=[doc, pic])
-    other, _ = store.start_turn(None, "other", [user("other")], [], None, "t2")
+    conv, turn = store.start_turn(NewTurn(None, "look", [user("look")], [], None, "t", attachments=[doc, pic]))
+    other, _ = store.start_turn(NewTurn(None, "other", [user("other")], [], None, "t2"))
     listed = store.attachments(conv.id)
     assert [a.name for a in listed] == ["report.pdf", "cat.png"]
     assert listed[0].turn == turn.turn and listed[0].pages == 3
@@ -817,7 +821,7 @@ def test_attachments_are_stored_with_their_turn_and_scoped(store: HistoryStore) 
 
 
 def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_path: Path) -> None:
-    conversation, _ = store.start_turn(None, "q", [user("first question")], [], None)
+    conversation, _ = store.start_turn(NewTurn(None, "q", [user("first question")], [], None))
     cid = conversation.id
     store.finish_turn(cid, 1, messages=[user("first question")], reply="", status="error")
     with closing(sqlite3.connect(db_path)) as conn, conn:
@@ -834,7 +838,7 @@ def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_pa
 def test_before_turn_leaves_out_the_running_turn(store: HistoryStore) -> None:
     cid = ask(store, None, "the walrus question", "walrus answer").conversation_id
     ask(store, cid, "walrus again", "ok")
-    store.start_turn(cid, "where was the walrus", [user("where was the walrus")], [], None)
+    store.start_turn(NewTurn(cid, "where was the walrus", [user("where was the walrus")], [], None))
     assert {h.turn for h in store.search_conversation(cid, "walrus")} == {1, 2}  # indexed once it ends
     store.finish_turn(cid, 3, messages=[user("where was the walrus")], reply="", status="cancelled")
     assert {h.turn for h in store.search_conversation(cid, "walrus")} == {1, 2, 3}
@@ -913,7 +917,7 @@ def test_phrase_classes_are_remembered(store: HistoryStore, monkeypatch: pytest.
 def test_answered_turns_start_after_a_compaction(store: HistoryStore) -> None:
     first = ask(store, None, "one", "first answer")
     cid = first.conversation_id
-    _, failed = store.start_turn(cid, "two", [user("two")], [], None)
+    _, failed = store.start_turn(NewTurn(cid, "two", [user("two")], [], None))
     store.finish_turn(cid, failed.turn, messages=[user("two")], reply="", status="error", error="boom")
     ask(store, cid, "three", "third answer")
     ask(store, cid, "four", "fourth answer")
@@ -928,8 +932,8 @@ def test_answered_turns_start_after_a_compaction(store: HistoryStore) -> None:
 
 def test_a_turn_keeps_the_ref_its_ask_carried(tmp_path: Path) -> None:
     with HistoryStore(tmp_path / "history.db") as store:
-        conversation, started = store.start_turn(None, "q", [user("q")], [], None, ref="canvas-7")
-        _, plain = store.start_turn(conversation.id, "q2", [user("q2")], [], None)
+        conversation, started = store.start_turn(NewTurn(None, "q", [user("q")], [], None, ref="canvas-7"))
+        _, plain = store.start_turn(NewTurn(conversation.id, "q2", [user("q2")], [], None))
         assert started.ref == "canvas-7"
         assert [t.ref for t in store.turns(conversation.id)] == ["canvas-7", None]
         assert store.turn(conversation.id, 1).to_json()["ref"] == "canvas-7"  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from attachments import decodes, imagecache
+from attachments import ImageCache, imagecache
 from client import Wire, of_type
 from selfcheck.fakerouter import FakeRouter
 from tests.conftest import RunningDaemon
@@ -21,6 +21,12 @@ def make_large_png(path: Path, side: int = 3000, colour: tuple[int, ...] = (200,
     image.paste((0, 0, 255, 128), (0, 0, side // 2, side // 2))
     image.save(path, "PNG", compress_level=1)
     return path
+
+
+def images_of(daemon: RunningDaemon) -> ImageCache:
+    """The daemon's image cache (it runs in the test's process)."""
+    assert daemon.server is not None and daemon.server.readers is not None
+    return daemon.server.readers.images
 
 
 def image_urls(request: dict[str, Any]) -> list[str]:
@@ -45,10 +51,10 @@ async def test_a_large_image_is_sent_scaled_and_later_turns_resend_it_without_de
     daemon: RunningDaemon, wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
     picture = make_large_png(tmp_path / "big.png")
-    before = decodes()
+    before = images_of(daemon).decodes
     events = await wire.ask("what is this?", files=[str(picture)], model="fake-vision")
     assert of_type(events, "done"), events[-1]
-    assert decodes() == before + 1
+    assert images_of(daemon).decodes == before + 1
     [sent] = image_urls(router.requests[-1])
     assert sent.startswith("data:image/png;base64,")
     # the encoded copy is kept per file hash in the data dir
@@ -56,41 +62,41 @@ async def test_a_large_image_is_sent_scaled_and_later_turns_resend_it_without_de
     cid = events[-1]["conversation"]
     events = await wire.ask("and now in words only", conversation=cid, model="fake-vision")
     assert of_type(events, "done"), events[-1]
-    assert decodes() == before + 1  # not decoded again
+    assert images_of(daemon).decodes == before + 1  # not decoded again
     assert image_urls(router.requests[-1]) == [sent]  # the same bytes: the prompt stays cache-friendly
 
 
 @pytest.mark.asyncio
 async def test_a_replaced_image_is_refused_by_its_hash_before_any_decode(
-    wire: Wire, router: FakeRouter, tmp_path: Path
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
     picture = make_large_png(tmp_path / "big.png")
     events = await wire.ask("look", files=[str(picture)], model="fake-vision")
     cid = events[-1]["conversation"]
     make_large_png(picture, colour=(10, 200, 10, 255))  # another picture under the same name
-    before = decodes()
+    before = images_of(daemon).decodes
     events = await wire.ask("again", conversation=cid, model="fake-vision")
     assert of_type(events, "done"), events[-1]
-    assert decodes() == before
+    assert images_of(daemon).decodes == before
     assert image_urls(router.requests[-1]) == []
     assert "[image big.png is no longer available]" in texts(router.requests[-1])
 
 
 @pytest.mark.asyncio
 async def test_images_past_the_waiting_budget_are_refused_before_anything_is_decoded(
-    wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pictures = [str(make_large_png(tmp_path / f"big{i}.png", colour=(i, 0, 0, 255))) for i in range(2)]
     # other questions are already waiting for most of the budget
-    monkeypatch.setattr(imagecache._state, "waiting", imagecache.MAX_WAITING_PIXELS - 10_000_000)
-    before = decodes()
+    monkeypatch.setattr(images_of(daemon), "waiting", imagecache.MAX_WAITING_PIXELS - 10_000_000)
+    before = images_of(daemon).decodes
     events = await wire.ask("compare", files=pictures, model="fake-vision")
     assert [e["type"] for e in events] == ["progress", "error"]
     assert events[-1]["code"] == "too_many_pixels"
     assert "ask again in a moment, or attach scaled-down copies" in events[-1]["message"]
-    assert decodes() == before
+    assert images_of(daemon).decodes == before
     assert router.requests == []
-    monkeypatch.setattr(imagecache._state, "waiting", 0)  # they are done: the same question goes through
+    monkeypatch.setattr(images_of(daemon), "waiting", 0)  # they are done: the same question goes through
     events = await wire.ask("compare", files=pictures, model="fake-vision")
     assert of_type(events, "done"), events[-1]
     assert len(image_urls(router.requests[-1])) == 2

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
+from attachments import Ocr
 from core import Config
 from core.errors import BadRequest, NotFound, RouterError, RouterUnreachable
 from core.router import RouterClient
 from core.tools import Toolbox, ToolContext
-from history import AsyncHistory, HistoryStore, NewKbDocument, chunk_kb, kb_chunk_range
+from history import AsyncHistory, HistoryStore, KnowledgeStore, NewKbDocument, chunk_kb, kb_chunk_range
 from history import kb as history_kb
 from kbinject import (
     BLOCK_FOOTER,
@@ -109,15 +110,22 @@ async def history(tmp_path: Path) -> AsyncIterator[AsyncHistory]:
 MakeKbs = Callable[..., Awaitable[KnowledgeBases]]
 
 
+@pytest.fixture(scope="module")
+def ocr(tmp_path_factory: pytest.TempPathFactory) -> Ocr:
+    """One OCR for the module, as a daemon has one, its cache kept across the tests: the blank
+    page of ``docs``' PDF (the same bytes in every test) goes to tesseract once, not in each."""
+    return Ocr(tmp_path_factory.mktemp("ocr"))
+
+
 @pytest_asyncio.fixture
-async def make_kbs(history: AsyncHistory, router: FakeRouter) -> AsyncIterator[MakeKbs]:
+async def make_kbs(history: AsyncHistory, router: FakeRouter, ocr: Ocr) -> AsyncIterator[MakeKbs]:
     """Build KnowledgeBases over the test's history; closes what it built."""
     made: list[tuple[KnowledgeBases, RouterClient]] = []
 
     async def make(embedding_model: str = EMBED_MODEL, kb_top_k: int = 3, url: str | None = None) -> KnowledgeBases:
         config = Config(router_url=url or router.url, embedding_model=embedding_model, kb_top_k=kb_top_k)
         client = RouterClient(config)
-        kbs = KnowledgeBases(history, client, KbSettings(config.embedding_model, config.kb_top_k))
+        kbs = KnowledgeBases(history, client, KbSettings(config.embedding_model, config.kb_top_k), ocr)
         made.append((kbs, client))
         return kbs
 
@@ -154,7 +162,7 @@ def docs(tmp_path: Path) -> Path:
 
 
 async def new_conversation(history: AsyncHistory) -> int:
-    conversation = await history.create_conversation()
+    conversation = await history.run(HistoryStore.create_conversation)
     return conversation.id
 
 
@@ -191,10 +199,10 @@ async def test_add_folder_recursively_indexes_text_code_and_pdf_pages(
     pdf = next(d for d in documents if d.kind == "pdf")
     assert (pdf.pages, pdf.chunks) == (3, 2)
     kb_id = pdf.kb_id
-    chunks = await history.kb.document_chunks(kb_id, pdf.path)
+    chunks = await history.kb.run(KnowledgeStore.document_chunks, kb_id, pdf.path)
     assert [(c.ordinal, c.page) for c in chunks] == [(1, 1), (2, 3)]  # the blank page 2 has none
     assert "Volcano eruptions" in chunks[1].text
-    guide = await history.kb.document_chunks(kb_id, str(docs / "guide.md"))
+    guide = await history.kb.run(KnowledgeStore.document_chunks, kb_id, str(docs / "guide.md"))
     assert len(guide) >= 2 and any(c.text.startswith("## Espresso") for c in guide)  # a heading opens a chunk
     assert all(c.page is None for c in guide)
 
@@ -266,7 +274,7 @@ async def test_a_changed_file_replaces_its_chunks(
     # the old chunk's row, index entry and vector are gone
     kbs_index = kbs.index.of(EMBED_DIM)
     assert kbs_index is not None and len(kbs_index) == result.chunks
-    vectors = await history.kb.vector_dims(EMBED_MODEL)
+    vectors = await history.kb.run(KnowledgeStore.vector_dims, EMBED_MODEL)
     assert vectors == {EMBED_DIM: result.chunks}
 
 
@@ -283,7 +291,6 @@ async def test_files_gone_from_a_folder_added_again_are_removed(kbs: KnowledgeBa
 async def test_a_gone_folders_documents_go_a_batch_at_a_time(
     kbs: KnowledgeBases, docs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from history.kb import KnowledgeStore
     from kbinject import pipeline
 
     await kbs.add("House", [str(docs)])
@@ -388,9 +395,9 @@ async def test_a_kb_whose_removal_began_gives_no_hits(
     KB being removed comes back (its chunks are deleted in batches, after)."""
     await kbs.add("House", [str(docs)])
     ids = [row[0] for row in db_rows(tmp_path / "data" / "history.db", "SELECT id FROM kb_chunks")]
-    assert len(await history.kb.chunks(ids)) == len(ids)
-    await history.kb.begin_remove("House")
-    assert await history.kb.chunks(ids) == []
+    assert len(await history.kb.run(KnowledgeStore.chunks, ids)) == len(ids)
+    await history.kb.run(KnowledgeStore.begin_remove, "House")
+    assert await history.kb.run(KnowledgeStore.chunks, ids) == []
     assert (await kbs.search("When do the nightly backups run?")).hits == []
 
 
@@ -424,7 +431,7 @@ async def test_similarities_shown_are_the_stored_vectors_exact_cosines(
     vector = normalised(fake_embedding(query, EMBED_DIM))
     assert vector is not None
     ids = [hit.chunk_id for hit in found.hits]
-    stored = dict(await history.kb.vectors_of(EMBED_MODEL, ids))
+    stored = dict(await history.kb.run(KnowledgeStore.vectors_of, EMBED_MODEL, ids))
     for hit in found.hits:  # bm25-only hits (cosine under the floor) included
         exact = float(np.frombuffer(stored[hit.chunk_id], dtype="<f4") @ vector)
         assert (hit.similarity_kind, hit.similarity) == ("cosine", round(exact, 4))
@@ -596,7 +603,7 @@ async def test_a_model_that_changes_dimension_is_embedded_again(
 
     result = await kbs.add("House", [str(docs)])
     assert (result.embedded, result.pending) == (first.chunks, 0)  # all of them, in the new dimension
-    assert await history.kb.vector_dims(EMBED_MODEL) == {32: first.chunks}
+    assert await history.kb.run(KnowledgeStore.vector_dims, EMBED_MODEL) == {32: first.chunks}
     assert (await kbs.search("courgettes")).mode == "hybrid"
     # in memory too: the old size's index went once the add was done
     moved = kbs.index.of(32)
@@ -768,7 +775,7 @@ async def test_deleted_conversations_see_no_knowledge_base(
     cid = await new_conversation(history)
     await kbs.link("House", cid)
     await kbs.link("House", None)
-    await history.delete_conversation(cid)
+    await history.run(HistoryStore.delete_conversation, cid)
 
     assert (await kbs.context_block(cid, "volcano", "both", 0, 8192)).block is None
     assert await kbs.linked(cid) == []

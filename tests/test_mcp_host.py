@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,43 @@ async def hosting(tmp_path: Path, router: FakeRouter, monkeypatch: pytest.Monkey
         await daemon.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_router() -> Iterator[FakeRouter]:
+    models = [*default_models(), FakeModel("fake-tiny", ["text"], n_ctx=1024)]
+    with FakeRouter(models=models) as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory, shared_router: FakeRouter) -> AsyncIterator[Wire]:
+    """One daemon hosting ``good``, for the module's tests that only call its tools and read what
+    comes back (``SHARED``): one start of the daemon and its server instead of one a test. A test
+    that counts starts, breaks the server or needs its own limits has a daemon of its own."""
+    home = tmp_path_factory.mktemp("shared")
+    runtime = home / "run"
+    runtime.mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as env:
+        for var in [var for var in os.environ if var.startswith(("ASSISTANT_", "LISTEN_", "NOTIFY_SOCKET"))]:
+            env.delenv(var)
+        for var, value in (("XDG_RUNTIME_DIR", runtime), ("XDG_DATA_HOME", home / "data"),
+                           ("XDG_CONFIG_HOME", home / "config"), ("HOME", home)):
+            env.setenv(var, str(value))
+        env.setenv("ASSISTANT_ROUTER_URL", shared_router.url)
+        env.setenv("ASSISTANT_AUTO_TITLE", "false")
+        env.setenv("ASSISTANT_SHUTDOWN_GRACE", "0.5")
+        write_config(home, {"good": server("good")})
+        daemon = RunningDaemon(load_config())
+    await daemon.start()
+    wire = await daemon.connect()
+    yield wire
+    await wire.close()
+    await daemon.stop()
+
+
+# the tests on the module's one daemon (``shared``) run on the module's event loop, as it does
+SHARED = pytest.mark.asyncio(loop_scope="module")
+
+
 def call(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> Reply:
     return Reply(tool_calls=[{"id": call_id, "name": name, "arguments": json.dumps(arguments)}])
 
@@ -180,13 +217,19 @@ async def test_a_call_comes_back_as_a_tool_message_is_stored_and_shown(
     assert [m["content"] for m in tool_messages(router.requests[-1])] == ["QUIET WORDS"]  # replayed as stored
 
 
-async def test_our_own_tools_name_no_server(wire: Wire, router: FakeRouter) -> None:
+@SHARED
+async def test_our_own_tools_name_no_server(shared: Wire, shared_router: FakeRouter) -> None:
+    wire, router = shared, shared_router
     router.script(call("conversation_search", {"query": "hello"}), Reply(text="ok"))
     [tool] = of_type(await wire.ask("hello"), "tool")
     assert tool["server"] is None and tool["tool"] == "conversation_search"
 
 
-async def test_an_image_result_is_shown_to_a_vision_model_and_named_to_others(wire: Wire, router: FakeRouter) -> None:
+@SHARED
+async def test_an_image_result_is_shown_to_a_vision_model_and_named_to_others(
+    shared: Wire, shared_router: FakeRouter
+) -> None:
+    wire, router = shared, shared_router
     router.script(call("good__picture", {}), Reply(text="red"))
     events = await wire.ask("draw", model="fake-vision")
     assert of_type(events, "tool")[0]["ok"] is True
@@ -200,7 +243,9 @@ async def test_an_image_result_is_shown_to_a_vision_model_and_named_to_others(wi
     assert all(m["role"] != "user" or isinstance(m["content"], str) for m in router.requests[-1]["messages"])
 
 
-async def test_a_tool_error_and_a_huge_result_come_back_as_results(wire: Wire, router: FakeRouter) -> None:
+@SHARED
+async def test_a_tool_error_and_a_huge_result_come_back_as_results(shared: Wire, shared_router: FakeRouter) -> None:
+    wire, router = shared, shared_router
     router.script(call("good__broken", {}), call("good__huge", {}, "call_2"), Reply(text="coped"))
     events = await wire.ask("try")
     broken, huge = of_type(events, "tool")
@@ -212,7 +257,9 @@ async def test_a_tool_error_and_a_huge_result_come_back_as_results(wire: Wire, r
     assert (await server_state(wire, "good"))["state"] == "ready"  # a tool's own failure is not the server's
 
 
-async def test_a_japanese_result_is_cut_to_the_room_it_has(wire: Wire, router: FakeRouter) -> None:
+@SHARED
+async def test_a_japanese_result_is_cut_to_the_room_it_has(shared: Wire, shared_router: FakeRouter) -> None:
+    wire, router = shared, shared_router
     router.script(call("good__huge", {"size": 50_000, "char": "漢"}), Reply(text="read"))  # ~100,000 tokens
     events = await wire.ask("try")
     assert events[-1]["type"] == "done", events[-1]  # the server took the round
@@ -861,3 +908,24 @@ async def test_the_readmes_example_server_reads_without_asking_and_asks_to_act(
     events = await wire.ask("what is on my list?")
     assert of_type(events, "tool")[0]["ok"] is True
     assert tool_messages(router.requests[-1])[0]["content"] == "buy milk\n"
+
+
+async def test_an_mcp_call_written_as_bare_json_runs_as_a_call(hosting: Any, router: FakeRouter) -> None:
+    """Issue 49: a small model writes an MCP call as its reply's text (llama-server leaves an
+    unfenced call as content); it runs as the call it is, ``from_text``, and its result goes back."""
+    wire = await hosting({"good": server("good")})
+    router.script(Reply(text=json.dumps({"name": "good__add", "arguments": {"a": 2, "b": 40}})), Reply(text="42"))
+    events = await wire.ask("add 2 and 40 with the tool")
+    assert events[-1]["type"] == "done" and reply_text(events) == json.dumps(
+        {"name": "good__add", "arguments": {"a": 2, "b": 40}}) + "42"  # the client saw the text as it came
+    [tool] = of_type(events, "tool")
+    assert tool["name"] == "good__add" and tool["ok"] is True and tool["from_text"] is True, tool
+    assert tool_messages(router.requests[-1])[0]["content"] == "42"
+    opened = await wire.request({"type": "open", "conversation": events[-1]["conversation"]})
+    assert opened["turns"][0]["reply"] == "42"  # what is kept is the answer, not the call's text
+    # a server this conversation does not use: its tool is not offered, and the text stays the reply
+    await wire.request({"type": "settings", "conversation": events[-1]["conversation"], "mcp_servers": []})
+    written = json.dumps({"name": "good__add", "arguments": {"a": 1, "b": 1}})
+    router.script(Reply(text=written))
+    events = await wire.ask("again", conversation=events[-1]["conversation"])
+    assert events[-1]["type"] == "done" and events[-1]["text"] == written and not of_type(events, "tool")

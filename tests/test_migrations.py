@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from history import HistoryStore
+from history import HistoryStore, NewTurn
 from history import migrations as migrations_module
 from history.fts import index_turn
 from history.migrations import MIGRATIONS, m001_initial, migrate, table_columns
@@ -32,7 +32,8 @@ ALL_MIGRATIONS = [
     "m009_turn_ref",
     "m010_turn_approvals",
     "m011_threads",
-    "m012_live_journal",
+    "m012_attachment_chunks",
+    "m013_live_journal",
 ]
 
 
@@ -88,8 +89,9 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
             "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
-            "size_bytes", "sha256", "pages", "full_text", "created_at",
+            "size_bytes", "sha256", "pages", "full_text", "created_at", "chunked",
         ]
+        assert table_columns(conn, "attachment_chunks") == ["id", "attachment_id", "ordinal", "page", "text"]
         assert "attachments_conversation" in schema_sql(conn, "attachments_conversation")
         assert table_columns(conn, "compactions") == [
             "id", "conversation_id", "through_turn", "summary", "created_at",
@@ -240,7 +242,7 @@ def test_old_schema_file_upgrades_in_place(tmp_path: Path) -> None:
         assert store.search_all("monkey") != []
         assert store.search_all("secret") == []
         # And the upgraded file takes new turns.
-        _, new = store.start_turn(1, "more", [{"role": "user", "content": "more"}], [], None)
+        _, new = store.start_turn(NewTurn(1, "more", [{"role": "user", "content": "more"}], [], None))
         assert new.turn == 3
 
     with connect(path) as conn:
@@ -338,20 +340,20 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
         assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
-                                 "m012_live_journal"]
+                                 "m012_attachment_chunks", "m013_live_journal"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
 
 
-def test_m012_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
-    """A history.db of m011 gains the live state's tables, empty, and an index of turns by ref."""
+def test_m013_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
+    """A history.db of m012 gains the live state's tables, empty, and an index of turns by ref."""
     db = tmp_path / "history.db"
     with connect(db) as conn:
         conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:11]:
+        for migration in MIGRATIONS[:12]:
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m012_live_journal"]
+        assert migrate(conn) == ["m013_live_journal"]
         assert table_columns(conn, "live_seq") == ["id", "reserved"]
         assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
         assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)

@@ -21,9 +21,10 @@ import pytest
 
 from attachments import ocr as ocr_module
 from attachments import pdf as pdf_module
-from attachments import prepare_files
+from attachments import FileReaders, prepare_files
 from client import Wire, of_type
 from core import Config, load_config
+from history import HistoryStore
 from selfcheck.fakerouter import FakeRouter, Reply
 from selfcheck.samples import Scan, make_pdf, make_png
 from tests.conftest import serving
@@ -61,9 +62,9 @@ def tesseract_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     runs: list[str] = []
     real = ocr_module._tesseract
 
-    async def counted(image: bytes, name: str) -> str:
+    async def counted(image: bytes, name: str, languages: str) -> str:
         runs.append(name)
-        return await real(image, name)
+        return await real(image, name, languages)
 
     monkeypatch.setattr(ocr_module, "_tesseract", counted)
     yield runs
@@ -143,7 +144,8 @@ async def test_a_vision_model_sees_the_page_and_its_text_is_searched_and_indexed
         assert found["total"] == 1  # its OCR text, stored with the page's reference
         engine = daemon.server.engine
         assert engine is not None
-        kept = await engine.runner.history.attachment(events[-1]["conversation"], 1)  # what recall reads
+        # what recall reads
+        kept = await engine.runner.history.run(HistoryStore.attachment, events[-1]["conversation"], 1)
         assert kept is not None and "[read by OCR]\nThe kestrel aviary owes" in (kept.full_text or "")
         # the conversation moves to a text-only model: the page's text takes the image's place
         cid = events[-1]["conversation"]
@@ -234,10 +236,10 @@ async def test_pages_past_the_bound_are_listed_and_a_cancel_reaps_tesseract(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pdf_module, "MAX_OCR_PAGES", 2)
-    ocr_module.configure_ocr(None)  # no cache, and asked afresh whether OCR is there
+    readers = FileReaders()  # no cache, and asked afresh whether OCR is there
     pdf = make_pdf(tmp_path / "long.pdf", [Scan("")] * 5)  # blank scans: tesseract reads them at once
     told: list[tuple[int, int]] = []
-    [prepared] = await prepare_files([str(pdf)], model="m", vision=False, ctx_max=8192, ctx_used=0,
+    [prepared] = await prepare_files([str(pdf)], readers, model="m", vision=False, ctx_max=8192, ctx_used=0,
                                      on_ocr=lambda done, total: told.append((done, total)))
     block = prepared.text_block or ""
     assert "[page 2: scanned; OCR found no text on it]" in block
@@ -254,9 +256,9 @@ async def test_pages_past_the_bound_are_listed_and_a_cancel_reaps_tesseract(
     fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec {shutil.which('sleep')} 60\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tools))
-    monkeypatch.setattr(ocr_module._state, "support", ocr_module.OcrSupport(True, ("eng",), ("eng",)))
-    task = asyncio.ensure_future(prepare_files([str(make_pdf(tmp_path / "one.pdf", [Scan("")]))], model="m",
-                                               vision=False, ctx_max=8192, ctx_used=0))
+    # (OCR was found available above, and is kept so: the fake tesseract is not asked)
+    one = make_pdf(tmp_path / "one.pdf", [Scan("")])
+    task = asyncio.ensure_future(prepare_files([str(one)], readers, model="m", vision=False, ctx_max=8192, ctx_used=0))
     async with asyncio.timeout(30):  # only against a hang: tesseract starts at once
         while not pid_file.exists() or not pid_file.read_text().strip():
             await asyncio.sleep(0.02)
@@ -266,5 +268,5 @@ async def test_pages_past_the_bound_are_listed_and_a_cancel_reaps_tesseract(
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left behind
     monkeypatch.setattr(ocr_module, "OCR_TIMEOUT", 0.3)  # and one that runs too long: the page is not read
-    [slow] = await prepare_files([str(tmp_path / "one.pdf")], model="m", vision=False, ctx_max=8192, ctx_used=0)
+    [slow] = await prepare_files([str(one)], readers, model="m", vision=False, ctx_max=8192, ctx_used=0)
     assert "[page 1: scanned, could not be read by OCR]" in (slow.text_block or "")

@@ -91,6 +91,38 @@ async def test_the_prompt_before_the_previous_answer_never_changes_with_a_kb(
         assert sent[n]["messages"][len(sent[n - 1]["messages"]) - 1] == {"role": "user", "content": questions[n - 1]}
 
 
+async def test_the_prompt_before_the_previous_answer_never_changes_with_recall(
+    config: Config, router: FakeRouter
+) -> None:
+    """Recalled passages ride with their turn's question only: the prefix the server holds stays."""
+    filler = [(f"Tell me about tea number {n}.", f"Tea {n} is a drink.") for n in range(4)]
+    facts = [("My locker code is 4711.", "Noted."), ("My bike is a blue Gazelle.", "Noted."),
+             ("My dentist is Doctor Vos.", "Noted.")]
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    with HistoryStore(config.db_path) as store:
+        cid = store.import_conversation([*filler[:2], *facts, *filler[2:]], "d", title="t", model=None,
+                                        system_prompt=None).id
+        store.add_compaction(cid, 6, "We talked about tea.")
+    questions = ["What is my locker code?", "Which bike do I ride?", "Who is my dentist?", "The locker code again?"]
+    answers = []
+    async with serving(config) as (_, wire):
+        for n, question in enumerate(questions):
+            router.script(Reply(text=f"Answer {n}."))
+            events = await wire.ask(question, conversation=cid)
+            assert events[-1]["type"] == "done", events[-1]
+            assert [e["sources"] for e in of_type(events, "progress") if e["stage"] == "recall"][0]
+            answers.append(events[-1]["text"])
+    sent = turn_requests(router)
+    assert len(sent) == len(questions)
+    for n in range(1, len(sent)):
+        assert_reuses(sent[n - 1], sent[n], answers[n - 1])
+        before = len(sent[n - 1]["messages"]) - 1  # the previous question: sent again without its passages
+        assert json.dumps(sent[n]["messages"][:before]) == json.dumps(sent[n - 1]["messages"][:before])
+        assert sent[n]["messages"][before] == {"role": "user", "content": questions[n - 1]}
+        assert "[Recalled from this conversation]" in json.dumps(sent[n]["messages"][-1])
+        assert "[Recalled from this conversation]" not in json.dumps(sent[n]["messages"][:-1])
+
+
 async def test_files_and_tool_rounds_keep_the_prefix(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("the launch code is 4711\n")

@@ -17,7 +17,7 @@ from core import Config
 from daemon import connection
 from daemon.connection import read_lines
 from daemon.protocol import encode_event
-from history import HistoryStore, TurnOutcome
+from history import HistoryStore, NewTurn, TurnOutcome
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from tests.conftest import RunningDaemon, serving
 
@@ -782,7 +782,8 @@ async def test_a_client_that_reads_gets_an_event_over_the_cap_and_the_events_aft
     assert daemon.server is not None and daemon.server.engine is not None
     history = daemon.server.engine.history
     question = {"role": "user", "content": "write a lot"}
-    conversation, turn = await history.start_turn(None, "write a lot", [question], [], "fake-text")
+    new = NewTurn(None, "write a lot", [question], [], "fake-text")
+    conversation, turn = await history.run(HistoryStore.start_turn, new)
     answer = {"role": "assistant", "content": reply}
     assert await history.finish(TurnOutcome(conversation.id, turn.turn, [question, answer], reply, "complete"))
     long = conversation.id

@@ -18,8 +18,9 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
+from attachments import ImageCache
 from core.tools import Tool, Toolbox, ToolContext, ToolResult
-from history import AsyncHistory, Attachment, NewAttachment, TurnOutcome
+from history import AsyncHistory, Attachment, HistoryStore, NewAttachment, NewTurn, TurnOutcome
 from recall import (
     AttachmentRecall,
     ConversationSearch,
@@ -55,7 +56,8 @@ async def add_turn(
     """A whole turn, stored as the daemon stores one: (conversation, turn)."""
     asked = {"role": "user", "content": question}
 
-    conversation, turn = await history.start_turn(cid, question, [asked], [], "m", "t", attachments=attachments)
+    new = NewTurn(cid, question, [asked], [], "m", "t", attachments=attachments)
+    conversation, turn = await history.run(HistoryStore.start_turn, new)
     answered = [asked, {"role": "assistant", "content": answer}]
     assert await history.finish(TurnOutcome(conversation.id, turn.turn, answered, answer, "complete"))
     return conversation.id, turn.turn
@@ -76,7 +78,7 @@ def png_file(path: Path, color: tuple[int, int, int] = (200, 30, 30)) -> NewAtta
 
 
 async def attachment_ids(history: AsyncHistory, cid: int) -> dict[str, int]:
-    return {a.name: a.id for a in await history.attachments(cid)}
+    return {a.name: a.id for a in await history.run(HistoryStore.attachments, cid)}
 
 
 async def call(tool: Tool, ctx: ToolContext, **arguments: Any) -> ToolResult:
@@ -102,7 +104,7 @@ def test_definition_is_the_openai_tools_format() -> None:
     assert function["parameters"]["properties"]["role_filter"]["enum"] == ["all", "user", "assistant"]
     recall = AttachmentRecall().definition()["function"]
     assert recall["parameters"]["properties"]["action"]["enum"] == ["list", "read"]
-    assert [t.name for t in default_toolbox().tools] == ["attachment_recall", "conversation_search"]
+    assert [t.name for t in default_toolbox(ImageCache()).tools] == ["attachment_recall", "conversation_search"]
 
 
 # -- attachment_recall: list and scoping -------------------------------------------------
@@ -115,7 +117,7 @@ async def test_recall_is_offered_only_with_attachments(history: AsyncHistory) ->
     with_file, _ = await add_turn(history, None, "a file", attachments=[text_file("a.txt", "alpha")])
     assert await tool.available(context(history, bare)) is False
     assert await tool.available(context(history, with_file)) is True
-    await history.delete_conversation(with_file)
+    await history.run(HistoryStore.delete_conversation, with_file)
     assert await tool.available(context(history, with_file)) is False
 
 
@@ -163,7 +165,7 @@ async def test_a_deleted_conversations_files_are_gone(history: AsyncHistory) -> 
     file_id = (await attachment_ids(history, cid))["gone.txt"]
     tool, ctx = AttachmentRecall(), context(history, cid)
     offered = [tool]  # offered before the delete, called after it
-    await history.delete_conversation(cid)
+    await history.run(HistoryStore.delete_conversation, cid)
     result = await Toolbox([tool]).call(offered, tool.name, json.dumps({"action": "read", "attachment_id": file_id}), ctx)
     assert not result.ok and "no attachment" in result.content
     assert body(await Toolbox([tool]).call(offered, tool.name, '{"action": "list"}', ctx))["count"] == 0
@@ -464,7 +466,7 @@ async def test_search_never_leaves_its_conversation(history: AsyncHistory) -> No
     theirs, _ = await add_turn(history, None, "about their garden", "tulips")
     found = body(await call(ConversationSearch(), context(history, mine, turn=2), query="garden"))
     assert {r["excerpt"] for r in found["results"]} == {"about my [garden]"}
-    await history.delete_conversation(mine)
+    await history.run(HistoryStore.delete_conversation, mine)
     gone = body(await call(ConversationSearch(), context(history, mine, turn=2), query="garden"))
     assert gone["results"] == [] and gone["total"] == 0 and gone["note"] == NOTHING_FOUND
     first = body(await call(ConversationSearch(), context(history, theirs, turn=1), query="garden"))
@@ -475,7 +477,7 @@ async def test_search_never_leaves_its_conversation(history: AsyncHistory) -> No
 async def test_search_finds_the_compaction_summary(history: AsyncHistory) -> None:
     cid, _ = await add_turn(history, None, "hello", "hi")
     await add_turn(history, cid, "second", "ok")
-    await history.add_compaction(cid, 2, "The user plans a trip to Lisbon in May.")
+    await history.run(HistoryStore.add_compaction, cid, 2, "The user plans a trip to Lisbon in May.")
     found = body(await call(ConversationSearch(), context(history, cid, turn=3), query="Lisbon"))
     assert [(r["turn"], r["role"]) for r in found["results"]] == [(2, "summary")]
 

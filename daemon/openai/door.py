@@ -35,7 +35,7 @@ from core.errors import AssistantError, BadRequest, RouterError, RouterUnreachab
 from core.jsontext import compact_json, strict_loads
 from core.models import ModelInfo, display_name
 from core.router import RouterClient
-from history import AsyncHistory, thread_digest
+from history import AsyncHistory, HistoryStore, thread_digest
 
 from ..approvals import Refuser
 from ..live import Live
@@ -309,14 +309,14 @@ class OpenAIDoor:
         first question."""
         if not chat.earlier:
             return None, False
-        cid = await self.history.thread_conversation(digest)
+        cid = await self.history.run(HistoryStore.thread_conversation, digest)
         if chat.tool_results is not None:
             if cid is None:
                 raise BadRequest("these tool results answer calls of no conversation the daemon has; send them "
                                  "with the messages as they were when the tools were called")
             await self._check_results(cid, chat.tool_results)
         if cid is None:
-            conv = await self.history.import_conversation(
+            conv = await self.history.run(HistoryStore.import_conversation, 
                 chat.earlier, digest, title=provisional_title(chat.earlier[0][0]), model=chat.model,
                 system_prompt=chat.system,
             )
@@ -329,7 +329,7 @@ class OpenAIDoor:
     async def _check_results(self, cid: int, results: list[dict[str, Any]]) -> None:
         """Tool results must answer the calls the turn ended on, each once (the turn not waiting
         for any: the engine says so)."""
-        waiting = await self.history.waiting_calls(cid)
+        waiting = await self.history.run(HistoryStore.waiting_calls, cid)
         given = [result["tool_call_id"] for result in results]
         if waiting is not None and sorted(given) != sorted(waiting):
             raise BadRequest(f"the tool results must answer the calls the model made, one each: it called "
@@ -341,17 +341,17 @@ class OpenAIDoor:
         try:
             if written:
                 await asyncio.to_thread(unspool, written)
-            if imported is not None and await self.history.discard_import(imported):
+            if imported is not None and await self.history.run(HistoryStore.discard_import, imported):
                 self.live.publish("conversation", "deleted", conversation=imported)
         except Exception:  # the refusal (or what stopped the turn) is the answer, not this
             logger.warning("could not remove what a refused OpenAI request left", exc_info=True)
 
     async def _set_system(self, cid: int, system: str) -> None:
         """The client's system message as the conversation's system prompt, as ``settings`` sets it."""
-        conv = await self.history.get_conversation(cid)
+        conv = await self.history.run(HistoryStore.get_conversation, cid)
         if conv is None or conv.system_prompt == system:
             return
-        changed = await self.history.update_conversation(cid, system_prompt=system)
+        changed = await self.history.run(HistoryStore.update_conversation, cid, system_prompt=system)
         if changed is not None:
             self.live.conversation_updated(changed)
 
@@ -381,7 +381,7 @@ class OpenAIDoor:
         turns = chat.earlier if chat.tool_results is None else chat.earlier[:-1]
         question = chat.question if chat.tool_results is None else chat.earlier[-1][0]
         digest = await asyncio.to_thread(thread_digest, [*turns, (question, relay.end["text"])], chat.system)
-        await self.history.add_thread(digest, relay.conversation, relay.turn)
+        await self.history.run(HistoryStore.add_thread, digest, relay.conversation, relay.turn)
 
 
 def _ask_request(chat: ChatAsk, cid: int | None, paths: list[str]) -> TurnRequest:

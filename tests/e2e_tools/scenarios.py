@@ -1,16 +1,23 @@
-"""Scripted conversations that need the model's tools, run through the daemon's socket.
+"""Scripted conversations that need the conversation's past, a KB or a tool, through the socket.
 
-One function per kind of recall (issue 33): each starts a fresh conversation, plants a
-needle, asks for it back, and returns a ``Run``: the answer, whether it holds the
-needle, the tools the model called and the time each turn took. The e2e tests
-(``tests/e2e_tools/``) run each once and assert; ``bench/bench_recall.py`` runs each
-many times and counts. ``n`` varies the needle and the filler so runs differ.
+One function per kind of recall (issues 33 and 49): each starts a fresh conversation, plants
+a needle, asks for it back, and returns a ``Run``: the answer, whether it holds the needle,
+the tools the model called, what the daemon recalled before the question, and the time each
+turn took. The e2e tests (``tests/e2e_tools/``) run each once and assert;
+``bench/bench_recall.py`` runs each many times and counts. ``n`` varies the needle and the
+filler so runs differ.
 
-    recall     a fact said 30+ turns earlier, folded away by a compaction: conversation_search
-    file       a file attached 10+ turns earlier, after a compaction: attachment_recall
+The long past is not generated turn by turn by the model: the earlier turns are stored
+through the daemon's own store (``seed``: imported turns, then a compaction whose summary
+we write), as the daemon would have stored them. So a scenario costs at most three model
+requests: the file turn, a warm-up, the question.
+
+    recall     a fact said 40 turns back, folded away by a compaction: recalled before the question
+    file       a PDF attached in the first turn, folded away: a detail of its page 3, recalled
+    followup   a fact folded away, asked for in three words that refer back to the last turn
     kb         a knowledge-base fact with kb_injection tool_only: kb_search
     mcp        a hosted MCP tool (tests/mcpservers.py "good": add)
-    none       a question that needs no tool
+    none       a question that needs nothing: no tool, no passage
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from client import Wire, of_type, reply_text
+from history import HistoryStore
+from selfcheck.samples import make_pdf
 
 ROOT = Path(__file__).resolve().parents[2]
 MCP_SERVER = "calc"  # tests/mcpservers.py "good", hosted under this name
@@ -36,9 +45,9 @@ DAEMON_ENV = {
     "ASSISTANT_CTX_MAX": "2048",
     "ASSISTANT_MAX_REPLY_TOKENS": "96",
 }
-MIN_TURNS_BACK = 30  # the fact is said this many turns before it is asked for, at least
-MAX_FILLERS = 60  # a conversation that has not compacted by then fails the run
-FILE_TURNS_BACK = 10
+TURNS_BACK = 40  # the needle is said (or attached) this many turns before it is asked for
+KEPT_TURNS = 2  # the turns the seeded compaction leaves in the prompt
+SUMMARY = "The user listed where some of their things are kept, each in a numbered box."
 # the first turn of a conversation whose setting must be made before the question; not "reply
 # with just: hi", after which the model answered "The office wifi password is [password]."
 # without calling kb_search (measured: with that turn before it, 0 of 3; without, 2 of 2)
@@ -55,9 +64,10 @@ class Run:
     needle: str
     answer: str = ""
     tools: list[str] = field(default_factory=list)  # the tools called in the asking turn
-    turn_seconds: list[float] = field(default_factory=list)  # every turn of the conversation
+    recalled: list[str] = field(default_factory=list)  # the asking turn's recalled sources ("turn 1")
+    turn_seconds: list[float] = field(default_factory=list)  # every turn the model answered
     asking_seconds: float = 0.0  # the turn that asked for the needle
-    compacted: bool = False
+    compacted: bool = False  # the needle was folded away before it was asked for
     error: str | None = None
 
     @property
@@ -66,7 +76,8 @@ class Run:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "needle": self.needle, "found": self.found, "answer": self.answer,
-                "tools": self.tools, "turns": len(self.turn_seconds), "asking_seconds": round(self.asking_seconds, 2),
+                "tools": self.tools, "recalled": self.recalled, "turns": len(self.turn_seconds),
+                "asking_seconds": round(self.asking_seconds, 2),
                 "compacted": self.compacted, "error": self.error}
 
 
@@ -92,62 +103,93 @@ class Talk:
             raise RuntimeError(f"turn failed: {events[-1]['code']}: {events[-1]['message']}")
         return events
 
-    async def filler(self, i: int, rng: random.Random) -> None:
-        colour, thing = rng.choice(COLOURS), rng.choice(THINGS)
-        # no "reply with just: noted": after a few dozen of those the model answered the question
-        # that needed a search with "noted" (measured: 48 turns, no call)
-        await self.ask(f"Note {i}: the {colour} {thing} is in box {rng.randint(1, 99)}.")
-
     async def asking(self, text: str, **fields: Any) -> None:
         events = await self.ask(text, **fields)
         self.run.asking_seconds = self.run.turn_seconds[-1]
         self.run.tools = [t["name"] for t in of_type(events, "tool")]
+        self.run.recalled = [label(source) for e in of_type(events, "progress") if e["stage"] == "recall"
+                             for source in e["sources"]]
         self.run.answer = reply_text(events)
 
 
-async def recall(wire: Wire, n: int, workdir: Path) -> Run:
+def label(source: dict[str, Any]) -> str:
+    """A recalled source in a few words, as the CLI shows it: "turn 1", "report.pdf p3"."""
+    if source["recall"] == "turn":
+        return f"turn {source['turn']}"
+    return f"{source['file']} p{source['page']}" if source.get("page") else source["file"]
+
+
+def fillers(rng: random.Random, count: int, first: int = 1) -> list[tuple[str, str]]:
+    """Short exchanges of nothing much, as a long conversation holds."""
+    turns = []
+    for i in range(first, first + count):
+        colour, thing, box = rng.choice(COLOURS), rng.choice(THINGS), rng.randint(1, 99)
+        turns.append((f"Note {i}: the {colour} {thing} is in box {box}.", f"Noted: the {colour} {thing}, box {box}."))
+    return turns
+
+
+def seed(db: Path, turns: list[tuple[str, str]], cid: int | None = None, run: Run | None = None) -> int:
+    """Store ``turns`` as the daemon would have (a new conversation, or after ``cid``'s turns), then a
+    compaction folding all but the last KEPT_TURNS: the past a scenario needs, made without the model."""
+    with HistoryStore(db) as store:
+        if cid is None:
+            cid = store.import_conversation(turns, f"seed-{time.monotonic_ns()}", title="Seeded", model=None,
+                                            system_prompt=None).id
+            last = len(turns)
+        else:
+            last = store.add_imported_turns(cid, turns)
+        store.add_compaction(cid, last - KEPT_TURNS, SUMMARY)
+    if run is not None:
+        run.compacted = True
+    return cid
+
+
+async def recall(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
     rng = random.Random(n)
     bay = f"{rng.randint(100, 999)}"
     talk = Talk(wire, Run("recall", bay))
     # not a locker code: asked for one after a compaction, the model answered "I'm sorry, but I
-    # can't assist with that." without a call (as in the issue's own run)
-    await talk.ask(f"Remember this: my bicycle is parked in bay {bay}.")
-    i = 0
-    while i < MIN_TURNS_BACK or not talk.run.compacted:
-        if i >= MAX_FILLERS:
-            raise RuntimeError(f"no compaction after {i} turns")
-        i += 1
-        await talk.filler(i, rng)
-    await talk.asking("In which bay did I park my bicycle? Search our conversation.")
+    # can't assist with that." (issue 33's run)
+    said = (f"Remember this: my bicycle is parked in bay {bay}.", "Noted.")
+    talk.cid = seed(db, [said, *fillers(rng, TURNS_BACK)], run=talk.run)
+    await talk.asking("In which bay did I park my bicycle?")
     return talk.run
 
 
-def document(needle: str, rng: random.Random) -> str:
-    """A dull report with the needle in the middle."""
-    lines = [f"Section {k}: the {rng.choice(COLOURS)} {rng.choice(THINGS)} order was checked and filed."
-             for k in range(1, 41)]
-    lines.insert(20, f"The warranty reference for the order is {needle}.")
-    return "Quarterly order report\n\n" + "\n".join(lines) + "\n"
+def report_pages(needle: str, rng: random.Random) -> list[str]:
+    """A dull four-page report with the needle on page 3."""
+    def lines(page: int) -> str:
+        return "\n".join(f"Section {page}.{k}: the {rng.choice(COLOURS)} {rng.choice(THINGS)} order was checked."
+                         for k in range(1, 9))
+    pages = [f"Quarterly order report, page {page}\n{lines(page)}" for page in range(1, 5)]
+    pages[2] += f"\nThe warranty reference for the order is {needle}."
+    return pages
 
 
-async def file(wire: Wire, n: int, workdir: Path) -> Run:
+async def file(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
     rng = random.Random(1000 + n)
     needle = f"WR-{rng.randint(10000, 99999)}"
-    report = workdir / f"report-{n}.txt"
-    report.write_text(document(needle, rng))
+    report = make_pdf(workdir / f"report-{n}.pdf", report_pages(needle, rng))
     talk = Talk(wire, Run("file", needle))
-    await talk.ask("Here is my order report.", files=[str(report)])
-    i = 0
-    while i < FILE_TURNS_BACK or not talk.run.compacted:
-        if i >= MAX_FILLERS:
-            raise RuntimeError(f"no compaction after {i} turns")
-        i += 1
-        await talk.filler(i, rng)
-    await talk.asking("What is the warranty reference in the order report I attached? Read the file again.")
+    await talk.ask("Here is my order report. Just say OK.", files=[str(report)])
+    assert talk.cid is not None
+    seed(db, fillers(rng, TURNS_BACK), talk.cid, talk.run)
+    await talk.asking("What is the warranty reference in the order report I attached?")
     return talk.run
 
 
-async def kb(wire: Wire, n: int, workdir: Path) -> Run:
+async def followup(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
+    rng = random.Random(5000 + n)
+    spot = f"{rng.randint(100, 999)}"
+    talk = Talk(wire, Run("followup", spot))
+    said = (f"My parking spot at work is number {spot}.", "Noted.")
+    last = [("I just arrived at the office car park.", "Good morning! Head to your parking spot.")]
+    talk.cid = seed(db, [said, *fillers(rng, TURNS_BACK), *last], run=talk.run)
+    await talk.asking("What number again?")
+    return talk.run
+
+
+async def kb(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
     rng = random.Random(2000 + n)
     needle = f"heron-{rng.randint(1000, 9999)}"
     folder = workdir / f"kb-{n}"
@@ -171,7 +213,7 @@ async def kb(wire: Wire, n: int, workdir: Path) -> Run:
     return talk.run
 
 
-async def mcp(wire: Wire, n: int, workdir: Path) -> Run:
+async def mcp(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
     rng = random.Random(3000 + n)
     a, b = rng.randint(1000, 4999), rng.randint(1000, 4999)
     talk = Talk(wire, Run("mcp", str(a + b)))
@@ -185,7 +227,7 @@ async def mcp(wire: Wire, n: int, workdir: Path) -> Run:
     return talk.run
 
 
-async def none(wire: Wire, n: int, workdir: Path) -> Run:
+async def none(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
     rng = random.Random(4000 + n)
     a, b = rng.randint(11, 19), rng.randint(11, 19)
     talk = Talk(wire, Run("none", str(a * b)))
@@ -193,11 +235,12 @@ async def none(wire: Wire, n: int, workdir: Path) -> Run:
     return talk.run
 
 
-SCENARIOS: dict[str, Callable[[Wire, int, Path], Awaitable[Run]]] = {
-    "recall": recall, "file": file, "kb": kb, "mcp": mcp, "none": none,
+SCENARIOS: dict[str, Callable[[Wire, int, Path, Path], Awaitable[Run]]] = {
+    "recall": recall, "file": file, "followup": followup, "kb": kb, "mcp": mcp, "none": none,
 }
-EXPECTED_TOOL = {"recall": "conversation_search", "file": "attachment_recall", "kb": "kb_search",
-                 "mcp": f"{MCP_SERVER}__add", "none": None}
+EXPECTED_TOOL = {"kb": "kb_search", "mcp": f"{MCP_SERVER}__add", "none": None}  # the tool kinds
+# the recall kinds: what the daemon must have recalled before the question (any tool may be called)
+EXPECTED_RECALL = {"recall": "turn 1", "file": " p3", "followup": "turn 1"}  # a recalled label ends so
 
 
 def mcp_config_text() -> str:

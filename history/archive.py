@@ -1,0 +1,196 @@
+"""A conversation's archive for recall injection: its folded turns and its files' text.
+
+``ArchiveStore`` shares the ``HistoryStore``'s connection (``store.archive``), as the
+knowledge-base tables do. It knows nothing of chunking or of what is relevant: kbinject
+(archive.py) hands it the chunks of a file and the quoted keywords of a question, and
+ranks, floors and labels what comes back.
+
+Two FTS5 indexes are searched, each by bm25, each only within the conversation:
+
+- ``message_fts`` (history/fts.py), over the rowids of turns 1..``through``: the turns a
+  compaction folded away (summary slots left out: the summary is in the prompt already);
+- ``attachment_chunk_fts`` over ``attachment_chunks``, the conversation's files' full text
+  in chunks, one rowid range per file (``attachment_id << CHUNK_SHIFT | n``). The chunks
+  are made lazily, the first time a turn recalls from the conversation: files that never
+  leave the prompt cost nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from . import sql
+from .fts import MAX_MESSAGE_INDEX, message_rowid, split_rowid
+from .migrations import immediate_transaction
+
+__all__ = ["ArchiveFound", "ArchiveHit", "ArchiveStore", "CHUNK_SHIFT", "FileToChunk"]
+
+CHUNK_SHIFT = 16  # an attachment's chunks: attachment_id << 16 | n (n from 1)
+MAX_CHUNKS = (1 << CHUNK_SHIFT) - 1
+
+SEARCH_MESSAGES = f"""
+SELECT rowid, body, role, bm25(message_fts) AS score FROM message_fts
+WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+ORDER BY score
+LIMIT ?
+"""
+SEARCH_FILE_CHUNKS = """
+SELECT rowid, bm25(attachment_chunk_fts) AS score FROM attachment_chunk_fts
+WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
+ORDER BY score
+LIMIT ?
+"""
+SELECT_FILE_CHUNK = "SELECT ordinal, page, text FROM attachment_chunks WHERE id = ?"
+COUNT_MESSAGES = f"""
+SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+"""
+COUNT_MESSAGES_HOLDING = f"""
+SELECT count(*) FROM (SELECT 1 FROM message_fts
+WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX} LIMIT ?)
+"""
+COUNT_FILE_CHUNKS = "SELECT count(*) FROM attachment_chunks WHERE id BETWEEN ? AND ?"
+COUNT_FILE_CHUNKS_HOLDING = """
+SELECT count(*) FROM (SELECT 1 FROM attachment_chunk_fts
+WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)
+"""
+# The conversation's files with text, live conversations only; ``chunked`` says whether
+# its chunks are those of its current text.
+SELECT_FILES = """
+SELECT a.id, a.turn, a.name, a.chunked
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.full_text IS NOT NULL AND a.full_text != ''
+ORDER BY a.id
+"""
+SELECT_UNCHUNKED = """
+SELECT a.id, a.name, a.kind, a.full_text
+FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
+WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.chunked = 0
+  AND a.full_text IS NOT NULL AND a.full_text != ''
+ORDER BY a.id
+"""
+DELETE_FILE_CHUNKS = "DELETE FROM attachment_chunks WHERE id BETWEEN ? AND ?"
+INSERT_FILE_CHUNK = "INSERT INTO attachment_chunks (id, attachment_id, ordinal, page, text) VALUES (?, ?, ?, ?, ?)"
+SET_CHUNKED = "UPDATE attachments SET chunked = 1 WHERE id = ?"
+
+
+@dataclass(frozen=True)
+class FileToChunk:
+    """A file whose text has no chunks yet (or stale ones): kbinject chunks it."""
+
+    id: int
+    name: str
+    kind: str  # text, image or pdf (a PDF's text holds page breaks)
+    text: str
+
+
+@dataclass(frozen=True)
+class ArchiveHit:
+    """One match in the archive: a folded turn's message, or a chunk of a file; best first per kind."""
+
+    turn: int  # the turn that said it, or that carried the file
+    text: str  # the message's searchable text, or the chunk
+    score: float  # bm25 (lower is better), comparable within its kind only
+    n: int = -1  # a message's place in its turn (a file comes with the question: -1)
+    role: str | None = None  # a message's role (user, assistant, tool)
+    file: str | None = None  # a file's name
+    attachment: int | None = None  # a file's id
+    chunk: int | None = None  # a file chunk's ordinal
+    page: int | None = None  # a PDF chunk's page
+
+
+@dataclass(frozen=True)
+class ArchiveFound:
+    """A search of the archive: its matches, and the phrases too common in it to search by; or,
+    when files of it have no chunks yet, those files (and no search: chunk them, then search)."""
+
+    hits: list[ArchiveHit]
+    common: frozenset[str]
+    unchunked: list[FileToChunk] = field(default_factory=list)
+
+
+def file_range(attachment_id: int) -> tuple[int, int]:
+    """Inclusive rowid bounds of a file's chunks."""
+    lo = attachment_id << CHUNK_SHIFT
+    return lo, lo | MAX_CHUNKS
+
+
+class ArchiveStore:
+    """The recall queries over one conversation's archive, on the history's connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def unchunked(self, cid: int) -> list[FileToChunk]:
+        """The conversation's files with text whose chunks are missing or stale."""
+        return [FileToChunk(*row) for row in self._conn.execute(SELECT_UNCHUNKED, (cid,))]
+
+    def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
+        """Replace a file's chunks with ``chunks`` ((page, text), in order), in one transaction."""
+        lo, hi = file_range(attachment_id)
+        with immediate_transaction(self._conn):
+            self._conn.execute(DELETE_FILE_CHUNKS, (lo, hi))
+            self._conn.executemany(INSERT_FILE_CHUNK, [
+                (lo + n, attachment_id, n, page, text) for n, (page, text) in enumerate(chunks[:MAX_CHUNKS], start=1)
+            ])
+            self._conn.execute(SET_CHUNKED, (attachment_id,))
+
+    def search(
+        self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int, common: tuple[float, int],
+    ) -> ArchiveFound:
+        """The best matches of the rare ``phrases`` (each quoted) in turns 1..``through`` and in the
+        conversation's chunked files: at most ``limit`` of each kind, best first within a kind.
+
+        A phrase is common when more than ``common`` = (share, least) of the conversation's pieces
+        before turn ``before`` (its messages, its files' chunks) hold it, and at least ``least``:
+        what most of it says tells no passage apart, and ranking its many matches is the cost.
+        """
+        if not phrases or limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
+            return ArchiveFound([], frozenset())
+        unchunked = self.unchunked(cid)  # in the same trip: most turns find none
+        if unchunked:
+            return ArchiveFound([], frozenset(), unchunked)
+        files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
+        ranges = [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
+        if before > 1:
+            lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, before - 1, MAX_MESSAGE_INDEX)
+            ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
+        pieces = sum(self._conn.execute(count, (lo, hi)).fetchone()[0] for count, _, lo, hi in ranges)
+        share, least = common
+        cap = max(least, int(share * pieces)) + 1  # a phrase held this often is common: counting stops there
+        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, ranges, cap) >= cap)
+        rare = [phrase for phrase in phrases if phrase not in frequent]
+        if not rare:
+            return ArchiveFound([], frequent)
+        match = " OR ".join(rare)
+        hits: list[ArchiveHit] = []
+        if through > 0:
+            lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, through, MAX_MESSAGE_INDEX)
+            for rowid, body, role, score in self._conn.execute(SEARCH_MESSAGES, (match, lo, hi, limit)):
+                _, turn, n = split_rowid(rowid)
+                hits.append(ArchiveHit(turn, body, score, n=n, role=role))
+        return ArchiveFound(hits + self._file_hits(files, match, limit), frequent)
+
+    def _holding(self, phrase: str, ranges: Sequence[tuple[str, str, int, int]], cap: int) -> int:
+        """How many pieces of ``ranges`` hold ``phrase``, counted up to ``cap``."""
+        held = 0
+        for _, holding, lo, hi in ranges:
+            held += self._conn.execute(holding, (phrase, lo, hi, cap - held)).fetchone()[0]
+            if held >= cap:
+                break
+        return held
+
+    def _file_hits(self, files: dict[int, tuple[int, int, str, int]], match: str, limit: int) -> list[ArchiveHit]:
+        found: list[tuple[float, int, int]] = []
+        for attachment_id in files:
+            lo, hi = file_range(attachment_id)
+            found += [(score, rowid, attachment_id)
+                      for rowid, score in self._conn.execute(SEARCH_FILE_CHUNKS, (match, lo, hi, limit))]
+        found.sort()
+        hits = []
+        for score, rowid, attachment_id in found[:limit]:
+            ordinal, page, text = self._conn.execute(SELECT_FILE_CHUNK, (rowid,)).fetchone()
+            _, turn, name, _ = files[attachment_id]
+            hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page))
+        return hits

@@ -1,0 +1,298 @@
+"""Recall injection: the conversation's own archive, searched before every turn like a KB.
+
+A small model rarely calls ``conversation_search`` when the answer was folded away by a
+compaction (issue 49's runs). So before a turn of a conversation with something out of
+the prompt (folded turns; files, whose text may have been cut or folded), the question
+is searched against that archive alone, and the passages that pass a relevance floor go
+before the question, each labelled with its source ("turn 3, you said: ...",
+"report.pdf, page 4: ..."), as knowledge-base passages do (docs/DESIGN.md, "Recall
+injection"). The tools stay, for the model that digs further.
+
+- Search: the knowledge bases' keywords (search.py ``query_terms``: stop words out, each
+  quoted), ORed, bm25 over the folded turns' messages and the files' chunks
+  (history/archive.py); the two lists are fused by rank (``reciprocal_rank_fusion``). A
+  file is chunked as a KB document is (chunking.py), the first time it is searched.
+- Back-references: a question of few keywords ("what was it again?", "the code I gave
+  you") is searched with the recent turns' keywords as well.
+- The floor: a passage must hold half the question's keywords, ``MIN_MATCHED`` at most
+  (numbers count only in a question of numbers alone), so "what is 12 times 12?" finds
+  nothing in a conversation about lockers, nor in one that mentions 12 cats; a question
+  of no keywords must share ``MIN_MATCHED`` with the recent turns. Keywords that much of the
+  conversation holds (``COMMON_SHARE``) are neither searched by nor counted: they tell no
+  passage apart. No vectors yet (docs/DESIGN.md says why).
+- Dedup: a passage whose text the prompt already holds is dropped (files still inline).
+- Order: oldest first, so when two passages disagree the newest stands nearest the question.
+- Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best
+  passages as keep the prompt within ``Budget.passage_limit``: they never shrink the
+  reply below its cap. The weakest are dropped first.
+
+Nothing here fails a turn: ``recall`` logs a failure and recalls nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from attachments import PAGE_BREAK
+from core import estimate_text
+from core.tools import one_line
+from history import ArchiveHit, ArchiveStore, AsyncHistory, FileToChunk
+
+from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
+from .search import fts_phrases, keyword_share, query_terms, reciprocal_rank_fusion
+
+__all__ = [
+    "DEFAULT_RECALL_MODE",
+    "RECALL_MODES",
+    "RECALL_TOP_K",
+    "ArchiveRecall",
+    "Recall",
+    "RecallMode",
+    "recall_label",
+    "recall_mode",
+]
+
+logger = logging.getLogger(__name__)
+
+RecallMode = Literal["auto", "tool_only", "off"]
+RECALL_MODES: tuple[RecallMode, ...] = ("auto", "tool_only", "off")
+DEFAULT_RECALL_MODE: RecallMode = "auto"
+SETTING = "recall_injection"  # the key in conversations.settings (and the configuration's)
+
+RECALL_TOP_K = 3  # passages a turn gets at most
+CANDIDATES = 20  # matches of each kind (turns, file chunks) ranked before the floor
+BACK_REFERENCE_TERMS = 3  # a question with fewer keywords is searched with the recent turns' too
+RECENT_TERMS = 12  # keywords taken from the recent turns, at most
+MIN_MATCHED = 2  # keywords of the question a passage must hold at most (half of them when fewer)
+# A keyword that more than this share of the conversation's pieces hold (messages, file chunks;
+# more than COMMON_PIECES of them) tells no passage apart: it is not searched by, nor counts for the floor
+COMMON_SHARE = 0.3
+COMMON_PIECES = 3
+# Words of a question that refers back and say nothing of what it asks for
+BACK_REFERENCE_WORDS = frozenset("""
+gave give given told remember remind mentioned earlier before previously wrote sent shared
+provided last time ago back recall
+""".split())
+
+BLOCK_HEADER = (
+    "[Recalled from this conversation]\n"
+    "These earlier parts of this conversation are no longer above and may be relevant\n"
+    "(oldest first: when two disagree, the later one stands):\n"
+)
+BLOCK_FOOTER = "[End Recalled]"
+MAX_NAME_CHARS = 200  # a file's name in a label
+ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
+
+
+def recall_mode(settings: Mapping[str, Any] | None, default: str = DEFAULT_RECALL_MODE) -> RecallMode:
+    """The conversation's ``recall_injection`` (else ``default``, the configuration's); ``auto``
+    when neither is a mode."""
+    for value in ((settings or {}).get(SETTING), default):
+        for mode in RECALL_MODES:
+            if value == mode:
+                return mode
+    return DEFAULT_RECALL_MODE
+
+
+@dataclass
+class Passage:
+    """One recalled passage: its text, its label's words and where it comes from."""
+
+    text: str
+    hit: ArchiveHit
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Where it stands in the conversation: its turn, its message, its chunk."""
+        return self.hit.turn, self.hit.n, self.hit.chunk or 0
+
+    def label(self) -> str:
+        hit = self.hit
+        if hit.file is None:
+            return f"turn {hit.turn}, {ROLE_LABELS.get(hit.role or '', 'it was said')}"
+        name = one_line(hit.file, MAX_NAME_CHARS)
+        return f"{name}, page {hit.page}" if hit.page is not None else f"{name} (attached in turn {hit.turn})"
+
+    def source(self) -> dict[str, Any]:
+        """The passage's source as the ``recall`` progress and ``open`` show it."""
+        hit = self.hit
+        if hit.file is None:
+            return {"recall": "turn", "turn": hit.turn, "role": hit.role}
+        return {"recall": "file", "turn": hit.turn, "file": hit.file, "attachment": hit.attachment,
+                "chunk": hit.chunk, "page": hit.page}
+
+
+def recall_label(source: Mapping[str, Any]) -> str:
+    """A recalled passage's source in a few words: "turn 3", "report.pdf p4", "notes.txt"."""
+    if source.get("recall") == "turn":
+        return f"turn {source.get('turn')}"
+    page = source.get("page")
+    return f"{source.get('file')} p{page}" if page is not None else str(source.get("file"))
+
+
+def format_block(passages: Sequence[Passage]) -> str:
+    """The ``[Recalled from this conversation]`` block of these passages, oldest first."""
+    entries = [f"{p.label()}: {p.text.strip()}\n" for p in sorted(passages, key=lambda p: p.order)]
+    return BLOCK_HEADER + "\n" + "\n".join(entries) + BLOCK_FOOTER
+
+
+@dataclass
+class Recall:
+    """What recall adds before this turn's question, or why nothing."""
+
+    block: str | None = None
+    passages: list[Passage] = field(default_factory=list)
+    tokens: int = 0
+    searched: bool = False  # a search ran (a ``recall`` progress says what it found)
+    note: str | None = None  # why nothing was added though passages were found, or the failure
+
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        return [p.source() for p in sorted(self.passages, key=lambda p: p.order)] if self.block else []
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The keywords a recall searches with: the question's, and the recent turns' when it has few."""
+
+    question: list[str]
+    recent: list[str]
+
+    @classmethod
+    def of(cls, question: str, recent: str) -> Terms:
+        asked = [t for t in query_terms(question) if t not in BACK_REFERENCE_WORDS]
+        if len(asked) >= BACK_REFERENCE_TERMS:
+            return cls(asked, [])
+        return cls(asked, [t for t in query_terms(recent) if t not in asked][:RECENT_TERMS])
+
+    def relevant(self, text: str) -> bool:
+        """The floor: half the question's keywords (its words, when it has numbers too: "12 times
+        12" is about times), at most ``MIN_MATCHED``; a question of none needs that many of the
+        recent turns' keywords."""
+        words = [t for t in self.question if not t.isdigit()] or self.question
+        if not words:
+            return held(self.recent, text) >= MIN_MATCHED
+        return held(words, text) >= min(MIN_MATCHED, (len(words) + 1) // 2)
+
+    def without(self, common: frozenset[str]) -> Terms:
+        """These terms less those whose phrase is in ``common`` (too common to tell a passage)."""
+        def rare(term: str) -> bool:
+            return fts_phrases([term])[0] not in common
+        return Terms([t for t in self.question if rare(t)], [t for t in self.recent if rare(t)])
+
+    def strength(self, text: str) -> float:
+        return keyword_share([*self.question, *self.recent], text)
+
+
+def held(terms: Sequence[str], text: str) -> int:
+    """How many of ``terms`` ``text`` holds (by their stems, as search.py matches them)."""
+    return round(keyword_share(terms, text) * len(terms))
+
+
+def normalized(text: str) -> str:
+    """Text with its whitespace runs made one space, lower case: for containment checks."""
+    return " ".join(text.split()).lower()
+
+
+def file_chunks(file: FileToChunk) -> list[tuple[int | None, str]]:
+    """A file's text in chunks, as a KB document of its kind is chunked."""
+    if file.kind == "pdf":
+        chunks = chunk_pages(file.text.split(PAGE_BREAK))
+    else:
+        markdown = "." in file.name and file.name.rsplit(".", 1)[1].lower() in MARKDOWN_SUFFIXES
+        chunks = chunk_text(file.text, markdown=markdown)
+    return [(chunk.page, chunk.text) for chunk in chunks if chunk.text.strip()]
+
+
+class ArchiveRecall:
+    """Finds the passages of a conversation's archive that bear on this turn's question."""
+
+    def __init__(self, history: AsyncHistory, top_k: int = RECALL_TOP_K) -> None:
+        self.history = history
+        self.top_k = top_k
+
+    async def recall(
+        self, cid: int, turn: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
+    ) -> Recall:
+        """The block for turn ``turn``: passages of turns 1..``through`` and of the conversation's
+        files for ``question`` (with ``recent``'s words when it has few), none that ``held``
+        (the prompt's text) already holds, as many as keep the prompt (``ctx_used`` tokens so far)
+        within ``limit`` tokens. Never raises (but CancelledError)."""
+        if not question.strip():  # files alone: their words are no question to recall for
+            return Recall()
+        try:
+            terms = Terms.of(question, recent)
+            return await self._recall(cid, turn, terms, through, held, ctx_used, limit)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("recall: the search failed for conversation %d", cid)
+            return Recall(searched=True, note=f"recall failed ({type(exc).__name__})")
+
+    async def _recall(
+        self, cid: int, turn: int, terms: Terms, through: int, held: str, ctx_used: int, limit: int
+    ) -> Recall:
+        if self.top_k <= 0 or not (terms.question or terms.recent):
+            return Recall()
+        phrases = fts_phrases([*terms.question, *terms.recent])
+        common = (COMMON_SHARE, COMMON_PIECES)
+        found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
+        if found.unchunked:  # the first search since these files came: chunk them, search again
+            await self._chunk_files(found.unchunked)
+            found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
+        # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
+        chosen = await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
+        if not chosen:
+            return Recall(searched=True)
+        return fit(chosen, ctx_used, limit)
+
+    async def _chunk_files(self, files: list[FileToChunk]) -> None:
+        """Chunk these files and store their chunks (off the event loop)."""
+        for file in files:
+            chunks = await asyncio.to_thread(file_chunks, file)
+            await self.history.archive.run(ArchiveStore.put_chunks, file.id, chunks)
+
+    def _choose(self, hits: list[ArchiveHit], terms: Terms, floor: Terms, prompt: str) -> list[Passage]:
+        """The best passages past the ``floor`` and not in the ``prompt``'s text, best first."""
+        held = normalized(prompt)
+        turns = [i for i, hit in enumerate(hits) if hit.file is None]
+        files = [i for i, hit in enumerate(hits) if hit.file is not None]
+        chosen: list[Passage] = []
+        for i in reciprocal_rank_fusion(files, turns):  # a file's chunk beats the message that carried it
+            hit = hits[i]
+            text = best_piece(hit.text, terms) if hit.file is None else hit.text
+            plain = normalized(text)
+            if not plain or not floor.relevant(text) or plain in held:
+                continue
+            if any(plain in normalized(p.text) or normalized(p.text) in plain for p in chosen):
+                continue
+            chosen.append(Passage(text, hit))
+            if len(chosen) == self.top_k:
+                break
+        return chosen
+
+
+def best_piece(text: str, terms: Terms) -> str:
+    """A message as a passage: whole when short, else its chunk holding most keywords."""
+    pieces = chunk_text(text)
+    if len(pieces) <= 1:
+        return text
+    return max(pieces, key=lambda piece: terms.strength(piece.text)).text
+
+
+def fit(passages: list[Passage], ctx_used: int, limit: int) -> Recall:
+    """The block of as many of the best ``passages`` as keep the prompt within ``limit`` tokens,
+    or why none fit."""
+    for count in range(len(passages), 0, -1):
+        block = format_block(passages[:count])
+        tokens = estimate_text(block)
+        if ctx_used + tokens <= limit:
+            return Recall(block, passages[:count], tokens, searched=True)
+    return Recall(searched=True, note=(
+        f"recalled passages skipped: the prompt takes {ctx_used} tokens, and with them it would pass "
+        f"{limit}, which would shrink the reply"))
+
