@@ -48,11 +48,12 @@ HELP = """\
   /file PATH...  attach files to the next question (Tab completes)   /file  list them   /drop  forget them
   /model [NAME]  the model of the next questions (alone: which)      /system TEXT  the system prompt
   /new           a new conversation from the next question           /retry  ask the last question again
+  /remember TEXT keep TEXT in the saved memories (assistant memory list shows them)
   /edit          the last question in $EDITOR, then ask it           /save FILE  the conversation as Markdown
   \"\"\"            start (and end) several lines                      a line ending in \\ goes on below
   //text         a message that starts with /                        Ctrl-C  stop the reply (it is kept)
   Ctrl-D or exit leave"""
-COMMANDS = ("/file", "/drop", "/model", "/system", "/new", "/retry", "/edit", "/save", "/help", "/exit", "/quit")
+COMMANDS = ("/file", "/drop", "/model", "/system", "/remember", "/new", "/retry", "/edit", "/save", "/help", "/exit", "/quit")
 
 
 def history_file() -> Path:
@@ -193,6 +194,8 @@ class Chat:
             request["conversation"] = self.conversation
         elif self.system is not None:
             request["system"] = self.system
+        if self.conversation is None and self.args.incognito:
+            request["memory"] = "off"
         if self.args.model:
             request["model"] = self.args.model
         request.update(self.args.options)
@@ -291,7 +294,7 @@ class Chat:
             return True
         commands = {"/file": self._file, "/drop": self._drop, "/model": self._model, "/system": self._system,
                     "/new": self._new, "/retry": self._retry, "/edit": self._edit, "/save": self._save,
-                    "/help": self._help}
+                    "/help": self._help, "/remember": self._remember}
         command = commands.get(name)
         if command is None:
             self.terminal.note(f"unknown command {name}; /help lists them (// starts a message with /)")
@@ -311,6 +314,14 @@ class Chat:
     async def _drop(self, words: list[str]) -> None:
         self.staged = []
         self.terminal.note("files for the next question: none")
+
+    async def _remember(self, words: list[str]) -> None:
+        answer = await self.client.request({"type": "memory_add", "text": " ".join(words)})
+        if answer["type"] == "error":
+            self.terminal.note(error_text(answer))
+        else:
+            memory = answer["memory"]
+            self.terminal.note(f"remembered: {memory['text']} (memory {memory['id']})")
 
     async def _help(self, words: list[str]) -> None:
         self.terminal.note(HELP)

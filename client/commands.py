@@ -39,6 +39,7 @@ from .terminal import (
     Terminal,
     piped_stdin,
 )
+from .memory import add_memory_commands, memory_request
 from .turn import Refused, Turn, chosen_conversation, compose_question, file_paths, latest_conversation, set_system
 from .wire import DaemonGone, Unsendable, Wire
 
@@ -66,6 +67,11 @@ async def _ask(client: Wire, args: argparse.Namespace, terminal: Terminal) -> in
             return EXIT_ERROR
     elif args.system is not None:
         request["system"] = args.system
+    if args.incognito:
+        if conversation is not None:
+            raise UsageError(f"--incognito starts a new conversation; for conversation {conversation} use: "
+                             f"assistant settings {conversation} --memory off")
+        request["memory"] = "off"  # neither reads saved memories nor is read by memory search
     if args.model:
         request["model"] = args.model
     if files:
@@ -172,7 +178,7 @@ async def _settings_request(client: Wire, args: argparse.Namespace) -> dict[str,
     for key, value, to_default in (("title", args.title, False), ("kb_injection", args.kb, False),
                                    ("recall_injection", args.recall, False),
                                    ("model", args.model, args.default_model),
-                                   ("system", args.system, args.default_system)):
+                                   ("system", args.system, args.default_system), ("memory", args.memory, False)):
         if to_default:
             request[key] = None  # null: the daemon's own setting again
         elif value is not None:
@@ -248,6 +254,8 @@ async def _request_of(client: Wire, args: argparse.Namespace) -> dict[str, Any]:
         return await _settings_request(client, args)
     if args.command == "estimate":
         return await _estimate_request(client, args)
+    if args.command == "memory":
+        return memory_request(args)
     if args.command == "mcp":  # `mcp list` (mcpserve adds its parser)
         return {"type": "mcp_servers"}
     request: dict[str, Any] = {"type": args.command}
@@ -352,6 +360,7 @@ def add_client_commands(sub: Subcommands) -> None:
     _add_conversations(sub, options)
     _add_kb(sub, options)
     add_convert_commands(sub, options)
+    add_memory_commands(sub, options)
     sub.add_parser("models", parents=[options], help="list the router's models")
     sub.add_parser("status", parents=[options], help="the daemon's and the router's state")
     sub.add_parser("openai-key", help="print the key OpenAI clients send to the daemon's OpenAI door")
@@ -364,6 +373,8 @@ def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     _add_question(ask)
     _add_conversation_choice(ask, new=True)
     ask.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
+    ask.add_argument("--incognito", action="store_true",
+                     help="a new conversation that neither reads saved memories nor is read by memory search")
     ask.add_argument("--no-stream", action="store_true", help="print the reply once it is complete")
     ask.add_argument("--stats", action="store_true",
                      help="after the reply, show what the model server read, reused from its cache and wrote")
@@ -382,6 +393,8 @@ def _add_questions(sub: Subcommands, options: argparse.ArgumentParser) -> None:
     chat.add_argument("-f", "--file", action="append", metavar="PATH", help="attach a file to the first question")
     _add_conversation_choice(chat)
     chat.add_argument("-s", "--system", help="the conversation's system prompt (stored with it)")
+    chat.add_argument("--incognito", action="store_true",
+                      help="new conversations that neither read saved memories nor are read by memory search")
     _add_options(chat, "each question")
 
 
@@ -403,6 +416,7 @@ def _add_conversations(sub: Subcommands, options: argparse.ArgumentParser) -> No
     settings.add_argument("--kb", choices=("auto", "tool_only", "both", "off"), help="knowledge-base injection")
     settings.add_argument("--recall", choices=("auto", "tool_only", "off"),
                           help="passages of its folded turns and files put before each question")
+    settings.add_argument("--memory", choices=("on", "off"), help="off: incognito (no saved memories, not searched)")
     system = settings.add_mutually_exclusive_group()
     system.add_argument("-s", "--system", help="its system prompt ('' for none)")
     system.add_argument("--default-system", action="store_true", help="use the daemon's system_prompt")

@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from common import ADD_KB, LIST_CONVERSATIONS, LIST_KBS, LIST_MODELS
 
+from .memory import render_memories, render_memory
+
 __all__ = [
     "RENDERERS", "Printable", "chip_text", "describe_estimate", "describe_kb_add", "describe_timings", "error_text",
     "json_line", "render_settings",
@@ -207,6 +209,8 @@ def render_settings(event: dict[str, Any], out: TextIO) -> None:
         print(f"  {key}: {own[key] if own.get(key) is not None else 'the default'}", file=out)
     approved = own.get("approved_tools") or []
     print(f"  tools approved for this conversation: {', '.join(approved) or 'none'}", file=out)
+    if own.get("memory") == "off":  # said only when it differs from the default
+        print("  memory: off (incognito)", file=out)
 
 
 def describe_timings(timings: dict[str, Any]) -> str:
@@ -251,6 +255,8 @@ RENDERERS: dict[str, Renderer] = {
     "presets": _render_presets,
     "mcp_servers": _render_mcp_servers,
     "settings": render_settings,
+    "memories": render_memories,
+    "memory": render_memory,
     "estimate": lambda e, out: print("\n".join(describe_estimate(e)), file=out),
     "deleted": lambda e, out: print(f"deleted conversation {e['conversation']}", file=out),
     "cancelled": lambda e, out: print(

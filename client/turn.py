@@ -89,6 +89,12 @@ async def chosen_conversation(client: Wire, args: argparse.Namespace) -> int | N
     return None
 
 
+def remembered(summary: str) -> str:
+    """The line for a memory the model saved: what, and the command that forgets it."""
+    saved = re.search(r"\(memory ([0-9]+)\)$", summary)
+    return f"{summary}; forget it with: assistant memory forget {saved[1]}" if saved else summary
+
+
 def file_paths(files: list[str] | None) -> list[str]:
     return [os.path.abspath(os.path.expanduser(f)) for f in files or ()]
 
@@ -270,6 +276,8 @@ class Turn:
             self.terminal.status(f"{event.get('stage')}: {event.get('detail')}")
         elif kind == "reasoning" and not self.cancelling:
             self.terminal.status("thinking…")
+        elif kind == "tool" and event.get("name") == "memory_save" and event.get("ok"):
+            self.terminal.note(remembered(str(event.get("summary"))))
         elif kind == "tool":  # a turn's facts go to stderr whatever it is; progress only to a terminal
             self.terminal.note(f"[tool {event.get('name')}: {event.get('summary')}]")
 

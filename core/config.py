@@ -29,6 +29,7 @@ from .tokens import DEFAULT_IMAGE_TOKENS
 __all__ = ["Config", "ConfigError", "load_config"]
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8080/v1"
+MEMORY_MODES = ("on", "off")  # the ``memory`` setting, and a conversation's own
 OCR_LANGUAGES = re.compile(r"[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*")  # tesseract's -l: eng, eng+deu, chi_sim
 
 
@@ -97,6 +98,10 @@ class Config:
     convert_timeout: float = 600.0
     convert_max_bytes: int = 4 * 1024**3
     gif_max_bytes: int = 50 * 1024**2
+    # saved memories in a new conversation's system prompt, memory_save, conversation_search's
+    # scope "all" (docs/MEMORY.md): "on" or "off"; and the most tokens of memories one prompt carries
+    memory: str = "on"
+    memory_tokens: int = 400
     # how far back a watcher reconnecting with `since` is sent what it missed (daemon/live.py)
     watch_journal: int = 10_000
     watch_journal_minutes: float = 10.0
@@ -163,6 +168,8 @@ class Config:
             "convert_timeout": self.convert_timeout,
             "convert_max_bytes": self.convert_max_bytes,
             "gif_max_bytes": self.gif_max_bytes,
+            "memory": self.memory,
+            "memory_tokens": self.memory_tokens,
             "watch_journal": self.watch_journal,
             "watch_journal_minutes": self.watch_journal_minutes,
             "presets": [preset.to_json() for preset in self.presets.values()],
@@ -345,6 +352,10 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise refuse(key, "must be at least 1 (connections)")
     if values.get("openai_listen") and (problem := openai_listen_problem(values["openai_listen"])):
         raise refuse("openai_listen", problem)
+    if values.get("memory", Config.memory) not in MEMORY_MODES:
+        raise refuse("memory", 'must be "on" or "off"')
+    if values.get("memory_tokens", Config.memory_tokens) < 0:
+        raise refuse("memory_tokens", "must not be negative (0: no memories in the prompt)")
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:

@@ -105,6 +105,7 @@ class ToolContext(Generic[H]):
     kb_ids: list[int] | None = None
     image_chars: int = 0  # what showing one image takes of max_chars
     gate: Gate | None = None  # what lets a call of a tool that acts run; None: none runs
+    memory: bool = False  # memory is on for this conversation: memory_save, conversation_search's scope "all"
 
 
 class Gate(Protocol):

@@ -58,6 +58,7 @@ from recall import (
     summary_message,
 )
 
+from .memory import frozen_block
 from .replay import ReplayCache, Replayed, encoded_prefix, router_messages
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "recall_estimate", "router_messages", "with_passages"]
@@ -185,9 +186,7 @@ class ContextBuilder:
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
-        instructions = self.system_prompt(past.conversation if past else None)
-        if tools and instructions:  # the same whenever tools are offered: a stable prefix
-            instructions = f"{instructions}\n\n{TOOL_GUIDANCE}"
+        instructions = await self.instructions(past.conversation if past else None, bool(tools))
         own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens)
         own += tool_tokens
         if own > budget.prompt_limit:
@@ -402,6 +401,17 @@ class ContextBuilder:
         if injection.note:
             logger.debug("kb: %s", injection.note)
         return injection.block, sources
+
+    async def instructions(self, conversation: Conversation | None, tools: bool) -> str:
+        """The system message's own text: the system prompt, the saved memories frozen at the
+        conversation's first prompt (docs/DESIGN.md, "Memory"), and the tool guidance when tools
+        are offered; each the same from turn to turn, a stable prefix."""
+        instructions = self.system_prompt(conversation)
+        if instructions and (memories := await frozen_block(self.config, self.history, conversation)):
+            instructions = f"{instructions}\n\n{memories}"
+        if tools and instructions:
+            instructions = f"{instructions}\n\n{TOOL_GUIDANCE}"
+        return instructions
 
     def system_prompt(self, conversation: Conversation | None) -> str:
         """The conversation's own system prompt (``settings``, or ``system`` on its first ``ask``),

@@ -210,6 +210,16 @@ def mcp_servers(servers: list[dict[str, Any]]) -> Event:
     return {"type": "mcp_servers", "servers": servers}
 
 
+def memory(action: str, item: dict[str, Any]) -> Event:
+    """A saved memory as ``memory_add``, ``memory_edit`` and ``memory_forget`` answer it."""
+    return {"type": "memory", "action": action, "memory": item}
+
+
+def memory_results(query: str, memories: list[dict[str, Any]], hits: list[dict[str, Any]]) -> Event:
+    """A ``memory_search``'s answer: the saved memories matching, then the conversations' hits."""
+    return {"type": "memory_results", "query": query, "memories": memories, "results": hits}
+
+
 def changed(seq: int, kind: str, action: str, fields: dict[str, Any]) -> Event:
     """One change, to every watcher (``Live.publish``)."""
     return {"type": "changed", "seq": seq, "kind": kind, "action": action, **fields}

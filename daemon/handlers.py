@@ -41,6 +41,7 @@ from .convert import on_convert, on_operations
 from .health import HealthWatch, health
 from .kb_handlers import KbHandlers
 from .live import Live
+from .memory import MemoryHandlers
 from .protocol import Request, encode_list
 from .turnrequest import TurnRequest
 from .turns import TurnEngine
@@ -55,7 +56,7 @@ MAX_SEARCH_WORDS = 32  # each word costs a look-up of its frequency: a pasted pa
 CTX_LOOKUP_SECONDS = 2.0  # ``open``/``status`` show 0/null rather than wait on a slow router
 
 
-class Handlers:
+class Handlers(MemoryHandlers):
     """Dispatches validated requests; see docs/PROTOCOL.md for each answer."""
 
     def __init__(
@@ -69,6 +70,7 @@ class Handlers:
         self.router = router
         self.engine = engine
         self.kbs = kbs
+        self.memories = engine.memories
         self.started = time.monotonic()
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
         self.converter = Converter(readers.ocr)  # the file operations under way (daemon/convert.py)
@@ -148,6 +150,7 @@ class Handlers:
             await self.engine.wait_turn(cid)  # its last write lands before the delete
         if not await self.history.run(HistoryStore.delete_conversation, cid):
             raise NotFound(f"conversation {cid} does not exist")
+        await self.memories.forget_conversation(cid)  # what was saved there goes with it
         emit(events.deleted(cid))
         self.live.publish("conversation", "deleted", conversation=cid)
         # its search rows go after, a batch at a time, while other work goes on (not holding
@@ -209,7 +212,7 @@ class Handlers:
             changes["system_prompt"] = request.get("system")  # null: the daemon's system_prompt again
         if request.has("mcp_servers"):
             changes["settings"] = {**changes.get("settings", {}), "mcp_servers": self._mcp_servers(request)}
-        for key in ("temperature", "top_p"):  # null: the model's again (core/sampling.py)
+        for key in ("temperature", "top_p", "memory"):  # null: the model's again; memory off: incognito
             if request.has(key):
                 changes["settings"] = {**changes.get("settings", {}), key: request.get(key)}
         if request.has("approved_tools"):  # revoking is sending the list without it ([] or null: none)

@@ -53,7 +53,7 @@ RESERVE_BLOCK = 1000
 # client that reconnects reads at once), so it must stay far under the connection's own cap
 JOURNAL_BYTES = 8 * 1024 * 1024
 
-ChangeKind = Literal["conversation", "turn", "kb", "approval", "daemon"]
+ChangeKind = Literal["conversation", "turn", "kb", "approval", "memory", "daemon"]
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p", "remember", "object", "recall_mode", "seq",
+    "temperature", "top_p", "remember", "object", "recall_mode", "on_off", "seq",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -61,7 +61,8 @@ NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
 # Requests that change what later requests see: every later line on the connection waits
 # until they are answered (docs/PROTOCOL.md, "Order"). ``ask`` and ``kb_add`` run long and
 # hold nothing up; an ask claims its conversation before the next line is read.
-BARRIERS = frozenset({"settings", "cancel", "delete", "kb_link", "kb_remove"})
+BARRIERS = frozenset({"settings", "cancel", "delete", "kb_link", "kb_remove", "memory_add", "memory_edit",
+                      "memory_forget"})
 # Requests about one knowledge base run one after the other on a connection, in the order sent.
 KB_SEQUENCED = frozenset({"kb_add", "kb_link", "kb_remove"})
 # an ``updated_at`` as the daemon writes it (history.records.TIMESTAMP_FORMAT)
@@ -80,7 +81,8 @@ S = FieldSpec
 # The requests this daemon serves and the fields each one reads.
 REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "ask": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"), "system": S("str"),
-            "ref": S("str"), "preset": S("str"), "temperature": S("temperature"), "top_p": S("top_p")},
+            "ref": S("str"), "preset": S("str"), "temperature": S("temperature"), "top_p": S("top_p"),
+            "memory": S("on_off")},
     "cancel": {"conversation": S("int"), "kb": S("str"), "convert": S("str")},  # one of them (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
     # ``conversation``, or ``ref``: the turn whose ask carried it (handlers.on_open)
@@ -100,6 +102,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
         "temperature": S("temperature"),  # null: the model's (core/sampling.py)
         "top_p": S("top_p"),
         "approved_tools": S("str_list_or_null"),  # tools approved for the conversation (daemon/approvals.py)
+        "memory": S("on_off"),  # off: an incognito conversation (docs/MEMORY.md)
     },
     "search": {"query": S("str", required=True), "conversation": S("int"), "limit": S("limit"), "offset": S("offset")},
     "kb_add": {"kb": S("str", required=True), "paths": S("str_list", required=True)},
@@ -122,6 +125,12 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "convert": {"operation": S("str", required=True), "files": S("str_list", required=True),
                 "options": S("object"), "output_dir": S("str")},
     "operations": {},
+    # saved memories (docs/PROTOCOL.md, "Memory")
+    "memories": {},
+    "memory_add": {"text": S("str", required=True)},
+    "memory_edit": {"memory": S("int", required=True), "text": S("str", required=True)},
+    "memory_forget": {"memory": S("int", required=True)},
+    "memory_search": {"query": S("str", required=True), "limit": S("limit")},
 }
 
 _KIND_NAMES = {
@@ -140,6 +149,7 @@ _KIND_NAMES = {
     "top_p": "a number above 0 and at most 1, or null",
     "remember": "one of " + ", ".join(REMEMBER),
     "object": "a JSON object",
+    "on_off": "one of on, off",
     "seq": "an integer from 0 (a watching or changed event's seq)",
 }
 
@@ -189,6 +199,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return value in REMEMBER
     if kind == "object":
         return isinstance(value, dict)
+    if kind == "on_off":
+        return value in ("on", "off")
     if kind in ("temperature", "top_p"):
         return value is None or sampling_problem(kind, value) is None
     if kind == "limit":

@@ -34,6 +34,7 @@ from .approvals import Approvals, Asker, TurnGate
 from .connection import Emit
 from .context import ContextBuilder, Progress, Prompt, router_messages
 from .live import Live
+from .memory import memory_on
 from .saving import ROUND_SEPARATOR, TurnSaver
 from .toolcalls import run_tools
 from .turnstate import TurnState
@@ -147,6 +148,7 @@ class Rounds:
             recall_injection=recall_mode(past.conversation.settings if past else None, self.config.recall_injection),
             has_attachments=(past is not None and past.has_attachments) or has_files(state.messages[0]),
             kb_ids=past.kb_ids if past else None, gate=gate,
+            memory=memory_on(self.config, past.conversation if past else None),
         )
         if not state.model.tools or state.model.id in self.no_tools:
             return [], ctx

@@ -178,6 +178,8 @@ class TurnRunner:
         conv = past.conversation
         if ask.conversation is None:
             self.live.publish("conversation", "created", conversation=conv.id, title=conv.title, model=conv.model)
+            if ask.memory is not None:  # its settings are not the defaults: incognito (docs/MEMORY.md)
+                self.live.conversation_updated(conv)
         self.live.publish("turn", "started", conversation=conv.id, turn=turn, text=ask.text, files=files,
                           ref=ask.ref, model=model)
 

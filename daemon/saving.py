@@ -10,6 +10,7 @@ short had streamed. A full disk keeps an outcome in memory (``AsyncHistory.finis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -64,9 +65,15 @@ class TurnSaver:
         )
         held = self.context.replays.held_upto(cid) if cid is not None else 0
         try:
-            return await self.history.run(HistoryStore.begin_turn, new, held)
+            turn, past = await self.history.run(HistoryStore.begin_turn, new, held)
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
+        if cid is None and ask.memory is not None:  # set before its first prompt reads memories
+            conv = await self.history.run(HistoryStore.update_conversation, past.conversation.id,
+                                          settings={"memory": ask.memory})
+            if conv is not None:
+                past = dataclasses.replace(past, conversation=conv)
+        return turn, past
 
     async def store_failed(
         self, ask: TurnRequest, prepared: list[Prepared], exc: AssistantError,

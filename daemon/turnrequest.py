@@ -40,6 +40,7 @@ class TurnRequest:
     # up again the conversation's last turn (it ended on calls to them)
     client_tools: list[dict[str, Any]] = field(default_factory=list)
     tool_results: list[dict[str, Any]] | None = None
+    memory: str | None = None  # a new conversation's ``memory`` setting ("off": incognito)
 
     @classmethod
     def of(cls, request: Request) -> TurnRequest:
@@ -49,6 +50,7 @@ class TurnRequest:
             model=request.get("model") or None, system=request.get("system"), ref=request.get("ref"),
             preset=request.get("preset"),
             sampling={key: value for key in SAMPLING_KEYS if (value := request.get(key)) is not None},
+            memory=request.get("memory"),
         )
 
     def check(self, presets: Mapping[str, Preset]) -> Preset | None:
@@ -69,6 +71,11 @@ class TurnRequest:
             raise BadRequest(
                 f"'system' sets a new conversation's system prompt; change conversation {self.conversation}'s with "
                 "the settings request"
+            )
+        if self.conversation is not None and self.memory is not None:
+            raise BadRequest(
+                f"'memory' sets a new conversation's memory; change conversation {self.conversation}'s with the "
+                "settings request"
             )
         if len(self.files) > MAX_FILES:
             raise too_many_files(len(self.files))

@@ -29,6 +29,7 @@ from .background import Background
 from .connection import Emit, Replier
 from .context import ContextBuilder
 from .live import Live
+from .memory import Memories, MemorySave
 from . import events
 from .runner import Slot, StopReason, TurnRunner
 from .turnrequest import TurnRequest
@@ -59,9 +60,11 @@ class TurnEngine:
         self._accepting = True
         self.live = live
         self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
+        self.memories = Memories(history, live)  # saved memories, told to the watchers
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs, readers),
-            Toolbox([*default_toolbox(readers.images).tools, kbs.tool(), FileConvert(lambda: self.config, readers.ocr)]),
+            Toolbox([*default_toolbox(readers.images).tools, kbs.tool(), FileConvert(lambda: self.config, readers.ocr),
+                     MemorySave(self.memories)]),
             self._background, live, self.approvals, mcp=mcp,
         )
 

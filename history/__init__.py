@@ -31,6 +31,7 @@ from .kb import (
     kb_chunk_range,
 )
 from .journal import JournalStore, SavedChange
+from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -69,14 +70,18 @@ __all__ = [
     "KnowledgeBase",
     "KnowledgeStore",
     "MAX_CONVERSATION_ID",
+    "MAX_MEMORY_CHARS",
     "MAX_MESSAGE_INDEX",
     "MAX_TURN",
     "MIGRATIONS",
+    "Memory",
+    "MemoryStore",
     "NewAttachment",
     "NewTurn",
     "NewKbDocument",
     "JournalStore",
     "SavedChange",
+    "OtherHit",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",
     "SearchHit",

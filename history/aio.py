@@ -45,6 +45,7 @@ from core.errors import DiskFull, HistoryDamaged, StartupError
 from .connection import MEMORY
 from .archive import ArchiveStore
 from .kb import KnowledgeStore
+from .memories import MemoryStore
 from .records import Turn, TurnOutcome
 from .store import HistoryStore
 
@@ -126,6 +127,7 @@ class AsyncHistory:
         self.on_saved: Callable[[TurnOutcome], None] | None = None
         self.kb = AsyncTables(self, store.kb)
         self.archive = AsyncTables(self, store.archive)  # recall injection's queries
+        self.memories = AsyncTables(self, store.memories)  # saved memories (history/memories.py)
         self.journal = AsyncTables(self, store.journal)  # the live state's numbering and journal
 
     @classmethod

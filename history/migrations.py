@@ -499,7 +499,37 @@ def m012_attachment_chunks(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN chunked INTEGER NOT NULL DEFAULT 0")
 
 
-def m013_live_journal(conn: sqlite3.Connection) -> None:
+CREATE_MEMORIES = """
+CREATE TABLE memories (
+    id INTEGER PRIMARY KEY,
+    -- A short fact the user wants kept across conversations (at most MAX_MEMORY_CHARS).
+    text TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    -- Where the model saved it (memory_save); NULL for one the user added. Deleting that
+    -- conversation forgets it: the fact came from there.
+    conversation_id INTEGER REFERENCES conversations(id),
+    turn INTEGER
+)
+"""
+CREATE_MEMORIES_INDEX = "CREATE INDEX memories_conversation ON memories (conversation_id)"
+CREATE_CONVERSATION_MEMORIES = """
+CREATE TABLE conversation_memories (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id),
+    -- The saved memories as its system prompt carries them, frozen at its first prompt so
+    -- the prompt stays the same bytes on every turn (docs/DESIGN.md, "Memory").
+    block TEXT NOT NULL
+)
+"""
+
+
+def m013_memories(conn: sqlite3.Connection) -> None:
+    """`memories` and `conversation_memories`: facts kept across conversations (docs/MEMORY.md)."""
+    for statement in (CREATE_MEMORIES, CREATE_MEMORIES_INDEX, CREATE_CONVERSATION_MEMORIES):
+        conn.execute(statement)
+
+
+def m014_live_journal(conn: sqlite3.Connection) -> None:
     """`live_seq`, `live_changes` and `turns_ref`: the live state across a restart (history/journal.py)."""
     # `reserved`: no change the daemon told its watchers is numbered past it, so a restart,
     # even after a crash, never numbers a change as an earlier one was (daemon/live.py)
@@ -524,7 +554,8 @@ MIGRATIONS: list[Migration] = [
     m010_turn_approvals,
     m011_threads,
     m012_attachment_chunks,
-    m013_live_journal,
+    m013_memories,
+    m014_live_journal,
 ]
 
 

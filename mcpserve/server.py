@@ -8,9 +8,12 @@ Read-only tools, each one request to the daemon over its socket (the client's
 - ``read_conversation``: ``open``, the whole conversation or one turn of it (``open``'s
   ``turn``; its texts from an offset, for a turn too long to pass whole);
 - ``list_knowledge_bases``: ``kb_list``;
-- ``kb_search``: ``kb_search`` over one named knowledge base.
+- ``kb_search``: ``kb_search`` over one named knowledge base;
+- ``memory_search``: ``memory_search``, the saved memories and every conversation that is
+  not incognito (docs/MEMORY.md);
+- ``list_memories``: ``memories``, the saved memories, newest first.
 
-Nothing here writes: no ``ask``, ``delete``, ``settings`` or ``kb_add``. An MCP client
+Nothing here writes: no ``ask``, ``delete``, ``settings``, ``kb_add`` or ``memory_add``. An MCP client
 that runs this runs it as the user, with the user's socket; it sees what the user sees.
 A daemon refusal (``not_found``, ``bad_request``) comes back to the client as a tool
 error with the daemon's message and code; a daemon that is not running (``no_daemon``),
@@ -179,6 +182,20 @@ def build_server(socket: Path) -> MCPServer:
         `query`. Each result names the document, chunk and page, its similarity, and the passage."""
         request = {"type": "kb_search", "kb": kb, "query": query, "limit": max(1, min(limit, 50))}
         return as_text(_answer(await daemon.request(request)), fewer("passages"))
+
+    @server.tool(structured_output=False)
+    async def memory_search(query: str, limit: int = 10) -> str:
+        """Search what the user's assistant remembers: the saved memories (short facts the user asked it to
+        keep) holding the query's words, and hits in the user's past conversations (not incognito ones), each
+        labelled with its conversation's title and date. Read a hit with read_conversation."""
+        request = {"type": "memory_search", "query": query, "limit": max(1, min(limit, MAX_LIST_LIMIT))}
+        return as_text(_answer(await daemon.request(request)), fewer("results"))
+
+    @server.tool(structured_output=False)
+    async def list_memories() -> str:
+        """The user's saved memories, newest first: id, text, when saved or last edited, and where (the
+        conversation and turn the assistant saved it in; null: the user added it)."""
+        return as_text(_answer(await daemon.request({"type": "memories"})), lambda _cap: "each is listed all the same")
 
     return server
 

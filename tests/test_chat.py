@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import pty
 import re
@@ -416,3 +417,22 @@ async def test_the_chat_commands(
     await chat.say("/help", "/save FILE")
     chat.type("exit\n")
     assert await chat.exit_code() == 0
+
+
+async def test_remember_saves_a_memory_and_an_incognito_chat_reads_none(
+    term: list[Terminal], router: FakeRouter
+) -> None:
+    chat = Terminal.spawn("chat", "--incognito")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("/remember I am vegetarian\n")
+    await chat.expect("remembered: I am vegetarian (memory 1)")
+    await chat.expect("> ")
+    await chat.say("what shall I cook?", "You said: what shall I cook?")
+    assert "vegetarian" not in json.dumps(router.requests[-1]["messages"][0])  # incognito: none read
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+    code, out, _ = await cli("memory", "list")
+    assert code == 0 and "I am vegetarian" in out
+    code, _, _ = await cli("ask", "and now?")
+    assert "I am vegetarian" in router.requests[-1]["messages"][0]["content"]  # a conversation that reads them

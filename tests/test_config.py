@@ -68,6 +68,8 @@ def test_file_then_environment(tmp_path: Path) -> None:
         ({"ASSISTANT_ROUTER_URL": "localhost:8080"}, "must start with http"),
         ({"ASSISTANT_REQUEST_TIMEOUT": "0"}, "positive number"),
         ({"ASSISTANT_AUTO_TITLE": "maybe"}, "auto_title must be a bool"),
+        ({"ASSISTANT_MEMORY": "maybe"}, 'ASSISTANT_MEMORY: memory must be "on" or "off"'),
+        ({"ASSISTANT_MEMORY_TOKENS": "-1"}, "memory_tokens must not be negative"),
         # accepted once, then every ask failed (or the daemon's stop did)
         ({"ASSISTANT_REQUEST_TIMEOUT": "nan"}, "request_timeout must be a float, not 'nan'"),
         ({"ASSISTANT_SHUTDOWN_GRACE": "inf"}, "shutdown_grace must be a float, not 'inf'"),

@@ -182,7 +182,7 @@ async def test_hosted_tools_are_offered_next_to_ours_sorted_and_byte_stable(
 ) -> None:
     cid = (await wire.ask("hello"))[0]["conversation"]
     first = router.requests[-1]["tools"]
-    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save", *GOOD_TOOLS]
     echo = next(t for t in first if t["function"]["name"] == "good__echo")["function"]
     assert echo["parameters"]["properties"]["text"]["type"] == "string"
     assert "MCP server good" in echo["description"]
@@ -282,7 +282,8 @@ async def test_odd_tool_lists_are_offered_sound(hosting: Any, router: FakeRouter
     wire = await hosting({"odd": raw("nan"), "twice": raw("twice")}, f"start_timeout = {SLOW_START}\n")
     events = await wire.ask("hello")
     assert events[-1]["type"] == "done", events[-1]
-    assert tool_names(router.requests[-1]) == ["conversation_search", "odd__echo", "odd__num", "twice__echo"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save", "odd__echo", "odd__num",
+                                                 "twice__echo"]
     num = next(t for t in router.requests[-1]["tools"] if t["function"]["name"] == "odd__num")
     assert num["function"]["parameters"] == {"properties": {}, "type": "object"}
 
@@ -476,7 +477,7 @@ async def test_a_broken_server_never_fails_the_turn(
     wire = await hosting({"good": server("good"), mode: spec}, f"start_timeout = {QUICK_START}\n")
     events = await wire.ask("hello")
     assert events[-1]["type"] == "done"
-    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save", *GOOD_TOOLS]
     notes = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
     assert notes and f"MCP server {mode} is not available" in notes[0] and error in notes[0]
     state = await server_state(wire, mode)
@@ -507,10 +508,10 @@ async def test_each_conversation_uses_the_servers_its_settings_name(hosting: Any
     answer = await wire.request({"type": "settings", "conversation": cid, "mcp_servers": ["good"]})
     assert answer["settings"]["mcp_servers"] == ["good"]
     await wire.ask("again", conversation=cid)
-    assert tool_names(router.requests[-1]) == ["conversation_search", *GOOD_TOOLS]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save", *GOOD_TOOLS]
     await wire.request({"type": "settings", "conversation": cid, "mcp_servers": []})
     await wire.ask("none", conversation=cid)
-    assert tool_names(router.requests[-1]) == ["conversation_search"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save"]
     await wire.request({"type": "settings", "conversation": cid, "mcp_servers": None})  # back to the default
     await wire.ask("default", conversation=cid)
     assert "other__echo" in tool_names(router.requests[-1]) and "good__echo" not in tool_names(router.requests[-1])
@@ -524,10 +525,10 @@ async def test_fewer_tools_are_offered_when_they_would_take_too_much_context(
     wire = await hosting({"good": server("good")}, "tools_share = 0.2\n")
     events = await wire.ask("hello", model="fake-tiny")  # 1,024 tokens: 204 for MCP tools
     offered = tool_names(router.requests[-1])
-    assert offered[0] == "conversation_search" and 0 < len(offered) - 1 < len(GOOD_TOOLS)
-    assert offered[1:] == GOOD_TOOLS[: len(offered) - 1]  # a prefix of the sorted list: stable
+    assert offered[:2] == ["conversation_search", "memory_save"] and 0 < len(offered) - 2 < len(GOOD_TOOLS)
+    assert offered[2:] == GOOD_TOOLS[: len(offered) - 2]  # a prefix of the sorted list: stable
     [note] = [e["detail"] for e in of_type(events, "progress") if e["stage"] == "tools"]
-    assert f"offering {len(offered) - 1} of {len(GOOD_TOOLS)} MCP tools" in note
+    assert f"offering {len(offered) - 2} of {len(GOOD_TOOLS)} MCP tools" in note
     await wire.ask("again", conversation=events[0]["conversation"], model="fake-tiny")
     assert tool_names(router.requests[-1]) == offered
 
@@ -755,7 +756,8 @@ async def test_a_server_that_lies_is_answered_at_once_and_its_fault_named(hostin
         events = await wire.ask("try them all", model="fake-vision")
     assert events[-1]["type"] == "done"
     request = router.requests[-1]
-    assert sorted(tool_names(request))[1:] == sorted(offered.values())  # after conversation_search
+    ours = ["conversation_search", "memory_save"]
+    assert sorted(n for n in tool_names(request) if n not in ours) == sorted(offered.values())
     results = [m["content"] for m in tool_messages(request)]
     for text in results[:3]:
         assert "answer could not be read" in text and "Invalid JSON" in text

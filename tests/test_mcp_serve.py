@@ -22,7 +22,8 @@ from tests.test_client import cli
 pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
-READ_ONLY = ["kb_search", "list_conversations", "list_knowledge_bases", "read_conversation", "search_conversations"]
+READ_ONLY = ["kb_search", "list_conversations", "list_knowledge_bases", "list_memories", "memory_search",
+             "read_conversation", "search_conversations"]
 
 
 def text_of(result: Any) -> str:
@@ -89,6 +90,27 @@ async def test_mcp_serve_exposes_history_and_knowledge_read_only(
         assert long.is_error and text_of(long).endswith("the query is too long to send to the daemon; shorten it (too_long)")
     # read-only: the conversation is as it was
     assert (await wire.request({"type": "open", "conversation": cid}))["turns"][-1]["turn"] == 2
+
+
+async def test_mcp_serve_offers_the_memory_read_only_and_never_an_incognito_conversation(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter
+) -> None:
+    added = (await wire.request({"type": "memory_add", "text": "The user rides a Brompton"}))["memory"]
+    await wire.request({"type": "memory_add", "text": "The user is vegetarian"})
+    bike = (await wire.ask("my Brompton needs new tyres"))[0]["conversation"]
+    await wire.request({"type": "settings", "conversation": bike, "title": "Bike fitting"})
+    secret = (await wire.ask("my secret Brompton is blue", memory="off"))[0]["conversation"]
+    async with stdio_client(serve_params(daemon)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listed = json.loads(text_of(await session.call_tool("list_memories", {})))
+        assert [m["text"] for m in listed["items"]] == ["The user is vegetarian", "The user rides a Brompton"]
+        found = json.loads(text_of(await session.call_tool("memory_search", {"query": "brompton"})))
+        assert found["memories"] == [added]
+        assert found["results"] and {r["conversation"] for r in found["results"]} == {bike}
+        assert found["results"][0]["title"] == "Bike fitting" and secret != bike
+        empty = await session.call_tool("memory_search", {"query": "   "})
+        assert empty.is_error and text_of(empty).endswith("(bad_request)")
+    assert len((await wire.request({"type": "memories"}))["items"]) == 2  # read-only
 
 
 @pytest.mark.parametrize("where, said", [("none.sock", "no daemon answers"),

@@ -359,3 +359,29 @@ async def test_models_are_listed_by_their_short_names(door: tuple[str, str], rou
         assert router.requests[-1]["model"] == path
     finally:
         await client.close()
+
+
+async def test_door_conversations_feed_and_read_the_memory(
+    door: tuple[str, str], router: FakeRouter, wire: Wire
+) -> None:
+    client = sdk(door)
+    router.script(Reply(tool_calls=[{"id": "c1", "name": "memory_save",
+                                     "arguments": json.dumps({"text": "The user is vegetarian"})}]),
+                  Reply(text="Noted."))
+    answer = await client.chat.completions.create(
+        model="fake-text", messages=[{"role": "user", "content": "remember that I'm vegetarian"}])
+    assert answer.choices[0].message.content == "Noted."
+    [memory] = (await wire.request({"type": "memories"}))["items"]
+    saved_in = (await wire.request({"type": "conversations"}))["items"][0]["conversation"]
+    assert memory["text"] == "The user is vegetarian" and memory["source"] == {"conversation": saved_in, "turn": 1}
+    # a new door conversation, with the client's own system message, reads it
+    await client.chat.completions.create(model="fake-text", messages=[
+        {"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "what shall I cook?"}])
+    system = router.requests[-1]["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith("Answer in one line.")
+    assert "The user is vegetarian" in system["content"]
+    # and so does one a client brings with its earlier turns
+    await client.chat.completions.create(model="fake-text", messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "a recipe, then?"}])
+    assert "The user is vegetarian" in router.requests[-1]["messages"][0]["content"]

@@ -506,3 +506,29 @@ async def test_a_router_that_tells_no_size_is_learned_from_its_refusal(config: C
         finally:
             await wire.close()
             await running.stop()
+
+
+async def test_saved_memories_are_frozen_so_the_prefix_holds_across_saves_and_a_restart(
+    config: Config, router: FakeRouter
+) -> None:
+    """A conversation's system message carries the memories of its first prompt: a memory the
+    model saves, one the user adds or forgets, and a restart all leave every later prompt reusing
+    the previous one (docs/DESIGN.md, "Memory")."""
+    async with serving(config) as (_daemon, wire):
+        await wire.request({"type": "memory_add", "text": "The user lives in Lisbon"})
+        events = await wire.ask("hello")
+        cid = events[0]["conversation"]
+        saving = Reply(tool_calls=[{"id": "c1", "name": "memory_save", "arguments": '{"text": "Moved to Porto"}'}])
+        router.script(saving, Reply(text="Noted."))
+        await wire.ask("remember I moved to Porto", conversation=cid)
+        await wire.request({"type": "memory_forget", "memory": 1})
+        await wire.ask("and now?", conversation=cid)
+    async with serving(config) as (_daemon, wire):
+        await wire.ask("after a restart", conversation=cid)
+    sent = [r for r in turn_requests(router) if r["messages"][-1]["role"] != "tool"]  # each turn's first round
+    assert len(sent) == 4
+    system = sent[0]["messages"][0]
+    assert "The user lives in Lisbon" in system["content"] and "Porto" not in system["content"]
+    for n in range(1, len(sent)):
+        assert sent[n]["messages"][0] == system
+        assert sent[n]["messages"][: len(sent[n - 1]["messages"]) - 1] == sent[n - 1]["messages"][:-1]

@@ -98,7 +98,7 @@ async def test_the_tool_guidance_is_there_only_with_tools_and_never_changes(
     await wire.ask("thanks", conversation=cid)
     first, second, third = (r["messages"][0] for r in router.requests[-3:])
     assert first == second == third == system(Config.system_prompt)  # the same bytes whatever is offered
-    assert [len(r["tools"]) for r in router.requests[-3:]] == [1, 2, 2]
+    assert [len(r["tools"]) for r in router.requests[-3:]] == [2, 3, 3]  # + memory_save
     await wire.ask("hello", model="fake-plain")  # a chat template without tools: none, and no guidance
     assert "tools" not in router.requests[-1]
     assert system_of(router.requests[-1]) == {"role": "system", "content": Config.system_prompt}

@@ -52,15 +52,15 @@ async def ask_with_file(wire: Wire, path: Path, text: str = "keep this", **field
 async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     cid = (await wire.ask("hello"))[0]["conversation"]
     # search from the first turn (a stable tool list keeps the server's prompt cache); no files
-    assert tool_names(router.requests[-1]) == ["conversation_search"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save"]
     await wire.ask("again", conversation=cid)
-    assert tool_names(router.requests[-1]) == ["conversation_search"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "memory_save"]
     notes = tmp_path / "notes.txt"
     notes.write_text("alpha")
     await wire.ask("file", files=[str(notes)], conversation=cid)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search"]
+    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
     other = await ask_with_file(wire, notes)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search"]
+    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
     assert other != cid
 
 
