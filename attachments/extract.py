@@ -470,9 +470,11 @@ async def _estimate_one(item: _Staged, ocr: Ocr, *, model: str, vision: bool) ->
         return (OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)
     text = await pdf.read_text(item.path, item.name)
     plan = await _plan_pages(text, ocr, name=item.name, model=model, vision=vision)
-    if plan.read:  # the pages' text is not known before tesseract reads them
-        body = pdf.pdf_body(text, [], dict.fromkeys(plan.read, ""))
-        return len(body) + OCR_PAGE_CHARS * len(plan.read), 0, bool(plan.hidden)
+    if plan.read:  # pages read before count their text; the others a typed page's
+        sha256 = await FILE_THREADS.run(item.path, sha256_file, item.path)
+        read = await ocr.cached(sha256, plan.read)
+        body = pdf.pdf_body(text, [], {page: read.get(page, "") for page in plan.read})
+        return len(body) + OCR_PAGE_CHARS * (len(plan.read) - len(read)), 0, bool(plan.hidden)
     return len(pdf.pdf_body(text, plan.shown)), len(plan.shown), bool(plan.hidden)
 
 

@@ -230,6 +230,11 @@ class Ocr:
             return
         evict_least_used(entry.parent, CACHE_BYTES)
 
+    async def cached(self, sha256: str, pages: Sequence[int]) -> dict[int, str]:
+        """The text of those ``pages`` read before (the cache holds it), reading none."""
+        found = {page: await asyncio.to_thread(self._cached, sha256, page) for page in pages}
+        return {page: text for page, text in found.items() if text is not None}
+
     async def _read_page(self, path: str, name: str, page: int, size: tuple[float, float] | None) -> str:
         """One PDF page rendered in grey and read; raises FileRefused when either tool fails."""
         async with self._bound():

@@ -108,7 +108,7 @@ def _render_models(event: dict[str, Any], out: TextIO) -> None:
 def _render_status(event: dict[str, Any], out: TextIO) -> None:
     reach = "reachable" if event["router_reachable"] else "NOT reachable"
     print(f"assistant {event['version']}, up {event['uptime']:.0f}s, {event['turns_running']} turn(s) running", file=out)
-    print(f"router {event['router_url']} ({reach}), model {event['model'] or '?'}", file=out)
+    print(f"router {event['router_url']} ({reach}), model {event.get('model_name') or event['model'] or '?'}", file=out)
     print(f"socket {event['socket']}, data {event['data_dir']}", file=out)
     if event.get("config_error"):
         print(f"configuration NOT reloaded (the one in effect is kept): {event['config_error']}", file=out)

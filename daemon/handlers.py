@@ -26,7 +26,7 @@ from core.errors import (
     listed,
     no_conversation,
 )
-from core.models import image_cost
+from core.models import display_name, image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
@@ -178,6 +178,8 @@ class Handlers(MemoryHandlers):
         try:
             model = await self.router.model_info(named)
             name, vision, ctx_max, image_tokens = model.id, model.vision, model.ctx_max, model.image_tokens
+            if conv is None:  # a new conversation's prompt holds its system message and tools first
+                ctx_used = await self.engine.runner.rounds.opening_tokens(model)
         except (RouterUnreachable, RouterError):
             # a meter still works while the router is away
             name, vision, ctx_max = "", True, 0
@@ -253,6 +255,7 @@ class Handlers(MemoryHandlers):
         self.health.observe(now)  # a change it shows is told to the watchers too
         emit(events.status(
             version=__version__, router_url=self.config.router_url, **now,
+            model_name=display_name(now["model"]) if now["model"] else None,
             uptime=round(time.monotonic() - self.started, 3), turns_running=self.engine.running,
             running=self.engine.running_turns(), socket=str(self.config.socket_path),
             data_dir=str(self.config.data_dir), config_error=self.config_error,

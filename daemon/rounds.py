@@ -18,7 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from attachments import budget_chars
-from core import BUDGET_CHARS_PER_TOKEN, estimate_messages
+from core import BUDGET_CHARS_PER_TOKEN, estimate_messages, estimate_text, estimate_tools
 from core.config import Config
 from core.errors import RouterContextOverflow, RouterError, RouterFormatError
 from core.models import display_name, sampling_params
@@ -160,6 +160,20 @@ class Rounds:
                 progress("tools", note)
             offered += hosted
         return offered, ctx
+
+    async def opening_tokens(self, model: ModelInfo) -> int:
+        """What a new conversation's first prompt holds before its question: the system message and
+        the definitions of the tools it is offered (MCP servers' only when running: an ``estimate``
+        starts none)."""
+        ctx = ToolContext(conversation=0, turn=1, history=self.history, vision=model.vision, max_chars=0,
+                          recall_injection=self.config.recall_injection, has_attachments=False,
+                          memory=memory_on(self.config, None))
+        offered = await self.toolbox.offer(ctx) if model.tools and model.id not in self.no_tools else []
+        if offered and self.mcp is not None:
+            room = int(self.context.budget(model).ctx_max * self.config.mcp.tools_share)
+            offered += self.mcp.running_tools(self.config.mcp.chosen(None), room)
+        system = await self.context.instructions(None, bool(offered))
+        return estimate_text(system) + estimate_tools([tool.definition() for tool in offered])
 
     async def _first_round(
         self, state: TurnState, prompt: Prompt, tools: list[dict[str, Any]] | None, emit: Emit,

@@ -271,6 +271,14 @@ class McpHost:
                          f"more than {room} tokens ({self.settings.tools_share:.0%} of the context)")
         return kept, "; ".join(notes) or None
 
+    def running_tools(self, servers: Sequence[str], room: int) -> list[McpTool]:
+        """The tools ``offer`` would give of those of ``servers`` that run now, starting none (an
+        ``estimate`` asks)."""
+        handles = [self.handles[name] for name in servers if name in self.handles]
+        tools = [tool for h in handles if h.state == "ready" and h.connection is not None
+                 for tool in self._tools_of(h, h.connection)]
+        return fit_tools(sorted(tools, key=lambda t: t.name), room)
+
     def _tools_of(self, handle: ServerHandle, connection: Connection) -> list[McpTool]:
         """A server's tools as offered: made once a connection (a restarted server lists anew)."""
         made = self._made.get(handle.spec.name)

@@ -22,6 +22,8 @@ def by_path(router: FakeRouter) -> FakeRouter:
 async def test_a_short_name_names_the_model_everywhere(daemon: RunningDaemon, by_path: FakeRouter) -> None:
     wire = await daemon.connect()
     try:
+        status = await wire.request({"type": "status"})
+        assert status["model"] == SMOL and status["model_name"] == "SmolLM2-135M-Instruct.Q4_1"
         listed = await wire.request({"type": "models"})
         assert [m["name"] for m in listed["items"]] == ["SmolLM2-135M-Instruct.Q4_1", "Qwen2.5-1.5B"]
         events = await wire.ask("hello", model="smollm2-135m-instruct.q4_1")  # any case
@@ -36,6 +38,8 @@ async def test_a_short_name_names_the_model_everywhere(daemon: RunningDaemon, by
         await wire.close()
     code, out, err = await cli("ask", "-m", "SmolLM2-135M-Instruct.Q4_1", "from the command line")
     assert code == 0 and by_path.requests[-1]["model"] == SMOL, err
+    code, out, _ = await cli("status")
+    assert "model SmolLM2-135M-Instruct.Q4_1\n" in out, out
     code, out, err = await cli("models")
     assert code == 0 and out.splitlines()[0].split()[:2] == ["*", "SmolLM2-135M-Instruct.Q4_1"], out
     assert SMOL in out.splitlines()[0]  # the id the server knows it by, beside

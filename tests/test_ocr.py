@@ -270,3 +270,29 @@ async def test_pages_past_the_bound_are_listed_and_a_cancel_reaps_tesseract(
     monkeypatch.setattr(ocr_module, "OCR_TIMEOUT", 0.3)  # and one that runs too long: the page is not read
     [slow] = await prepare_files([str(one)], readers, model="m", vision=False, ctx_max=8192, ctx_used=0)
     assert "[page 1: scanned, could not be read by OCR]" in (slow.text_block or "")
+
+
+async def test_estimate_counts_a_scans_pages_as_ocr_read_them(
+    wire: Wire, router: FakeRouter, tmp_path: Path, tesseract_runs: list[str]
+) -> None:
+    """Issue 45: a scan for a text-only model was estimated as a typed page a page (about 500
+    tokens) though OCR had read a few words of it; a page read before counts its text, and the
+    estimate reads nothing itself."""
+    pdf = letter(tmp_path / "letter.pdf")
+    before = await wire.request({"type": "estimate", "files": [str(pdf)]})
+    assert before["files"][0]["tokens"] >= 500 and tesseract_runs == []  # a typed page's length, guessed
+    events = await wire.ask("what is owed?", files=[str(pdf)])
+    assert events[-1]["type"] == "done" and tesseract_runs == ["letter.pdf"]
+    after = await wire.request({"type": "estimate", "files": [str(pdf)]})
+    assert after["files"][0]["tokens"] < 100, after  # the page's own few words
+    assert tesseract_runs == ["letter.pdf"]
+
+
+async def test_a_new_conversations_estimate_counts_its_system_message_and_tools(wire: Wire) -> None:
+    fresh = await wire.request({"type": "estimate", "text": "hello"})
+    # the system prompt, the tool guidance and the definitions of the tools a first turn gets
+    assert fresh["ctx_used"] > 100, fresh
+    events = await wire.ask("hello")
+    cid = events[-1]["conversation"]
+    continued = await wire.request({"type": "estimate", "text": "hello", "conversation": cid})
+    assert continued["ctx_used"] == events[-1]["ctx_used"]  # a conversation's own, as before
