@@ -206,9 +206,12 @@ class Chat:
         try:
             status = await turn.run(request)
         except DaemonGone:
-            if self.reconnect is None or turn.sent and (turn.conversation is None or turn.turn is None):
-                raise  # it may have reached the daemon, with no turn to find it by: never asked twice
+            if self.reconnect is None:
+                raise
+            unplaced = turn.sent and (turn.conversation is None or turn.turn is None)
             await self._reconnect()
+            if unplaced and not await turn.find(self.client):
+                raise  # it may have reached the daemon, and is not found stored: never asked twice
             if turn.sent:
                 status = await self._rejoin(turn)
             else:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,11 @@ from .wire import DaemonGone, Wire
 __all__ = [
     "Refused", "Turn", "chosen_conversation", "compose_question", "file_paths", "latest_conversation", "set_system",
 ]
+
+
+def new_ref() -> str:
+    """A reference for an ask, unique enough that no other client's ask carries it."""
+    return f"cli-{uuid.uuid4().hex}"
 
 
 def compose_question(words: list[str], piped: str | None) -> str:
@@ -108,6 +114,7 @@ class Turn:
         self.conversation: int | None = None
         self.turn: int | None = None  # known from the `user` event
         self.sent = False  # the request went out: it may have reached the daemon
+        self.ref: str | None = None  # the ask's ref (``run``)
         self.shown = ""  # the reply's text shown so far
         self.cancelling = False
         self._cancel_sent: asyncio.Future[Any] | None = None
@@ -127,9 +134,20 @@ class Turn:
 
     async def run(self, request: dict[str, Any]) -> int:
         self.conversation = request.get("conversation")
+        # the ask's own reference: a connection lost before ``user`` finds the turn by it (``find``)
+        self.ref = request.setdefault("ref", new_ref())
         rid = await self.client.send(request)
         self.sent = True
         return await self._events(rid)
+
+    async def find(self, client: Wire) -> bool:
+        """Whether the daemon stored this ask, whose ``user`` event was lost with its connection:
+        found by its ``ref``, its conversation and turn are then known (``rejoin`` follows it)."""
+        found = await client.request({"type": "open", "ref": self.ref})
+        if found["type"] != "conversation" or not found["turns"]:
+            return False  # not stored (not_found), or a daemon that cannot tell (an older one)
+        self.conversation, self.turn = found["conversation"], found["turns"][0]["turn"]
+        return True
 
     async def rejoin(self, client: Wire) -> int:
         """Go on showing this turn on ``client``, a new connection: its reply followed from where

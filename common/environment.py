@@ -29,6 +29,7 @@ SETTINGS = (
     "image_tokens", "temperature", "top_p", "auto_title", "shutdown_grace", "approval_timeout", "openai_listen",
     "openai_key", "openai_max_messages", "openai_max_connections", "openai_max_unkeyed", "ocr_languages",
     "ocr_images", "output_dir", "convert_timeout", "convert_max_bytes", "gif_max_bytes", "memory", "memory_tokens",
+    "watch_journal", "watch_journal_minutes",
 )
 # ASSISTANT_* variables that are not settings: the paths, and the demo's cache (scripts/llama.py)
 PATH_VARIABLES = ("ASSISTANT_SOCKET", "ASSISTANT_DATA_DIR", "ASSISTANT_CONFIG", "ASSISTANT_CACHE_DIR")

@@ -102,6 +102,9 @@ class Config:
     # scope "all" (docs/MEMORY.md): "on" or "off"; and the most tokens of memories one prompt carries
     memory: str = "on"
     memory_tokens: int = 400
+    # how far back a watcher reconnecting with `since` is sent what it missed (daemon/live.py)
+    watch_journal: int = 10_000
+    watch_journal_minutes: float = 10.0
     # the presets the canvas offers for dropped files: built-in, and [presets.NAME] (core/presets.py)
     presets: Mapping[str, Preset] = dataclasses.field(default_factory=lambda: dict(BUILTIN_PRESETS))
     mcp: McpSettings = McpSettings()  # the [mcp] table: servers hosted for the model (core/mcpconfig.py)
@@ -137,7 +140,14 @@ class Config:
             "max_reply_tokens": self.max_reply_tokens or None,
             "compact_at": self.compact_at,
             "image_tokens": self.image_tokens,
-            "models": {name: {"image_tokens": tokens} for name, tokens in sorted(self.model_image_tokens.items())},
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "models": {  # each [models."ID"] table: what it sets, null for what it leaves to the top level
+                name: {"image_tokens": self.model_image_tokens.get(name),
+                       "temperature": self.model_sampling.get(name, {}).get("temperature"),
+                       "top_p": self.model_sampling.get(name, {}).get("top_p")}
+                for name in sorted({*self.model_image_tokens, *self.model_sampling})
+            },
             "embedding_model": self.embedding_model or None,
             "embedding_url": masked_url(self.embeddings_base),
             "kb_top_k": self.kb_top_k,
@@ -160,6 +170,8 @@ class Config:
             "gif_max_bytes": self.gif_max_bytes,
             "memory": self.memory,
             "memory_tokens": self.memory_tokens,
+            "watch_journal": self.watch_journal,
+            "watch_journal_minutes": self.watch_journal_minutes,
             "presets": [preset.to_json() for preset in self.presets.values()],
             "mcp": {
                 "servers": [{"name": s.name, "transport": s.transport, "approval": s.approval} for s in mcp.servers],
@@ -325,6 +337,9 @@ def _validate(values: dict[str, Any], sources: dict[str, str]) -> None:
     for key in ("request_timeout", "connect_timeout", "approval_timeout", "convert_timeout"):
         if values.get(key, 1.0) <= 0:
             raise refuse(key, "must be a positive number of seconds")
+    for key in ("watch_journal", "watch_journal_minutes"):
+        if values.get(key, 0) < 0:
+            raise refuse(key, "must not be negative (0: a reconnecting watcher is told it missed changes)")
     if values.get("shutdown_grace", 0.0) < 0:
         raise refuse("shutdown_grace", "must not be negative (seconds)")
     if not OCR_LANGUAGES.fullmatch(values.get("ocr_languages", Config.ocr_languages)):

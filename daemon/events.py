@@ -195,8 +195,10 @@ def config(shown: dict[str, Any], default_model: str | None) -> Event:
     return {"type": "config", **shown, "default_model": default_model}
 
 
-def watching(seq: int) -> Event:
-    return {"type": "watching", "seq": seq}
+def watching(seq: int, epoch: str, first: int) -> Event:
+    """A ``watch``'s answer: the last change's number, the daemon run's name, the first change
+    the journal still holds (``seq + 1`` when none)."""
+    return {"type": "watching", "seq": seq, "epoch": epoch, "first": first}
 
 
 def approved(conversation: int, call: str, allow: bool, remember: bool) -> Event:

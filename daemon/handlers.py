@@ -30,7 +30,7 @@ from core.models import display_name, image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
-from history import AsyncHistory, Conversation, HistoryStore, SearchHit, Turn, search_words
+from history import AsyncHistory, Conversation, HistoryStore, JournalStore, SearchHit, Turn, search_words
 from fileops import Converter
 from kbinject import KnowledgeBases, Recall, kb_name
 
@@ -38,6 +38,7 @@ from . import events
 from .connection import Emit, Replier
 from .context import recall_estimate
 from .convert import on_convert, on_operations
+from .health import HealthWatch, health
 from .kb_handlers import KbHandlers
 from .live import Live
 from .memory import MemoryHandlers
@@ -74,6 +75,7 @@ class Handlers(MemoryHandlers):
         self.config_error: str | None = None  # why the last reload (SIGHUP) kept the configuration in effect
         self.converter = Converter(readers.ocr)  # the file operations under way (daemon/convert.py)
         self.kb = KbHandlers(kbs, live)  # the knowledge bases' requests
+        self.health = HealthWatch(live, self.look)  # its changes told to the watchers
 
     async def __call__(self, request: Request, emit: Replier) -> None:
         if request.fault is not None and request.type != "ask":  # an ask's refusal names its turn
@@ -118,10 +120,17 @@ class Handlers(MemoryHandlers):
             [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
 
     async def on_open(self, request: Request, emit: Emit) -> None:
-        cid: int = request.get("conversation")
-        conv = await self._conversation(cid)
+        if request.has("ref"):  # the turn whose ask carried it, in its conversation
+            found = await turn_by_ref(self.history, request)
+            cid, conv, picked = found.conversation_id, await self._conversation(found.conversation_id), [found]
+        elif request.has("conversation"):
+            cid = request.get("conversation")
+            conv = await self._conversation(cid)
+            picked = None
+        else:
+            raise BadRequest("open needs 'conversation' (a conversation's id) or 'ref' (an ask's own reference)")
         before = self.engine.running_turn(cid)
-        turns = self.history.shown(await self._open_turns(request, conv))  # with any kept in memory
+        turns = self.history.shown(picked or await open_turns(self.history, request, conv))  # with any kept in memory
         # a turn stored running that runs no more was cut by a crash the start could not mark
         # (a full disk then): it is shown as the next start will store it
         live = {before, self.engine.running_turn(cid)}
@@ -133,26 +142,6 @@ class Handlers(MemoryHandlers):
         # every client with it (bench/bench_open.py)
         shown = await asyncio.to_thread(encode_list, (t.to_json() for t in turns))
         emit(events.conversation(conv, ctx_max=await self._ctx_max(conv.model), running=running, turns=shown))
-
-    async def _open_turns(self, request: Request, conv: Conversation) -> list[Turn]:
-        """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
-        ``limit``; ``limit`` alone: the last ones), or every one."""
-        cid = conv.id
-        paged = request.has("from_turn") or request.has("limit")
-        if request.has("turn"):  # that turn alone
-            if paged:
-                raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
-            n: int = request.get("turn")
-            one = await self.history.run(HistoryStore.turn, cid, n)
-            if one is None:
-                raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
-            return [one]
-        if not paged:
-            return await self.history.run(HistoryStore.turns, cid)
-        limit: int | None = request.get("limit")
-        # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
-        first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
-        return await self.history.run(HistoryStore.turns, cid, first, limit)
 
     async def on_delete(self, request: Request, emit: Emit) -> None:
         cid: int = request.get("conversation")
@@ -262,25 +251,19 @@ class Handlers(MemoryHandlers):
         await on_operations(self.converter, request, emit)
 
     async def on_status(self, request: Request, emit: Emit) -> None:
-        reachable = await self.router.reachable()
-        model = self.router.default_model()  # the configured one, else the router's first as last seen
-        ctx_max: int | None = None
-        ctx_source: str | None = None
-        if reachable:
-            try:
-                # load=False: a status line must not make llama-swap load the default model
-                info = await asyncio.wait_for(self.router.model_info(model, load=False), CTX_LOOKUP_SECONDS)
-                model, ctx_max, ctx_source = info.id, info.ctx_max, info.ctx_source
-            except Exception:  # status must answer, and soon, whatever the router says
-                logger.debug("no default model for status", exc_info=True)
+        now = await self.look()
+        self.health.observe(now)  # a change it shows is told to the watchers too
         emit(events.status(
-            version=__version__, router_url=self.config.router_url, router_reachable=reachable, model=model,
-            model_name=display_name(model) if model else None, ctx_max=ctx_max, ctx_source=ctx_source, uptime=round(time.monotonic() - self.started, 3),
-            turns_running=self.engine.running, running=self.engine.running_turns(),
-            socket=str(self.config.socket_path), data_dir=str(self.config.data_dir),
-            mcp=self.engine.mcp.status() if self.engine.mcp else [], ocr=(await self.readers.ocr.support()).to_json(),
-            config_error=self.config_error,
+            version=__version__, router_url=self.config.router_url, **now,
+            model_name=display_name(now["model"]) if now["model"] else None,
+            uptime=round(time.monotonic() - self.started, 3), turns_running=self.engine.running,
+            running=self.engine.running_turns(), socket=str(self.config.socket_path),
+            data_dir=str(self.config.data_dir), config_error=self.config_error,
         ))
+
+    async def look(self) -> dict[str, Any]:
+        """The daemon's health now (``daemon.health``), with the router and MCP host in effect."""
+        return await health(self.router, self.engine.mcp, self.readers.ocr)
 
     async def on_config(self, request: Request, emit: Emit) -> None:
         """The settings in effect (read-only; secrets masked), and the default model they give."""
@@ -289,8 +272,9 @@ class Handlers(MemoryHandlers):
     # -- live state (issue 30): what changes, and a running reply ------------------------------
 
     async def on_watch(self, request: Request, emit: Replier) -> None:
-        """Every later change to this connection, as ``changed`` events (``daemon.live``)."""
-        emit(events.watching(self.live.watch(emit)))
+        """Every later change to this connection, as ``changed`` events (``daemon.live``); with
+        ``since``, the changes after it first."""
+        self.live.watch(emit, request.get("since"))
 
     async def on_follow(self, request: Request, emit: Replier) -> None:
         """The conversation's running turn so far, then its events as they come."""
@@ -361,6 +345,39 @@ def group_hits(hits: list[SearchHit], convs: dict[int, Conversation]) -> list[di
         }
         for c in order
     ]
+
+
+async def turn_by_ref(history: AsyncHistory, request: Request) -> Turn:
+    """The newest turn whose ask carried the ``ref`` an ``open`` names."""
+    if any(request.has(key) for key in ("conversation", "turn", "from_turn", "limit")):
+        raise BadRequest("open takes 'ref' alone (it finds one turn); or 'conversation' and a turn or page")
+    ref: str = request.get("ref")
+    turn = await history.journal.run(JournalStore.turn_by_ref, ref)
+    if turn is None:
+        raise NotFound(f"no stored turn's ask carried the ref {ref[:128]!r}: the ask was not stored (its "
+                       "conversation may have been deleted); ask again")
+    return turn
+
+
+async def open_turns(history: AsyncHistory, request: Request, conv: Conversation) -> list[Turn]:
+    """The turns an ``open`` asks for: one (``turn``), a page (``from_turn`` on, at most
+    ``limit``; ``limit`` alone: the last ones), or every one."""
+    cid = conv.id
+    paged = request.has("from_turn") or request.has("limit")
+    if request.has("turn"):  # that turn alone
+        if paged:
+            raise BadRequest("open takes 'turn' (one turn) or 'from_turn' and 'limit' (a page), not both")
+        n: int = request.get("turn")
+        one = await history.run(HistoryStore.turn, cid, n)
+        if one is None:
+            raise NotFound(f"conversation {cid} has no turn {n}; it has {conv.turns}")
+        return [one]
+    if not paged:
+        return await history.run(HistoryStore.turns, cid)
+    limit: int | None = request.get("limit")
+    # ``limit`` alone is the newest page: a canvas shows the end of a conversation first
+    first = request.get("from_turn") or max(1, conv.turns - (limit or 0) + 1)
+    return await history.run(HistoryStore.turns, cid, first, limit)
 
 
 async def unindex_deleted(history: AsyncHistory, cid: int) -> None:

@@ -11,7 +11,7 @@ from kbinject import KbProgress, KnowledgeBases, kb_name
 
 from . import events
 from .connection import Emit
-from .live import Live
+from .live import KbProgressTold, Live
 from .protocol import Request
 
 __all__ = ["KbHandlers"]
@@ -30,8 +30,11 @@ class KbHandlers:
         if not request.get("paths"):
             raise BadRequest("kb_add needs at least one file or folder in 'paths'")
 
+        told = KbProgressTold(self.live, kb)  # and the watchers, of another client's add
+
         def progress(step: KbProgress) -> None:
             emit(events.kb_progress(kb, step.to_json()))
+            told(step.phase, step.done, step.total)
 
         result = await self.kbs.add(kb, request.get("paths"), progress, sent=request.received)
         emit(events.kb(result.to_json()))

@@ -53,7 +53,7 @@ MAX_SEARCH_OFFSET = 10_000  # a search ranks at most this many matches (history/
 
 FieldKind = Literal[
     "str", "int", "bool", "str_list", "str_or_null", "kb_mode", "limit", "timestamp", "str_list_or_null", "offset",
-    "temperature", "top_p", "remember", "object", "recall_mode", "on_off",
+    "temperature", "top_p", "remember", "object", "recall_mode", "on_off", "seq",
 ]
 # null means something (the default), not "absent"
 NULLABLE = ("str_or_null", "str_list_or_null", "temperature", "top_p")
@@ -85,7 +85,8 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
             "memory": S("on_off")},
     "cancel": {"conversation": S("int"), "kb": S("str"), "convert": S("str")},  # one of them (handlers.on_cancel)
     "conversations": {"limit": S("limit"), "before": S("timestamp")},
-    "open": {"conversation": S("int", required=True), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
+    # ``conversation``, or ``ref``: the turn whose ask carried it (handlers.on_open)
+    "open": {"conversation": S("int"), "ref": S("str"), "turn": S("int"), "from_turn": S("int"), "limit": S("limit")},
     "delete": {"conversation": S("int", required=True)},
     "models": {},
     "estimate": {"text": S("str"), "files": S("str_list"), "conversation": S("int"), "model": S("str"),
@@ -115,7 +116,7 @@ REQUESTS: dict[str, dict[str, FieldSpec]] = {
     "mcp_servers": {},
     "kb_search": {"kb": S("str", required=True), "query": S("str", required=True), "limit": S("limit")},
     # live state (docs/PROTOCOL.md, "Live state"): every change; a running turn joined
-    "watch": {},
+    "watch": {"since": S("seq")},  # the last change seen: those after it are sent first
     "follow": {"conversation": S("int", required=True)},
     # a person's answer to a call waiting for approval (docs/PROTOCOL.md, "Approval")
     "approve": {"conversation": S("int", required=True), "call": S("str", required=True),
@@ -149,6 +150,7 @@ _KIND_NAMES = {
     "remember": "one of " + ", ".join(REMEMBER),
     "object": "a JSON object",
     "on_off": "one of on, off",
+    "seq": "an integer from 0 (a watching or changed event's seq)",
 }
 
 
@@ -205,6 +207,8 @@ def _valid(kind: FieldKind, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LIST_LIMIT
     if kind == "timestamp":
         return isinstance(value, str) and TIMESTAMP.fullmatch(value) is not None
+    if kind == "seq":  # a change's number (daemon/live.py): SQLite's integers at most
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
     if kind == "offset":
         return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEARCH_OFFSET
     raise AssertionError(kind)

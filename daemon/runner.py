@@ -32,7 +32,7 @@ from core.config import Config
 from core.errors import AssistantError, InternalError, RouterError, RouterUnreachable, no_conversation
 from core.router import ModelInfo, RouterClient, Usage
 from core.tools import Toolbox
-from history import AsyncHistory, Turn, TurnContext
+from history import AsyncHistory, HistoryStore, Turn, TurnContext
 from kbinject import injection_mode
 
 from . import events
@@ -162,12 +162,14 @@ class TurnRunner:
         """Store a question the router could not be asked, with its error; then ``user`` and ``error``."""
         turn, past, saved = await self.saver.store_failed(ask, prepared, exc)
         cid, n = past.conversation.id, turn.turn
+        updated_at = await self._updated_at(cid)  # read before user: the turn's events go out in one step
         emit(events.user(cid, n, ask.text, turn.files, ask.ref))
         self._tell_started(past, n, ask, turn.files, turn.model)
         self.saver.read_sent_pages(cid, n, prepared, None)
         failed = events.error_event(exc, conversation=cid, turn=n)
         emit(failed)
-        self._tell_ended(failed, ask.ref, "error", saved, usage=None, ctx_used=past.conversation.ctx_used)
+        self._tell_ended(failed, ask.ref, "error", saved, usage=None, ctx_used=past.conversation.ctx_used,
+                         model=turn.model, updated_at=updated_at)
 
     def _tell_started(self, past: TurnContext | None, turn: int, ask: TurnRequest, files: list[dict[str, Any]],
                       model: str | None) -> None:
@@ -181,14 +183,23 @@ class TurnRunner:
         self.live.publish("turn", "started", conversation=conv.id, turn=turn, text=ask.text, files=files,
                           ref=ask.ref, model=model)
 
+    async def _updated_at(self, cid: int) -> str | None:
+        """The conversation's ``updated_at`` as stored now (None: deleted, or unreadable)."""
+        try:
+            conv = await self.history.run(HistoryStore.get_conversation, cid)
+        except AssistantError:  # a full disk, a damaged file: the change is told all the same
+            return None
+        return conv.updated_at if conv else None
+
     def _tell_ended(self, end: dict[str, Any], ref: str | None, status: str, saved: bool, *,
-                    usage: Usage | None, ctx_used: int) -> None:
+                    usage: Usage | None, ctx_used: int, model: str | None, updated_at: str | None) -> None:
         """Tell the watchers how a turn ended, from its ``done`` or ``error`` event (``saved``
-        False: a full disk keeps it in memory)."""
+        False: a full disk keeps it in memory), with the model that answered and the
+        conversation's ``updated_at`` as stored (a list is kept in order without a read)."""
         self.live.publish(
             "turn", "ended", conversation=end["conversation"], turn=end["turn"], ref=ref, status=status,
             finish_reason=end.get("finish_reason"), code=end.get("code"), usage=events.usage_json(usage),
-            ctx_used=ctx_used, saved=saved,
+            ctx_used=ctx_used, saved=saved, model=model, updated_at=updated_at,
         )
 
     async def _past(self, cid: int) -> TurnContext:
@@ -224,6 +235,7 @@ class TurnRunner:
             saved = await self.saver.finish(state, outcome) is not None
         finally:
             state.stored.set()
+        updated_at = await self._updated_at(state.conversation)  # before the end is sent: nothing waits between
         failure = outcome.failure
         if failure is not None:
             if not saved:  # the error stays what it was, and says the disk is full too
@@ -235,7 +247,8 @@ class TurnRunner:
             end = self._done_event(state, outcome.finish_reason, saved)
         emit(end)
         self.approvals.forget(state.conversation)
-        self._tell_ended(end, state.ref, outcome.status, saved, usage=state.reply.usage, ctx_used=state.ctx_used)
+        self._tell_ended(end, state.ref, outcome.status, saved, usage=state.reply.usage, ctx_used=state.ctx_used,
+                         model=state.model.id, updated_at=updated_at)
         if outcome.foreign_cancel:
             raise asyncio.CancelledError
         if state.new_conversation and state.reply.text and self.config.auto_title:

@@ -27,13 +27,13 @@ from attachments import FileReaders
 from core.config import Config, ConfigError
 from core.errors import AssistantError, RouterUnreachable, StartupError
 from core.router import RouterClient
-from history import AsyncHistory, HistoryStore
+from history import AsyncHistory, HistoryStore, JournalStore
 from kbinject import KbSettings, KnowledgeBases
 
 from .connection import Connection
 from .handlers import Handlers, unindex_deleted
 from .listener import Listener, bind_listener, socket_from_systemd
-from .live import Live
+from .live import RESERVE_BLOCK, JournalLimits, Live
 from .notify import extended_start, sd_notify
 from .openai import OpenAIDoor
 from .turns import TurnEngine
@@ -78,7 +78,7 @@ class Server:
         self._engine: TurnEngine | None = None
         self._handlers: Handlers | None = None
         self.door: OpenAIDoor | None = None  # the OpenAI door, when openai_listen is set
-        self.live = Live()  # every change, told to the watching connections
+        self.live = Live(journal_limits(config))  # every change, told to the watching connections
 
     @property
     def engine(self) -> TurnEngine | None:
@@ -118,6 +118,7 @@ class Server:
             self._handlers.config_error = None
             in_flight = self._apply(self._kept(new))
             self._in_background(self._retire(in_flight))
+            self._in_background(self._handlers.health.check())  # another router, model or MCP server: told
             logger.info("configuration reloaded from %s", new.config_path or "the environment")
             sd_notify(f"READY=1\nSTATUS={self._status_line()}")
             return True
@@ -152,6 +153,7 @@ class Server:
         self._kbs.settings = KbSettings(self._kbs.settings.embedding_model, new.kb_top_k)
         in_flight = self._engine.reconfigure(new, router, mcp)
         self._handlers.config, self._handlers.router = new, router
+        self.live.limits = journal_limits(new)
         self.config = new
         return in_flight
 
@@ -182,7 +184,9 @@ class Server:
             # knowledge-base vectors load after readiness: a large KB must not delay start-up
             # so is the MCP SDK, in a worker thread, when servers are configured
             warm = [self._mcp.warm()] if self._mcp is not None else []
-            for work in (self._kbs.start(), self._check_router(), self._check_store(), self._unindex_deleted(), *warm):
+            assert self._handlers is not None
+            for work in (self._kbs.start(), self._check_router(), self._check_store(), self._unindex_deleted(),
+                         self._handlers.health.run(), *warm):
                 task = asyncio.create_task(work)
                 task.add_done_callback(_log_failure)
                 self._background.add(task)
@@ -212,6 +216,7 @@ class Server:
             )
         async with extended_start():  # a migration of millions of turns outlasts systemd's start timeout
             self._history = await AsyncHistory.open(self.config.db_path)
+        await self._resume_live(self._history)
         readers = self._readers = FileReaders.in_folder(self.config.data_dir, self.config.ocr_languages,
                                                         self.config.ocr_images)
         try:
@@ -237,6 +242,27 @@ class Server:
             self.door = OpenAIDoor(self.config, self._engine, self._history, self._router, self.live)
             await self.door.start()
         self._server = await asyncio.start_unix_server(self._on_connect, sock=self._listener.sock)
+
+    async def _resume_live(self, history: AsyncHistory) -> None:
+        """Number changes on from the last run's, with its journal (daemon/live.py)."""
+        self.live.on_reserve = lambda upto: self._in_background(history.journal.run(JournalStore.reserve, upto))
+        try:
+            self.live.resume(*await history.journal.run(JournalStore.start, RESERVE_BLOCK))
+        except AssistantError as exc:  # a full disk: number on from the reservation, and reserve when there is room
+            logger.warning("the live state's numbering could not be reserved (%s); watchers that reconnect "
+                           "will re-read", exc.message)
+            base = await history.journal.run(JournalStore.reserved)
+            self.live.resume(base, [])
+            self.live.on_reserve(base + RESERVE_BLOCK)
+
+    async def _save_live(self, history: AsyncHistory) -> None:
+        """The last change's number and the journal, for the next start to resume from."""
+        if not self.live.kept:
+            return  # the start failed before it numbered on: keep the last run's
+        try:
+            await history.journal.run(JournalStore.save, *self.live.saved())
+        except Exception as exc:  # a full disk: the next start numbers on from the reservation
+            logger.warning("the live state's journal could not be saved (%s); watchers will re-read", exc)
 
     async def _check_store(self) -> None:
         """Say at once when the history is damaged, and how to recover (it is served as it is)."""
@@ -314,6 +340,7 @@ class Server:
         for router in (*self._old_routers, *([self._router] if self._router is not None else [])):
             await router.aclose()
         if self._history is not None:
+            await self._save_live(self._history)
             await self._history.close()
         if self._readers is not None:
             self._readers.close()
@@ -323,6 +350,10 @@ class Server:
                 self._listener.sock.close()
         if self.ready.is_set():  # a start that failed says why, not that it stopped
             logger.info("stopped")
+
+
+def journal_limits(config: Config) -> JournalLimits:
+    return JournalLimits(config.watch_journal, config.watch_journal_minutes * 60)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

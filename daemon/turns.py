@@ -134,8 +134,8 @@ class TurnEngine:
     def running_turns(self) -> list[dict[str, Any]]:
         """The turns running now, by conversation, as ``status`` lists them."""
         return [
-            {"conversation": cid, "turn": slot.state.turn, "stage": slot.stage, "model": slot.state.model_id,
-             "started_at": slot.state.started_at}
+            {"conversation": cid, "turn": slot.state.turn, "text": slot.state.query, "ref": slot.state.ref,
+             "stage": slot.stage, "model": slot.state.model_id, "started_at": slot.state.started_at}
             for cid, slot in sorted(self._slots.items()) if slot.state is not None
         ]
 

@@ -30,6 +30,7 @@ from .kb import (
     chunk_kb,
     kb_chunk_range,
 )
+from .journal import JournalStore, SavedChange
 from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
 from .migrations import MIGRATIONS, migrate
 from .records import (
@@ -78,6 +79,8 @@ __all__ = [
     "NewAttachment",
     "NewTurn",
     "NewKbDocument",
+    "JournalStore",
+    "SavedChange",
     "OtherHit",
     "SUMMARY_ROLE",
     "SUMMARY_SLOT",

@@ -128,6 +128,7 @@ class AsyncHistory:
         self.kb = AsyncTables(self, store.kb)
         self.archive = AsyncTables(self, store.archive)  # recall injection's queries
         self.memories = AsyncTables(self, store.memories)  # saved memories (history/memories.py)
+        self.journal = AsyncTables(self, store.journal)  # the live state's numbering and journal
 
     @classmethod
     async def open(cls, path: Path | str) -> AsyncHistory:

@@ -529,6 +529,18 @@ def m013_memories(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m014_live_journal(conn: sqlite3.Connection) -> None:
+    """`live_seq`, `live_changes` and `turns_ref`: the live state across a restart (history/journal.py)."""
+    # `reserved`: no change the daemon told its watchers is numbered past it, so a restart,
+    # even after a crash, never numbers a change as an earlier one was (daemon/live.py)
+    conn.execute("CREATE TABLE live_seq (id INTEGER PRIMARY KEY CHECK (id = 1), reserved INTEGER NOT NULL)")
+    # the last run's changes, as their `changed` events (JSON), written at a clean stop so
+    # that a watcher reconnecting after the restart is sent what it missed
+    conn.execute("CREATE TABLE live_changes (seq INTEGER PRIMARY KEY, at REAL NOT NULL, event TEXT NOT NULL)")
+    # a client that lost its connection before `user` finds its turn by its ask's `ref`
+    conn.execute("CREATE INDEX turns_ref ON turns (ref) WHERE ref IS NOT NULL")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -543,6 +555,7 @@ MIGRATIONS: list[Migration] = [
     m011_threads,
     m012_attachment_chunks,
     m013_memories,
+    m014_live_journal,
 ]
 
 

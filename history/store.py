@@ -39,6 +39,7 @@ from .fts import (
 )
 from .archive import ArchiveStore
 from .kb import KnowledgeStore
+from .journal import JournalStore
 from .memories import MemoryStore
 from .migrations import immediate_transaction, migrate
 from .records import (
@@ -97,6 +98,7 @@ class HistoryStore:
         self.kb = KnowledgeStore(self._conn, self._now)
         self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
         self.memories = MemoryStore(self._conn, self._now, self._phrases)  # history/memories.py
+        self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -162,6 +162,27 @@ async def test_config_shows_the_settings_in_effect_with_secrets_masked(secret_co
     assert "sk-very-secret" not in line and "tok-secret" not in line
 
 
+async def test_config_shows_sampling_as_the_configuration_table_has_it(
+    config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """temperature and top_p, top level and per model (issue 46 item 6)."""
+    folder = tmp_path / "config" / "assistant"
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(
+        'temperature = 0.2\n[models."fake-text"]\ntop_p = 0.9\n[models."big"]\nimage_tokens = 1000\n'
+    )
+    from core import load_config
+
+    async with serving(load_config()) as (_daemon, wire):
+        shown = await wire.request({"type": "config"})
+    assert (shown["temperature"], shown["top_p"]) == (0.2, None)
+    assert shown["models"] == {
+        "big": {"image_tokens": 1000, "temperature": None, "top_p": None},
+        "fake-text": {"image_tokens": None, "temperature": None, "top_p": 0.9},
+    }
+    assert (shown["watch_journal"], shown["watch_journal_minutes"]) == (10_000, 10.0)
+
+
 async def test_a_password_in_the_router_url_is_masked(config: Config, router: FakeRouter) -> None:
     import dataclasses
 
@@ -182,6 +203,7 @@ async def test_a_question_too_big_for_the_context_is_shown_before_its_error(wire
     events = await wire.ask("please read: " + "blah " * 6_000, **fields)
     assert [e["type"] for e in events] == ["user", "error"]
     assert events[-1]["code"] == "context_overflow" and events[-1]["turn"] == events[0]["turn"]
+    assert events[-1]["conversation"] == events[0]["conversation"] is not None  # a new one's id too (issue 46)
     opened = await wire.request({"type": "open", "conversation": events[0]["conversation"]})
     assert opened["turns"][-1]["status"] == "error" and opened["turns"][-1]["text"].startswith("please read")
 

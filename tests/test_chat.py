@@ -14,12 +14,14 @@ import sys
 import termios
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from client import Wire
 from core.tools import TOOL_GUIDANCE
+from daemon import events as daemon_events
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import RunningDaemon
 from tests.test_client import ROOT, cli, piped
@@ -120,7 +122,7 @@ async def term(daemon: RunningDaemon) -> AsyncIterator[list[Terminal]]:
 
 
 async def test_a_conversation_typed_at_the_prompt(
-    term: list[Terminal], router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+    term: list[Terminal], router: FakeRouter, monkeypatch: pytest.MonkeyPatch, daemon: RunningDaemon
 ) -> None:
     # in the C locale a byte that is not UTF-8 reaches the chat as a surrogate (readline under
     # UTF-8 drops it)
@@ -139,6 +141,12 @@ async def test_a_conversation_typed_at_the_prompt(
     assert [m["content"] for m in router.requests[-1]["messages"] if m["role"] == "user"] == [
         "what is a pipe?", "and a socket?",
     ]
+    # each ask carries a ref of its own, by which a lost connection finds its turn (issue 46)
+    wire = await daemon.connect()
+    refs = [t["ref"] for t in (await wire.request({"type": "open", "conversation": 1}))["turns"]]
+    assert len(set(refs)) == 2 and all(ref.startswith("cli-") for ref in refs)
+    assert (await wire.request({"type": "open", "ref": refs[1]}))["turns"][0]["text"] == "and a socket?"
+    await wire.close()
 
 
 async def test_ctrl_c_stops_the_reply_and_comes_back_to_the_prompt(term: list[Terminal], router: FakeRouter) -> None:
@@ -297,6 +305,37 @@ async def test_a_chat_that_loses_the_daemon_mid_reply_follows_the_reply_again(
     chat.type("exit\n")
     assert await chat.exit_code() == 0
     assert len([r for r in router.requests if r["path"].endswith("/chat/completions")]) == 1
+
+
+async def test_a_chat_that_loses_the_daemon_before_its_user_event_finds_its_turn_by_ref(
+    term: list[Terminal], daemon: RunningDaemon, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The question reached the daemon and was stored, but its ``user`` event was lost with the
+    connection: the chat finds the turn by its ask's ref and follows it (issue 46), asking nothing twice."""
+    words = ["alpha", " bravo", " charlie"]
+    router.script(Reply(chunks=words, delay=0.2))
+    real_user = daemon_events.user
+    dropped: list[bool] = []
+
+    def user_after_a_hiccup(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        assert daemon.server is not None
+        if not dropped:  # the chat's connection is lost as its question is stored
+            dropped.append(True)
+            for connection in list(daemon.server._connections):
+                connection._writer.transport.abort()
+        return real_user(*args, **kwargs)
+
+    monkeypatch.setattr(daemon_events, "user", user_after_a_hiccup)
+    chat = Terminal.spawn("chat")
+    term.append(chat)
+    await chat.expect("> ")
+    chat.type("spell it\n")
+    await chat.expect("[reconnected to the daemon]")
+    rest = await chat.expect("(conversation 1, turn 1")
+    assert "charlie" in rest and dropped
+    chat.type("exit\n")
+    assert await chat.exit_code() == 0
+    assert len([r for r in router.requests if r["path"].endswith("/chat/completions")]) == 1  # asked once
 
 
 async def test_a_reply_that_ended_while_the_chat_was_away_is_shown_as_stored(

@@ -53,6 +53,16 @@ async def test_piped_text_comes_first_then_the_question(daemon: RunningDaemon, r
     assert question_sent(router) == "some text\nover two lines\n\nsummarise"
 
 
+async def test_ask_puts_a_ref_on_its_ask(daemon: RunningDaemon, router: FakeRouter) -> None:
+    """Writing a client says the command line's asks carry a ref: they do (issue 46)."""
+    code, _out, err = await cli("ask", "what is a pipe?")
+    assert code == 0, err
+    wire = await daemon.connect()
+    (turn,) = (await wire.request({"type": "open", "conversation": 1}))["turns"]
+    assert turn["ref"].startswith("cli-") and len(turn["ref"]) <= 128
+    await wire.close()
+
+
 async def test_a_question_may_be_stdin_alone(daemon: RunningDaemon, router: FakeRouter) -> None:
     code, out, err = await cli("ask", stdin="# Notes\n\nwhat do they say?\n")
     assert code == 0, err

@@ -437,3 +437,18 @@ async def test_the_documents_example_events_keep_to_the_schema() -> None:
     assert len(lines) > 10
     for line in lines:
         contract.check_event(contract.strict_json(line))
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "changed", "seq": 1, "kind": "turn", "action": "ended", "conversation": 1, "turn": 1},  # bare
+    {"type": "changed", "seq": 1, "kind": "conversation", "action": "deleted", "conversation": 1, "title": "x"},
+    {"type": "changed", "seq": 1, "kind": "kb", "action": "removed", "kb": "k", "documents": 1},
+    {"type": "user", "conversation": 1, "turn": 1, "text": "", "ref": None,  # a PDF chip with a thumbnail
+     "files": [{"name": "a.pdf", "kind": "pdf", "pages": 1, "truncated": False, "thumbnail": None}]},
+    {"type": "user", "conversation": 1, "turn": 1, "text": "", "ref": None,  # a text chip with pages
+     "files": [{"name": "a.txt", "kind": "text", "pages": 1, "truncated": False}]},
+])
+async def test_the_schema_holds_each_change_to_its_own_fields(event: dict[str, Any]) -> None:
+    """Each changed kind and action requires its own fields and takes no other (issue 46)."""
+    with pytest.raises(AssertionError, match="breaks docs/protocol.schema.json"):
+        contract.check_event(event, "event")

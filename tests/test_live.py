@@ -68,6 +68,10 @@ async def test_a_watcher_hears_of_every_change_another_client_makes(
     assert ended["action"] == "ended" and ended["ref"] == "canvas-1" and ended["saved"] is True
     assert (ended["status"], ended["finish_reason"], ended["usage"], ended["ctx_used"]) == (
         "complete", "stop", done["usage"], done["ctx_used"])
+    # enough to keep a list in order without a read: the model that answered, the conversation's updated_at
+    listed = (await wire.request({"type": "conversations"}))["items"][0]
+    assert (ended["model"], ended["updated_at"]) == (done["model"], listed["updated_at"]) == ("fake-text",
+                                                                                             listed["updated_at"])
 
     await wire.request({"type": "settings", "conversation": cid, "title": "Pipes", "kb_injection": "off"})
     (updated,) = await changes(watcher, rid, 1)
@@ -78,17 +82,23 @@ async def test_a_watcher_hears_of_every_change_another_client_makes(
     await wire.until(add, ("kb", "error"))
     await wire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
     again = await wire.send({"type": "kb_add", "kb": "notes", "paths": [str(tmp_path / "notes.md")]})
-    await wire.until(again, ("kb", "error"))  # nothing changed: nothing to tell
+    await wire.until(again, ("kb", "error"))  # nothing changed: its progress alone is told
     await wire.request({"type": "kb_remove", "kb": "notes"})
     await wire.request({"type": "delete", "conversation": cid})
-    added, linked, removed, deleted = await changes(watcher, rid, 4)
+    told = []
+    while not told or told[-1]["action"] != "deleted":
+        told += await changes(watcher, rid, 1)
+    assert [e["seq"] for e in told] == list(range(5, 5 + len(told)))  # one a change, none skipped
+    steps = [(e["kb"], e["phase"], e["done"], e["total"]) for e in told if e["action"] == "progress"]
+    # another client's add, told as it goes (issue 46 item 5): each file read, in both adds
+    assert steps == [("notes", "reading", 0, 1), ("notes", "reading", 1, 1)] * 2
+    added, linked, removed, deleted = [e for e in told if e["action"] != "progress"]
     assert (added["kind"], added["action"], added["kb"], added["documents"]) == ("kb", "added", "notes", 1)
     assert (linked["action"], linked["conversation"], linked["linked"]) == ("linked", cid, True)
     assert (removed["action"], removed["kb"]) == ("removed", "notes")
     assert (deleted["kind"], deleted["action"], deleted["conversation"]) == ("conversation", "deleted", cid)
-    assert [e["seq"] for e in (added, linked, removed, deleted)] == [5, 6, 7, 8]  # one a change, none skipped
     # a later watch starts from the last change
-    assert (await wire.request({"type": "watch"}))["seq"] == 8
+    assert (await wire.request({"type": "watch"}))["seq"] == deleted["seq"] == 12
     await watcher.close()
 
 
@@ -157,12 +167,13 @@ async def test_a_follower_that_leaves_does_not_touch_the_turn(
 
 async def test_status_and_conversations_say_what_runs(wire: Wire, router: FakeRouter) -> None:
     router.script(Reply(chunks=["a long story"], hang=True))
-    rid = await wire.send({"type": "ask", "text": "a story"})
+    rid = await wire.send({"type": "ask", "text": "a story", "ref": "story-1"})
     cid = (await wire.until(rid, ("delta",)))[0]["conversation"]
     status = await wire.request({"type": "status"})
     (running,) = status["running"]
     assert (running["conversation"], running["turn"], running["stage"], running["model"]) == (
         cid, 1, "replying", "fake-text")
+    assert (running["text"], running["ref"]) == ("a story", "story-1")  # what it is, without a follow
     listed = await wire.request({"type": "conversations"})
     assert [(i["conversation"], i["running"]) for i in listed["items"]] == [(cid, True)]
     await wire.request({"type": "cancel", "conversation": cid})
@@ -218,7 +229,7 @@ async def test_a_watcher_that_never_reads_is_bounded_and_told_what_it_missed(
     stalled = RawLines(daemon.config.socket_path)
     await stalled.send(b'{"type": "watch", "id": "w"}\n')
     seen = [await stalled.read()]
-    assert seen[0] == {"type": "watching", "seq": 0, "id": "w"}  # and from here on it reads nothing
+    assert (seen[0]["type"], seen[0]["seq"], seen[0]["id"]) == ("watching", 0, "w")  # and from here on it reads nothing
     # each question is told to the watcher (a turn-started change carries it); a new conversation
     # each, so that every one fits the fake model's context
     question = "x" * 8_000
@@ -279,7 +290,7 @@ async def test_a_follower_across_a_kill_9_sees_the_stored_reply_interrupted(
     await start(spawned, tmp_path)
     canvas = await Wire.open(config.socket_path, timeout=EVENT_TIMEOUT)
     # the recipe after every (re)connect: watch, follow what was shown, read what is stored
-    assert (await canvas.request({"type": "watch"}))["seq"] == 0
+    assert (await canvas.request({"type": "watch"}))["seq"] > 2  # numbered on, past what a crash may have used
     assert (await canvas.request({"type": "follow", "conversation": cid}))["turn"] is None
     turn = (await canvas.request({"type": "open", "conversation": cid, "turn": 1}))["turns"][0]
     assert (turn["status"], turn["reply"], turn["ref"]) == ("interrupted", shown, "canvas-9")
@@ -315,7 +326,10 @@ async def test_a_watcher_reading_a_large_event_misses_nothing_and_one_that_stops
     connection.send = lambda event: (sent.append(event), real_send(event))[1]  # type: ignore[method-assign]
     live = live_module.Live()
     emit = Replier(connection, Request(type="watch", id="w", has_id=True))
-    assert live.watch(emit) == 0
+    live.watch(emit)
+    assert sent[-1] == {"type": "watching", "seq": 0, "epoch": live.epoch, "first": 1, "id": "w"}
+    await asyncio.sleep(0)  # the answer goes out with this turn of the loop
+    writer.transport.unread = 0  # and is read
     connection.send({"type": "conversation", "turns": "x" * (4 * live_module.WATCH_BACKLOG)})  # an open, being read
     live.publish("conversation", "deleted", conversation=1)
     assert sent[-1]["type"] == "changed" and sent[-1]["seq"] == 1  # not missed: the open is one event
@@ -330,3 +344,32 @@ async def test_a_watcher_reading_a_large_event_misses_nothing_and_one_that_stops
     writer.transport.unread = 0  # it read everything
     live.publish("conversation", "deleted", conversation=3)
     assert (sent[-1]["type"], sent[-1]["seq"], sent[-1]["conversation"]) == ("changed", n + 2, 3)
+
+
+async def test_an_ask_whose_connection_dropped_is_found_by_its_ref(
+    daemon: RunningDaemon, wire: Wire, router: FakeRouter
+) -> None:
+    canvas = await daemon.connect()
+    wid = await watching(canvas)
+    await wire.ask("an older question", ref="lost-1")  # the same ref earlier: the newest is found
+    router.script(Reply(chunks=["the answer"], delay=0.05))
+    asker = await daemon.connect()
+    await asker.send({"type": "ask", "text": "where am I?", "ref": "lost-1"})
+    await asker.close()  # gone before its user event
+    found = await changes(canvas, wid, 5)
+    started = found[-1]
+    assert (started["action"], started["ref"]) == ("started", "lost-1")
+    opened = await wire.request({"type": "open", "ref": "lost-1"})
+    assert opened["type"] == "conversation" and opened["conversation"] == started["conversation"]
+    assert [(t["turn"], t["text"], t["ref"]) for t in opened["turns"]] == [(1, "where am I?", "lost-1")]
+    assert opened["total"] == 1
+    missing = await wire.request({"type": "open", "ref": "never-sent"})
+    assert missing["type"] == "error" and missing["code"] == "not_found" and "ask again" in missing["message"]
+    both = await wire.request({"type": "open", "ref": "lost-1", "conversation": 1})
+    assert both["type"] == "error" and both["code"] == "bad_request" and "'ref' alone" in both["message"]
+    neither = await wire.request({"type": "open"})
+    assert neither["type"] == "error" and neither["code"] == "bad_request" and "'ref'" in neither["message"]
+    await wire.request({"type": "delete", "conversation": started["conversation"]})
+    older = await wire.request({"type": "open", "ref": "lost-1"})  # the deleted one is not found
+    assert older["turns"][0]["text"] == "an older question"
+    await canvas.close()

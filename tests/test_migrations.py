@@ -34,6 +34,7 @@ ALL_MIGRATIONS = [
     "m011_threads",
     "m012_attachment_chunks",
     "m013_memories",
+    "m014_live_journal",
 ]
 
 
@@ -340,7 +341,7 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
         assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
-                                 "m012_attachment_chunks", "m013_memories"]
+                                 "m012_attachment_chunks", "m013_memories", "m014_live_journal"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
 
 
@@ -353,7 +354,23 @@ def test_m013_adds_the_memory_tables_to_an_m012_file(tmp_path: Path) -> None:
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m013_memories"]
+        assert migrate(conn)[0] == "m013_memories"
         assert table_columns(conn, "memories") == [
             "id", "text", "created_at", "updated_at", "conversation_id", "turn"]
         assert table_columns(conn, "conversation_memories") == ["conversation_id", "block"]
+
+
+def test_m014_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
+    """A history.db of m013 gains the live state's tables, empty, and an index of turns by ref."""
+    db = tmp_path / "history.db"
+    with connect(db) as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        for migration in MIGRATIONS[:13]:
+            with conn:
+                migration(conn)
+                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        assert migrate(conn) == ["m014_live_journal"]
+        assert table_columns(conn, "live_seq") == ["id", "reserved"]
+        assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
+        assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)
+        assert "WHERE ref IS NOT NULL" in schema_sql(conn, "turns_ref")
