@@ -227,15 +227,8 @@ class ContextBuilder:
         blocks = [block] if block else []
         if out_through is None or past is None:
             return blocks, sources
-        own = bool(out_through or past.has_attachments)
-        elsewhere = memory_on(self.config, past.conversation)
-        if not (own or elsewhere) or recall_mode(past.conversation.settings, self.config.recall_injection) != "auto":
-            return blocks, sources
-        used = tokens + sum(estimate_text(b) for b in blocks)
-        held = "\n".join([*map(message_words, prompt), *blocks])
-        recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
-        recalled = await self.archive.recall(cid, turn, query, recent, out_through, held, used, budget.passage_limit,
-                                             own=own, elsewhere=elsewhere)
+        recalled = await recall_for(self.archive, self.config, past, turn, query, prompt, blocks, tokens,
+                                    budget.passage_limit, out_through)
         tell_recalled(recalled, progress)
         if recalled.block:
             blocks.append(recalled.block)
@@ -438,6 +431,26 @@ class ContextBuilder:
         entry.system = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         entry.system_prompt = instructions
         return entry.system
+
+
+async def recall_for(
+    archive: ArchiveRecall, config: Config, past: TurnContext, turn: int, query: str, prompt: list[dict[str, Any]],
+    blocks: list[str], tokens: int, limit: int, out_through: int,
+) -> Recall:
+    """What recall adds to this turn's ``prompt`` (``tokens`` so far, with ``blocks``) when the
+    conversation's ``recall_injection`` is ``auto``: passages of its archive (turns
+    1..``out_through``, its files) when it has one, and of the other conversations and the
+    saved memories when memory is on for it."""
+    conversation = past.conversation
+    own = bool(out_through or past.has_attachments)
+    elsewhere = memory_on(config, conversation)
+    if not (own or elsewhere) or recall_mode(conversation.settings, config.recall_injection) != "auto":
+        return Recall()
+    used = tokens + sum(estimate_text(b) for b in blocks)
+    held = "\n".join([*map(message_words, prompt), *blocks])
+    recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
+    return await archive.recall(conversation.id, turn, query, recent, out_through, held, used, limit,
+                                own=own, elsewhere=elsewhere)
 
 
 def tell_recalled(recalled: Recall, progress: Progress) -> None:
