@@ -30,7 +30,12 @@ NOVEMBER = "2026-11-02T18:30:00.000000Z"
 FILLER = [("Tell me about tea.", "Tea is a drink made from leaves."), ("And the weather?", "It looks sunny.")]
 
 
-def past(config: Config, title: str, turns: list[tuple[str, str]], at: str, settings: dict[str, Any] | None = None) -> int:
+BROMPTON = "My bike is a 2019 Brompton with 16 inch tyres."
+
+
+def past(
+    config: Config, title: str, turns: list[tuple[str, str]], at: str, settings: dict[str, Any] | None = None
+) -> int:
     """A conversation of ``turns`` the store keeps, dated ``at``."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     with HistoryStore(config.db_path) as store:
@@ -44,7 +49,7 @@ def past(config: Config, title: str, turns: list[tuple[str, str]], at: str, sett
 async def test_another_conversations_fact_reaches_a_new_conversation_labelled_with_title_and_date(
     config: Config, router: FakeRouter
 ) -> None:
-    bike = past(config, "Bike fitting", [FILLER[0], ("My bike is a 2019 Brompton with 16 inch tyres.", "A fine folding bike.")], NOVEMBER)
+    bike = past(config, "Bike fitting", [FILLER[0], (BROMPTON, "A fine folding bike.")], NOVEMBER)
     async with serving(config) as (_, wire):
         router.script(Reply(text="16 inch."))
         events = await wire.ask("What size are my bike tyres?")
@@ -52,13 +57,14 @@ async def test_another_conversations_fact_reaches_a_new_conversation_labelled_wi
         cid = events[0]["conversation"]
         text = question_text(last_request(router))
         assert text.startswith(ELSEWHERE_HEADER)
-        assert f"in “Bike fitting”, {day_label(NOVEMBER)}: you said: My bike is a 2019 Brompton with 16 inch tyres.\n" in text
+        assert f"in “Bike fitting”, {day_label(NOVEMBER)}: you said: {BROMPTON}\n" in text
         assert text.endswith(f"{BLOCK_FOOTER}\n\nWhat size are my bike tyres?")
         assert "tea" not in text.lower()  # only what bears on the question
         source = {"recall": "conversation", "conversation": bike, "title": "Bike fitting", "date": "2026-11-02",
                   "turn": 2, "role": "user"}
         [shown] = recall_events(events)
-        assert shown["sources"][0] == source and shown["detail"].startswith(f"recalled: “Bike fitting” {day_label(NOVEMBER)}")
+        assert shown["sources"][0] == source
+        assert shown["detail"].startswith(f"recalled: “Bike fitting” {day_label(NOVEMBER)}")
         opened = await wire.request({"type": "open", "conversation": cid})
         assert opened["turns"][-1]["recalled"][0] == source
         # a question the past says nothing of gets nothing; the passage is not replayed
@@ -106,7 +112,7 @@ async def test_a_memory_saved_after_the_conversation_began_is_injected_but_not_i
 
 async def test_an_incognito_conversation_neither_reads_nor_is_read(config: Config, router: FakeRouter) -> None:
     past(config, "Secret", [("My safe combination is 31-47-02.", "Kept.")], OCTOBER, settings={"memory": "off"})
-    past(config, "Bike", [("My bike is a 2019 Brompton with 16 inch tyres.", "Nice.")], OCTOBER)
+    past(config, "Bike", [(BROMPTON, "Nice.")], OCTOBER)
     async with serving(config) as (_, wire):
         router.script(Reply(text="I do not know."))
         events = await wire.ask("What is my safe combination?")
@@ -119,7 +125,7 @@ async def test_an_incognito_conversation_neither_reads_nor_is_read(config: Confi
 
 
 async def test_the_settings_turn_the_cross_conversation_part_off(config: Config, router: FakeRouter) -> None:
-    past(config, "Bike", [("My bike is a 2019 Brompton with 16 inch tyres.", "Nice.")], OCTOBER)
+    past(config, "Bike", [(BROMPTON, "Nice.")], OCTOBER)
     async with serving(config) as (_, wire):
         cid = (await wire.ask("hello"))[0]["conversation"]
         await wire.request({"type": "settings", "conversation": cid, "recall_injection": "tool_only"})
