@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from core import Config
-from history import HistoryStore
-from kbinject.archive import BLOCK_FOOTER, ELSEWHERE_HEADER
-from kbinject.elsewhere import day_label
+from core import Config, estimate_text
+from history import ArchiveHit, ElsewhereHit, HistoryStore
+from kbinject.archive import BLOCK_FOOTER, ELSEWHERE_HEADER, Passage, fit, format_block
+from kbinject.elsewhere import ElsewherePassage, day_label
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import serving
-from tests.test_recall_injection import last_request, question_text, recall_events
+from tests.test_recall_injection import archived, last_request, question_text, recall_events
 
 pytestmark = pytest.mark.asyncio
 
@@ -144,3 +144,30 @@ async def test_the_settings_turn_the_cross_conversation_part_off(config: Config,
         router.script(Reply(text="?"))
         await wire.ask("What size are my bike tyres?")
         assert "Brompton" not in question_text(last_request(router))
+
+
+async def test_the_conversations_own_passage_ranks_first_and_all_stand_by_date(
+    config: Config, router: FakeRouter
+) -> None:
+    past(config, "Gym", [("My gym locker code is 9021.", "Noted.")], OCTOBER)
+    cid = archived(config, [FILLER[0], ("My office locker code is 4711.", "Noted."), *FILLER, *FILLER], through=5)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="4711 at the office, 9021 at the gym."))
+        events = await wire.ask("What is my locker code?", conversation=cid)
+        text = question_text(last_request(router))
+        assert text.startswith(ELSEWHERE_HEADER)
+        gym = text.index(f"in “Gym”, {day_label(OCTOBER)}: you said: My gym locker code is 9021.")
+        office = text.index("turn 2, you said: My office locker code is 4711.")
+        assert gym < office  # October before this conversation's turn of today
+        sources = recall_events(events)[0]["sources"]
+        assert [s["recall"] for s in sources] == ["conversation", "turn"]
+
+
+async def test_the_budget_drops_other_conversations_passages_before_the_conversations_own() -> None:
+    own = Passage("My office locker code is 4711.", ArchiveHit(2, "", 0.0, n=0, role="user"), date=NOVEMBER)
+    hit = ElsewhereHit(7, "Gym", OCTOBER, 1, 0, "user", "My gym locker code is 9021.", 0.0)
+    other = ElsewherePassage(hit.text, hit.created_at, hit=hit)
+    both = fit([own, other], 0, 10**6)
+    assert [p.source()["recall"] for p in both.passages] == ["turn", "conversation"]
+    one = fit([own, other], 0, estimate_text(format_block([own])))  # room for one: the own one stays
+    assert one.passages == [own] and one.block is not None and "9021" not in one.block
