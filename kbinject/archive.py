@@ -202,7 +202,8 @@ class ArchiveRecall:
                 chosen += await self._own(cid, turn, terms, through, held)
             if elsewhere:
                 chosen += await self._elsewhere(cid, terms, held, chosen)
-            return fit(chosen, ctx_used, limit) if chosen else Recall(searched=True)
+            # other conversations searched in vain say nothing: every turn of memory would
+            return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
