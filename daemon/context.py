@@ -47,7 +47,7 @@ from core.errors import AssistantError, ContextOverflow, RouterContextOverflow, 
 from core.jsontext import EncodedPrefix
 from core.router import ModelInfo, RouterClient
 from core.tools import TOOL_GUIDANCE
-from history import MAX_TURN, AsyncHistory, Compaction, Conversation, HistoryStore, TurnContext
+from history import MAX_TURN, AsyncHistory, Compaction, Conversation, HistoryStore, MemoryStore, TurnContext
 from kbinject import ArchiveRecall, Hit, KnowledgeBases, Recall, recall_label, recall_mode
 from recall import (
     IN_PLACE_REQUEST,
@@ -58,7 +58,7 @@ from recall import (
     summary_message,
 )
 
-from .memory import frozen_block
+from .memory import frozen_block, memory_on
 from .replay import ReplayCache, Replayed, encoded_prefix, router_messages
 
 __all__ = ["ContextBuilder", "Prompt", "complete_exchanges", "recall_estimate", "router_messages", "with_passages"]
@@ -219,19 +219,16 @@ class ContextBuilder:
         budget: Budget, past: TurnContext | None, progress: Progress, out_through: int | None,
     ) -> tuple[list[str], list[dict[str, Any]]]:
         """This turn's blocks of passages and their sources: the knowledge bases', then those
-        recalled from the conversation's archive (turns 1..``out_through``, its files) when
-        ``out_through`` is not None and its ``recall_injection`` is ``auto``."""
+        recalled (docs/DESIGN.md, "Recall injection") when ``out_through`` is not None and the
+        conversation's ``recall_injection`` is ``auto``: from its archive (turns 1..``out_through``,
+        its files) when it has one, and from the other conversations and memories when memory is on."""
         kb_ids = past.kb_ids if past else None
         block, sources = await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
         blocks = [block] if block else []
-        if out_through is None or past is None or not (out_through or past.has_attachments):
+        if out_through is None or past is None:
             return blocks, sources
-        if recall_mode(past.conversation.settings, self.config.recall_injection) != "auto":
-            return blocks, sources
-        used = tokens + sum(estimate_text(b) for b in blocks)
-        held = "\n".join([*map(message_words, prompt), *blocks])
-        recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
-        recalled = await self.archive.recall(cid, turn, query, recent, out_through, held, used, budget.passage_limit)
+        recalled = await recall_for(self.archive, self.config, past, turn, query, prompt, blocks, tokens,
+                                    budget.passage_limit, out_through)
         tell_recalled(recalled, progress)
         if recalled.block:
             blocks.append(recalled.block)
@@ -436,6 +433,26 @@ class ContextBuilder:
         return entry.system
 
 
+async def recall_for(
+    archive: ArchiveRecall, config: Config, past: TurnContext, turn: int, query: str, prompt: list[dict[str, Any]],
+    blocks: list[str], tokens: int, limit: int, out_through: int,
+) -> Recall:
+    """What recall adds to this turn's ``prompt`` (``tokens`` so far, with ``blocks``) when the
+    conversation's ``recall_injection`` is ``auto``: passages of its archive (turns
+    1..``out_through``, its files) when it has one, and of the other conversations and the
+    saved memories when memory is on for it."""
+    conversation = past.conversation
+    own = bool(out_through or past.has_attachments)
+    elsewhere = memory_on(config, conversation)
+    if not (own or elsewhere) or recall_mode(conversation.settings, config.recall_injection) != "auto":
+        return Recall()
+    used = tokens + sum(estimate_text(b) for b in blocks)
+    held = "\n".join([*map(message_words, prompt), *blocks])
+    recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
+    return await archive.recall(conversation.id, turn, query, recent, out_through, held, used, limit,
+                                own=own, elsewhere=elsewhere)
+
+
 def tell_recalled(recalled: Recall, progress: Progress) -> None:
     """The ``recall`` progress of a search of the archive (docs/PROTOCOL.md, "Recall injection")."""
     if recalled.block:
@@ -492,12 +509,16 @@ async def recall_estimate(
         return Recall()
     compaction, kept = await history.run(HistoryStore.replay_source, conversation.id, MAX_TURN)
     through = compaction.through_turn if compaction else 0
-    if not through and not await history.run(HistoryStore.has_attachments, conversation.id):
+    own = bool(through) or await history.run(HistoryStore.has_attachments, conversation.id)
+    elsewhere = memory_on(config, conversation)
+    if not (own or elsewhere):
         return Recall()
     messages = [message for _, turn in kept for message in turn]
-    held = "\n".join([compaction.summary if compaction else "", *map(message_words, messages)])
+    memories = (await history.memories.run(MemoryStore.frozen, conversation.id) or "") if elsewhere else ""
+    held = "\n".join([compaction.summary if compaction else "", memories, *map(message_words, messages)])
     recent = "\n".join(message_words(m) for m in messages[-RECENT_MESSAGES:])
     turn = (kept[-1][0] if kept else through) + 1
     limit = Budget(ctx_max or config.assumed_ctx, config.max_reply_tokens).passage_limit
     return await ArchiveRecall(history).recall(conversation.id, turn, text, recent, through, held,
-                                               conversation.ctx_used + estimate_text(text), limit)
+                                               conversation.ctx_used + estimate_text(text), limit,
+                                               own=own, elsewhere=elsewhere)

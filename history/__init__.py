@@ -2,6 +2,7 @@
 
 from .aio import AsyncHistory
 from .archive import ArchiveFound, ArchiveHit, ArchiveStore, FileToChunk
+from .elsewhere import ElsewhereFound, ElsewhereHit, ElsewhereStore
 from .fts import (
     CONVERSATION_SHIFT,
     MAX_CONVERSATION_ID,
@@ -57,6 +58,9 @@ __all__ = [
     "ArchiveStore",
     "ArchiveHit",
     "AsyncHistory",
+    "ElsewhereFound",
+    "ElsewhereHit",
+    "ElsewhereStore",
     "Attachment",
     "CONVERSATION_SHIFT",
     "Compaction",

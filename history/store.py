@@ -38,6 +38,7 @@ from .fts import (
     unindex_conversation,
 )
 from .archive import ArchiveStore
+from .elsewhere import ElsewhereStore
 from .kb import KnowledgeStore
 from .journal import JournalStore
 from .memories import MemoryStore
@@ -97,6 +98,7 @@ class HistoryStore:
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
         self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
+        self.elsewhere = ElsewhereStore(self._conn)  # and across conversations (history/elsewhere.py)
         self.memories = MemoryStore(self._conn, self._now, self._phrases)  # history/memories.py
         self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 
@@ -388,12 +390,13 @@ class HistoryStore:
 
     def import_conversation(
         self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,
-        system_prompt: str | None,
+        system_prompt: str | None, at: str | None = None,
     ) -> Conversation:
         """A new conversation holding ``turns`` (question, reply) a client brought, stored complete
-        with finish reason ``imported`` and searchable, recorded as the thread ``digest``."""
+        with finish reason ``imported`` and searchable, recorded as the thread ``digest``; dated
+        ``at`` (a timestamp) when given, as a test or a bench makes a past."""
         with self._transaction():
-            now = self._now()
+            now = at or self._now()
             cid = self._insert_conversation(title, model, system_prompt, now)
             self._insert_imported(cid, 1, turns, model, now)
             self._conn.execute(sql.INSERT_THREAD, (digest, cid, len(turns)))

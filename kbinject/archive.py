@@ -40,10 +40,12 @@ from typing import Any, Literal
 from attachments import PAGE_BREAK
 from core import estimate_text
 from core.tools import one_line
-from history import ArchiveHit, ArchiveStore, AsyncHistory, FileToChunk
+from history import ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, FileToChunk
 
 from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
-from .search import fts_phrases, keyword_share, query_terms, reciprocal_rank_fusion
+from .elsewhere import ElsewherePassage, day_label, recall_elsewhere
+from .search import fts_phrases, reciprocal_rank_fusion
+from .terms import Terms, best_piece, normalized
 
 __all__ = [
     "DEFAULT_RECALL_MODE",
@@ -65,23 +67,19 @@ SETTING = "recall_injection"  # the key in conversations.settings (and the confi
 
 RECALL_TOP_K = 3  # passages a turn gets at most
 CANDIDATES = 20  # matches of each kind (turns, file chunks) ranked before the floor
-BACK_REFERENCE_TERMS = 3  # a question with fewer keywords is searched with the recent turns' too
-RECENT_TERMS = 12  # keywords taken from the recent turns, at most
-MIN_MATCHED = 2  # keywords of the question a passage must hold at most (half of them when fewer)
 # A keyword that more than this share of the conversation's pieces hold (messages, file chunks;
 # more than COMMON_PIECES of them) tells no passage apart: it is not searched by, nor counts for the floor
 COMMON_SHARE = 0.3
 COMMON_PIECES = 3
-# Words of a question that refers back and say nothing of what it asks for
-BACK_REFERENCE_WORDS = frozenset("""
-gave give given told remember remind mentioned earlier before previously wrote sent shared
-provided last time ago back recall
-""".split())
-
 BLOCK_HEADER = (
     "[Recalled from this conversation]\n"
     "These earlier parts of this conversation are no longer above and may be relevant\n"
     "(oldest first: when two disagree, the later one stands):\n"
+)
+ELSEWHERE_HEADER = (
+    "[Recalled from earlier conversations]\n"
+    "These passages of the user's earlier conversations and saved memories (and of this conversation,\n"
+    "no longer above) may be relevant (oldest first: when two disagree, the later one stands):\n"
 )
 BLOCK_FOOTER = "[End Recalled]"
 MAX_NAME_CHARS = 200  # a file's name in a label
@@ -104,11 +102,12 @@ class Passage:
 
     text: str
     hit: ArchiveHit
+    date: str = ""  # its turn's timestamp, looked up when passages of other conversations stand beside it
 
     @property
-    def order(self) -> tuple[int, int, int]:
-        """Where it stands in the conversation: its turn, its message, its chunk."""
-        return self.hit.turn, self.hit.n, self.hit.chunk or 0
+    def sort_key(self) -> tuple[str, int, int, int]:
+        """Where it stands: its date, then its turn, its message, its chunk in the conversation."""
+        return self.date, self.hit.turn, self.hit.n, self.hit.chunk or 0
 
     def label(self) -> str:
         hit = self.hit
@@ -126,18 +125,29 @@ class Passage:
                 "chunk": hit.chunk, "page": hit.page}
 
 
+AnyPassage = Passage | ElsewherePassage
+
+
 def recall_label(source: Mapping[str, Any]) -> str:
-    """A recalled passage's source in a few words: "turn 3", "report.pdf p4", "notes.txt"."""
-    if source.get("recall") == "turn":
+    """A recalled passage's source in a few words: "turn 3", "report.pdf p4", "notes.txt",
+    "“Bike fitting” 2 Nov", "memory 4"."""
+    kind = source.get("recall")
+    if kind == "turn":
         return f"turn {source.get('turn')}"
+    if kind == "conversation":
+        return f"“{one_line(str(source.get('title') or ''), 40)}” {day_label(str(source.get('date')))}"
+    if kind == "memory":
+        return f"memory {source.get('memory')}"
     page = source.get("page")
     return f"{source.get('file')} p{page}" if page is not None else str(source.get("file"))
 
 
-def format_block(passages: Sequence[Passage]) -> str:
-    """The ``[Recalled from this conversation]`` block of these passages, oldest first."""
-    entries = [f"{p.label()}: {p.text.strip()}\n" for p in sorted(passages, key=lambda p: p.order)]
-    return BLOCK_HEADER + "\n" + "\n".join(entries) + BLOCK_FOOTER
+def format_block(passages: Sequence[AnyPassage]) -> str:
+    """The block of these passages, oldest first: ``[Recalled from this conversation]``, or
+    ``[Recalled from earlier conversations]`` when some come from elsewhere."""
+    entries = [f"{p.label()}: {p.text.strip()}\n" for p in sorted(passages, key=lambda p: p.sort_key)]
+    elsewhere = any(isinstance(p, ElsewherePassage) for p in passages)
+    return (ELSEWHERE_HEADER if elsewhere else BLOCK_HEADER) + "\n" + "\n".join(entries) + BLOCK_FOOTER
 
 
 @dataclass
@@ -145,57 +155,14 @@ class Recall:
     """What recall adds before this turn's question, or why nothing."""
 
     block: str | None = None
-    passages: list[Passage] = field(default_factory=list)
+    passages: list[AnyPassage] = field(default_factory=list)
     tokens: int = 0
     searched: bool = False  # a search ran (a ``recall`` progress says what it found)
     note: str | None = None  # why nothing was added though passages were found, or the failure
 
     @property
     def sources(self) -> list[dict[str, Any]]:
-        return [p.source() for p in sorted(self.passages, key=lambda p: p.order)] if self.block else []
-
-
-@dataclass(frozen=True)
-class Terms:
-    """The keywords a recall searches with: the question's, and the recent turns' when it has few."""
-
-    question: list[str]
-    recent: list[str]
-
-    @classmethod
-    def of(cls, question: str, recent: str) -> Terms:
-        asked = [t for t in query_terms(question) if t not in BACK_REFERENCE_WORDS]
-        if len(asked) >= BACK_REFERENCE_TERMS:
-            return cls(asked, [])
-        return cls(asked, [t for t in query_terms(recent) if t not in asked][:RECENT_TERMS])
-
-    def relevant(self, text: str) -> bool:
-        """The floor: half the question's keywords (its words, when it has numbers too: "12 times
-        12" is about times), at most ``MIN_MATCHED``; a question of none needs that many of the
-        recent turns' keywords."""
-        words = [t for t in self.question if not t.isdigit()] or self.question
-        if not words:
-            return held(self.recent, text) >= MIN_MATCHED
-        return held(words, text) >= min(MIN_MATCHED, (len(words) + 1) // 2)
-
-    def without(self, common: frozenset[str]) -> Terms:
-        """These terms less those whose phrase is in ``common`` (too common to tell a passage)."""
-        def rare(term: str) -> bool:
-            return fts_phrases([term])[0] not in common
-        return Terms([t for t in self.question if rare(t)], [t for t in self.recent if rare(t)])
-
-    def strength(self, text: str) -> float:
-        return keyword_share([*self.question, *self.recent], text)
-
-
-def held(terms: Sequence[str], text: str) -> int:
-    """How many of ``terms`` ``text`` holds (by their stems, as search.py matches them)."""
-    return round(keyword_share(terms, text) * len(terms))
-
-
-def normalized(text: str) -> str:
-    """Text with its whitespace runs made one space, lower case: for containment checks."""
-    return " ".join(text.split()).lower()
+        return [p.source() for p in sorted(self.passages, key=lambda p: p.sort_key)] if self.block else []
 
 
 def file_chunks(file: FileToChunk) -> list[tuple[int | None, str]]:
@@ -217,27 +184,34 @@ class ArchiveRecall:
 
     async def recall(
         self, cid: int, turn: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
+        *, own: bool = True, elsewhere: bool = False,
     ) -> Recall:
         """The block for turn ``turn``: passages of turns 1..``through`` and of the conversation's
-        files for ``question`` (with ``recent``'s words when it has few), none that ``held``
-        (the prompt's text) already holds, as many as keep the prompt (``ctx_used`` tokens so far)
-        within ``limit`` tokens. Never raises (but CancelledError)."""
-        if not question.strip():  # files alone: their words are no question to recall for
+        files (when ``own``), then of the user's other conversations and saved memories (when
+        ``elsewhere``: elsewhere.py), for ``question`` (with ``recent``'s words when it has few),
+        none that ``held`` (the prompt's text) already holds, as many as keep the prompt
+        (``ctx_used`` tokens so far) within ``limit`` tokens. Never raises (but CancelledError)."""
+        if not question.strip() or not (own or elsewhere):  # files alone: their words are no question
             return Recall()
         try:
             terms = Terms.of(question, recent)
-            return await self._recall(cid, turn, terms, through, held, ctx_used, limit)
+            if self.top_k <= 0 or not (terms.question or terms.recent):
+                return Recall()
+            chosen: list[AnyPassage] = []
+            if own:
+                chosen += await self._own(cid, turn, terms, through, held)
+            if elsewhere:
+                chosen += await self._elsewhere(cid, terms, held, chosen)
+            # other conversations searched in vain say nothing: every turn of memory would
+            return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("recall: the search failed for conversation %d", cid)
             return Recall(searched=True, note=f"recall failed ({type(exc).__name__})")
 
-    async def _recall(
-        self, cid: int, turn: int, terms: Terms, through: int, held: str, ctx_used: int, limit: int
-    ) -> Recall:
-        if self.top_k <= 0 or not (terms.question or terms.recent):
-            return Recall()
+    async def _own(self, cid: int, turn: int, terms: Terms, through: int, held: str) -> list[Passage]:
+        """The best passages of the conversation's own archive, best first."""
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
         found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
@@ -245,10 +219,19 @@ class ArchiveRecall:
             await self._chunk_files(found.unchunked)
             found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
         # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
-        chosen = await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
-        if not chosen:
-            return Recall(searched=True)
-        return fit(chosen, ctx_used, limit)
+        return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
+
+    async def _elsewhere(self, cid: int, terms: Terms, held: str, own: list[AnyPassage]) -> list[ElsewherePassage]:
+        """The best passages of other conversations and memories, ranked below ``own``; ``own``
+        dated when there are some, so that every passage stands by its date in the block."""
+        common = (COMMON_SHARE, COMMON_PIECES)
+        found = await recall_elsewhere(self.history, cid, terms, held, [p.text for p in own], common)
+        mine = [p for p in own if isinstance(p, Passage)]
+        if found and mine:
+            dates = await self.history.elsewhere.run(ElsewhereStore.turn_dates, cid, [p.hit.turn for p in mine])
+            for passage in mine:
+                passage.date = dates.get(passage.hit.turn, "")
+        return found
 
     async def _chunk_files(self, files: list[FileToChunk]) -> None:
         """Chunk these files and store their chunks (off the event loop)."""
@@ -276,15 +259,7 @@ class ArchiveRecall:
         return chosen
 
 
-def best_piece(text: str, terms: Terms) -> str:
-    """A message as a passage: whole when short, else its chunk holding most keywords."""
-    pieces = chunk_text(text)
-    if len(pieces) <= 1:
-        return text
-    return max(pieces, key=lambda piece: terms.strength(piece.text)).text
-
-
-def fit(passages: list[Passage], ctx_used: int, limit: int) -> Recall:
+def fit(passages: list[AnyPassage], ctx_used: int, limit: int) -> Recall:
     """The block of as many of the best ``passages`` as keep the prompt within ``limit`` tokens,
     or why none fit."""
     for count in range(len(passages), 0, -1):

@@ -391,7 +391,8 @@ async def _kb_inject(ctx: Context) -> None:
 
 @check("kb_injection modes: off injects nothing, tool_only offers kb_search instead")
 async def _kb_modes(ctx: Context) -> None:
-    cid = _user(await ctx.wire.ask("hello"))["conversation"]
+    # incognito: the fake router's echo of the check above (its KB block) would be recalled from there
+    cid = _user(await ctx.wire.ask("hello", memory="off"))["conversation"]
     await ctx.wire.request({"type": "settings", "conversation": cid, "kb_injection": "off"})
     await ctx.wire.ask("what is lava?", conversation=cid)
     expect("[Knowledge Base Context]" not in json.dumps(ctx.router.requests[-1]["messages"]), "off still injected")

@@ -206,6 +206,8 @@ async def test_deleting_a_conversation_forgets_what_was_saved_there(
     await wire.request({"type": "memory_add", "text": "kept: added by the user"})
     other = (await wire.ask("hello"))[0]["conversation"]
     assert (await wire.request({"type": "search", "query": "Zebulon"}))["total"] >= 1  # there while it lives
+    question = {"type": "estimate", "conversation": other, "text": "what colour is my cat Zebulon?"}
+    assert cid in {s.get("conversation") for s in (await wire.request(question))["recalled"]}  # and injected
     watcher = await watching(daemon)
     assert (await wire.request({"type": "delete", "conversation": cid}))["type"] == "deleted"
     change = await next_change(watcher, "memory")
@@ -213,6 +215,7 @@ async def test_deleting_a_conversation_forgets_what_was_saved_there(
     assert change["action"] == "forgotten" and change["memory"]["id"] == 1
     assert [m["text"] for m in (await wire.request({"type": "memories"}))["items"]] == ["kept: added by the user"]
     assert (await wire.request({"type": "search", "query": "Zebulon"}))["total"] == 0
+    assert (await wire.request(question))["recalled"] == []  # the per-turn injection finds nothing of it
     remembered = await wire.request({"type": "memory_search", "query": "Zebulon"})
     assert remembered["memories"] == [] and remembered["results"] == []
     router.script(call("conversation_search", {"query": "Zebulon ginger", "scope": "all"}), Reply(text="No."))

@@ -178,7 +178,8 @@ async def test_presets_are_listed_used_configured_and_refused(wire: Wire, router
     text = sent_text(router.requests[-1])
     assert text.startswith(by_name["review"]["prompt"] + "\n\nbe brief\n\n--- file: tool.py") and "return a - b" in text
     assert of_type(events, "user")[0]["text"] == by_name["review"]["prompt"] + "\n\nbe brief"
-    await wire.ask("", files=[str(notes)], preset="translate")
+    # incognito: the review's prompt above shares "attached file" with this one, and would be recalled
+    await wire.ask("", files=[str(notes)], preset="translate", memory="off")
     assert sent_text(router.requests[-1]).startswith("Translate the attached file into French.\n\n--- file: notes.txt")
 
     asked = len(router.requests)

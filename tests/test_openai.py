@@ -385,3 +385,19 @@ async def test_door_conversations_feed_and_read_the_memory(
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": "a recipe, then?"}])
     assert "The user is vegetarian" in router.requests[-1]["messages"][0]["content"]
+
+
+async def test_a_door_conversations_fact_reaches_a_socket_conversations_prompt(
+    door: tuple[str, str], router: FakeRouter, wire: Wire
+) -> None:
+    router.script(Reply(text="Noted."))
+    await sdk(door).chat.completions.create(
+        model="fake-text", messages=[{"role": "user", "content": "My locker at the gym is number 4711."}])
+    router.script(Reply(text="4711."))
+    events = await wire.ask("Which gym locker number is mine?")
+    assert events[-1]["type"] == "done"
+    content = router.requests[-1]["messages"][-1]["content"]
+    assert "you said: My locker at the gym is number 4711." in content
+    assert content.endswith("Which gym locker number is mine?")
+    [recalled] = [e for e in events if e["type"] == "progress" and e["stage"] == "recall"]
+    assert recalled["sources"][0]["recall"] == "conversation"

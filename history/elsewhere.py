@@ -1,0 +1,101 @@
+"""Recall injection beyond the conversation: the user's other conversations, searched per turn.
+
+``ElsewhereStore`` shares the history's connection (``store.elsewhere``), as ``ArchiveStore``
+does, and is its counterpart across conversations: kbinject (recall_others.py) hands it the
+quoted keywords of a question and floors, labels and orders what comes back.
+
+One FTS5 query, bm25 over ``message_fts`` outside the asking conversation's rowid range
+(summary slots left out: a summary restates its turns; tool results
+left out: what a tool returned there was for that conversation's question), the keywords ORed. Phrases that
+too many messages hold (more than ``common`` = (share, least) of the messages, at most
+``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the cost,
+and they tell no passage apart. Only the best few are looked up again: live conversations
+that are not incognito (settings ``memory`` ``off``), with their title and the turn's date.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .fts import MAX_MESSAGE_INDEX, conversation_rowid_range, split_rowid
+
+__all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
+
+COMMON_MAX = 2000  # a phrase more messages than this hold is common, however large the history
+OVERFETCH = 4  # matches ranked for each one kept: incognito and deleted conversations' are dropped after
+
+SEARCH_OTHERS = f"""
+SELECT rowid, body, role, bm25(message_fts) AS score FROM message_fts
+WHERE message_fts MATCH ? AND (rowid < ? OR rowid > ?) AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+  AND role IN ('user', 'assistant')
+ORDER BY score
+LIMIT ?
+"""
+COUNT_HOLDING = "SELECT count(*) FROM (SELECT 1 FROM message_fts WHERE message_fts MATCH ? LIMIT ?)"
+COUNT_TURNS = "SELECT count(*) FROM turns"
+READABLE_TURN = """
+SELECT c.title, t.created_at FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
+WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
+  AND coalesce(json_extract(c.settings, '$.memory'), 'on') != 'off'
+"""
+TURN_DATES = "SELECT turn, created_at FROM turns WHERE conversation_id = ? AND turn IN ({turns})"
+
+
+@dataclass(frozen=True)
+class ElsewhereHit:
+    """A message of another conversation that matched, best first: where it is and what labels it."""
+
+    conversation: int
+    title: str
+    created_at: str  # its turn's
+    turn: int
+    n: int
+    role: str | None
+    text: str
+    score: float  # bm25, lower is better
+
+
+@dataclass(frozen=True)
+class ElsewhereFound:
+    hits: list[ElsewhereHit]
+    common: frozenset[str]  # the phrases too common to search by
+
+
+class ElsewhereStore:
+    """The recall queries over the user's other conversations, on the history's connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def search(self, cid: int, phrases: Sequence[str], limit: int, common: tuple[float, int]) -> ElsewhereFound:
+        """The best ``limit`` matches of the rare ``phrases`` in the readable conversations but ``cid``."""
+        if not phrases or limit <= 0:
+            return ElsewhereFound([], frozenset())
+        share, least = common
+        messages = 2 * self._conn.execute(COUNT_TURNS).fetchone()[0]  # a question and a reply each, near enough
+        cap = min(COMMON_MAX, max(least, int(share * messages))) + 1
+        frequent = frozenset(p for p in phrases if self._conn.execute(COUNT_HOLDING, (p, cap)).fetchone()[0] >= cap)
+        rare = [phrase for phrase in phrases if phrase not in frequent]
+        if not rare:
+            return ElsewhereFound([], frequent)
+        lo, hi = conversation_rowid_range(cid)
+        rows = self._conn.execute(SEARCH_OTHERS, (" OR ".join(rare), lo, hi, limit * OVERFETCH)).fetchall()
+        hits: list[ElsewhereHit] = []
+        for rowid, body, role, score in rows:
+            conversation, turn, n = split_rowid(rowid)
+            found = self._conn.execute(READABLE_TURN, (conversation, turn)).fetchone()
+            if found is not None:
+                hits.append(ElsewhereHit(conversation, found[0], found[1], turn, n, role, body, score))
+                if len(hits) == limit:
+                    break
+        return ElsewhereFound(hits, frequent)
+
+    def turn_dates(self, cid: int, turns: Sequence[int]) -> dict[int, str]:
+        """When each of these turns of conversation ``cid`` was asked."""
+        wanted = sorted(set(turns))
+        if not wanted:
+            return {}
+        rows = self._conn.execute(TURN_DATES.format(turns=",".join("?" * len(wanted))), (cid, *wanted))
+        return {int(turn): str(created_at) for turn, created_at in rows}

@@ -1,0 +1,173 @@
+"""Recall injection across conversations (issue 48 items 2 and 3), through the real socket and
+the fake router: the user's other conversations and the saved memories searched before each
+turn, their passages labelled with where and when they were said, the newest nearest the
+question, never an incognito conversation's (docs/MEMORY.md, docs/DESIGN.md "Recall injection").
+
+The other conversations are written by the store, dated as a test needs, so each question
+costs one model request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from core import Config, estimate_text
+from history import ArchiveHit, ElsewhereHit, HistoryStore
+from kbinject.archive import BLOCK_FOOTER, ELSEWHERE_HEADER, Passage, fit, format_block
+from kbinject.elsewhere import ElsewherePassage, day_label
+from selfcheck.fakerouter import FakeRouter, Reply
+from tests.conftest import serving
+from tests.test_recall_injection import archived, last_request, question_text, recall_events
+
+pytestmark = pytest.mark.asyncio
+
+OCTOBER = "2026-10-05T09:00:00.000000Z"
+NOVEMBER = "2026-11-02T18:30:00.000000Z"
+FILLER = [("Tell me about tea.", "Tea is a drink made from leaves."), ("And the weather?", "It looks sunny.")]
+
+
+BROMPTON = "My bike is a 2019 Brompton with 16 inch tyres."
+
+
+def past(
+    config: Config, title: str, turns: list[tuple[str, str]], at: str, settings: dict[str, Any] | None = None
+) -> int:
+    """A conversation of ``turns`` the store keeps, dated ``at``."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    with HistoryStore(config.db_path) as store:
+        conv = store.import_conversation(turns, f"digest-{title}-{at}", title=title, model=None, system_prompt=None,
+                                         at=at)
+        if settings:
+            store.update_conversation(conv.id, settings=settings)
+    return conv.id
+
+
+async def test_another_conversations_fact_reaches_a_new_conversation_labelled_with_title_and_date(
+    config: Config, router: FakeRouter
+) -> None:
+    bike = past(config, "Bike fitting", [FILLER[0], (BROMPTON, "A fine folding bike.")], NOVEMBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="16 inch."))
+        events = await wire.ask("What size are my bike tyres?")
+        assert events[-1]["type"] == "done", events[-1]
+        cid = events[0]["conversation"]
+        text = question_text(last_request(router))
+        assert text.startswith(ELSEWHERE_HEADER)
+        assert f"in “Bike fitting”, {day_label(NOVEMBER)}: you said: {BROMPTON}\n" in text
+        assert text.endswith(f"{BLOCK_FOOTER}\n\nWhat size are my bike tyres?")
+        assert "tea" not in text.lower()  # only what bears on the question
+        source = {"recall": "conversation", "conversation": bike, "title": "Bike fitting", "date": "2026-11-02",
+                  "turn": 2, "role": "user"}
+        [shown] = recall_events(events)
+        assert shown["sources"][0] == source
+        assert shown["detail"].startswith(f"recalled: “Bike fitting” {day_label(NOVEMBER)}")
+        opened = await wire.request({"type": "open", "conversation": cid})
+        assert opened["turns"][-1]["recalled"][0] == source
+        # a question the past says nothing of gets nothing; the passage is not replayed
+        router.script(Reply(text="144."))
+        events = await wire.ask("what is 12 times 12?", conversation=cid)
+        sent = last_request(router)
+        assert question_text(sent) == "what is 12 times 12?"
+        assert not any("Brompton" in json.dumps(m) for m in sent["messages"][:-1])
+        assert recall_events(events) == []  # other conversations searched in vain: no progress
+
+
+async def test_the_later_fact_stands_nearest_the_question(config: Config, router: FakeRouter) -> None:
+    # the newer conversation written first: the order is the dates', not the ids'
+    past(config, "Moving", [("I moved: I live in Porto now.", "Congratulations on the move.")], NOVEMBER)
+    past(config, "Trams", [("I live in Lisbon and ride tram 28.", "A famous line.")], OCTOBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Porto."))
+        events = await wire.ask("Which city do I live in?")
+        assert events[-1]["type"] == "done"
+        text = question_text(last_request(router))
+        lisbon = text.index(f"in “Trams”, {day_label(OCTOBER)}: you said: I live in Lisbon")
+        porto = text.index(f"in “Moving”, {day_label(NOVEMBER)}: you said: I moved: I live in Porto now.")
+        assert lisbon < porto < text.index(BLOCK_FOOTER)  # the newest nearest the question
+        assert [s["date"] for s in recall_events(events)[0]["sources"]] == ["2026-10-05", "2026-11-02"]
+
+
+async def test_a_memory_saved_after_the_conversation_began_is_injected_but_not_its_frozen_ones(
+    config: Config, router: FakeRouter
+) -> None:
+    async with serving(config) as (_, wire):
+        await wire.request({"type": "memory_add", "text": "I am vegetarian and cook Italian food"})
+        cid = (await wire.ask("hello"))[0]["conversation"]
+        saved = (await wire.request({"type": "memory_add", "text": "I am allergic to peanuts"}))["memory"]
+        router.script(Reply(text="Skip the satay."))
+        events = await wire.ask("Am I allergic to the peanuts in satay?", conversation=cid)
+        text = question_text(last_request(router))
+        assert f"you asked me to remember ({day_label(saved['updated_at'])}): I am allergic to peanuts\n" in text
+        assert recall_events(events)[0]["sources"] == [
+            {"recall": "memory", "memory": saved["id"], "date": saved["updated_at"][:10]}]
+        router.script(Reply(text="Yes."))
+        events = await wire.ask("Should my Italian food stay vegetarian?", conversation=cid)
+        assert "vegetarian" in json.dumps(last_request(router)["messages"][0])  # its system prompt holds it
+        assert question_text(last_request(router)) == "Should my Italian food stay vegetarian?"  # not again
+
+
+async def test_an_incognito_conversation_neither_reads_nor_is_read(config: Config, router: FakeRouter) -> None:
+    past(config, "Secret", [("My safe combination is 31-47-02.", "Kept.")], OCTOBER, settings={"memory": "off"})
+    past(config, "Bike", [(BROMPTON, "Nice.")], OCTOBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="I do not know."))
+        events = await wire.ask("What is my safe combination?")
+        assert question_text(last_request(router)) == "What is my safe combination?"
+        assert recall_events(events) == []
+        router.script(Reply(text="I do not know."))
+        events = await wire.ask("What size are my bike tyres?", memory="off")
+        assert question_text(last_request(router)) == "What size are my bike tyres?"
+        assert recall_events(events) == []
+
+
+async def test_the_settings_turn_the_cross_conversation_part_off(config: Config, router: FakeRouter) -> None:
+    past(config, "Bike", [(BROMPTON, "Nice.")], OCTOBER)
+    async with serving(config) as (_, wire):
+        cid = (await wire.ask("hello"))[0]["conversation"]
+        await wire.request({"type": "settings", "conversation": cid, "recall_injection": "tool_only"})
+        router.script(Reply(text="?"))
+        await wire.ask("What size are my bike tyres?", conversation=cid)
+        assert "Brompton" not in question_text(last_request(router))
+        await wire.request({"type": "settings", "conversation": cid, "recall_injection": "auto"})
+        router.script(Reply(text="16 inch."))
+        await wire.ask("What size are my bike tyres?", conversation=cid)
+        assert "Brompton" in question_text(last_request(router))  # the same question, with it on
+    async with serving(dataclasses.replace(config, memory="off")) as (_, wire):
+        router.script(Reply(text="?"))
+        await wire.ask("What size are my bike tyres?")
+        assert "Brompton" not in question_text(last_request(router))
+    async with serving(dataclasses.replace(config, recall_injection="off")) as (_, wire):
+        router.script(Reply(text="?"))
+        await wire.ask("What size are my bike tyres?")
+        assert "Brompton" not in question_text(last_request(router))
+
+
+async def test_the_conversations_own_passage_ranks_first_and_all_stand_by_date(
+    config: Config, router: FakeRouter
+) -> None:
+    past(config, "Gym", [("My gym locker code is 9021.", "Noted.")], OCTOBER)
+    cid = archived(config, [FILLER[0], ("My office locker code is 4711.", "Noted."), *FILLER, *FILLER], through=5)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="4711 at the office, 9021 at the gym."))
+        events = await wire.ask("What is my locker code?", conversation=cid)
+        text = question_text(last_request(router))
+        assert text.startswith(ELSEWHERE_HEADER)
+        gym = text.index(f"in “Gym”, {day_label(OCTOBER)}: you said: My gym locker code is 9021.")
+        office = text.index("turn 2, you said: My office locker code is 4711.")
+        assert gym < office  # October before this conversation's turn of today
+        sources = recall_events(events)[0]["sources"]
+        assert [s["recall"] for s in sources] == ["conversation", "turn"]
+
+
+async def test_the_budget_drops_other_conversations_passages_before_the_conversations_own() -> None:
+    own = Passage("My office locker code is 4711.", ArchiveHit(2, "", 0.0, n=0, role="user"), date=NOVEMBER)
+    hit = ElsewhereHit(7, "Gym", OCTOBER, 1, 0, "user", "My gym locker code is 9021.", 0.0)
+    other = ElsewherePassage(hit.text, hit.created_at, hit=hit)
+    both = fit([own, other], 0, 10**6)
+    assert [p.source()["recall"] for p in both.passages] == ["turn", "conversation"]
+    one = fit([own, other], 0, estimate_text(format_block([own])))  # room for one: the own one stays
+    assert one.passages == [own] and one.block is not None and "9021" not in one.block
