@@ -33,6 +33,7 @@ from typing import Any
 
 from client import Wire, of_type, reply_text
 from history import HistoryStore
+from kbinject import recall_label
 from selfcheck.samples import make_pdf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,9 @@ class Talk:
 
     async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
         started = time.monotonic()
-        where = {"conversation": self.cid} if self.cid is not None else {}
+        # each run is its own memory (incognito): the runs repeat their wordings with other
+        # needles, and another run's fact, recalled across conversations, is not this one's
+        where = {"conversation": self.cid} if self.cid is not None else {"memory": "off"}
         events = await self.wire.ask(text, **where, **fields)
         self.run.turn_seconds.append(time.monotonic() - started)
         users = of_type(events, "user")
@@ -114,9 +117,7 @@ class Talk:
 
 def label(source: dict[str, Any]) -> str:
     """A recalled source in a few words, as the CLI shows it: "turn 1", "report.pdf p3"."""
-    if source["recall"] == "turn":
-        return f"turn {source['turn']}"
-    return f"{source['file']} p{source['page']}" if source.get("page") else source["file"]
+    return recall_label(source)
 
 
 def fillers(rng: random.Random, count: int, first: int = 1) -> list[tuple[str, str]]:
@@ -135,6 +136,7 @@ def seed(db: Path, turns: list[tuple[str, str]], cid: int | None = None, run: Ru
         if cid is None:
             cid = store.import_conversation(turns, f"seed-{time.monotonic_ns()}", title="Seeded", model=None,
                                             system_prompt=None).id
+            store.update_conversation(cid, settings={"memory": "off"})  # as Talk.ask's: incognito
             last = len(turns)
         else:
             last = store.add_imported_turns(cid, turns)
