@@ -10,14 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import AssistantError
+from core.models import display_name
 from core.router import Timings, ToolCall, Usage
 from history import Conversation
 
 __all__ = [
     "Event", "approval", "approved", "cancelled_kb", "cancelled_turn", "changed", "config", "conversation",
-    "conversation_shown", "conversations", "delta", "deleted", "done", "error_event", "estimate", "following",
-    "forbidden", "kb", "kb_progress", "kb_results", "listing", "mcp_servers", "missed", "not_following", "progress",
-    "reasoning", "results", "settings", "status", "tool", "usage_json", "user", "watching",
+    "conversation_item", "conversation_shown", "conversations", "deleted", "delta", "done", "error_event",
+    "estimate", "following", "forbidden", "kb", "kb_progress", "kb_results", "listing", "mcp_servers",
+    "missed", "model_name", "not_following", "progress", "reasoning", "results", "settings", "status", "tool",
+    "usage_json", "user", "watching",
 ]
 
 Event = dict[str, Any]  # one JSON object on the wire
@@ -112,8 +114,18 @@ def approval(question: dict[str, Any]) -> Event:
 def conversation_shown(conv: Conversation) -> dict[str, Any]:
     """A conversation's own fields as ``settings`` answers them and the ``conversation``
     ``updated`` change carries them."""
-    return {"conversation": conv.id, "title": conv.title, "model": conv.model, "system": conv.system_prompt,
-            "settings": conv.settings}
+    return {"conversation": conv.id, "title": conv.title, "model": conv.model,
+            "model_name": model_name(conv.model), "system": conv.system_prompt, "settings": conv.settings}
+
+
+def conversation_item(conv: Conversation, running: bool) -> dict[str, Any]:
+    """One item of a ``conversations`` listing."""
+    return {**conv.to_json(), "model": conv.model, "model_name": model_name(conv.model), "running": running}
+
+
+def model_name(model: str | None) -> str | None:
+    """A model's short name as ``models`` shows it; None for the daemon's default."""
+    return display_name(model) if model else None
 
 
 # -- the answers of the other requests (docs/PROTOCOL.md, "Events") ------------------------------
@@ -140,7 +152,7 @@ def conversation(conv: Conversation, *, ctx_max: int, running: int | None, turns
     """An ``open``'s answer (``turns``: ``protocol.Encoded``, encoded off the event loop)."""
     return {
         "type": "conversation", "conversation": conv.id, "title": conv.title, "model": conv.model,
-        "system": conv.system_prompt, "settings": conv.settings, "ctx_used": conv.ctx_used, "ctx_max": ctx_max,
+        "model_name": model_name(conv.model), "system": conv.system_prompt, "settings": conv.settings, "ctx_used": conv.ctx_used, "ctx_max": ctx_max,
         "created_at": conv.created_at, "updated_at": conv.updated_at, "running": running, "total": conv.turns,
         "turns": turns,
     }

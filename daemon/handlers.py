@@ -26,7 +26,7 @@ from core.errors import (
     listed,
     no_conversation,
 )
-from core.models import display_name, image_cost
+from core.models import image_cost
 from core.presets import find_preset
 from core.router import RouterClient
 from core.version import __version__
@@ -117,7 +117,7 @@ class Handlers(MemoryHandlers):
         before = request.get("before")
         items = await self.history.run(HistoryStore.list_conversations, limit, before)
         emit(events.conversations(
-            [{**c.to_json(), "running": self.engine.running_turn(c.id) is not None} for c in items]))
+            [events.conversation_item(c, self.engine.running_turn(c.id) is not None) for c in items]))
 
     async def on_open(self, request: Request, emit: Emit) -> None:
         if request.has("ref"):  # the turn whose ask carried it, in its conversation
@@ -255,7 +255,7 @@ class Handlers(MemoryHandlers):
         self.health.observe(now)  # a change it shows is told to the watchers too
         emit(events.status(
             version=__version__, router_url=self.config.router_url, **now,
-            model_name=display_name(now["model"]) if now["model"] else None,
+            model_name=events.model_name(now["model"]),
             uptime=round(time.monotonic() - self.started, 3), turns_running=self.engine.running,
             running=self.engine.running_turns(), socket=str(self.config.socket_path),
             data_dir=str(self.config.data_dir), config_error=self.config_error,

@@ -111,7 +111,7 @@ async def test_a_watcher_hears_of_the_models_title(config: Config, router: FakeR
         # the same fields as every ``updated`` change, whoever made it (daemon/events.py)
         assert {k: v for k, v in found[-1].items() if k not in ("id", "seq")} == {
             "type": "changed", "kind": "conversation", "action": "updated", "conversation": cid,
-            "title": "Fake title", "model": None, "system": None, "settings": {}}
+            "title": "Fake title", "model": None, "model_name": None, "system": None, "settings": {}}
         await watcher.close()
 
 

@@ -34,6 +34,16 @@ async def test_a_short_name_names_the_model_everywhere(daemon: RunningDaemon, by
         assert set_["type"] == "settings", set_
         await wire.ask("again", conversation=cid)
         assert by_path.requests[-1]["model"] == "/other/Qwen2.5-1.5B.gguf"
+        assert (set_["model"], set_["model_name"]) == ("Qwen2.5-1.5B.gguf", "Qwen2.5-1.5B")  # as named
+        listed = await wire.request({"type": "conversations"})
+        item = next(c for c in listed["items"] if c["conversation"] == cid)
+        assert (item["model"], item["model_name"]) == ("Qwen2.5-1.5B.gguf", "Qwen2.5-1.5B"), item
+        opened = await wire.request({"type": "open", "conversation": cid})
+        assert opened["model_name"] == "Qwen2.5-1.5B", opened
+        fresh = await wire.ask("no model of its own")
+        listed = await wire.request({"type": "conversations"})
+        item = next(c for c in listed["items"] if c["conversation"] == fresh[-1]["conversation"])
+        assert item["model"] is None and item["model_name"] is None  # the daemon's default, as it changes
     finally:
         await wire.close()
     code, out, err = await cli("ask", "-m", "SmolLM2-135M-Instruct.Q4_1", "from the command line")
