@@ -265,13 +265,15 @@ class ArchiveRecall:
         held = normalized(prompt)
         turns = [i for i, hit in enumerate(hits) if hit.file is None]
         files = [i for i, hit in enumerate(hits) if hit.file is not None]
-        hits, similar, cosines = near.fused_own(hits)
+        fused = near.fused_own(hits, floor)
         chosen: list[Passage] = []
-        for i in reciprocal_rank_fusion(files, turns, similar):  # a file's chunk beats the message that carried it
-            hit = hits[i]
+        # a file's chunk beats the message that carried it
+        for i in reciprocal_rank_fusion(files, turns, fused.similar):
+            hit = fused.hits[i]
             text = best_piece(hit.text, terms) if hit.file is None else hit.text
             plain = normalized(text)
-            if not plain or not (floor.relevant(text) or near.passes(floor, text, cosines.get(i))) or plain in held:
+            passes = floor.relevant(text) or fused.floor.passes(text, fused.cosines.get(i))
+            if not plain or not passes or plain in held:
                 continue
             if any(plain in normalized(p.text) or normalized(p.text) in plain for p in chosen):
                 continue

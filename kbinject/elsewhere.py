@@ -97,10 +97,11 @@ def choose(
     ``floor`` (or its vector counterpart) and new to the prompt."""
     held = normalized(prompt)
     keywords = len(hits)
-    hits, _, cosines = near.fused_others(hits)
+    fused = near.fused_others(hits, floor)
+    hits = fused.hits
     remembered = sorted((m for m in memories if floor.relevant(m.text) or m.id in near.memories),
                         key=lambda m: (-terms.strength(m.text), -m.id))
-    cosines = {len(remembered) + i: cosine for i, cosine in cosines.items()}
+    cosines = {len(remembered) + i: cosine for i, cosine in fused.cosines.items()}
     cosines.update((i, near.memories[m.id]) for i, m in enumerate(remembered) if m.id in near.memories)
     candidates = [*(ElsewherePassage(m.text, m.updated_at, memory=m) for m in remembered),
                   *(ElsewherePassage(best_piece(h.text, terms), h.created_at, hit=h) for h in hits)]
@@ -112,7 +113,7 @@ def choose(
         passage = candidates[i]
         plain = normalized(passage.text)
         if not plain or plain in held or not (floor.relevant(passage.text)
-                                              or near.passes(floor, passage.text, cosines.get(i))):
+                                              or fused.floor.passes(passage.text, cosines.get(i))):
             continue
         if any(plain in other or other in plain for other in seen):
             continue

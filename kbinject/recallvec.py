@@ -18,8 +18,9 @@ their in-memory index (vectors.py ``VectorIndex``), their rank fusion (search.py
 - ``near`` looks up the nearest vectors of the conversation's archive, of the other
   conversations and of the memories, and reads each hit again from the store (still
   there, its text still the one embedded, its conversation readable).
-- The floor's vector counterpart (``passes``): a passage found by its vector must reach
-  ``MIN_SIMILARITY`` and hold at least one of the question's keywords (see ``passes``).
+- The floor's vector counterpart (``VectorFloor``): a passage the keywords' floor drops
+  passes when its cosine reaches ``MIN_SIMILARITY`` and it holds one of the question's
+  keywords that tells it apart (see ``VectorFloor``).
 
 docs/DESIGN.md, "Recall injection" says why.
 """
@@ -29,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from history import ArchiveHit, AsyncHistory, ElsewhereHit, Piece, RecallVectorStore
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # numpy stays off the start-up path (embedder.py's docstring)
     from .embedder import Vector
     from .vectors import VectorIndex
 
-__all__ = ["MEMORIES", "MIN_SIMILARITY", "NO_NEAR", "Near", "RecallVectors"]
+__all__ = ["MEMORIES", "MIN_SIMILARITY", "NO_NEAR", "Fused", "Near", "RecallVectors", "VectorFloor"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 MIN_SIMILARITY = 0.35
 NEAREST = 40  # vectors looked up per source (own archive, other conversations), before the floor
 NEAREST_MEMORIES = 10
+# A keyword that this many of the keyword search's matches hold tells no passage apart: holding
+# it admits none by its vector ("what is my hangar harp code?" beside forty "my ... code is")
+TELLING_MAX = 5
 MAX_QUEUED = 1_000  # conversations waiting to be embedded; past it, a catch-up of all
 MEMORIES = 0  # the queue's entry (and the index's group) of the saved memories
 
@@ -66,27 +70,45 @@ class Near:
     others: list[tuple[ElsewhereHit, float]] = field(default_factory=list)
     memories: dict[int, float] = field(default_factory=dict)
 
-    @staticmethod
-    def passes(floor: Terms, text: str, cosine: float | None) -> bool:
-        """The floor's vector counterpart: ``cosine`` at least ``MIN_SIMILARITY`` and ``text``
-        holding one of the question's rare keywords (the recent turns' when it has none): the
-        vector finds "my bike is a 2019 Brompton" for "what tyre size does my bike take?",
-        which holds one keyword of four, and a model whose unrelated texts sit high does not
-        bring a passage that shares no word with the question."""
-        if cosine is None or cosine < MIN_SIMILARITY:
-            return False
-        words = [t for t in floor.question if not t.isdigit()] or floor.question or floor.recent
-        return held(words, text) >= 1
-
-    def fused_own(self, hits: list[ArchiveHit]) -> tuple[list[ArchiveHit], list[int], dict[int, float]]:
+    def fused_own(self, hits: list[ArchiveHit], floor: Terms) -> Fused[ArchiveHit]:
         """The keywords' ``hits`` and, after them, those only the vectors found; the vectors'
-        ranking over them (those similar enough, or found by keywords too: as the KB search
-        fuses) and each one's cosine, by its place in the list."""
-        return _fused(hits, self.own, _identity)
+        ranking over them, each one's cosine by its place in the list, and the floor's
+        vector counterpart (``floor``: the keywords' floor)."""
+        return _fused(hits, self.own, floor)
 
-    def fused_others(self, hits: list[ElsewhereHit]) -> tuple[list[ElsewhereHit], list[int], dict[int, float]]:
+    def fused_others(self, hits: list[ElsewhereHit], floor: Terms) -> Fused[ElsewhereHit]:
         """``fused_own`` for the other conversations' messages."""
-        return _fused(hits, self.others, _identity)
+        return _fused(hits, self.others, floor)
+
+
+@dataclass(frozen=True)
+class VectorFloor:
+    """The floor's vector counterpart: a cosine of at least ``MIN_SIMILARITY``, and one of the
+    question's keywords (the recent turns' when it has none) held, one that fewer than
+    ``TELLING_MAX`` of the keyword search's matches hold (``words``). So "my bike is a 2019
+    Brompton" comes for "what tyre size does my bike take?" (one keyword of four: under the
+    keywords' floor), a passage that shares no word with the question never does (a model
+    whose unrelated texts sit high), nor one that shares only a word most matches share."""
+
+    words: list[str]
+
+    @classmethod
+    def of(cls, floor: Terms, matches: Sequence[str]) -> VectorFloor:
+        words = [t for t in floor.question if not t.isdigit()] or floor.question or floor.recent
+        return cls([w for w in words if sum(held([w], text) for text in matches) < TELLING_MAX])
+
+    def passes(self, text: str, cosine: float | None) -> bool:
+        return cosine is not None and cosine >= MIN_SIMILARITY and held(self.words, text) >= 1
+
+
+@dataclass
+class Fused(Generic[H]):
+    """The keywords' hits and the vectors' together (``Near.fused_own``)."""
+
+    hits: list[H]
+    similar: list[int]  # the vectors' ranking, by place in ``hits``
+    cosines: dict[int, float]  # by place in ``hits``
+    floor: VectorFloor
 
 
 def _identity(hit: ArchiveHit | ElsewhereHit) -> tuple[int | None, ...]:
@@ -95,25 +117,22 @@ def _identity(hit: ArchiveHit | ElsewhereHit) -> tuple[int | None, ...]:
     return hit.turn, hit.n, hit.attachment, hit.chunk
 
 
-def _fused(
-    hits: list[H], near: list[tuple[H, float]], identity: Callable[[H], tuple[int | None, ...]]
-) -> tuple[list[H], list[int], dict[int, float]]:
+def _fused(hits: list[H], near: list[tuple[H, float]], floor: Terms) -> Fused[H]:
+    vector_floor = VectorFloor.of(floor, [hit.text for hit in hits])
     if not near:
-        return hits, [], {}
+        return Fused(hits, [], {}, vector_floor)
     merged = list(hits)
-    places = {identity(hit): i for i, hit in enumerate(merged)}
+    places = {_identity(hit): i for i, hit in enumerate(merged)}
     ranking: list[int] = []
     cosines: dict[int, float] = {}
-    for hit, cosine in near:
-        place = places.get(identity(hit))
+    for hit, cosine in near:  # best first, each similar enough (``_similar``)
+        place = places.get(_identity(hit))
         if place is None:
-            if cosine < MIN_SIMILARITY:
-                continue
-            place = places[identity(hit)] = len(merged)
+            place = places[_identity(hit)] = len(merged)
             merged.append(hit)
         ranking.append(place)
         cosines[place] = cosine
-    return merged, ranking, cosines
+    return Fused(merged, ranking, cosines, vector_floor)
 
 
 NO_NEAR = Near()

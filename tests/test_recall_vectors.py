@@ -189,3 +189,22 @@ async def test_an_embedder_that_does_not_answer_holds_up_no_turn(
             assert router.embedding_requests  # the question was sent to the embedder, which kept it
     finally:
         router.embeddings_open.set()
+
+
+async def test_a_never_said_fact_gets_no_look_alike_by_its_vector(
+    config: Config, router: FakeRouter, embedding: None
+) -> None:
+    # five codes said, each "My ... code is N." as the question is worded: near by vector, and
+    # holding "code", but "code" is what all the matches hold: it tells none of them apart
+    for i, thing in enumerate(["gym locker", "garage door", "office safe", "bike lock", "club gate"]):
+        past(config, f"codes {i}", [(f"My {thing} code is {4000 + i}.", "Noted.")], NOVEMBER)
+    for i in range(10):  # enough else that "code" is not too common to search by
+        past(config, f"chat {i}", FILLER, NOVEMBER)
+    async with vectored(config) as (_, wire):
+        router.script(Reply(text="I don't know."))
+        events = await wire.ask("What is my harbour kayak code?")
+        assert question_text(last_request(router)) == "What is my harbour kayak code?"
+        assert recall_events(events) == []
+        router.script(Reply(text="4003."))
+        await wire.ask("What is my bike lock code?")  # said: found (by its keywords)
+        assert "My bike lock code is 4003." in question_text(last_request(router))
