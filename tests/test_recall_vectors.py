@@ -16,6 +16,7 @@ import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,25 @@ async def test_a_never_said_fact_gets_no_look_alike_by_its_vector(
         router.script(Reply(text="4003."))
         await wire.ask("What is my bike lock code?")  # said: found (by its keywords)
         assert "My bike lock code is 4003." in question_text(last_request(router))
+
+
+async def test_a_turn_embeds_its_question_once_for_the_knowledge_bases_and_recall(
+    config: Config, router: FakeRouter, embedding: None, tmp_path: Path
+) -> None:
+    past(config, "Bike fitting", [(BIKE, "A fine folding bike.")], NOVEMBER)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "tyres.md").write_text("# Tyres\n\nFolding bikes take 16 inch tyres, size 35-349.\n")
+    async with vectored(config) as (running, wire):
+        rid = await wire.send({"type": "kb_add", "kb": "manuals", "paths": [str(tmp_path / "docs")]})
+        assert (await wire.until(rid, ("kb", "error")))[-1]["type"] == "kb"
+        await wire.request({"type": "kb_link", "kb": "manuals"})
+        router.script(Reply(text="16 inch."))
+        events = await wire.ask(TYRES)
+        assert [e["stage"] for e in events if e["type"] == "progress" and e["stage"] in ("kb", "recall")] == [
+            "kb", "recall"]
+        text = question_text(last_request(router))
+        assert "35-349" in text and BIKE in text  # both searches used the question's vector
+        await settled(running)
+        # the question as a query, once; as a stored message (with its answer) once more, after the turn
+        queries = [r["input"] for r in router.embedding_requests if len(r["input"]) == 1 and TYRES in r["input"][0]]
+        assert queries == [[TYRES]]
