@@ -560,7 +560,8 @@ CREATE TABLE recall_vectors (
 RECALL_VECTORS_TRIGGERS = (
     "CREATE INDEX recall_vectors_conversation ON recall_vectors (conversation_id)",
     """CREATE TRIGGER recall_vectors_forgotten AFTER UPDATE OF deleted_at, settings ON conversations
-    WHEN new.deleted_at IS NOT NULL OR coalesce(json_extract(new.settings, '$.memory'), 'on') = 'off' BEGIN
+    WHEN new.deleted_at IS NOT NULL
+      OR CASE WHEN json_valid(new.settings) THEN json_extract(new.settings, '$.memory') END = 'off' BEGIN
         DELETE FROM recall_vectors WHERE conversation_id = new.id;
     END""",
     """CREATE TRIGGER recall_vectors_conversation_gone AFTER DELETE ON conversations BEGIN

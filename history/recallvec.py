@@ -33,14 +33,10 @@ from .migrations import immediate_transaction
 __all__ = ["EMBED_CHARS", "Piece", "RecallVectorStore", "digest"]
 
 EMBED_CHARS = 2_000  # a longer message is embedded from its start (the server's input limit)
-READABLE = """
-SELECT 1 FROM conversations
-WHERE id = ? AND deleted_at IS NULL AND coalesce(json_extract(settings, '$.memory'), 'on') != 'off'
-"""
-READABLE_IDS = """
-SELECT id FROM conversations
-WHERE deleted_at IS NULL AND coalesce(json_extract(settings, '$.memory'), 'on') != 'off' ORDER BY id DESC
-"""
+# incognito: settings' memory "off" (settings a damaged JSON reads as {}, as records.py reads it)
+INCOGNITO = "coalesce(CASE WHEN json_valid(settings) THEN json_extract(settings, '$.memory') END, 'on') = 'off'"
+READABLE = f"SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL AND NOT {INCOGNITO}"
+READABLE_IDS = f"SELECT id FROM conversations WHERE deleted_at IS NULL AND NOT {INCOGNITO} ORDER BY id DESC"
 MESSAGES = f"""
 SELECT rowid, body, role FROM message_fts
 WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX} AND role IN ('user', 'assistant')

@@ -22,7 +22,8 @@ injection"). The tools stay, for the model that digs further.
   passage apart.
 - Vectors, when an embedding model is configured (recallvec.py): the nearest messages and
   chunks are a third list in the fusion, and a passage the keywords' floor drops passes
-  when its cosine reaches ``MIN_SIMILARITY`` and it holds one of the question's keywords.
+  when its cosine reaches ``MIN_SIMILARITY`` and it holds a keyword of the question that
+  tells it apart (recallvec.py ``VectorFloor``).
 - Dedup: a passage whose text the prompt already holds is dropped (files still inline).
 - Order: oldest first, so when two passages disagree the newest stands nearest the question.
 - Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best
