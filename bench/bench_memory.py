@@ -16,7 +16,11 @@ Part 2, cost: ``--big`` (1,000) conversations × ``--turns`` (50) turns, ``--que
 questions of the kinds above plus common and rare words, the recall timed per turn (p50/p95;
 target ≤ 10 ms p95). Run time: about a minute, most of it writing the history.
 
-    .venv/bin/python bench/bench_memory.py [--conversations 500] [--big 1000] [--turns 50]
+``--vectors``: part 1 with vectors as well (an embedding model configured), from the fake
+router's embedding (``fake_embedding``, a hashed bag of words: texts sharing words point
+alike) called in-process; every message is embedded before the questions are asked.
+
+    .venv/bin/python bench/bench_memory.py [--conversations 500] [--big 1000] [--turns 50] [--vectors]
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from benchlib import ROOT, header, median, ms, temp_dir, terminate_on_sigterm, v
 sys.path.insert(0, str(ROOT))
 from history import AsyncHistory, HistoryStore  # noqa: E402
 from kbinject import ArchiveRecall  # noqa: E402
+from kbinject.embedder import BatchEmbedder  # noqa: E402
+from kbinject.recallvec import RecallVectors  # noqa: E402
+from selfcheck.fakerouter import fake_embedding  # noqa: E402
 
 TARGET_SHARE = 0.95
 TARGET_P95 = 0.010
@@ -86,12 +93,25 @@ def write(db: Path, count: int, turns: tuple[int, int], rng: random.Random, voca
                                       at=stamp(i))
 
 
-async def ask(db: Path, questions: list[str]) -> list[tuple[str | None, float]]:
+class FakeEmbedder:
+    """The fake router's embedding, in-process (``--vectors``)."""
+
+    async def embed(self, model: str, inputs: list[str], timeout: float | None = None) -> list[list[float]]:
+        return [fake_embedding(text, EMBED_DIM) for text in inputs]
+
+
+EMBED_DIM = 256
+
+
+async def ask(db: Path, questions: list[str], vectors: bool = False) -> list[tuple[str | None, float]]:
     """Each question in a fresh conversation: the block recalled and the time it took."""
     history = await AsyncHistory.open(db)
     try:
         fresh = await history.run(HistoryStore.create_conversation, "fresh")
-        recall = ArchiveRecall(history)
+        embedded = RecallVectors(history, BatchEmbedder(FakeEmbedder(), "fake") if vectors else None)
+        embedded.catch_up()
+        await embedded.settled()
+        recall = ArchiveRecall(history, vectors=embedded)
         found = []
         for question in questions:
             started = time.perf_counter()
@@ -103,7 +123,7 @@ async def ask(db: Path, questions: list[str]) -> list[tuple[str | None, float]]:
         await history.close()
 
 
-def fidelity(work: Path, count: int, rng: random.Random, vocab: list[str]) -> bool:
+def fidelity(work: Path, count: int, rng: random.Random, vocab: list[str], vectors: bool = False) -> bool:
     facts, never, near = things(rng)
     slots = rng.sample(range(count // 2), FACTS)  # said in the first half, updated in the second
     values = {thing: str(rng.randint(1000, 9999)) for thing in facts}
@@ -112,7 +132,7 @@ def fidelity(work: Path, count: int, rng: random.Random, vocab: list[str]) -> bo
     for slot, thing in zip(rng.sample(range(count // 2, count), UPDATED), newer):
         planted[slot] = (f"My {thing} changed: now it is {newer[thing]}.", "Noted.")
     write(work / "history.db", count, (4, 8), rng, vocab, planted)
-    answers = asyncio.run(ask(work / "history.db", [f"What is my {t}?" for t in facts + never + near]))
+    answers = asyncio.run(ask(work / "history.db", [f"What is my {t}?" for t in facts + never + near], vectors))
     reached = sum(bool(block and values[t] in block) for t, (block, _) in zip(facts, answers))
     ordered = sum(bool(block and newer[t] in block and block.index(values[t]) < block.index(newer[t]))
                   for t, (block, _) in zip(facts[:UPDATED], answers))
@@ -157,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--vectors", action="store_true", help="part 1 with the fake embedder's vectors too")
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     rng = random.Random(20261207)
     vocab = vocabulary(rng, 5000)
     header("memory across conversations: recall injection of other conversations")
     with temp_dir("memory") as work:
-        good = fidelity(work, args.conversations, rng, vocab)
+        good = fidelity(work, args.conversations, rng, vocab, args.vectors)
         good = cost(work, args.big, args.turns, args.queries, rng, vocab) and good
     return 0 if good else 1
 

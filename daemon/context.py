@@ -147,7 +147,7 @@ class ContextBuilder:
         self.kbs = kbs
         self.readers = readers  # the files of a question are read with them, images resolved
         self.replays = ReplayCache(estimate_messages)
-        self.archive = ArchiveRecall(history)
+        self.archive = ArchiveRecall(history, vectors=kbs.recall)
 
     def budget(self, model: ModelInfo) -> Budget:
         return Budget(model.ctx_max or self.config.assumed_ctx, self.config.max_reply_tokens)

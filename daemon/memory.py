@@ -11,6 +11,7 @@ at its first prompt, none when memory is off for it. ``MemoryHandlers`` serves t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from core import BUDGET_CHARS_PER_TOKEN
@@ -60,9 +61,10 @@ def memory_text(text: Any, what: str) -> str:
 class Memories:
     """Saved memories: every change stored, then told to the watchers."""
 
-    def __init__(self, history: AsyncHistory, live: Live) -> None:
+    def __init__(self, history: AsyncHistory, live: Live, changed: Callable[[], None] | None = None) -> None:
         self.history = history
         self.live = live
+        self.changed = changed or (lambda: None)  # a memory's text is new: embed it (kbinject/recallvec.py)
 
     async def all(self) -> list[Memory]:
         return await self.history.memories.run(MemoryStore.all)
@@ -70,6 +72,7 @@ class Memories:
     async def add(self, text: str, conversation: int | None = None, turn: int | None = None) -> Memory:
         memory = await self.history.memories.run(MemoryStore.add, text, conversation, turn)
         self.live.publish("memory", "added", memory=memory.to_json())
+        self.changed()
         return memory
 
     async def edit(self, memory_id: int, text: str) -> Memory:
@@ -77,6 +80,7 @@ class Memories:
         if memory is None:
             raise no_memory(memory_id)
         self.live.publish("memory", "edited", memory=memory.to_json())
+        self.changed()
         return memory
 
     async def forget(self, memory_id: int) -> Memory:

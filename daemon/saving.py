@@ -164,7 +164,9 @@ class TurnSaver:
             sources=state.sources, approvals=state.approvals,
         )
         # a second cancel (shutdown after a user's cancel) must not lose the write
-        return stored if await asyncio.shield(self.history.finish(stored)) else None
+        written = await asyncio.shield(self.history.finish(stored))
+        self.context.kbs.recall.note(state.conversation, state.turn)  # its messages get vectors, in the background
+        return stored if written else None
 
 
 def questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:

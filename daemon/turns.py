@@ -22,6 +22,7 @@ from core.tools import Toolbox
 from fileops import FileConvert
 from history import AsyncHistory, Conversation, HistoryStore
 from kbinject import KnowledgeBases
+from kbinject.recallvec import MEMORIES
 from recall import default_toolbox
 
 from .approvals import Approvals, Asker, SocketAsker
@@ -60,7 +61,7 @@ class TurnEngine:
         self._accepting = True
         self.live = live
         self.approvals = Approvals(live, config.approval_timeout)  # calls of acting tools waiting for a person
-        self.memories = Memories(history, live)  # saved memories, told to the watchers
+        self.memories = Memories(history, live, lambda: kbs.recall.note(MEMORIES))  # told to the watchers
         self.runner = TurnRunner(
             config, history, router, ContextBuilder(config, history, router, kbs, readers),
             Toolbox([*default_toolbox(readers.images).tools, kbs.tool(), FileConvert(lambda: self.config, readers.ocr),

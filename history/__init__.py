@@ -34,6 +34,7 @@ from .kb import (
 from .journal import JournalStore, SavedChange
 from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
 from .migrations import MIGRATIONS, migrate
+from .recallvec import Piece, RecallVectorStore
 from .records import (
     TURN_STATUSES,
     Attachment,
@@ -80,6 +81,8 @@ __all__ = [
     "MIGRATIONS",
     "Memory",
     "MemoryStore",
+    "Piece",
+    "RecallVectorStore",
     "NewAttachment",
     "NewTurn",
     "NewKbDocument",

@@ -128,6 +128,7 @@ class AsyncHistory:
         self.kb = AsyncTables(self, store.kb)
         self.archive = AsyncTables(self, store.archive)  # recall injection's queries
         self.elsewhere = AsyncTables(self, store.elsewhere)  # and across conversations (history/elsewhere.py)
+        self.recall_vectors = AsyncTables(self, store.recall_vectors)  # their vectors (history/recallvec.py)
         self.memories = AsyncTables(self, store.memories)  # saved memories (history/memories.py)
         self.journal = AsyncTables(self, store.journal)  # the live state's numbering and journal
 

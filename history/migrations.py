@@ -541,6 +541,44 @@ def m014_live_journal(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX turns_ref ON turns (ref) WHERE ref IS NOT NULL")
 
 
+CREATE_RECALL_VECTORS = """
+CREATE TABLE recall_vectors (
+    -- What the vector is of (history/recallvec.py): a message's message_fts rowid, the
+    -- negated id of an attachment chunk, or a memory's id.
+    id INTEGER PRIMARY KEY,
+    -- The conversation it belongs to (0: a saved memory); its rows go when it is deleted
+    -- or made incognito (the triggers below).
+    conversation_id INTEGER NOT NULL,
+    model TEXT NOT NULL,
+    -- Of the text embedded: a text changed since (a reply finished, a memory edited) is
+    -- embedded again, and its old vector is never used meanwhile.
+    digest TEXT NOT NULL,
+    -- Little-endian float32, unit length; empty when the embedder refused the text.
+    vector BLOB NOT NULL
+)
+"""
+RECALL_VECTORS_TRIGGERS = (
+    "CREATE INDEX recall_vectors_conversation ON recall_vectors (conversation_id)",
+    """CREATE TRIGGER recall_vectors_forgotten AFTER UPDATE OF deleted_at, settings ON conversations
+    WHEN new.deleted_at IS NOT NULL
+      OR CASE WHEN json_valid(new.settings) THEN json_extract(new.settings, '$.memory') END = 'off' BEGIN
+        DELETE FROM recall_vectors WHERE conversation_id = new.id;
+    END""",
+    """CREATE TRIGGER recall_vectors_conversation_gone AFTER DELETE ON conversations BEGIN
+        DELETE FROM recall_vectors WHERE conversation_id = old.id;
+    END""",
+    """CREATE TRIGGER recall_vectors_memory_gone AFTER DELETE ON memories BEGIN
+        DELETE FROM recall_vectors WHERE id = old.id AND conversation_id = 0;
+    END""",
+)
+
+
+def m015_recall_vectors(conn: sqlite3.Connection) -> None:
+    """`recall_vectors`: what recall searches, embedded (docs/DESIGN.md, "Recall injection")."""
+    for statement in (CREATE_RECALL_VECTORS, *RECALL_VECTORS_TRIGGERS):
+        conn.execute(statement)
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -556,6 +594,7 @@ MIGRATIONS: list[Migration] = [
     m012_attachment_chunks,
     m013_memories,
     m014_live_journal,
+    m015_recall_vectors,
 ]
 
 

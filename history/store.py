@@ -39,6 +39,7 @@ from .fts import (
 )
 from .archive import ArchiveStore
 from .elsewhere import ElsewhereStore
+from .recallvec import RecallVectorStore
 from .kb import KnowledgeStore
 from .journal import JournalStore
 from .memories import MemoryStore
@@ -99,6 +100,7 @@ class HistoryStore:
         self.kb = KnowledgeStore(self._conn, self._now)
         self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
         self.elsewhere = ElsewhereStore(self._conn)  # and across conversations (history/elsewhere.py)
+        self.recall_vectors = RecallVectorStore(self._conn)  # their vectors (history/recallvec.py)
         self.memories = MemoryStore(self._conn, self._now, self._phrases)  # history/memories.py
         self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 

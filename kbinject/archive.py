@@ -19,7 +19,11 @@ injection"). The tools stay, for the model that digs further.
   nothing in a conversation about lockers, nor in one that mentions 12 cats; a question
   of no keywords must share ``MIN_MATCHED`` with the recent turns. Keywords that much of the
   conversation holds (``COMMON_SHARE``) are neither searched by nor counted: they tell no
-  passage apart. No vectors yet (docs/DESIGN.md says why).
+  passage apart.
+- Vectors, when an embedding model is configured (recallvec.py): the nearest messages and
+  chunks are a third list in the fusion, and a passage the keywords' floor drops passes
+  when its cosine reaches ``MIN_SIMILARITY`` and it holds a keyword of the question that
+  tells it apart (recallvec.py ``VectorFloor``).
 - Dedup: a passage whose text the prompt already holds is dropped (files still inline).
 - Order: oldest first, so when two passages disagree the newest stands nearest the question.
 - Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best
@@ -44,6 +48,7 @@ from history import ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, File
 
 from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
 from .elsewhere import ElsewherePassage, day_label, recall_elsewhere
+from .recallvec import NO_NEAR, Near, RecallVectors
 from .search import fts_phrases, reciprocal_rank_fusion
 from .terms import Terms, best_piece, normalized
 
@@ -178,9 +183,10 @@ def file_chunks(file: FileToChunk) -> list[tuple[int | None, str]]:
 class ArchiveRecall:
     """Finds the passages of a conversation's archive that bear on this turn's question."""
 
-    def __init__(self, history: AsyncHistory, top_k: int = RECALL_TOP_K) -> None:
+    def __init__(self, history: AsyncHistory, top_k: int = RECALL_TOP_K, vectors: RecallVectors | None = None) -> None:
         self.history = history
         self.top_k = top_k
+        self.vectors = vectors  # None, or one without an embedder: keywords alone
 
     async def recall(
         self, cid: int, turn: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
@@ -198,10 +204,11 @@ class ArchiveRecall:
             if self.top_k <= 0 or not (terms.question or terms.recent):
                 return Recall()
             chosen: list[AnyPassage] = []
+            near = await self._near(cid, question, terms, through, own, elsewhere)
             if own:
-                chosen += await self._own(cid, turn, terms, through, held)
+                chosen += await self._own(cid, turn, terms, through, held, near)
             if elsewhere:
-                chosen += await self._elsewhere(cid, terms, held, chosen)
+                chosen += await self._elsewhere(cid, terms, held, chosen, near)
             # other conversations searched in vain say nothing: every turn of memory would
             return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
@@ -210,22 +217,32 @@ class ArchiveRecall:
             logger.exception("recall: the search failed for conversation %d", cid)
             return Recall(searched=True, note=f"recall failed ({type(exc).__name__})")
 
-    async def _own(self, cid: int, turn: int, terms: Terms, through: int, held: str) -> list[Passage]:
+    async def _near(self, cid: int, question: str, terms: Terms, through: int, own: bool, elsewhere: bool) -> Near:
+        """What the vectors find (recallvec.py) for the question, with the recent turns'
+        keywords when it refers back (as the keywords' search takes them)."""
+        if self.vectors is None or not self.vectors.enabled:
+            return NO_NEAR
+        text = f"{question}\n{' '.join(terms.recent)}" if terms.recent else question  # the KB's query: cached
+        return await self.vectors.near(cid, text, through, own, elsewhere)
+
+    async def _own(self, cid: int, turn: int, terms: Terms, through: int, held: str, near: Near) -> list[Passage]:
         """The best passages of the conversation's own archive, best first."""
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
         found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
         if found.unchunked:  # the first search since these files came: chunk them, search again
-            await self._chunk_files(found.unchunked)
+            await self._chunk_files(cid, found.unchunked)
             found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
         # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
-        return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
+        return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held, near)
 
-    async def _elsewhere(self, cid: int, terms: Terms, held: str, own: list[AnyPassage]) -> list[ElsewherePassage]:
+    async def _elsewhere(
+        self, cid: int, terms: Terms, held: str, own: list[AnyPassage], near: Near
+    ) -> list[ElsewherePassage]:
         """The best passages of other conversations and memories, ranked below ``own``; ``own``
         dated when there are some, so that every passage stands by its date in the block."""
         common = (COMMON_SHARE, COMMON_PIECES)
-        found = await recall_elsewhere(self.history, cid, terms, held, [p.text for p in own], common)
+        found = await recall_elsewhere(self.history, cid, terms, held, [p.text for p in own], common, near)
         mine = [p for p in own if isinstance(p, Passage)]
         if found and mine:
             dates = await self.history.elsewhere.run(ElsewhereStore.turn_dates, cid, [p.hit.turn for p in mine])
@@ -233,23 +250,31 @@ class ArchiveRecall:
                 passage.date = dates.get(passage.hit.turn, "")
         return found
 
-    async def _chunk_files(self, files: list[FileToChunk]) -> None:
+    async def _chunk_files(self, cid: int, files: list[FileToChunk]) -> None:
         """Chunk these files and store their chunks (off the event loop)."""
         for file in files:
             chunks = await asyncio.to_thread(file_chunks, file)
             await self.history.archive.run(ArchiveStore.put_chunks, file.id, chunks)
+        if files and self.vectors is not None:
+            self.vectors.note(cid)  # the new chunks get their vectors in the background
 
-    def _choose(self, hits: list[ArchiveHit], terms: Terms, floor: Terms, prompt: str) -> list[Passage]:
-        """The best passages past the ``floor`` and not in the ``prompt``'s text, best first."""
+    def _choose(
+        self, hits: list[ArchiveHit], terms: Terms, floor: Terms, prompt: str, near: Near = NO_NEAR
+    ) -> list[Passage]:
+        """The best passages past the ``floor`` (or its vector counterpart) and not in the
+        ``prompt``'s text, best first."""
         held = normalized(prompt)
         turns = [i for i, hit in enumerate(hits) if hit.file is None]
         files = [i for i, hit in enumerate(hits) if hit.file is not None]
+        fused = near.fused_own(hits, floor)
         chosen: list[Passage] = []
-        for i in reciprocal_rank_fusion(files, turns):  # a file's chunk beats the message that carried it
-            hit = hits[i]
+        # a file's chunk beats the message that carried it
+        for i in reciprocal_rank_fusion(files, turns, fused.similar):
+            hit = fused.hits[i]
             text = best_piece(hit.text, terms) if hit.file is None else hit.text
             plain = normalized(text)
-            if not plain or not floor.relevant(text) or plain in held:
+            passes = floor.relevant(text) or fused.floor.passes(text, fused.cosines.get(i))
+            if not plain or not passes or plain in held:
                 continue
             if any(plain in normalized(p.text) or normalized(p.text) in plain for p in chosen):
                 continue

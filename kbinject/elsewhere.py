@@ -21,6 +21,7 @@ from typing import Any
 from core.tools import one_line
 from history import AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
 
+from .recallvec import NO_NEAR, Near
 from .search import fts_phrases, reciprocal_rank_fusion
 from .terms import Terms, best_piece, normalized
 
@@ -74,34 +75,45 @@ class ElsewherePassage:
 
 async def recall_elsewhere(
     history: AsyncHistory, cid: int, terms: Terms, held: str, taken: list[str], common: tuple[float, int],
+    near: Near = NO_NEAR,
 ) -> list[ElsewherePassage]:
-    """The best passages of other conversations and memories for ``terms``, past the floor, none
-    that the prompt's text ``held`` or a passage already ``taken`` holds; best first."""
+    """The best passages of other conversations and memories for ``terms`` (and what the vectors
+    found: ``near``), past the floor, none that the prompt's text ``held`` or a passage already
+    ``taken`` holds; best first."""
     phrases = fts_phrases([*terms.question, *terms.recent])
     if not phrases:
         return []
     found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common)
     memories = await history.memories.run(MemoryStore.all)
     floor = terms.without(found.common)
-    return await asyncio.to_thread(choose, found.hits, memories, terms, floor, held, taken)
+    return await asyncio.to_thread(choose, found.hits, memories, terms, floor, held, taken, near)
 
 
 def choose(
     hits: list[ElsewhereHit], memories: list[Memory], terms: Terms, floor: Terms, prompt: str, taken: list[str],
+    near: Near = NO_NEAR,
 ) -> list[ElsewherePassage]:
-    """Memories and messages fused by rank, each past the ``floor`` and new to the prompt."""
+    """Memories and messages fused by rank (with the vectors' rankings: ``near``), each past the
+    ``floor`` (or its vector counterpart) and new to the prompt."""
     held = normalized(prompt)
-    remembered = sorted((m for m in memories if floor.relevant(m.text)),
+    keywords = len(hits)
+    fused = near.fused_others(hits, floor)
+    hits = fused.hits
+    remembered = sorted((m for m in memories if floor.relevant(m.text) or m.id in near.memories),
                         key=lambda m: (-terms.strength(m.text), -m.id))
+    cosines = {len(remembered) + i: cosine for i, cosine in fused.cosines.items()}
+    cosines.update((i, near.memories[m.id]) for i, m in enumerate(remembered) if m.id in near.memories)
     candidates = [*(ElsewherePassage(m.text, m.updated_at, memory=m) for m in remembered),
                   *(ElsewherePassage(best_piece(h.text, terms), h.created_at, hit=h) for h in hits)]
-    ranks = reciprocal_rank_fusion(range(len(remembered)), range(len(remembered), len(candidates)))
+    ranks = reciprocal_rank_fusion(range(len(remembered)), range(len(remembered), len(remembered) + keywords),
+                                   sorted(cosines, key=lambda i: -cosines[i]))
     seen = [normalized(text) for text in taken]
     chosen: list[ElsewherePassage] = []
     for i in ranks:
         passage = candidates[i]
         plain = normalized(passage.text)
-        if not plain or plain in held or not floor.relevant(passage.text):
+        if not plain or plain in held or not (floor.relevant(passage.text)
+                                              or fused.floor.passes(passage.text, cosines.get(i))):
             continue
         if any(plain in other or other in plain for other in seen):
             continue

@@ -42,6 +42,7 @@ from .injection import (
     too_full,
 )
 from .pipeline import Ingest
+from .recallvec import RecallVectors
 from .records import AddResult, KbInfo, ProgressCallback
 from .search import (
     CANDIDATES,
@@ -102,18 +103,21 @@ class KnowledgeBases:
         self.query_timeout = QUERY_TIMEOUT  # the most a search waits for its query's vector
         self.index = KbIndex(history, model)  # never loaded without an embedder
         self.ingest = Ingest(history, self.index, self.embedder, ocr if ocr is not None else Ocr())
+        self.recall = RecallVectors(history, self.embedder)  # recall injection's vectors, same embedder
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Finish a KB removal a stop cut short, then load the vector index now rather than make
         the first search wait for it; after start-up."""
+        self.recall.catch_up()  # what has no vector yet, in the background
         await self.index.finish_removals()
         if self.embedder is not None:
             await self.index.ready()
 
     async def close(self) -> None:
-        """Stop a vector index load still running."""
+        """Stop a vector index load still running, and recall's embedding."""
+        await self.recall.close()
         await self.index.close()
 
     # -- knowledge bases ----------------------------------------------------------------

@@ -302,11 +302,14 @@ class VectorIndex:
         state = self._state
         return int(state.codes.nbytes + state.fine.nbytes + state.scales.nbytes + state.ids.nbytes + state.kbs.nbytes)
 
-    def add(self, ids: Sequence[int], vectors: Matrix, *, replace: bool = True) -> None:
+    def add(
+        self, ids: Sequence[int], vectors: Matrix, *, replace: bool = True, groups: Sequence[int] | None = None
+    ) -> None:
         """Add the vectors of these chunk ids; vectors must be unit length.
 
         ``replace`` first drops vectors the index already holds for these ids; loading,
-        which knows the ids are new, skips that search.
+        which knows the ids are new, skips that search. ``groups``: what scopes each (what
+        ``kb_ids`` of a search name) when it is not the id's KB (recall's vectors).
         """
         if len(ids) == 0:
             return
@@ -326,7 +329,7 @@ class VectorIndex:
         state.fine[count:needed] = fine
         state.scales[count:needed] = scales
         state.ids[count:needed] = new_ids
-        state.kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT
+        state.kbs[count:needed] = new_ids >> KB_CHUNK_SHIFT if groups is None else np.asarray(groups, dtype=np.int32)
         self._state = dataclasses.replace(state, count=needed)
 
     def _keep(self, keep: npt.NDArray[np.bool_]) -> None:

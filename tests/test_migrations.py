@@ -35,6 +35,7 @@ ALL_MIGRATIONS = [
     "m012_attachment_chunks",
     "m013_memories",
     "m014_live_journal",
+    "m015_recall_vectors",
 ]
 
 
@@ -341,7 +342,8 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
                          "VALUES (1, 1, 'q', '[]', 'complete', 'x', 'x')")
         assert "sources" not in table_columns(conn, "turns")
         assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
-                                 "m012_attachment_chunks", "m013_memories", "m014_live_journal"]
+                                 "m012_attachment_chunks", "m013_memories", "m014_live_journal",
+                                 "m015_recall_vectors"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
 
 
@@ -369,8 +371,32 @@ def test_m014_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m014_live_journal"]
+        assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors"]
         assert table_columns(conn, "live_seq") == ["id", "reserved"]
         assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
         assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)
         assert "WHERE ref IS NOT NULL" in schema_sql(conn, "turns_ref")
+
+
+def test_m015_adds_recall_vectors_that_go_with_their_conversation(tmp_path: Path) -> None:
+    """A history.db of m014 gains `recall_vectors`; a deleted or incognito conversation's rows go,
+    and so does a forgotten memory's."""
+    db = tmp_path / "history.db"
+    with connect(db) as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        for migration in MIGRATIONS[:14]:
+            with conn:
+                migration(conn)
+                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        assert migrate(conn) == ["m015_recall_vectors"]
+        assert table_columns(conn, "recall_vectors") == ["id", "conversation_id", "model", "digest", "vector"]
+        with conn:
+            for _ in range(3):
+                conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
+            conn.execute("INSERT INTO memories (text, created_at, updated_at) VALUES ('m', 'x', 'x')")
+            conn.executemany("INSERT INTO recall_vectors VALUES (?, ?, 'e', 'd', x'00')",
+                             [(1 << 32 | 256, 1), (2 << 32 | 256, 2), (3 << 32 | 256, 3), (-65537, 3), (1, 0)])
+            conn.execute("UPDATE conversations SET deleted_at = 'y' WHERE id = 1")
+            conn.execute("""UPDATE conversations SET settings = '{"memory": "off"}' WHERE id = 3""")
+            conn.execute("DELETE FROM memories")
+        assert conn.execute("SELECT id, conversation_id FROM recall_vectors").fetchall() == [(2 << 32 | 256, 2)]
