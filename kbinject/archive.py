@@ -201,7 +201,7 @@ class ArchiveRecall:
             if own:
                 chosen += await self._own(cid, turn, terms, through, held)
             if elsewhere:
-                chosen += await self._elsewhere(cid, terms, held, chosen)
+                chosen += await self._elsewhere(cid, question, terms, held, chosen)
             # other conversations searched in vain say nothing: every turn of memory would
             return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
@@ -221,11 +221,13 @@ class ArchiveRecall:
         # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
         return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held)
 
-    async def _elsewhere(self, cid: int, terms: Terms, held: str, own: list[AnyPassage]) -> list[ElsewherePassage]:
+    async def _elsewhere(
+        self, cid: int, question: str, terms: Terms, held: str, own: list[AnyPassage]
+    ) -> list[ElsewherePassage]:
         """The best passages of other conversations and memories, ranked below ``own``; ``own``
         dated when there are some, so that every passage stands by its date in the block."""
         common = (COMMON_SHARE, COMMON_PIECES)
-        found = await recall_elsewhere(self.history, cid, terms, held, [p.text for p in own], common)
+        found = await recall_elsewhere(self.history, cid, question, terms, held, [p.text for p in own], common)
         mine = [p for p in own if isinstance(p, Passage)]
         if found and mine:
             dates = await self.history.elsewhere.run(ElsewhereStore.turn_dates, cid, [p.hit.turn for p in mine])

@@ -1,10 +1,19 @@
 """Recall injection across conversations: the user's other conversations and saved memories.
 
 After the conversation's own archive (archive.py), the question is searched with the same
-keywords and the same floor against the user's other conversations (live, not incognito,
-never the asking one: history/elsewhere.py) and the saved memories; the memories the
+floor against what the user said in their other conversations (live, not incognito, never
+the asking one: history/elsewhere.py) and the saved memories; the memories the
 conversation's system prompt already carries (its frozen block) are dropped as any text
-the prompt holds is. Their passages rank below the conversation's own (the budget drops
+the prompt holds is.
+
+Every passage recalled costs the model server a re-read of this turn's exchange at the next
+turn (passages are not replayed), so it must be worth it (docs/DESIGN.md, "Across
+conversations"): the user's words only, not the model's answers; the question's own keywords
+only, never the recent turns' a back-reference borrows (those are this conversation's);
+not the question asked again ("Name a colour, number 0." for "…, number 1.": ``asks_again``);
+at most ``MAX_PASSAGE_CHARS``, as long as a saved memory may be.
+
+Their passages rank below the conversation's own (the budget drops
 them first) and are labelled with where and when they were said: "in “Bike fitting”,
 2 Nov: you said: ...", "you asked me to remember (3 Dec): ...". In the block every passage
 stands by its date, oldest first, so where two disagree the newer stands nearest the
@@ -14,20 +23,24 @@ question (docs/DESIGN.md, "Recall injection"; docs/MEMORY.md).
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from core.tools import one_line
-from history import AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
+from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
 
-from .search import fts_phrases, reciprocal_rank_fusion
+from .search import fts_phrases, query_terms, reciprocal_rank_fusion
 from .terms import Terms, best_piece, normalized
 
-__all__ = ["ELSEWHERE_TOP_K", "ElsewherePassage", "day_label", "recall_elsewhere"]
+__all__ = ["ELSEWHERE_TOP_K", "MAX_PASSAGE_CHARS", "ElsewherePassage", "asks_again", "day_label", "recall_elsewhere"]
 
 ELSEWHERE_TOP_K = 3  # passages of other conversations and memories a turn gets at most
+MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut to a memory's length
 CANDIDATES = 20
+LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
+SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
 MAX_TITLE_CHARS = 80
 ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
 
@@ -73,23 +86,28 @@ class ElsewherePassage:
 
 
 async def recall_elsewhere(
-    history: AsyncHistory, cid: int, terms: Terms, held: str, taken: list[str], common: tuple[float, int],
+    history: AsyncHistory, cid: int, question: str, terms: Terms, held: str, taken: list[str],
+    common: tuple[float, int],
 ) -> list[ElsewherePassage]:
-    """The best passages of other conversations and memories for ``terms``, past the floor, none
-    that the prompt's text ``held`` or a passage already ``taken`` holds; best first."""
-    phrases = fts_phrases([*terms.question, *terms.recent])
+    """The best passages of other conversations and memories for the ``question`` (its
+    ``terms``, without the recent turns'), past the floor, none that asks it again or that the
+    prompt's text ``held`` or a passage already ``taken`` holds; best first."""
+    own = Terms(terms.question, [])  # a back-reference's borrowed words are this conversation's
+    phrases = fts_phrases(own.question)
     if not phrases:
         return []
     found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common)
     memories = await history.memories.run(MemoryStore.all)
-    floor = terms.without(found.common)
-    return await asyncio.to_thread(choose, found.hits, memories, terms, floor, held, taken)
+    floor = own.without(found.common)
+    return await asyncio.to_thread(choose, found.hits, memories, question, own, floor, held, taken)
 
 
 def choose(
-    hits: list[ElsewhereHit], memories: list[Memory], terms: Terms, floor: Terms, prompt: str, taken: list[str],
+    hits: list[ElsewhereHit], memories: list[Memory], question: str, terms: Terms, floor: Terms, prompt: str,
+    taken: list[str],
 ) -> list[ElsewherePassage]:
-    """Memories and messages fused by rank, each past the ``floor`` and new to the prompt."""
+    """Memories and messages fused by rank, each past the ``floor``, new to the prompt and
+    more than the ``question`` asked again."""
     held = normalized(prompt)
     remembered = sorted((m for m in memories if floor.relevant(m.text)),
                         key=lambda m: (-terms.strength(m.text), -m.id))
@@ -101,12 +119,48 @@ def choose(
     for i in ranks:
         passage = candidates[i]
         plain = normalized(passage.text)
-        if not plain or plain in held or not floor.relevant(passage.text):
+        if not plain or plain in held or asks_again(question, passage.text):
             continue
         if any(plain in other or other in plain for other in seen):
+            continue
+        passage.text = cut_around(passage.text, terms)
+        if not floor.relevant(passage.text):
             continue
         chosen.append(passage)
         seen.append(plain)
         if len(chosen) == ELSEWHERE_TOP_K:
             break
     return chosen
+
+
+def asks_again(question: str, text: str) -> bool:
+    """Whether ``text`` is the ``question`` asked again: it holds the question's words in their
+    order, numbers aside ("Name a colour, number 0." for "Name a colour, number 1."), and no
+    keyword but numbers beyond them. It tells the model nothing the question does not."""
+    asked = LETTERS.findall(question.lower())
+    said = LETTERS.findall(text.lower())
+    if not asked or f" {' '.join(asked)} " not in f" {' '.join(said)} ":
+        return False
+    words = set(asked)
+    return all(term in words for term in query_terms(text) if not term.isdigit())
+
+
+def cut_around(text: str, terms: Terms, limit: int = MAX_PASSAGE_CHARS) -> str:
+    """``text`` whole when it fits in ``limit`` characters, else the window of that length (from
+    a sentence's start, or a word's) that holds most of the ``terms``, the latest of those (it
+    starts nearest what matched), its cuts marked "…"."""
+    if len(text) <= limit:
+        return text
+    step = max(limit // 4, 1)
+    starts = {0, *(m.end() for m in SENTENCE_START.finditer(text))}
+    starts.update(m.start() for m in re.finditer(r"\S+", text) if m.start() % step < 8)
+    best, best_strength = "", -1.0
+    for start in sorted(s for s in starts if s < len(text)):
+        window = text[start:start + limit]
+        if start + limit < len(text) and " " in window:
+            window = window[: window.rindex(" ")]  # whole words
+        strength = terms.strength(window)
+        if strength >= best_strength:
+            best, best_strength = (("… " if start else "") + window.strip()
+                                   + (" …" if start + len(window) < len(text.rstrip()) else "")), strength
+    return best
