@@ -10,7 +10,8 @@ Every passage recalled costs the model server a re-read of this turn's exchange 
 turn (passages are not replayed), so it must be worth it (docs/DESIGN.md, "Across
 conversations"): the user's words only, not the model's answers; the question's own keywords
 only, never the recent turns' a back-reference borrows (those are this conversation's);
-not the question asked again ("Name a colour, number 0." for "…, number 1.": ``asks_again``);
+not a question the user asked there, nor the question asked again ("Name a colour, number 0."
+for "…, number 1.": ``asks_again``);
 at most ``MAX_PASSAGE_CHARS``, as long as a saved memory may be.
 
 Their passages rank below the conversation's own (the budget drops
@@ -41,6 +42,7 @@ MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut
 CANDIDATES = 20
 LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
 SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 MAX_TITLE_CHARS = 80
 ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
 
@@ -134,9 +136,13 @@ def choose(
 
 
 def asks_again(question: str, text: str) -> bool:
-    """Whether ``text`` is the ``question`` asked again: it holds the question's words in their
-    order, numbers aside ("Name a colour, number 0." for "Name a colour, number 1."), and no
-    keyword but numbers beyond them. It tells the model nothing the question does not."""
+    """Whether ``text`` only asks: it is a question (each of its sentences ends with "?"), or
+    the ``question`` asked again: it holds the question's words in their order, numbers aside
+    ("Name a colour, number 0." for "Name a colour, number 1."), and no keyword but numbers
+    beyond them. A question asked elsewhere tells the model nothing about the user."""
+    sentences = [s for s in SENTENCE_END.split(text.strip()) if s.strip()]
+    if sentences and all(s.rstrip().endswith("?") for s in sentences):
+        return True
     asked = LETTERS.findall(question.lower())
     said = LETTERS.findall(text.lower())
     if not asked or f" {' '.join(asked)} " not in f" {' '.join(said)} ":

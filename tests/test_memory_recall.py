@@ -225,3 +225,5 @@ async def test_a_question_asked_again_tells_nothing() -> None:
     assert not asks_again("What is my locker code?", "My locker code is 4711.")
     assert not asks_again("Am I allergic to peanuts?", "I am allergic to peanuts")
     assert not asks_again("Name a colour", "Name a colour for my bike frame, it is a Brompton")
+    assert asks_again("What size are my bike tyres?", "What tyre size does my bike take? Is it 16 inch?")
+    assert not asks_again("What size are my bike tyres?", "My bike is a Brompton. Which tyres fit it?")
