@@ -42,6 +42,7 @@ MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut
 CANDIDATES = 20
 LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
 SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
+WORD_START = re.compile(r"(?<!\S)\S")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 MAX_TITLE_CHARS = 80
 ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
@@ -157,13 +158,16 @@ def cut_around(text: str, terms: Terms, limit: int = MAX_PASSAGE_CHARS) -> str:
     starts nearest what matched), its cuts marked "…"."""
     if len(text) <= limit:
         return text
-    step = max(limit // 4, 1)
     starts = {0, *(m.end() for m in SENTENCE_START.finditer(text))}
-    starts.update(m.start() for m in re.finditer(r"\S+", text) if m.start() % step < 8)
+    last = 0  # and a word's start every quarter of the limit, for text of few sentence ends
+    for word in WORD_START.finditer(text):
+        if word.start() - last >= limit // 4:
+            starts.add(word.start())
+            last = word.start()
     best, best_strength = "", -1.0
     for start in sorted(s for s in starts if s < len(text)):
-        window = text[start:start + limit]
-        if start + limit < len(text) and " " in window:
+        window = text[start:start + limit - 4]  # room for the marks
+        if start + len(window) < len(text) and " " in window:
             window = window[: window.rindex(" ")]  # whole words
         strength = terms.strength(window)
         if strength >= best_strength:

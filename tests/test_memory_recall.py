@@ -216,7 +216,7 @@ async def test_what_the_user_said_is_recalled_not_the_models_answers_and_cut_to_
         text = question_text(last_request(router))
         start = text.index(f"in “Weekend”, {day_label(NOVEMBER)}: you said: … ")
         passage = text[start:].split(": ", 2)[2].split("\n")[0]
-        assert "My garage door code is 5580" in passage and len(passage) <= MAX_PASSAGE_CHARS + 4
+        assert "My garage door code is 5580" in passage and len(passage) <= MAX_PASSAGE_CHARS
 
 
 async def test_a_question_asked_again_tells_nothing() -> None:
