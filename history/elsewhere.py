@@ -7,10 +7,10 @@ quoted keywords of a question and floors, labels and orders what comes back.
 One FTS5 query, bm25 over the user's messages in ``message_fts`` outside the asking
 conversation's rowid range, the keywords ORed: what the user said, not the model's answers (an
 old answer is not the user's memory, can be long, and can be wrong), nor summaries or tool
-results (they were for that conversation's questions; docs/DESIGN.md, "Across conversations"). Phrases that
-too many messages hold (more than ``common`` = (share, least) of the messages, at most
-``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the cost,
-and they tell no passage apart. Only the best few are looked up again: live conversations
+results (they were for that conversation's questions; docs/DESIGN.md, "Across conversations").
+Phrases that too many messages hold (more than ``common`` = (share, least) of the messages, at
+most ``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the
+cost, and they tell no passage apart. Only the best few are looked up again: live conversations
 that are not incognito (settings ``memory`` ``off``), with their title and the turn's date.
 """
 

@@ -9,16 +9,15 @@ the prompt holds is.
 Every passage recalled costs the model server a re-read of this turn's exchange at the next
 turn (passages are not replayed), so it must be worth it (docs/DESIGN.md, "Across
 conversations"): the user's words only, not the model's answers; the question's own keywords
-only, never the recent turns' a back-reference borrows (those are this conversation's);
-not a question the user asked there, nor the question asked again ("Name a colour, number 0."
-for "…, number 1.": ``asks_again``);
-at most ``MAX_PASSAGE_CHARS``, as long as a saved memory may be.
+only, never the recent turns' a back-reference borrows (those are this conversation's); not
+a question the user asked there, nor this question asked again ("Name a colour, number 0."
+for "…, number 1.": ``asks_again``); at most ``MAX_PASSAGE_CHARS``, a saved memory's most.
 
-Their passages rank below the conversation's own (the budget drops
-them first) and are labelled with where and when they were said: "in “Bike fitting”,
-2 Nov: you said: ...", "you asked me to remember (3 Dec): ...". In the block every passage
-stands by its date, oldest first, so where two disagree the newer stands nearest the
-question (docs/DESIGN.md, "Recall injection"; docs/MEMORY.md).
+Their passages rank below the conversation's own (the budget drops them first) and are labelled
+with where and when they were said: "in “Bike fitting”, 2 Nov: you said: ...", "you asked me to
+remember (3 Dec): ...". In the block every passage stands by its date, oldest first, so where
+two disagree the newer stands nearest the question (docs/DESIGN.md, "Recall injection";
+docs/MEMORY.md).
 """
 
 from __future__ import annotations
