@@ -4,12 +4,13 @@
 does, and is its counterpart across conversations: kbinject (recall_others.py) hands it the
 quoted keywords of a question and floors, labels and orders what comes back.
 
-One FTS5 query, bm25 over ``message_fts`` outside the asking conversation's rowid range
-(summary slots left out: a summary restates its turns; tool results
-left out: what a tool returned there was for that conversation's question), the keywords ORed. Phrases that
-too many messages hold (more than ``common`` = (share, least) of the messages, at most
-``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the cost,
-and they tell no passage apart. Only the best few are looked up again: live conversations
+One FTS5 query, bm25 over the user's messages in ``message_fts`` outside the asking
+conversation's rowid range, the keywords ORed: what the user said, not the model's answers (an
+old answer is not the user's memory, can be long, and can be wrong), nor summaries or tool
+results (they were for that conversation's questions; docs/DESIGN.md, "Across conversations").
+Phrases that too many messages hold (more than ``common`` = (share, least) of the messages, at
+most ``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the
+cost, and they tell no passage apart. Only the best few are looked up again: live conversations
 that are not incognito (settings ``memory`` ``off``), with their title and the turn's date.
 """
 
@@ -29,7 +30,7 @@ OVERFETCH = 4  # matches ranked for each one kept: incognito and deleted convers
 SEARCH_OTHERS = f"""
 SELECT rowid, body, role, bm25(message_fts) AS score FROM message_fts
 WHERE message_fts MATCH ? AND (rowid < ? OR rowid > ?) AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
-  AND role IN ('user', 'assistant')
+  AND role = 'user'
 ORDER BY score
 LIMIT ?
 """

@@ -171,7 +171,8 @@ class RecallVectorStore:
         return hits
 
     def others(self, cid: int, keys: Sequence[int], model: str) -> list[ElsewhereHit]:
-        """The hits of these message keys in readable conversations other than ``cid``."""
+        """The hits of these message keys in readable conversations other than ``cid``: what the
+        user said there (an old answer is not the user's memory, as for the keyword search)."""
         hits: list[ElsewhereHit] = []
         for key in keys:
             conversation, turn, n = split_rowid(key)
@@ -179,7 +180,7 @@ class RecallVectorStore:
                 continue
             readable = self._conn.execute(READABLE_TURN, (conversation, turn)).fetchone()
             row = self._conn.execute(MESSAGE, (key,)).fetchone()
-            if readable is not None and row is not None and self._valid(key, model, row[0]):
+            if readable is not None and row is not None and row[1] == "user" and self._valid(key, model, row[0]):
                 hits.append(ElsewhereHit(conversation, readable[0], readable[1], turn, n, row[1], row[0], 0.0))
         return hits
 

@@ -208,7 +208,7 @@ class ArchiveRecall:
             if own:
                 chosen += await self._own(cid, turn, terms, through, held, near)
             if elsewhere:
-                chosen += await self._elsewhere(cid, terms, held, chosen, near)
+                chosen += await self._elsewhere(cid, question, terms, held, chosen, near)
             # other conversations searched in vain say nothing: every turn of memory would
             return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
@@ -237,12 +237,12 @@ class ArchiveRecall:
         return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held, near)
 
     async def _elsewhere(
-        self, cid: int, terms: Terms, held: str, own: list[AnyPassage], near: Near
+        self, cid: int, question: str, terms: Terms, held: str, own: list[AnyPassage], near: Near
     ) -> list[ElsewherePassage]:
         """The best passages of other conversations and memories, ranked below ``own``; ``own``
         dated when there are some, so that every passage stands by its date in the block."""
         common = (COMMON_SHARE, COMMON_PIECES)
-        found = await recall_elsewhere(self.history, cid, terms, held, [p.text for p in own], common, near)
+        found = await recall_elsewhere(self.history, cid, question, terms, held, [p.text for p in own], common, near)
         mine = [p for p in own if isinstance(p, Passage)]
         if found and mine:
             dates = await self.history.elsewhere.run(ElsewhereStore.turn_dates, cid, [p.hit.turn for p in mine])

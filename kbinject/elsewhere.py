@@ -1,34 +1,49 @@
 """Recall injection across conversations: the user's other conversations and saved memories.
 
 After the conversation's own archive (archive.py), the question is searched with the same
-keywords and the same floor against the user's other conversations (live, not incognito,
-never the asking one: history/elsewhere.py) and the saved memories; the memories the
+floor against what the user said in their other conversations (live, not incognito, never
+the asking one: history/elsewhere.py) and the saved memories; the memories the
 conversation's system prompt already carries (its frozen block) are dropped as any text
-the prompt holds is. Their passages rank below the conversation's own (the budget drops
-them first) and are labelled with where and when they were said: "in “Bike fitting”,
-2 Nov: you said: ...", "you asked me to remember (3 Dec): ...". In the block every passage
-stands by its date, oldest first, so where two disagree the newer stands nearest the
-question (docs/DESIGN.md, "Recall injection"; docs/MEMORY.md).
+the prompt holds is.
+
+Every passage recalled costs the model server a re-read of this turn's exchange at the next
+turn (passages are not replayed), so it must be worth it (docs/DESIGN.md, "Across
+conversations"): the user's words only, not the model's answers; the question's own keywords
+only, never the recent turns' a back-reference borrows (those are this conversation's); not
+a question the user asked there, nor this question asked again ("Name a colour, number 0."
+for "…, number 1.": ``asks_again``); at most ``MAX_PASSAGE_CHARS``, a saved memory's most.
+
+Their passages rank below the conversation's own (the budget drops them first) and are labelled
+with where and when they were said: "in “Bike fitting”, 2 Nov: you said: ...", "you asked me to
+remember (3 Dec): ...". In the block every passage stands by its date, oldest first, so where
+two disagree the newer stands nearest the question (docs/DESIGN.md, "Recall injection";
+docs/MEMORY.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from core.tools import one_line
-from history import AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
+from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
 
 from .recallvec import NO_NEAR, Near
-from .search import fts_phrases, reciprocal_rank_fusion
+from .search import fts_phrases, query_terms, reciprocal_rank_fusion
 from .terms import Terms, best_piece, normalized
 
-__all__ = ["ELSEWHERE_TOP_K", "ElsewherePassage", "day_label", "recall_elsewhere"]
+__all__ = ["ELSEWHERE_TOP_K", "MAX_PASSAGE_CHARS", "ElsewherePassage", "asks_again", "day_label", "recall_elsewhere"]
 
 ELSEWHERE_TOP_K = 3  # passages of other conversations and memories a turn gets at most
+MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut to a memory's length
 CANDIDATES = 20
+LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
+SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
+WORD_START = re.compile(r"(?<!\S)\S")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 MAX_TITLE_CHARS = 80
 ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
 
@@ -74,27 +89,30 @@ class ElsewherePassage:
 
 
 async def recall_elsewhere(
-    history: AsyncHistory, cid: int, terms: Terms, held: str, taken: list[str], common: tuple[float, int],
-    near: Near = NO_NEAR,
+    history: AsyncHistory, cid: int, question: str, terms: Terms, held: str, taken: list[str],
+    common: tuple[float, int], near: Near = NO_NEAR,
 ) -> list[ElsewherePassage]:
-    """The best passages of other conversations and memories for ``terms`` (and what the vectors
-    found: ``near``), past the floor, none that the prompt's text ``held`` or a passage already
+    """The best passages of other conversations and memories for the ``question`` (its
+    ``terms``, without the recent turns', and what the vectors found: ``near``), past the
+    floor, none that asks it again or that the prompt's text ``held`` or a passage already
     ``taken`` holds; best first."""
-    phrases = fts_phrases([*terms.question, *terms.recent])
+    own = Terms(terms.question, [])  # a back-reference's borrowed words are this conversation's
+    phrases = fts_phrases(own.question)
     if not phrases:
         return []
     found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common)
     memories = await history.memories.run(MemoryStore.all)
-    floor = terms.without(found.common)
-    return await asyncio.to_thread(choose, found.hits, memories, terms, floor, held, taken, near)
+    floor = own.without(found.common)
+    return await asyncio.to_thread(choose, found.hits, memories, question, own, floor, held, taken, near)
 
 
 def choose(
-    hits: list[ElsewhereHit], memories: list[Memory], terms: Terms, floor: Terms, prompt: str, taken: list[str],
-    near: Near = NO_NEAR,
+    hits: list[ElsewhereHit], memories: list[Memory], question: str, terms: Terms, floor: Terms, prompt: str,
+    taken: list[str], near: Near = NO_NEAR,
 ) -> list[ElsewherePassage]:
     """Memories and messages fused by rank (with the vectors' rankings: ``near``), each past the
-    ``floor`` (or its vector counterpart) and new to the prompt."""
+    ``floor`` (or its vector counterpart), new to the prompt and more than the ``question``
+    asked again."""
     held = normalized(prompt)
     keywords = len(hits)
     fused = near.fused_others(hits, floor)
@@ -112,13 +130,56 @@ def choose(
     for i in ranks:
         passage = candidates[i]
         plain = normalized(passage.text)
-        if not plain or plain in held or not (floor.relevant(passage.text)
-                                              or fused.floor.passes(passage.text, cosines.get(i))):
+        if not plain or plain in held or asks_again(question, passage.text):
             continue
         if any(plain in other or other in plain for other in seen):
+            continue
+        near_enough = fused.floor.passes(passage.text, cosines.get(i))  # before the cut: its whole text's vector
+        passage.text = cut_around(passage.text, terms)
+        if not (floor.relevant(passage.text) or near_enough):
             continue
         chosen.append(passage)
         seen.append(plain)
         if len(chosen) == ELSEWHERE_TOP_K:
             break
     return chosen
+
+
+def asks_again(question: str, text: str) -> bool:
+    """Whether ``text`` only asks: it is a question (each of its sentences ends with "?"), or
+    the ``question`` asked again: it holds the question's words in their order, numbers aside
+    ("Name a colour, number 0." for "Name a colour, number 1."), and no keyword but numbers
+    beyond them. A question asked elsewhere tells the model nothing about the user."""
+    sentences = [s for s in SENTENCE_END.split(text.strip()) if s.strip()]
+    if sentences and all(s.rstrip().endswith("?") for s in sentences):
+        return True
+    asked = LETTERS.findall(question.lower())
+    said = LETTERS.findall(text.lower())
+    if not asked or f" {' '.join(asked)} " not in f" {' '.join(said)} ":
+        return False
+    words = set(asked)
+    return all(term in words for term in query_terms(text) if not term.isdigit())
+
+
+def cut_around(text: str, terms: Terms, limit: int = MAX_PASSAGE_CHARS) -> str:
+    """``text`` whole when it fits in ``limit`` characters, else the window of that length (from
+    a sentence's start, or a word's) that holds most of the ``terms``, the latest of those (it
+    starts nearest what matched), its cuts marked "…"."""
+    if len(text) <= limit:
+        return text
+    starts = {0, *(m.end() for m in SENTENCE_START.finditer(text))}
+    last = 0  # and a word's start every quarter of the limit, for text of few sentence ends
+    for word in WORD_START.finditer(text):
+        if word.start() - last >= limit // 4:
+            starts.add(word.start())
+            last = word.start()
+    best, best_strength = "", -1.0
+    for start in sorted(s for s in starts if s < len(text)):
+        window = text[start:start + limit - 4]  # room for the marks
+        if start + len(window) < len(text) and " " in window:
+            window = window[: window.rindex(" ")]  # whole words
+        strength = terms.strength(window)
+        if strength >= best_strength:
+            best, best_strength = (("… " if start else "") + window.strip()
+                                   + (" …" if start + len(window) < len(text.rstrip()) else "")), strength
+    return best

@@ -18,7 +18,7 @@ import pytest
 from core import Config, estimate_text
 from history import ArchiveHit, ElsewhereHit, HistoryStore
 from kbinject.archive import BLOCK_FOOTER, ELSEWHERE_HEADER, Passage, fit, format_block
-from kbinject.elsewhere import ElsewherePassage, day_label
+from kbinject.elsewhere import MAX_PASSAGE_CHARS, ElsewherePassage, asks_again, day_label
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import serving
 from tests.test_recall_injection import archived, last_request, question_text, recall_events
@@ -171,3 +171,59 @@ async def test_the_budget_drops_other_conversations_passages_before_the_conversa
     assert [p.source()["recall"] for p in both.passages] == ["turn", "conversation"]
     one = fit([own, other], 0, estimate_text(format_block([own])))  # room for one: the own one stays
     assert one.passages == [own] and one.block is not None and "9021" not in one.block
+
+
+async def test_conversations_asking_the_same_words_keep_the_follow_ups_prefix(
+    config: Config, router: FakeRouter
+) -> None:
+    """`make e2e`'s case: four conversations ask the same words but a number, each answered at
+    length. Another's question says nothing this one does not, and another's answer is not what
+    the user said: nothing is recalled, so each follow-up's prompt repeats the first request
+    whole and the server reads only the new exchange (docs/DESIGN.md, "Across conversations")."""
+    system = "You are a helpful assistant. " + " ".join(f"Rule {n}: name colours plainly." for n in range(20))
+    async with serving(config) as (_, wire):
+        for n in range(4):
+            router.script(Reply(text=f"Colour number {n}: blue. " + "Another colour name is a hue. " * 60))
+            first = await wire.ask(f"Name a colour, number {n}.", system=system)
+            assert first[-1]["type"] == "done", first[-1]
+            asked = last_request(router)
+            router.script(Reply(text="Another colour: green."))
+            follow_up = await wire.ask("And another one?", conversation=first[0]["conversation"])
+            assert follow_up[-1]["type"] == "done", follow_up[-1]
+            sent = last_request(router)
+            assert sent["messages"][: len(asked["messages"])] == asked["messages"], n
+            assert sent["messages"][len(asked["messages"])] == {"role": "assistant", "content": first[-1]["text"]}
+            assert recall_events(first) == recall_events(follow_up) == []
+
+
+async def test_what_the_user_said_is_recalled_not_the_models_answers_and_cut_to_a_memorys_length(
+    config: Config, router: FakeRouter
+) -> None:
+    # the model's old answer is not the user's memory (and here it is wrong); the user's long
+    # message is cut to the part that bears on the question
+    past(config, "Gym", [("Where should I keep my gym bag?", "Your gym locker code is 1234, keep it there.")],
+         OCTOBER)
+    story = "We walked along the river for hours. " * 30
+    said = f"{story}My garage door code is 5580, the one by the shed. {story}"
+    past(config, "Weekend", [(said, "What a walk.")], NOVEMBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="I do not know."))
+        events = await wire.ask("What is my gym locker code?")
+        assert question_text(last_request(router)) == "What is my gym locker code?"
+        assert recall_events(events) == []
+        router.script(Reply(text="5580."))
+        await wire.ask("What is my garage door code?")
+        text = question_text(last_request(router))
+        start = text.index(f"in “Weekend”, {day_label(NOVEMBER)}: you said: … ")
+        passage = text[start:].split(": ", 2)[2].split("\n")[0]
+        assert "My garage door code is 5580" in passage and len(passage) <= MAX_PASSAGE_CHARS
+
+
+async def test_a_question_asked_again_tells_nothing() -> None:
+    assert asks_again("Name a colour, number 1.", "Name a colour, number 0.")
+    assert asks_again("And another one?", "and another one")
+    assert not asks_again("What is my locker code?", "My locker code is 4711.")
+    assert not asks_again("Am I allergic to peanuts?", "I am allergic to peanuts")
+    assert not asks_again("Name a colour", "Name a colour for my bike frame, it is a Brompton")
+    assert asks_again("What size are my bike tyres?", "What tyre size does my bike take? Is it 16 inch?")
+    assert not asks_again("What size are my bike tyres?", "My bike is a Brompton. Which tyres fit it?")
