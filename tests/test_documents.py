@@ -148,6 +148,7 @@ async def test_a_detail_of_a_folded_document_is_recalled(config: Config, router:
         assert events[-1]["type"] == "done", events[-1]
         sent = last_request(router)
         assert "movers" not in json.dumps(sent["messages"][:-1])
+        assert "- id 1: plan.docx (DOCX; turn 1)" in sent["messages"][0]["content"]  # the manifest
         assert "plan.docx (attached in turn 1): " in question_text(sent)
         assert "The movers come on 12 May" in question_text(sent)
         assert [(s["recall"], s["file"]) for s in recall_events(events)[0]["sources"]] == [("file", "plan.docx")]
