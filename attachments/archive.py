@@ -104,7 +104,7 @@ class Archive:
         except FileRefused:
             self._handle.close()
             raise
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        except Exception as exc:  # BadZipFile, OSError, EOFError, NotImplementedError ...
             self._handle.close()
             raise damaged(name, what, f"a damaged zip archive: {exc}") from None
         self.members = {info.filename: info for info in self._zip.infolist()}

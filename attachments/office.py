@@ -20,6 +20,7 @@ model (``document_body``) and for recall (``document_full_text``), as ``pdf.py``
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from core.files import open_regular
 
 from .archive import Archive, damaged
 from .budget import FULL_TEXT_CAP
+from .classify import TEXT_SUFFIXES
 from .doctext import Full, Writer
 from .markup import MAX_HTML_BYTES, decode_html, html_text
 from .odf import ODF_ENCRYPTED, read_ods, read_odt
@@ -90,6 +92,8 @@ XENC = "{http://www.w3.org/2001/04/xmlenc#}"
 # bytes of the mimetype member read
 MIMETYPE_BYTES = 256
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class DocumentText:
@@ -128,11 +132,17 @@ def sniff(path: str, name: str, suffix: str, head: bytes) -> str | None:
     """The document kind of a file (blocking), None when it is no document; FileRefused for a
     file named as a document that is not a readable one."""
     named = SUFFIXES.get(suffix)
-    if named == "html" or (named is None and _HTML_START.match(head)):
+    # a text suffix wins over the content, as in classify(): notes.txt that opens with <html> is text
+    if named == "html" or (named is None and suffix not in TEXT_SUFFIXES and _HTML_START.match(head)):
         return "html"
     if head.startswith(ZIP_MAGIC):
-        with Archive(path, name, FORMATS.get(named or "", "document")) as archive:
-            kind = _package_kind(archive)
+        try:
+            with Archive(path, name, FORMATS.get(named or "", "document")) as archive:
+                kind = _package_kind(archive)
+        except FileRefused:
+            if named is not None:
+                raise
+            return None  # a zip of no document's name that cannot be read: an unknown kind, as before
         if kind is None and named is not None:
             raise damaged(name, FORMATS[named], "the archive holds none of its parts")
         return kind
@@ -227,6 +237,11 @@ def read_document(path: str, name: str, kind: str) -> DocumentText:
         raise damaged(name, FORMATS[kind], str(exc)) from None
     except RecursionError:
         raise damaged(name, FORMATS[kind], "nested too deeply") from None
+    except FileRefused:
+        raise
+    except Exception as exc:  # a walk tripped on a structure no reader expects: the file's fault
+        logger.debug("reading %s failed", name, exc_info=True)
+        raise damaged(name, FORMATS[kind], f"{type(exc).__name__}: {exc}") from None
     pages = out.finish()
     if kind not in UNITS:
         pages = ["\n".join(pages)]

@@ -100,9 +100,12 @@ async def test_a_document_is_told_by_its_content_not_its_name(
     odt = make_odt(tmp_path / "letter.zip", "Hello", ["From the odt."])
     page = tmp_path / "saved"
     page.write_text("<!DOCTYPE html>\n<html><body><h1>Saved page</h1><p>Body text.</p></body></html>")
-    events = await wire.ask("read", files=[str(docx), str(odt), str(page)])
-    assert [c["kind"] for c in user_of(events)["files"]] == ["docx", "odt", "html"]
+    snippet = tmp_path / "snippet.txt"  # a text suffix wins over the content, as it always has
+    snippet.write_text("<html><body><b>bold</b></body></html>\n")
+    events = await wire.ask("read", files=[str(docx), str(odt), str(page), str(snippet)])
+    assert [c["kind"] for c in user_of(events)["files"]] == ["docx", "odt", "html", "text"]
     sent = text_of(router.requests[-1])
+    assert "<b>bold</b>" in sent
     assert "# Minutes\nNothing was decided." in sent and "# Hello\nFrom the odt." in sent
     assert "# Saved page\nBody text." in sent and "<h1>" not in sent
 
