@@ -42,11 +42,14 @@ class _Walker(HTMLParser):
         self.header_rows = 0  # rows of the current table written (a separator follows the first)
         self.tables: list[int] = []
 
-    def flush(self) -> None:
+    def flush(self, keep: bool = False) -> None:
+        """End the line; ``keep``: an empty line keeps its prefix (``<li><p>text``: the item's ``- ``)."""
         text = "".join(self.line)
         text = text.strip("\n") if self.pre else _SPACES.sub(" ", text).strip()
         if text:
             self.lines.append(self.prefix + text)
+        elif keep:
+            return
         self.line = []
         self.prefix = ""
 
@@ -73,7 +76,7 @@ class _Walker(HTMLParser):
             self.flush()
             self.prefix = "- "
         elif tag in BLOCKS:
-            self.flush()
+            self.flush(keep=True)
             if tag == "pre":
                 self.pre += 1
 
@@ -96,7 +99,9 @@ class _Walker(HTMLParser):
 
     def _end_row(self) -> None:
         assert self.row is not None
-        if any(self.row):
+        while self.row and not self.row[-1]:
+            self.row.pop()  # a layout table's empty tail
+        if self.row:
             self.lines.append("| " + " | ".join(self.row) + " |")
             if self.tables and self.tables[-1] == 0:
                 self.lines.append("|" + " --- |" * len(self.row))
