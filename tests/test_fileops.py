@@ -27,7 +27,7 @@ from core.errors import (
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
 from fileops.outputs import Staged
-from fileops.tracking import filled, smooth_path, window_path
+from fileworker.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
 from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, styled_pdf
 
