@@ -169,18 +169,24 @@ class Archive:
             raise damaged(self.name, self.what, f"{member}: {exc}") from None
 
     def iter_xml(self, member: str, tag: str) -> Iterator[ET.Element]:
-        """The ``tag`` elements of ``member``, each once it is whole, cleared after use: a large
+        """The ``tag`` elements of ``member``, each once it is whole, dropped after use: a large
         sheet is read in constant memory."""
-        parser = ET.XMLPullParser(events=("end",))
+        parser = ET.XMLPullParser(events=("start", "end"))
         tail = b""
+        open_elements: list[ET.Element] = []
         try:
             for chunk in self.chunks(member):
                 tail = _refuse_entities(tail, chunk, self, member)
                 parser.feed(chunk)
-                for _event, element in parser.read_events():
+                for event, element in parser.read_events():
+                    if event == "start":
+                        open_elements.append(element)
+                        continue
+                    open_elements.pop()
                     if element.tag == tag:
                         yield element
-                        element.clear()
+                        if open_elements:  # dropped from its parent, so the tree keeps no rows
+                            open_elements[-1].remove(element)
             parser.close()
         except ET.ParseError as exc:
             raise damaged(self.name, self.what, f"{member}: {exc}") from None
