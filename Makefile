@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-PACKAGES := common core history attachments fileops recall kbinject daemon mcphost client mcpserve selfcheck doctor assistant.py
+PACKAGES := common core history attachments fileops fileworker recall kbinject daemon mcphost client mcpserve selfcheck doctor assistant.py
 
 .PHONY: setup run test selfcheck bench system-tools bytecode clean install-units uninstall-units FORCE
 

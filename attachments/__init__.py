@@ -14,6 +14,8 @@ The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, p
   ``Ocr`` (scanned pages read by tesseract, ``ocr.py``; ``support()`` for ``status``) and
   ``ImageCache`` (the decode thread, the pixel budget and the caches, ``imagecache.py``).
 
+Documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) are told and read by ``office.py``.
+
 It stands on ``core`` alone (errors, safe file opening, token rates).
 """
 
@@ -33,12 +35,19 @@ from .extract import (
 from .imagecache import ImageCache
 from .ocr import Ocr, OcrSupport
 from .images import MAX_IMAGE_BYTES
+from .office import DOCUMENT_KINDS, FORMATS as DOCUMENT_FORMATS, UNITS
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
 from .readers import FileReaders
 from .refs import attached_image, image_ref, resolve_image_refs, user_content
 
+# what a paged kind's pages are: a PDF's pages, a deck's slides, a spreadsheet's sheets, an EPUB's chapters
+PAGE_UNITS = {"pdf": "page", **UNITS}
+
 __all__ = [
+    "DOCUMENT_FORMATS",
+    "DOCUMENT_KINDS",
+    "PAGE_UNITS",
     "FULL_TEXT_CAP",
     "MAX_FILES",
     "MAX_IMAGE_BYTES",

@@ -40,14 +40,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import LIST_MODELS, NoVision, TooManyFiles
+from core.errors import LIST_MODELS, NoVision, TooManyFiles, UnsupportedKind
 from core.files import check_path, open_regular, read_head, sha256_file
 from core.filethreads import FILE_THREADS
 from core.tokens import CHARS_PER_TOKEN, DEFAULT_IMAGE_TOKENS, cut_to_weight, text_weight
 
-from . import pdf
+from . import office, pdf
 from .budget import FULL_TEXT_CAP, budget_chars, fair_shares
-from .classify import Kind, classify, is_code
+from .classify import Classified, Kind, classify, is_code, suffix_of
 from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
 from .ocr import OCR_PAGE_CHARS, Ocr, OcrProgress
 from .readers import FileReaders
@@ -154,6 +154,8 @@ class Prepared:
             return frozenset({"code" if is_code(self.name) else "text"})
         if self.kind == "pdf":
             return frozenset({"pdf", "scanned"} if self.scanned else {"pdf"})
+        if self.kind in office.DOCUMENT_KINDS:
+            return frozenset({"text"})  # a document's text is prose, as a text file's
         return frozenset({"image"})
 
 
@@ -187,11 +189,23 @@ class _Extracted:
     read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
 
 
+def _classify(path: str, name: str) -> Classified:
+    """A file's kind: a document's by its content (office.py), else as ``classify`` says."""
+    head = read_head(path)
+    document = office.sniff(path, name, suffix_of(name), head)
+    if document is not None:
+        return Classified(document, office.MIME_TYPES[document])
+    try:
+        return classify(name, head)
+    except UnsupportedKind:
+        raise office.unsupported(name) from None
+
+
 def _stage_file(path: str) -> _Staged:
     """Check, sniff and classify one path (blocking; runs in a worker thread)."""
     info = check_path(path)
     name = os.path.basename(path)
-    found = classify(name, read_head(path))
+    found = _classify(path, name)
     if found.kind == "image" and info.st_size > MAX_IMAGE_BYTES:
         raise too_large(name, info.st_size)
     return _Staged(path, name, found.kind, found.mime, info.st_size)
@@ -347,11 +361,23 @@ async def _extract_pdf(
                       read_by_ocr=bool(plan.read), read_later={page: text.sizes.get(page) for page in plan.later})
 
 
-def _header(name: str, pages: int | None, note: str | None) -> str:
-    """The ``--- file: NAME (facts) ---`` line that opens a block."""
+async def _extract_document(item: _Staged) -> _Extracted:
+    """A document's extraction (office.py), read and hashed side by side in worker threads."""
+    document, sha256 = await asyncio.gather(
+        FILE_THREADS.run(item.path, office.read_document, item.path, item.name, item.kind),
+        FILE_THREADS.run(item.path, sha256_file, item.path),
+    )
+    body = office.document_body(document)
+    pages = len(document.pages) if document.paged else None
+    return _Extracted(body, text_weight(body), office.document_full_text(document), sha256, len(body),
+                      "characters", pages=pages, truncated=document.cut)
+
+
+def _header(name: str, pages: int | None, note: str | None, unit: str = "page") -> str:
+    """The ``--- file: NAME (facts) ---`` line that opens a block (``unit``: what ``pages`` counts)."""
     facts = []
     if pages is not None:
-        facts.append(f"{pages} page" + ("" if pages == 1 else "s"))
+        facts.append(f"{pages} {unit}" + ("" if pages == 1 else "s"))
     if note:
         facts.append(note)
     # the name is the user's file's: a newline in it must not open a line of its own
@@ -377,7 +403,8 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         elif not body:
             note = "empty"
         ending = "" if not body or body.endswith("\n") else "\n"
-        block = _header(item.name, done.pages, note) + "\n" + body + ending
+        unit = office.UNITS.get(item.kind, "page")
+        block = _header(item.name, done.pages, note, unit) + "\n" + body + ending
     return Prepared(
         path=item.path,
         name=item.name,
@@ -403,6 +430,8 @@ async def _extract(
     """Extract one staged file by its kind (an image probed already)."""
     if item.kind == "text":
         return await _extract_text(item)
+    if item.kind in office.DOCUMENT_KINDS:
+        return await _extract_document(item)
     if probe is not None:
         return await _extract_image(item, probe, readers, vision=vision, progress=progress)
     return await _extract_pdf(item, readers.ocr, model=model, vision=vision, limit=limit, progress=progress)
@@ -465,6 +494,9 @@ async def _estimate_one(item: _Staged, ocr: Ocr, *, model: str, vision: bool) ->
         # count what ask would read
         read, _whole, _sha = await FILE_THREADS.run(item.path, read_text_file, item.path)
         return text_weight(read), 0, False
+    if item.kind in office.DOCUMENT_KINDS:
+        document = await FILE_THREADS.run(item.path, office.read_document, item.path, item.name, item.kind)
+        return len(office.document_body(document)), 0, False
     if item.kind == "image":
         # read by OCR for a model without vision (staging refused it otherwise)
         return (OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)

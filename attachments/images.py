@@ -159,7 +159,7 @@ def _open_checked(data: bytes, name: str) -> Image.Image:
         fmt = image.format
         image.close()
         raise FileRefused(
-            f"{name}: a {fmt} image; chat supports text, images (PNG, JPEG, WebP, GIF) and PDF — convert it first"
+            f"{name}: a {fmt} image; chat supports text, images (PNG, JPEG, WebP, GIF), PDF and documents — convert it first"
         )
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:

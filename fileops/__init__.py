@@ -3,7 +3,7 @@ sound, GIFs and tracking crops (docs/FILEOPS.md).
 
 A floor above ``core`` and ``attachments`` (its OCR) that imports nothing of the daemon's:
 ``Converter`` runs an operation, named in ``OPERATIONS`` with typed options, as tools in
-process groups of their own (poppler, ffmpeg, and ``python -m fileops.worker`` for pypdf and
+process groups of their own (poppler, ffmpeg, and ``python -m fileworker.worker`` for pypdf and
 numpy), bounded in time and output size, its outputs written whole beside the input.
 """
 

@@ -42,9 +42,9 @@ def need_tool(tool: str) -> str:
 
 
 def worker_args(operation: str, request: str) -> list[str]:
-    """The command line of the worker (``fileops/worker.py``) doing ``operation`` on ``request``
+    """The command line of the worker (``fileworker/worker.py``) doing ``operation`` on ``request``
     (JSON): the PDF and the tracking operations, in a process of their own so they can be killed."""
-    return [sys.executable, "-m", "fileops.worker", operation, request]
+    return [sys.executable, "-m", "fileworker.worker", operation, request]
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The operations on videos, run by ffmpeg: sound track, GIF, and the tracking crop's render.
 
-Each reads ffprobe's account of the input first (a damaged file fails there, named) and
+Each reads ffprobe's account of the input first (a damaged file fails there, named; the sound
+track of an MP4 is read from its boxes instead, ``mp4.py``) and
 reports ffmpeg's own progress (``-progress pipe:1``: the seconds of output done) against
 the input's duration. ffmpeg's ``-fs`` stops it writing at the size bound; an output that
 reached the bound is refused, naming it.
@@ -8,6 +9,7 @@ reached the bound is refused, naming it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 from core.errors import BadOption, ConvertFailed, OutputTooLarge
 
 from .job import Job
+from .mp4 import read_sound
 from .process import need_tool, run_tool, worker_args
 
 __all__ = ["trackcrop", "video_to_audio", "video_to_gif"]
@@ -53,6 +56,26 @@ async def probe(path: Path) -> Probe:
                  audio.get("codec_name") if audio else None)
 
 
+def _mp4_sound(path: Path) -> tuple[float, str | None] | None:
+    """An MP4's duration and first sound codec from its boxes (blocking); None when they do not say."""
+    try:
+        with open(path, "rb") as handle:
+            found = read_sound(handle)
+    except OSError:
+        return None
+    return None if found is None else (found.duration, found.audio)
+
+
+async def sound_track(path: Path) -> tuple[float, str | None]:
+    """The duration and the first sound track's codec (None: no sound): read from an MP4's boxes
+    (``mp4.py``: no ffprobe to start, which costs as much as copying the track), else from ffprobe."""
+    found = await asyncio.to_thread(_mp4_sound, path)
+    if found is not None:
+        return found
+    probed = await probe(path)
+    return probed.duration, probed.audio
+
+
 def _rate(text: str) -> float:
     top, _, bottom = text.partition("/")
     try:
@@ -82,19 +105,19 @@ def _bounded(path: Path, bound: int, setting: str, advice: str) -> None:
 
 async def video_to_audio(job: Job) -> None:
     """The sound track: copied into a container of its codec, else (or when asked) encoded."""
-    found = await probe(job.first)
-    if found.audio is None:
+    length, audio = await sound_track(job.first)
+    if audio is None:
         raise ConvertFailed(f"{job.first.name} has no sound track; there is nothing to extract")
     wanted = job.options["format"]
-    if wanted == "auto" and found.audio in COPY_CONTAINERS:
-        codec, suffix = ["-c:a", "copy"], COPY_CONTAINERS[found.audio]
+    if wanted == "auto" and audio in COPY_CONTAINERS:
+        codec, suffix = ["-c:a", "copy"], COPY_CONTAINERS[audio]
     else:
         encoder, rate, suffix = ENCODERS["opus" if wanted == "auto" else wanted]
         codec = ["-c:a", encoder, "-b:a", rate]
     staged = job.stage(job.first.stem + suffix)
     await _ffmpeg(job, ["-i", str(job.first)], ["-vn", "-sn", "-dn", "-map", "0:a:0", *codec,
                                                  "-fs", str(job.max_bytes), "-y", str(staged.temporary)],
-                  found.duration, job.first.name)
+                  length, job.first.name)
     _bounded(staged.temporary, job.max_bytes, "convert_max_bytes", "raise it, or convert a shorter video")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, ImageCache, attached_image
+from attachments import PAGE_BREAK, PAGE_MARKER, PAGE_UNITS, ImageCache, attached_image
 from core.errors import FileRefused
 from core.tokens import cut_to_weight, text_weight
 from core.tools import (
@@ -62,7 +62,7 @@ LIST_CUT_NOTE = "only the newest fit in the context"
 def document_pages(text: str) -> list[str]:
     """A stored PDF text split into its pages (one page when it has no markers)."""
     if PAGE_BREAK in text:
-        return text.split(PAGE_BREAK)
+        return text.split(PAGE_BREAK)  # a document's slides, sheets or chapters likewise
     starts = list(PAGE_MARKER_LINE.finditer(text))
     if not starts:
         return [text]
@@ -71,16 +71,20 @@ def document_pages(text: str) -> list[str]:
     return [page.strip("\n") for page in pages]
 
 
-def _page_text(pages: list[str], n: int) -> str:
-    """Page ``n`` (1-based) as the model reads it."""
+def _page_text(pages: list[str], n: int, unit: str = "page") -> str:
+    """Page ``n`` (1-based) as the model reads it (``unit``: a document's slide, sheet, chapter)."""
     text = pages[n - 1]
-    return text if text.strip() else SCANNED_PAGE.format(n=n)
+    if text.strip():
+        return text
+    return SCANNED_PAGE.format(n=n) if unit == "page" else f"[{unit} {n} has no text]"
 
 
-def _whole_document(pages: list[str]) -> str:
-    """A PDF's pages, each after its ``PAGE_MARKER`` line."""
+def _whole_document(pages: list[str], unit: str = "page") -> str:
+    """A PDF's pages (a document's slides, sheets or chapters), each after its marker line
+    (``PAGE_MARKER``, ``[slide N]``)."""
+    marker = PAGE_MARKER if unit == "page" else f"[{unit} {{n}}]"
     return "\n\n".join(
-        PAGE_MARKER.format(n=n) + "\n" + _page_text(pages, n) for n in range(1, len(pages) + 1)
+        marker.format(n=n) + "\n" + _page_text(pages, n, unit) for n in range(1, len(pages) + 1)
     )
 
 
@@ -110,7 +114,11 @@ class AttachmentRecall(Tool):
                 "type": "integer",
                 "description": "At most this many characters (default: as many as fit).",
             },
-            "page": {"type": "integer", "description": "For a PDF: read only this page (1-based)."},
+            "page": {
+                "type": "integer",
+                "description": "For a PDF, a slide deck, a spreadsheet or an EPUB: read only this page, "
+                               "slide, sheet or chapter (1-based).",
+            },
         },
         "required": ["action"],
     }
@@ -191,17 +199,19 @@ class AttachmentRecall(Tool):
         if not text.strip():
             what = "no text layer (a scanned PDF?)" if attachment.kind == "pdf" else "no text"
             raise ToolError(f"{attachment.name} has {what}; ask the user what it contains")
-        if attachment.kind != "pdf":
+        unit = PAGE_UNITS.get(attachment.kind)
+        if unit is None:
             if page is not None:
-                raise ToolError(f"{attachment.name} is not a PDF; page only applies to PDFs, use offset")
+                raise ToolError(f"{attachment.name} has no pages; page applies to PDFs, slide decks, "
+                                "spreadsheets and EPUBs; use offset")
             return text, None, None
         pages = document_pages(text)
         count = attachment.pages or len(pages)
         if page is None:
-            return _whole_document(pages), None, count
+            return _whole_document(pages, unit), None, count
         if not 1 <= page <= len(pages):
-            raise ToolError(f"{attachment.name} has text for pages 1 to {len(pages)}; not page {page}")
-        return _page_text(pages, page), page, count
+            raise ToolError(f"{attachment.name} has text for {unit}s 1 to {len(pages)}; not {unit} {page}")
+        return _page_text(pages, page, unit), page, count
 
     @staticmethod
     def _read_limit(arguments: dict[str, Any], ctx: ToolContext) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attachments import DOCUMENT_FORMATS, PAGE_UNITS
 from history import Attachment
 
 __all__ = ["MANIFEST_HEADER", "MAX_MANIFEST_FILES", "attachment_manifest"]
@@ -30,6 +31,10 @@ def _describe(attachment: Attachment) -> str:
         kind = f"PDF, {pages} page{'s' if pages != 1 else ''}" if pages else "PDF"
         if not attachment.has_text:
             kind += ", no text layer"
+    elif attachment.kind in DOCUMENT_FORMATS:
+        kind = DOCUMENT_FORMATS[attachment.kind]
+        if (unit := PAGE_UNITS.get(attachment.kind)) and attachment.pages:
+            kind += f", {attachment.pages} {unit}{'s' if attachment.pages != 1 else ''}"
     elif attachment.kind == "image":
         kind = f"image, {attachment.content_type}"
     else:

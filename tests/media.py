@@ -81,3 +81,21 @@ def gray_frames(path: Path) -> np.ndarray:
     raw = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "rawvideo", "-pix_fmt", "gray", "pipe:1"],
                          capture_output=True, check=True, timeout=60).stdout
     return np.frombuffer(raw, np.uint8).reshape(-1, video["height"], video["width"])
+
+
+def make_sound(path: Path, codec: str, seconds: int = 1, video: bool = False) -> Path:
+    """A tone encoded with ``codec`` (an ffmpeg encoder) in the container ``path``'s suffix names;
+    with ``video``, under a test pattern."""
+    picture = ["-f", "lavfi", "-i", f"testsrc=size=64x48:rate=5:duration={seconds}"] if video else []
+    _ffmpeg(*picture, "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}",
+            *(["-c:v", "libx264", "-pix_fmt", "yuv420p"] if video else []), "-c:a", codec, "-strict", "-2",
+            "-shortest", str(path))
+    return path
+
+
+def sound_codec(path: Path) -> str | None:
+    """The first sound track's codec as ffprobe names it (None: no sound)."""
+    done = subprocess.run(["ffprobe", "-v", "error", "-print_format", "json", "-show_streams", str(path)],
+                          capture_output=True, check=True, timeout=60)
+    streams = json.loads(done.stdout)["streams"]
+    return next((s["codec_name"] for s in streams if s["codec_type"] == "audio"), None)

@@ -247,7 +247,7 @@ async def test_a_huge_sparse_file_is_read_only_to_the_budget(wire: Wire, router:
         (lambda d: str(d), "file_refused", "a folder, not a file"),
         (lambda d: "/dev/null", "file_refused", "not a regular file"),
         (lambda d: str(make_sparse(d / "huge.png", 21 << 20, b"\x89PNG\r\n\x1a\n")), "file_refused", "20 MB"),
-        (lambda d: str(_binary(d / "blob.bin")), "unsupported_kind", "chat supports text, images and PDF"),
+        (lambda d: str(_binary(d / "blob.bin")), "unsupported_kind", "chat supports text, images, PDF and documents"),
     ],
 )
 async def test_refusals_send_and_store_nothing(

@@ -21,7 +21,7 @@ from client import Wire
 from core import load_config
 from selfcheck.samples import make_png
 from tests.conftest import RunningDaemon
-from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, styled_pdf
+from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, make_sound, styled_pdf
 from tests.test_client import cli
 
 pytestmark = pytest.mark.asyncio
@@ -157,6 +157,26 @@ async def test_video_to_audio_keeps_the_duration(wire: Wire, tmp_path: Path) -> 
     assert abs(duration(Path(chip["path"])) - 2.0) < 0.1
     seconds = [e for e in events if e["type"] == "progress" and e["unit"] == "seconds"]
     assert seconds and seconds[-1]["total"] == pytest.approx(2.0, abs=0.1)
+
+
+async def test_an_mp4s_sound_is_copied_without_ffprobe(wire: Wire, tmp_path: Path, work: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ffprobe's start costs as much as the copy: an MP4's sound track is read from its boxes. Without
+    ffprobe on PATH an MP4 still converts, and a Matroska file still asks for it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "ffmpeg").symlink_to(shutil.which("ffmpeg") or "ffmpeg")
+    clip = make_clip(work / "clip.mp4")
+    mkv = make_sound(work / "tone.mkv", "libopus", video=True)
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(tools))  # the daemon's PATH: it runs in this process
+    events = await convert(wire, "video_to_audio", [clip])
+    end = (await convert(wire, "video_to_audio", [mkv]))[-1]
+    monkeypatch.setenv("PATH", path)
+    chip = only_output(events)
+    assert chip["name"] == "clip.m4a" and abs(duration(Path(chip["path"])) - 2.0) < 0.1
+    assert [e for e in events if e["type"] == "progress" and e["unit"] == "seconds"][-1]["total"] == 2.0
+    assert end["code"] == "tool_missing" and "ffprobe is not installed" in end["message"], end
 
 
 async def test_the_cli_makes_a_gif_of_the_asked_frames(daemon: RunningDaemon, tmp_path: Path) -> None:

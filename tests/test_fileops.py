@@ -27,9 +27,10 @@ from core.errors import (
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
 from fileops.outputs import Staged
-from fileops.tracking import filled, smooth_path, window_path
+from fileworker.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
-from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, styled_pdf
+from fileops.mp4 import Mp4Sound, read_sound
+from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, make_sound, sound_codec, styled_pdf
 
 REPORT = "Annual Report"
 
@@ -200,3 +201,26 @@ async def test_requests_that_do_not_fit_are_refused(tmp_path: Path) -> None:
         await convert("video_to_audio", [pdf])
     with pytest.raises(FileRefused, match="no such file"):
         await convert("pdf_to_markdown", [tmp_path / "gone.pdf"])
+
+
+@pytest.mark.parametrize(("codec", "name", "video"), [
+    ("aac", "a.m4a", False), ("libmp3lame", "b.mp4", False), ("libopus", "c.mp4", False), ("flac", "d.mp4", False),
+    ("alac", "e.m4a", False), ("aac", "f.mov", True),
+])
+def test_an_mp4s_boxes_name_its_sound_as_ffprobe_does(tmp_path: Path, codec: str, name: str, video: bool) -> None:
+    path = make_sound(tmp_path / name, codec, seconds=2, video=video)
+    with open(path, "rb") as handle:
+        found = read_sound(handle)
+    assert found is not None and found.audio == sound_codec(path)
+    assert found.duration == pytest.approx(duration(path), abs=0.1)
+
+
+def test_an_mp4_without_sound_and_what_the_boxes_do_not_say(tmp_path: Path) -> None:
+    with open(make_box_video(tmp_path / "silent.mp4"), "rb") as handle:
+        assert read_sound(handle) == Mp4Sound(2.0, None)
+    for name, data in [("torn.mp4", b"\x00\x00\x00\x18ftypisom" + bytes(64)),  # no moov: ffprobe says why
+                       ("loop.mp4", b"\x00\x00\x00\x10ftypisom" + b"\x00\x00\x00\x08free" * 10000),
+                       ("clip.mkv", b"\x1a\x45\xdf\xa3" + bytes(64))]:
+        (tmp_path / name).write_bytes(data)
+        with open(tmp_path / name, "rb") as handle:
+            assert read_sound(handle) is None, name

@@ -2,6 +2,7 @@
 
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core -> common
                    daemon -> fileops -> attachments (its OCR)
+                   fileops runs (as a process) fileworker -> core
                    daemon -> mcphost -> core
     assistant.py -> mcpserve -> client -> common
     assistant.py -> doctor -> {client, core.config}
@@ -28,7 +29,7 @@ import pytest
 from tests.test_client import bare_python
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("common", "core", "history", "attachments", "fileops", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
+OURS = ("common", "core", "history", "attachments", "fileops", "fileworker", "recall", "kbinject", "mcphost", "daemon", "client", "mcpserve",
         "selfcheck", "doctor")
 # what each package may import of ours
 ALLOWED = {
@@ -38,6 +39,8 @@ ALLOWED = {
     "attachments": {"common", "core", "history"},
     # the file operations (issue 47): above attachments, whose OCR reads scanned pages
     "fileops": {"common", "core", "history", "attachments"},
+    # what the file operations do in a worker process: on core alone, so the worker starts light
+    "fileworker": {"common", "core"},
     "recall": {"common", "core", "history", "attachments"},
     "kbinject": {"common", "core", "history", "attachments"},
     "mcphost": {"common", "core"},  # the MCP host: the daemon's, on the ground floor alone
@@ -50,7 +53,7 @@ ALLOWED = {
     "doctor": {"common", "client", "core"},
     "selfcheck": {"common", "core", "daemon", "client"},
 }
-DAEMON_SIDE = ("core", "history", "attachments", "fileops", "recall", "kbinject", "mcphost", "daemon")
+DAEMON_SIDE = ("core", "history", "attachments", "fileops", "fileworker", "recall", "kbinject", "mcphost", "daemon")
 # what a client command may load of ours: the entry point and the client's packages
 CLIENT_START = {"__main__", "assistant", "common", "client", "mcpserve"}
 
@@ -117,6 +120,18 @@ def test_the_mcp_commands_load_the_client_side_alone() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+@pytest.mark.parametrize("module", ["fileworker.pdfwork", "fileworker.tracking"])
+def test_the_file_worker_starts_light(module: str) -> None:
+    """A worker process loads of ours only core and its own package, and no asyncio: its start
+    is part of every PDF merge's time (docs/DESIGN.md, "File operations")."""
+    script = (f"import json, sys, fileworker.worker, {module}\n"
+              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout))
+    assert loaded & set(OURS) <= {"common", "core", "fileworker"} and "asyncio" not in loaded, sorted(loaded)
 
 
 def test_production_code_never_imports_the_tests() -> None:

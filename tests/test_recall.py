@@ -258,7 +258,7 @@ async def test_json_escapes_still_fit_the_context(history: AsyncHistory) -> None
         ({"offset": -1}, 20_000, "offset -1 is outside the text"),
         ({"max_chars": 0}, 20_000, "max_chars must be at least 1"),
         ({}, 500, "there is no room left in the context"),
-        ({"page": 1}, 20_000, "design.md is not a PDF"),
+        ({"page": 1}, 20_000, "design.md has no pages"),
     ],
 )
 async def test_bad_reads(history: AsyncHistory, arguments: dict[str, Any], ctx_chars: int, message: str) -> None:

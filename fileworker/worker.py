@@ -1,4 +1,4 @@
-"""The worker: the operations done in Python, in a process of their own (``python -m fileops.worker``).
+"""The worker: the operations done in Python, in a process of their own (``python -m fileworker.worker``).
 
 pypdf and the motion measure hold the CPU for seconds on a large input; run in the daemon
 they would slow every turn, and a thread cannot be killed on cancel. A child process in its
@@ -19,9 +19,9 @@ from core.errors import AssistantError
 # load numpy, nor a tracking crop pypdf (a worker's start is part of every operation's time:
 # bench/bench_convert.py)
 WORK = {
-    "pdf_merge": ("fileops.pdfwork", "merge_pdfs"),
-    "pdf_pages": ("fileops.pdfwork", "select_pages"),
-    "trackcrop": ("fileops.tracking", "track_window"),
+    "pdf_merge": ("fileworker.pdfwork", "merge_pdfs"),
+    "pdf_pages": ("fileworker.pdfwork", "select_pages"),
+    "trackcrop": ("fileworker.tracking", "track_window"),
 }
 
 
