@@ -36,15 +36,20 @@ WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_ME
 ORDER BY score
 LIMIT ?
 """
+# the best chunks of one file, their text joined in the same statement (not looked up one by one)
 SEARCH_FILE_CHUNKS = """
-SELECT rowid, bm25(attachment_chunk_fts) AS score FROM attachment_chunk_fts
-WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
-ORDER BY score
-LIMIT ?
+SELECT f.score, f.rowid, c.ordinal, c.page, c.text
+FROM (SELECT rowid, bm25(attachment_chunk_fts) AS score FROM attachment_chunk_fts
+      WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
+      ORDER BY score
+      LIMIT ?) AS f
+JOIN attachment_chunks AS c ON c.id = f.rowid
+ORDER BY f.score
 """
-SELECT_FILE_CHUNK = "SELECT ordinal, page, text FROM attachment_chunks WHERE id = ?"
+# Counted in FTS5's own table of row sizes (one small row per message, the same rowids):
+# counting message_fts itself in a range reads every message's text
 COUNT_MESSAGES = f"""
-SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+SELECT count(*) FROM message_fts_docsize WHERE id BETWEEN ? AND ? AND (id & 255) <= {MAX_MESSAGE_INDEX}
 """
 COUNT_MESSAGES_HOLDING = f"""
 SELECT count(*) FROM (SELECT 1 FROM message_fts
@@ -182,15 +187,13 @@ class ArchiveStore:
         return held
 
     def _file_hits(self, files: dict[int, tuple[int, int, str, int]], match: str, limit: int) -> list[ArchiveHit]:
-        found: list[tuple[float, int, int]] = []
+        found: list[tuple[float, int, int, int | None, str, int]] = []
         for attachment_id in files:
             lo, hi = file_range(attachment_id)
-            found += [(score, rowid, attachment_id)
-                      for rowid, score in self._conn.execute(SEARCH_FILE_CHUNKS, (match, lo, hi, limit))]
-        found.sort()
+            found += [(*row, attachment_id) for row in self._conn.execute(SEARCH_FILE_CHUNKS, (match, lo, hi, limit))]
+        found.sort(key=lambda row: row[:2])
         hits = []
-        for score, rowid, attachment_id in found[:limit]:
-            ordinal, page, text = self._conn.execute(SELECT_FILE_CHUNK, (rowid,)).fetchone()
+        for score, _, ordinal, page, text, attachment_id in found[:limit]:
             _, turn, name, _ = files[attachment_id]
             hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page))
         return hits

@@ -26,6 +26,7 @@ similarity: its scale depends on the corpus (a one-chunk KB scores ~1e-6).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -103,14 +104,15 @@ def keyword_share(terms: Sequence[str], text: str) -> float:
     """The share of ``terms`` that ``text`` contains (by their stems), 0 to 1."""
     if not terms:
         return 0.0
-    words = set(WORD.findall(text.lower()))
-    stems = {term: _stem(term) for term in terms}
-    # a word starts with a stem when its first len(stem) letters are the stem: one set of
-    # those prefixes, rather than every word tried against every stem
-    lengths = {len(stem) for stem in stems.values()}
-    prefixes = {word[:n] for word in words for n in lengths if len(word) >= n}
-    found = sum(1 for term in terms if term in words or stems[term] in prefixes)
+    words = sorted(set(WORD.findall(text.lower())))
+    found = sum(1 for term in terms if _starts_one(words, _stem(term)))  # a term starts with its stem
     return found / len(terms)
+
+
+def _starts_one(words: list[str], prefix: str) -> bool:
+    """Whether one of the sorted ``words`` starts with ``prefix``: those that do follow it at once."""
+    i = bisect_left(words, prefix)
+    return i < len(words) and words[i].startswith(prefix)
 
 
 def reciprocal_rank_fusion(*rankings: Iterable[int], k: int = RRF_K) -> list[int]:

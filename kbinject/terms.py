@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .chunking import chunk_text
+from .chunking import CHUNK_CHARS, chunk_text
 from .search import fts_phrases, keyword_share, query_terms
 
 __all__ = ["MIN_MATCHED", "Terms", "best_piece", "held", "normalized"]
@@ -69,6 +69,8 @@ def normalized(text: str) -> str:
 
 def best_piece(text: str, terms: Terms) -> str:
     """A message as a passage: whole when short, else its chunk holding most keywords."""
+    if len(text) <= CHUNK_CHARS:  # one chunk, whatever its lines: most messages
+        return text
     pieces = chunk_text(text)
     if len(pieces) <= 1:
         return text
