@@ -157,14 +157,16 @@ class ArchiveStore:
         if unchunked:
             return ArchiveFound([], frozenset(), unchunked)
         files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
-        ranges = [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
-        if before > 1:
-            lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, before - 1, MAX_MESSAGE_INDEX)
-            ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
-        pieces = sum(self._conn.execute(count, (lo, hi)).fetchone()[0] for count, _, lo, hi in ranges)
+        # the messages first: usually most of the pieces, so the files' few need no count
+        ranges = [(COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, message_rowid(cid, 1, 0),
+                   message_rowid(cid, before - 1, MAX_MESSAGE_INDEX))] if before > 1 else []
+        ranges += [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
+        sized = [(holding, lo, hi, self._conn.execute(count, (lo, hi)).fetchone()[0])
+                 for count, holding, lo, hi in ranges]
         share, least = common
+        pieces = sum(size for *_, size in sized)
         cap = max(least, int(share * pieces)) + 1  # a phrase held this often is common: counting stops there
-        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, ranges, cap) >= cap)
+        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, sized, pieces, cap) >= cap)
         rare = [phrase for phrase in phrases if phrase not in frequent]
         if not rare:
             return ArchiveFound([], frequent)
@@ -177,11 +179,15 @@ class ArchiveStore:
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))
         return ArchiveFound(hits + self._file_hits(files, match, limit), frequent)
 
-    def _holding(self, phrase: str, ranges: Sequence[tuple[str, str, int, int]], cap: int) -> int:
-        """How many pieces of ``ranges`` hold ``phrase``, counted up to ``cap``."""
+    def _holding(self, phrase: str, ranges: Sequence[tuple[str, int, int, int]], pieces: int, cap: int) -> int:
+        """How many of the ``pieces`` of ``ranges`` (each with its size) hold ``phrase``, counted up
+        to ``cap``; less when the ranges left uncounted could not make it reach ``cap``."""
         held = 0
-        for _, holding, lo, hi in ranges:
+        for holding, lo, hi, size in ranges:
+            if held + pieces < cap:
+                break
             held += self._conn.execute(holding, (phrase, lo, hi, cap - held)).fetchone()[0]
+            pieces -= size
             if held >= cap:
                 break
         return held
