@@ -32,7 +32,7 @@ from .kb import (
     kb_chunk_range,
 )
 from .journal import JournalStore, SavedChange
-from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
+from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit, reads_memory
 from .migrations import MIGRATIONS, migrate
 from .records import (
     TURN_STATUSES,
@@ -105,6 +105,7 @@ __all__ = [
     "parse_arguments",
     "quote_fts",
     "quoted_phrases",
+    "reads_memory",
     "search_words",
     "split_rowid",
     "thread_digest",
