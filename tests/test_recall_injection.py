@@ -357,6 +357,23 @@ async def test_the_real_model_scenarios_recall_in_a_few_requests(
         assert run.recalled == []
 
 
+@pytest.mark.parametrize("kind", sorted(scenarios.RECALL_TWINS))
+async def test_a_recall_scenarios_plain_twin_asks_the_same_with_no_passage(
+    config: Config, router: FakeRouter, tmp_path: Path, kind: str
+) -> None:
+    """bench_recall.py's plain twin (``--compare``): the same past and question, recall_injection off."""
+    async with serving(config) as (_, wire):
+        run = await scenarios.SCENARIOS[kind](wire, 1, tmp_path, config.db_path)
+        with_recall = last_request(router)
+        twin = await scenarios.RECALL_TWINS[kind](wire, 1, tmp_path, config.db_path, "off")
+        plain = last_request(router)
+    assert twin.error is None and twin.mode == "off" and twin.compacted and twin.recalled == []
+    assert twin.needle == run.needle and twin.asking_first_token is not None
+    assert question_text(with_recall).endswith(question_text(plain)) and run.needle not in question_text(plain)
+    assert plain["messages"][1:-1] == with_recall["messages"][1:-1]  # the same past, after the system message
+    assert run.needle not in json.dumps(plain["messages"])
+
+
 async def test_a_word_most_of_the_conversation_holds_recalls_nothing(config: Config, router: FakeRouter) -> None:
     teas = [(f"I drank a cup of tea at {hour} o'clock.", "Tea is nice.") for hour in range(1, 9)]
     cid = archived(config, [*teas, LOCKER, *teas[:2]], through=9)
