@@ -186,7 +186,8 @@ class ContextBuilder:
         """
         budget = self.budget(model)
         entry = await self._replayed(cid, turn, model, budget, past)
-        instructions = await self.instructions(past.conversation if past else None, bool(tools))
+        instructions = await self.instructions(past.conversation if past else None, bool(tools),
+                                               past.memories if past else None)
         own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens)
         own += tool_tokens
         if own > budget.prompt_limit:
@@ -399,12 +400,15 @@ class ContextBuilder:
             logger.debug("kb: %s", injection.note)
         return injection.block, sources
 
-    async def instructions(self, conversation: Conversation | None, tools: bool) -> str:
+    async def instructions(self, conversation: Conversation | None, tools: bool, memories: str | None = None) -> str:
         """The system message's own text: the system prompt, the saved memories frozen at the
-        conversation's first prompt (docs/DESIGN.md, "Memory"), and the tool guidance when tools
-        are offered; each the same from turn to turn, a stable prefix."""
+        conversation's first prompt (docs/DESIGN.md, "Memory": ``memories`` as the turn's trip
+        read them, else read now), and the tool guidance when tools are offered; each the same
+        from turn to turn, a stable prefix."""
         instructions = self.system_prompt(conversation)
-        if instructions and (memories := await frozen_block(self.config, self.history, conversation)):
+        if memories is None and instructions:
+            memories = await frozen_block(self.config, self.history, conversation)
+        if instructions and memories:
             instructions = f"{instructions}\n\n{memories}"
         if tools and instructions:
             instructions = f"{instructions}\n\n{TOOL_GUIDANCE}"

@@ -18,14 +18,14 @@ from core import BUDGET_CHARS_PER_TOKEN
 from core.config import Config
 from core.errors import BadRequest, NotFound
 from core.tools import Tool, ToolContext, ToolError, ToolResult, json_content, one_line, string_argument
-from history import MAX_MEMORY_CHARS, AsyncHistory, Conversation, Memory, MemoryStore, search_words
+from history import MAX_MEMORY_CHARS, AsyncHistory, Conversation, Memory, MemoryStore, reads_memory, search_words
 
 from . import events
 from .connection import Emit
 from .live import Live
 from .protocol import Request
 
-__all__ = ["MemoryHandlers", "MemorySave", "Memories", "frozen_block", "memory_on"]
+__all__ = ["MemoryHandlers", "MemorySave", "Memories", "frozen_block", "memory_chars", "memory_on"]
 
 DEFAULT_SEARCH_LIMIT = 10
 MAX_QUERY_WORDS = 32  # as the search request's: each word costs a look-up of its frequency
@@ -36,16 +36,28 @@ def memory_on(config: Config, conversation: Conversation | None) -> bool:
     """Whether memory is on for this conversation: the daemon's ``memory`` and its own setting."""
     if config.memory != "on":
         return False
-    return conversation is None or conversation.settings.get("memory", "on") != "off"
+    return conversation is None or reads_memory(conversation.settings)
+
+
+def memory_chars(config: Config, setting: str | None = None) -> int | None:
+    """The frozen memory block's room in characters, for the trip that begins a turn to read (or
+    make) the block with the conversation (``HistoryStore.with_memories``); None when memory is
+    off for the daemon, or ``setting`` (the ``memory`` an ``ask`` creating the conversation sets)
+    is "off", or the daemon's system prompt is "" (a conversation with one of its own has its
+    block read apart, ``frozen_block``)."""
+    if config.memory != "on" or setting == "off" or not config.system_prompt:
+        return None
+    return config.memory_tokens * BUDGET_CHARS_PER_TOKEN
 
 
 async def frozen_block(config: Config, history: AsyncHistory, conversation: Conversation | None) -> str:
     """The memories a conversation's system prompt carries: those at its first prompt, kept; ""
-    when memory is off for it."""
-    if conversation is None or not memory_on(config, conversation):
+    when memory is off for it. A turn has them from the trip that began it (``TurnContext.memories``):
+    this is for the rest."""
+    chars = memory_chars(config)
+    if conversation is None or chars is None or not memory_on(config, conversation):
         return ""
-    return await history.memories.run(
-        MemoryStore.freeze, conversation.id, config.memory_tokens * BUDGET_CHARS_PER_TOKEN)
+    return await history.memories.run(MemoryStore.freeze, conversation.id, chars)
 
 
 def memory_text(text: Any, what: str) -> str:

@@ -22,6 +22,7 @@ from history import AsyncHistory, HistoryStore, NewAttachment, NewTurn, Turn, Tu
 
 from .background import Background
 from .context import ContextBuilder
+from .memory import memory_chars
 from .titles import provisional_title
 from .turnrequest import TurnRequest
 from .turnstate import Outcome, TurnState
@@ -65,7 +66,8 @@ class TurnSaver:
         )
         held = self.context.replays.held_upto(cid) if cid is not None else 0
         try:
-            turn, past = await self.history.run(HistoryStore.begin_turn, new, held)
+            chars = memory_chars(self.context.config, ask.memory if cid is None else None)
+            turn, past = await self.history.run(HistoryStore.begin_turn, new, held, chars)
         except LookupError:  # missing, or deleted since it was read
             raise no_conversation(cid) from None
         if cid is None and ask.memory is not None:  # set before its first prompt reads memories
@@ -94,7 +96,8 @@ class TurnSaver:
         """The conversation's last turn, which ended on calls to an OpenAI client's own tools,
         running again; ``BadRequest`` when it did not."""
         try:
-            return await self.history.run(HistoryStore.reopen_turn, cid, self.context.replays.held_upto(cid))
+            return await self.history.run(HistoryStore.reopen_turn, cid, self.context.replays.held_upto(cid),
+                                          memory_chars(self.context.config))
         except LookupError:
             raise BadRequest(f"the last turn of conversation {cid} is not waiting for tool results; send the "
                              "results right after the assistant message that called the tools") from None

@@ -32,7 +32,7 @@ from .kb import (
     kb_chunk_range,
 )
 from .journal import JournalStore, SavedChange
-from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit
+from .memories import MAX_MEMORY_CHARS, Memory, MemoryStore, OtherHit, reads_memory
 from .migrations import MIGRATIONS, migrate
 from .recallvec import Piece, RecallVectorStore
 from .records import (
@@ -108,6 +108,7 @@ __all__ = [
     "parse_arguments",
     "quote_fts",
     "quoted_phrases",
+    "reads_memory",
     "search_words",
     "split_rowid",
     "thread_digest",

@@ -36,15 +36,20 @@ WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_ME
 ORDER BY score
 LIMIT ?
 """
+# the best chunks of one file, their text joined in the same statement (not looked up one by one)
 SEARCH_FILE_CHUNKS = """
-SELECT rowid, bm25(attachment_chunk_fts) AS score FROM attachment_chunk_fts
-WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
-ORDER BY score
-LIMIT ?
+SELECT f.score, f.rowid, c.ordinal, c.page, c.text
+FROM (SELECT rowid, bm25(attachment_chunk_fts) AS score FROM attachment_chunk_fts
+      WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ?
+      ORDER BY score
+      LIMIT ?) AS f
+JOIN attachment_chunks AS c ON c.id = f.rowid
+ORDER BY f.score
 """
-SELECT_FILE_CHUNK = "SELECT ordinal, page, text FROM attachment_chunks WHERE id = ?"
+# Counted in FTS5's own table of row sizes (one small row per message, the same rowids):
+# counting message_fts itself in a range reads every message's text
 COUNT_MESSAGES = f"""
-SELECT count(*) FROM message_fts WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
+SELECT count(*) FROM message_fts_docsize WHERE id BETWEEN ? AND ? AND (id & 255) <= {MAX_MESSAGE_INDEX}
 """
 COUNT_MESSAGES_HOLDING = f"""
 SELECT count(*) FROM (SELECT 1 FROM message_fts
@@ -152,14 +157,16 @@ class ArchiveStore:
         if unchunked:
             return ArchiveFound([], frozenset(), unchunked)
         files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
-        ranges = [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
-        if before > 1:
-            lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, before - 1, MAX_MESSAGE_INDEX)
-            ranges.append((COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, lo, hi))
-        pieces = sum(self._conn.execute(count, (lo, hi)).fetchone()[0] for count, _, lo, hi in ranges)
+        # the messages first: usually most of the pieces, so the files' few need no count
+        ranges = [(COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, message_rowid(cid, 1, 0),
+                   message_rowid(cid, before - 1, MAX_MESSAGE_INDEX))] if before > 1 else []
+        ranges += [(COUNT_FILE_CHUNKS, COUNT_FILE_CHUNKS_HOLDING, *file_range(f)) for f in files]
+        sized = [(holding, lo, hi, self._conn.execute(count, (lo, hi)).fetchone()[0])
+                 for count, holding, lo, hi in ranges]
         share, least = common
+        pieces = sum(size for *_, size in sized)
         cap = max(least, int(share * pieces)) + 1  # a phrase held this often is common: counting stops there
-        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, ranges, cap) >= cap)
+        frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, sized, pieces, cap) >= cap)
         rare = [phrase for phrase in phrases if phrase not in frequent]
         if not rare:
             return ArchiveFound([], frequent)
@@ -172,25 +179,27 @@ class ArchiveStore:
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))
         return ArchiveFound(hits + self._file_hits(files, match, limit), frequent)
 
-    def _holding(self, phrase: str, ranges: Sequence[tuple[str, str, int, int]], cap: int) -> int:
-        """How many pieces of ``ranges`` hold ``phrase``, counted up to ``cap``."""
+    def _holding(self, phrase: str, ranges: Sequence[tuple[str, int, int, int]], pieces: int, cap: int) -> int:
+        """How many of the ``pieces`` of ``ranges`` (each with its size) hold ``phrase``, counted up
+        to ``cap``; less when the ranges left uncounted could not make it reach ``cap``."""
         held = 0
-        for _, holding, lo, hi in ranges:
+        for holding, lo, hi, size in ranges:
+            if held + pieces < cap:
+                break
             held += self._conn.execute(holding, (phrase, lo, hi, cap - held)).fetchone()[0]
+            pieces -= size
             if held >= cap:
                 break
         return held
 
     def _file_hits(self, files: dict[int, tuple[int, int, str, int]], match: str, limit: int) -> list[ArchiveHit]:
-        found: list[tuple[float, int, int]] = []
+        found: list[tuple[float, int, int, int | None, str, int]] = []
         for attachment_id in files:
             lo, hi = file_range(attachment_id)
-            found += [(score, rowid, attachment_id)
-                      for rowid, score in self._conn.execute(SEARCH_FILE_CHUNKS, (match, lo, hi, limit))]
-        found.sort()
+            found += [(*row, attachment_id) for row in self._conn.execute(SEARCH_FILE_CHUNKS, (match, lo, hi, limit))]
+        found.sort(key=lambda row: row[:2])
         hits = []
-        for score, rowid, attachment_id in found[:limit]:
-            ordinal, page, text = self._conn.execute(SELECT_FILE_CHUNK, (rowid,)).fetchone()
+        for score, _, ordinal, page, text, attachment_id in found[:limit]:
             _, turn, name, _ = files[attachment_id]
             hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page))
         return hits

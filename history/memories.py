@@ -22,7 +22,7 @@ from . import search
 from .migrations import immediate_transaction
 from .records import FromRow, SearchHit
 
-__all__ = ["MAX_MEMORY_CHARS", "Memory", "MemoryStore", "OtherHit", "memory_block"]
+__all__ = ["MAX_MEMORY_CHARS", "Memory", "MemoryStore", "OtherHit", "memory_block", "reads_memory"]
 
 
 MAX_MEMORY_CHARS = 500  # a memory is a fact, not a document
@@ -67,6 +67,11 @@ class Memory(FromRow):
         source = None if self.conversation_id is None else {"conversation": self.conversation_id, "turn": self.turn}
         return {"id": self.id, "text": self.text, "created_at": self.created_at, "updated_at": self.updated_at,
                 "source": source}
+
+
+def reads_memory(settings: dict[str, Any]) -> bool:
+    """Whether a conversation of these settings reads (and feeds) memory: not incognito."""
+    return settings.get("memory", "on") != "off"
 
 
 def memory_block(memories: list[Memory], max_chars: int) -> str:

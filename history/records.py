@@ -389,3 +389,6 @@ class TurnContext:
     has_attachments: bool
     kb_ids: list[int]  # the knowledge bases the conversation sees
     after: int = 0  # what it was read with: ``earlier`` holds only the answered turns after it
+    # the saved memories its system prompt carries, frozen at its first prompt and read (or made)
+    # in the same trip ("" none: memory is off for it); None when the trip was not asked to
+    memories: str | None = None

@@ -42,7 +42,7 @@ from .elsewhere import ElsewhereStore
 from .recallvec import RecallVectorStore
 from .kb import KnowledgeStore
 from .journal import JournalStore
-from .memories import MemoryStore
+from .memories import MemoryStore, reads_memory
 from .migrations import immediate_transaction, migrate
 from .records import (
     TURN_STATUSES,
@@ -318,10 +318,10 @@ class HistoryStore:
         )
         return conversation, turn
 
-    def begin_turn(self, new: NewTurn, after: int = 0) -> tuple[Turn, TurnContext]:
-        """``start_turn``, then what the turn's prompt needs (``turn_context`` after ``after``):
-        one call, so the daemon stores a question and reads its conversation in one trip to this
-        thread."""
+    def begin_turn(self, new: NewTurn, after: int = 0, memory_chars: int | None = None) -> tuple[Turn, TurnContext]:
+        """``start_turn``, then what the turn's prompt needs (``turn_context`` after ``after``; the
+        frozen memory block too, ``with_memories``): one call, so the daemon stores a question and
+        reads its conversation in one trip to this thread."""
         conversation, turn = self.start_turn(new)
         if new.conversation is None:  # created here: nothing earlier to read; its files are this turn's
             context = TurnContext(conversation=conversation, compaction=None, earlier=[],
@@ -331,7 +331,18 @@ class HistoryStore:
             found = self.turn_context(conversation.id, after, before=turn.turn, conversation=conversation)
             assert found is not None
             context = found
-        return turn, context
+        return turn, self.with_memories(context, memory_chars)
+
+    def with_memories(self, context: TurnContext, memory_chars: int | None) -> TurnContext:
+        """``context`` with the conversation's frozen memory block (made at its first prompt, within
+        ``memory_chars``; "" when the conversation is incognito); as it was when ``memory_chars`` is
+        None (memory off for the daemon, or not known yet) or the conversation's system prompt is
+        "" (no system message, so no block: none is made)."""
+        conversation = context.conversation
+        if memory_chars is None or conversation.system_prompt == "":
+            return context
+        block = self.memories.freeze(conversation.id, memory_chars) if reads_memory(conversation.settings) else ""
+        return dataclasses.replace(context, memories=block)
 
     # -- threads: the OpenAI door's conversations, found by their texts (history/threads.py) --
 
@@ -374,7 +385,7 @@ class HistoryStore:
         self._phrases.forget()
         return True
 
-    def reopen_turn(self, cid: int, after: int = 0) -> tuple[Turn, TurnContext]:
+    def reopen_turn(self, cid: int, after: int = 0, memory_chars: int | None = None) -> tuple[Turn, TurnContext]:
         """Take up again the last turn of ``cid``, which ended on calls to a client's own tools (the
         OpenAI door): running again, and what its prompt needs from before it. LookupError when
         its last turn did not end so (or it is missing or deleted)."""
@@ -388,7 +399,7 @@ class HistoryStore:
             found = self._turn_row(cid, turn)
             context = self.turn_context(cid, after, before=turn)
         assert found is not None and context is not None
-        return found, context
+        return found, self.with_memories(context, memory_chars)  # after the transaction: freeze has its own
 
     def import_conversation(
         self, turns: Sequence[tuple[str, str]], digest: str, *, title: str, model: str | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .chunking import chunk_text
+from .chunking import CHUNK_CHARS, CHUNK_OVERLAP, chunk_text
 from .search import fts_phrases, keyword_share, query_terms
 
 __all__ = ["MIN_MATCHED", "Terms", "best_piece", "held", "normalized"]
@@ -17,6 +17,9 @@ __all__ = ["MIN_MATCHED", "Terms", "best_piece", "held", "normalized"]
 BACK_REFERENCE_TERMS = 3  # a question with fewer keywords is searched with the recent turns' too
 RECENT_TERMS = 12  # keywords taken from the recent turns, at most
 MIN_MATCHED = 2  # keywords of the question a passage must hold at most (half of them when fewer)
+# A text this short is one chunk, whatever its lines: no block of it is cut (chunking.py
+# cuts a block longer than this, the room a piece has behind the overlap)
+ONE_CHUNK_CHARS = CHUNK_CHARS - CHUNK_OVERLAP - 2
 # Words of a question that refers back and say nothing of what it asks for
 BACK_REFERENCE_WORDS = frozenset("""
 gave give given told remember remind mentioned earlier before previously wrote sent shared
@@ -69,6 +72,8 @@ def normalized(text: str) -> str:
 
 def best_piece(text: str, terms: Terms) -> str:
     """A message as a passage: whole when short, else its chunk holding most keywords."""
+    if len(text) <= ONE_CHUNK_CHARS:  # most messages: no need to cut them to know
+        return text
     pieces = chunk_text(text)
     if len(pieces) <= 1:
         return text

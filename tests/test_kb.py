@@ -953,6 +953,11 @@ def test_query_terms_and_fusion() -> None:
     assert reciprocal_rank_fusion([1, 2, 3], [3, 4]) == [3, 1, 2, 4]
     assert keyword_share(["backups", "nightly"], "The backup runs at noon") == 0.5
     assert keyword_share([], "anything") == 0.0
+    # a stem counts at a word's start only: after a space, a dash or the text's start, not after a
+    # letter, a digit or an underscore (a word character, as the index's words are split)
+    assert keyword_share(["backups"], "x-Backup") == keyword_share(["backups"], "Backup") == 1.0
+    assert keyword_share(["backups"], "my_backup 2backup rebackup") == 0.0
+    assert keyword_share(["cafés", "naïve"], "Ein Café, un naïveté") == 1.0
 
 
 def unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:

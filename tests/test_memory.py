@@ -12,7 +12,8 @@ import pytest
 
 from client import Wire
 from core import Config
-from history import HistoryStore
+from history import AsyncHistory, HistoryStore
+from history.aio import AsyncTables
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import serving
 from tests.test_client import cli
@@ -116,6 +117,39 @@ async def test_memories_go_into_a_new_conversation_frozen_byte_for_byte(wire: Wi
     await wire.ask("another new one")
     assert "I moved to Braga" in system_text(router.requests[-1])
     assert "Porto" not in system_text(router.requests[-1])
+
+
+async def test_the_frozen_block_comes_with_the_trip_that_begins_the_turn(
+    config: Config, router: FakeRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trips: list[str] = []  # every store method sent to the history thread, by name
+
+    def recording(run: Any) -> Any:
+        async def recorded(self: Any, method: Any, /, *args: Any, **kwargs: Any) -> Any:
+            trips.append(method.__qualname__)
+            return await run(self, method, *args, **kwargs)
+        return recorded
+
+    monkeypatch.setattr(AsyncHistory, "run", recording(AsyncHistory.run))
+    monkeypatch.setattr(AsyncTables, "run", recording(AsyncTables.run))
+    async with serving(config) as (_daemon, client):
+        await client.request({"type": "memory_add", "text": "I live in Lisbon"})
+        cid = (await client.ask("hello"))[0]["conversation"]
+        first = system_text(router.requests[-1])
+        assert "I live in Lisbon" in first
+        await client.request({"type": "memory_add", "text": "I moved to Porto"})
+        trips.clear()
+        await client.ask("and again", conversation=cid)
+        assert system_text(router.requests[-1]) == first  # still frozen
+        assert "HistoryStore.begin_turn" in trips
+        assert not [trip for trip in trips if trip.startswith("MemoryStore.fr")]  # no trip of its own
+    async with serving(config) as (_daemon, client):  # kept across a restart, read with the turn
+        trips.clear()
+        await client.ask("after a restart", conversation=cid)
+        assert system_text(router.requests[-1]) == first
+        await client.ask("a new conversation")
+        assert "I moved to Porto" in system_text(router.requests[-1])
+        assert not [trip for trip in trips if trip.startswith("MemoryStore.fr")]
 
 
 async def test_the_block_keeps_the_newest_memories_within_memory_tokens(

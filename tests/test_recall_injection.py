@@ -357,6 +357,23 @@ async def test_the_real_model_scenarios_recall_in_a_few_requests(
         assert run.recalled == []
 
 
+@pytest.mark.parametrize("kind", sorted(scenarios.RECALL_TWINS))
+async def test_a_recall_scenarios_plain_twin_asks_the_same_with_no_passage(
+    config: Config, router: FakeRouter, tmp_path: Path, kind: str
+) -> None:
+    """bench_recall.py's plain twin (``--compare``): the same past and question, recall_injection off."""
+    async with serving(config) as (_, wire):
+        run = await scenarios.SCENARIOS[kind](wire, 1, tmp_path, config.db_path)
+        with_recall = last_request(router)
+        twin = await scenarios.RECALL_TWINS[kind](wire, 1, tmp_path, config.db_path, "off")
+        plain = last_request(router)
+    assert twin.error is None and twin.mode == "off" and twin.compacted and twin.recalled == []
+    assert twin.needle == run.needle and twin.asking_first_token is not None
+    assert question_text(with_recall).endswith(question_text(plain)) and run.needle not in question_text(plain)
+    assert plain["messages"][1:-1] == with_recall["messages"][1:-1]  # the same past, after the system message
+    assert run.needle not in json.dumps(plain["messages"])
+
+
 async def test_a_word_most_of_the_conversation_holds_recalls_nothing(config: Config, router: FakeRouter) -> None:
     teas = [(f"I drank a cup of tea at {hour} o'clock.", "Tea is nice.") for hour in range(1, 9)]
     cid = archived(config, [*teas, LOCKER, *teas[:2]], through=9)
@@ -381,3 +398,32 @@ async def test_a_question_of_files_alone_recalls_nothing(config: Config, router:
         assert events[-1]["type"] == "done", events[-1]
         assert recall_events(events) == []
         assert "4711" not in json.dumps(last_request(router)["messages"])
+
+
+async def test_a_word_most_of_a_files_pages_hold_is_common_though_few_messages_say_it(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    # the messages are counted first, and a file's chunks only when they could make a word common:
+    # "kettle" and "kitchen" are in one message but on every page, "shelf" on all but one: common
+    pages = [f"Page {n}: the kettle stands on shelf {n} of the kitchen." for n in range(1, 9)]
+    pages[4] = "Page 5: the descaler is in the blue cupboard, beside the kettle."
+    pdf = make_pdf(tmp_path / "kitchen.pdf", pages)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Noted."))
+        events = await wire.ask("Here is the kitchen plan; mind the kettle.", files=[str(pdf)])
+        assert events[-1]["type"] == "done", events[-1]
+        cid = events[-1]["conversation"]
+        for question, answer in FILLER[:3]:
+            router.script(Reply(text=answer))
+            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+    with HistoryStore(config.db_path) as store:
+        store.add_compaction(cid, 2, "The user shared a kitchen plan and asked about tea.")
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="On a shelf."))
+        events = await wire.ask("Which kitchen shelf has the kettle?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        assert question_text(last_request(router)) == "Which kitchen shelf has the kettle?"
+        assert [e["sources"] for e in recall_events(events)] == [[]]
+        router.script(Reply(text="In the blue cupboard."))
+        events = await wire.ask("Which kitchen shelf has the kettle descaler?", conversation=cid)
+        assert "kitchen.pdf, page 5: Page 5: the descaler is in the blue cupboard" in question_text(last_request(router))

@@ -5,7 +5,8 @@ a needle, asks for it back, and returns a ``Run``: the answer, whether it holds 
 the tools the model called, what the daemon recalled before the question, and the time each
 turn took. The e2e tests (``tests/e2e_tools/``) run each once and assert;
 ``bench/bench_recall.py`` runs each many times and counts. ``n`` varies the needle and the
-filler so runs differ.
+filler so runs differ. The recall kinds also run with ``recall_injection`` set otherwise (``mode``,
+"off" for the bench's plain twin: the same past, the same question, no passage).
 
 The long past is not generated turn by turn by the model: the earlier turns are stored
 through the daemon's own store (``seed``: imported turns, then a compaction whose summary
@@ -68,6 +69,8 @@ class Run:
     recalled: list[str] = field(default_factory=list)  # the asking turn's recalled sources ("turn 1")
     turn_seconds: list[float] = field(default_factory=list)  # every turn the model answered
     asking_seconds: float = 0.0  # the turn that asked for the needle
+    asking_first_token: float | None = None  # seconds to its reply's first delta (None: no text came)
+    mode: str = "auto"  # the conversation's recall_injection
     compacted: bool = False  # the needle was folded away before it was asked for
     error: str | None = None
 
@@ -76,10 +79,11 @@ class Run:
         return self.error is None and self.needle.lower() in self.answer.lower()
 
     def to_json(self) -> dict[str, Any]:
+        first_token = None if self.asking_first_token is None else round(self.asking_first_token, 2)
         return {"kind": self.kind, "needle": self.needle, "found": self.found, "answer": self.answer,
                 "tools": self.tools, "recalled": self.recalled, "turns": len(self.turn_seconds),
-                "asking_seconds": round(self.asking_seconds, 2),
-                "compacted": self.compacted, "error": self.error}
+                "asking_seconds": round(self.asking_seconds, 2), "asking_first_token": first_token,
+                "mode": self.mode, "compacted": self.compacted, "error": self.error}
 
 
 class Talk:
@@ -89,13 +93,22 @@ class Talk:
         self.wire = wire
         self.run = run
         self.cid: int | None = None
+        self.first_token: float | None = None  # the last turn's seconds to its first delta
 
     async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
         started = time.monotonic()
         # each run is its own memory (incognito): the runs repeat their wordings with other
         # needles, and another run's fact, recalled across conversations, is not this one's
         where = {"conversation": self.cid} if self.cid is not None else {"memory": "off"}
-        events = await self.wire.ask(text, **where, **fields)
+        rid = await self.wire.send({"type": "ask", "text": text, **where, **fields})
+        events: list[dict[str, Any]] = []
+        self.first_token = None
+        async for event in self.wire.stream(rid):
+            events.append(event)
+            if event["type"] == "delta" and self.first_token is None:
+                self.first_token = time.monotonic() - started
+            if event["type"] in ("done", "error"):
+                break
         self.run.turn_seconds.append(time.monotonic() - started)
         users = of_type(events, "user")
         if users:
@@ -109,6 +122,7 @@ class Talk:
     async def asking(self, text: str, **fields: Any) -> None:
         events = await self.ask(text, **fields)
         self.run.asking_seconds = self.run.turn_seconds[-1]
+        self.run.asking_first_token = self.first_token
         self.run.tools = [t["name"] for t in of_type(events, "tool")]
         self.run.recalled = [label(source) for e in of_type(events, "progress") if e["stage"] == "recall"
                              for source in e["sources"]]
@@ -131,12 +145,14 @@ def fillers(rng: random.Random, count: int, first: int = 1) -> list[tuple[str, s
 
 def seed(db: Path, turns: list[tuple[str, str]], cid: int | None = None, run: Run | None = None) -> int:
     """Store ``turns`` as the daemon would have (a new conversation, or after ``cid``'s turns), then a
-    compaction folding all but the last KEPT_TURNS: the past a scenario needs, made without the model."""
+    compaction folding all but the last KEPT_TURNS: the past a scenario needs, made without the model.
+    A new conversation is incognito, as Talk.ask's are, with ``run``'s ``recall_injection``."""
     with HistoryStore(db) as store:
         if cid is None:
             cid = store.import_conversation(turns, f"seed-{time.monotonic_ns()}", title="Seeded", model=None,
                                             system_prompt=None).id
-            store.update_conversation(cid, settings={"memory": "off"})  # as Talk.ask's: incognito
+            settings = {"memory": "off", **({"recall_injection": run.mode} if run and run.mode != "auto" else {})}
+            store.update_conversation(cid, settings=settings)
             last = len(turns)
         else:
             last = store.add_imported_turns(cid, turns)
@@ -146,16 +162,22 @@ def seed(db: Path, turns: list[tuple[str, str]], cid: int | None = None, run: Ru
     return cid
 
 
-async def recall(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
+async def recall(wire: Wire, n: int, workdir: Path, db: Path, mode: str = "auto") -> Run:
     rng = random.Random(n)
     bay = f"{rng.randint(100, 999)}"
-    talk = Talk(wire, Run("recall", bay))
+    talk = Talk(wire, Run("recall", bay, mode=mode))
     # not a locker code: asked for one after a compaction, the model answered "I'm sorry, but I
     # can't assist with that." (issue 33's run)
     said = (f"Remember this: my bicycle is parked in bay {bay}.", "Noted.")
     talk.cid = seed(db, [said, *fillers(rng, TURNS_BACK)], run=talk.run)
     await talk.asking("In which bay did I park my bicycle?")
     return talk.run
+
+
+async def settings(wire: Wire, fields: dict[str, Any]) -> None:
+    answer = await wire.request({"type": "settings", **fields})
+    if answer["type"] == "error":
+        raise RuntimeError(f"settings failed: {answer}")
 
 
 def report_pages(needle: str, rng: random.Random) -> list[str]:
@@ -168,22 +190,26 @@ def report_pages(needle: str, rng: random.Random) -> list[str]:
     return pages
 
 
-async def file(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
+async def file(wire: Wire, n: int, workdir: Path, db: Path, mode: str = "auto") -> Run:
     rng = random.Random(1000 + n)
     needle = f"WR-{rng.randint(10000, 99999)}"
-    report = make_pdf(workdir / f"report-{n}.pdf", report_pages(needle, rng))
-    talk = Talk(wire, Run("file", needle))
+    folder = workdir if mode == "auto" else workdir / mode  # the twin's file has the same name
+    folder.mkdir(exist_ok=True)
+    report = make_pdf(folder / f"report-{n}.pdf", report_pages(needle, rng))
+    talk = Talk(wire, Run("file", needle, mode=mode))
     await talk.ask("Here is my order report. Just say OK.", files=[str(report)])
     assert talk.cid is not None
+    if mode != "auto":
+        await settings(wire, {"conversation": talk.cid, "recall_injection": mode})
     seed(db, fillers(rng, TURNS_BACK), talk.cid, talk.run)
     await talk.asking("What is the warranty reference in the order report I attached?")
     return talk.run
 
 
-async def followup(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
+async def followup(wire: Wire, n: int, workdir: Path, db: Path, mode: str = "auto") -> Run:
     rng = random.Random(5000 + n)
     spot = f"{rng.randint(100, 999)}"
-    talk = Talk(wire, Run("followup", spot))
+    talk = Talk(wire, Run("followup", spot, mode=mode))
     said = (f"My parking spot at work is number {spot}.", "Noted.")
     last = [("I just arrived at the office car park.", "Good morning! Head to your parking spot.")]
     talk.cid = seed(db, [said, *fillers(rng, TURNS_BACK), *last], run=talk.run)
@@ -239,6 +265,10 @@ async def none(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
 
 SCENARIOS: dict[str, Callable[[Wire, int, Path, Path], Awaitable[Run]]] = {
     "recall": recall, "file": file, "followup": followup, "kb": kb, "mcp": mcp, "none": none,
+}
+# the recall kinds again, with their conversation's recall_injection set to a mode: "off", the plain twin
+RECALL_TWINS: dict[str, Callable[[Wire, int, Path, Path, str], Awaitable[Run]]] = {
+    "recall": recall, "file": file, "followup": followup,
 }
 EXPECTED_TOOL = {"kb": "kb_search", "mcp": f"{MCP_SERVER}__add", "none": None}  # the tool kinds
 # the recall kinds: what the daemon must have recalled before the question (any tool may be called)
