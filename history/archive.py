@@ -63,7 +63,7 @@ WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)
 # The conversation's files with text, live conversations only; ``chunked`` says whether
 # its chunks are those of its current text.
 SELECT_FILES = """
-SELECT a.id, a.turn, a.name, a.chunked
+SELECT a.id, a.turn, a.name, a.chunked, a.kind
 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
 WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.full_text IS NOT NULL AND a.full_text != ''
 ORDER BY a.id
@@ -86,7 +86,7 @@ class FileToChunk:
 
     id: int
     name: str
-    kind: str  # text, image or pdf (a PDF's text holds page breaks)
+    kind: str  # text, image, pdf, docx ... (a paged kind's text holds page breaks)
     text: str
 
 
@@ -102,7 +102,8 @@ class ArchiveHit:
     file: str | None = None  # a file's name
     attachment: int | None = None  # a file's id
     chunk: int | None = None  # a file chunk's ordinal
-    page: int | None = None  # a PDF chunk's page
+    page: int | None = None  # a paged file's page (a PDF's page, a deck's slide ...)
+    kind: str | None = None  # a file's kind (pdf, pptx, text ...)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class ArchiveStore:
                 break
         return held
 
-    def _file_hits(self, files: dict[int, tuple[int, int, str, int]], match: str, limit: int) -> list[ArchiveHit]:
+    def _file_hits(self, files: dict[int, tuple[int, int, str, int, str]], match: str, limit: int) -> list[ArchiveHit]:
         found: list[tuple[float, int, int, int | None, str, int]] = []
         for attachment_id in files:
             lo, hi = file_range(attachment_id)
@@ -200,6 +201,7 @@ class ArchiveStore:
         found.sort(key=lambda row: row[:2])
         hits = []
         for score, _, ordinal, page, text, attachment_id in found[:limit]:
-            _, turn, name, _ = files[attachment_id]
-            hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page))
+            _, turn, name, _, kind = files[attachment_id]
+            hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page,
+                                   kind=kind))
         return hits

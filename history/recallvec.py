@@ -51,7 +51,7 @@ SELECT ch.id, ch.text FROM attachment_chunks AS ch JOIN attachments AS a ON a.id
 WHERE a.conversation_id = ?
 """
 CHUNK = """
-SELECT a.conversation_id, a.turn, a.name, a.id, ch.ordinal, ch.page, ch.text
+SELECT a.conversation_id, a.turn, a.name, a.id, ch.ordinal, ch.page, ch.text, a.kind
 FROM attachment_chunks AS ch JOIN attachments AS a ON a.id = ch.attachment_id WHERE ch.id = ?
 """
 MEMORIES = "SELECT id, text FROM memories"
@@ -161,8 +161,9 @@ class RecallVectorStore:
                 row = self._conn.execute(CHUNK, (-key,)).fetchone()
                 if row is None or row[0] != cid or not self._valid(key, model, row[6]):
                     continue
-                _, turn, name, attachment, ordinal, page, text = row
-                hits.append(ArchiveHit(turn, text, 0.0, file=name, attachment=attachment, chunk=ordinal, page=page))
+                _, turn, name, attachment, ordinal, page, text, kind = row
+                hits.append(ArchiveHit(turn, text, 0.0, file=name, attachment=attachment, chunk=ordinal, page=page,
+                                       kind=kind))
                 continue
             conversation, turn, n = split_rowid(key)
             row = self._conn.execute(MESSAGE, (key,)).fetchone()

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from attachments import PAGE_BREAK
+from attachments import PAGE_BREAK, PAGE_UNITS
 from core import estimate_text
 from core.tools import one_line
 from history import ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, FileToChunk
@@ -119,7 +119,9 @@ class Passage:
         if hit.file is None:
             return f"turn {hit.turn}, {ROLE_LABELS.get(hit.role or '', 'it was said')}"
         name = one_line(hit.file, MAX_NAME_CHARS)
-        return f"{name}, page {hit.page}" if hit.page is not None else f"{name} (attached in turn {hit.turn})"
+        if hit.page is None:
+            return f"{name} (attached in turn {hit.turn})"
+        return f"{name}, {PAGE_UNITS.get(hit.kind or '', 'page')} {hit.page}"
 
     def source(self) -> dict[str, Any]:
         """The passage's source as the ``recall`` progress and ``open`` show it."""
@@ -172,7 +174,7 @@ class Recall:
 
 def file_chunks(file: FileToChunk) -> list[tuple[int | None, str]]:
     """A file's text in chunks, as a KB document of its kind is chunked."""
-    if file.kind == "pdf":
+    if file.kind in PAGE_UNITS:  # a PDF's pages, a deck's slides, a workbook's sheets, an EPUB's chapters
         chunks = chunk_pages(file.text.split(PAGE_BREAK))
     else:
         markdown = "." in file.name and file.name.rsplit(".", 1)[1].lower() in MARKDOWN_SUFFIXES

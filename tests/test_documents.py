@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +132,25 @@ async def test_a_deck_is_paged_by_its_slides_through_attachment_recall(
     assert rest["next_offset"] is None and (first["content"] + rest["content"]).endswith("[slide 3]\n# Slide title 3\nPoint 3")
 
 
-async def test_a_detail_of_a_folded_document_is_recalled(config: Config, router: FakeRouter, tmp_path: Path) -> None:
-    plan = make_docx(tmp_path / "plan.docx", "Office move", ["The new office is on the fourth floor.",
-                                                              "The movers come on 12 May, a Tuesday."])
+MOVE = ["The new office is on the fourth floor.", "The movers come on 12 May, a Tuesday."]
+
+
+@pytest.mark.parametrize(
+    ("make", "listed", "label"),
+    [
+        (lambda d: make_docx(d / "plan.docx", "Office move", MOVE), "plan.docx (DOCX; turn 1)",
+         "plan.docx (attached in turn 1): "),
+        (lambda d: make_pptx(d / "plan.pptx", [("Office move", MOVE[:1]), ("Dates", MOVE[1:])]),
+         "plan.pptx (PPTX, 2 slides; turn 1)", "plan.pptx, slide 2: "),
+        (lambda d: make_xlsx(d / "plan.xlsx", [("Floors", [["Floor", "4"]]), ("Dates", [[MOVE[1]]])]),
+         "plan.xlsx (XLSX, 2 sheets; turn 1)", "plan.xlsx, sheet 2: "),
+    ],
+)
+async def test_a_detail_of_a_folded_document_is_recalled(
+    config: Config, router: FakeRouter, tmp_path: Path, make: Callable[[Path], Path], listed: str,
+    label: str,
+) -> None:
+    plan = make(tmp_path)
     async with serving(config) as (_, wire):
         router.script(Reply(text="Noted."))
         events = await wire.ask("Here is the plan.", files=[str(plan)])
@@ -151,10 +167,10 @@ async def test_a_detail_of_a_folded_document_is_recalled(config: Config, router:
         assert events[-1]["type"] == "done", events[-1]
         sent = last_request(router)
         assert "movers" not in json.dumps(sent["messages"][:-1])
-        assert "- id 1: plan.docx (DOCX; turn 1)" in sent["messages"][0]["content"]  # the manifest
-        assert "plan.docx (attached in turn 1): " in question_text(sent)
+        assert f"- id 1: {listed}" in sent["messages"][0]["content"]  # the manifest
+        assert label in question_text(sent)  # a paged kind labelled by its page's unit
         assert "The movers come on 12 May" in question_text(sent)
-        assert [(s["recall"], s["file"]) for s in recall_events(events)[0]["sources"]] == [("file", "plan.docx")]
+        assert [(s["recall"], s["file"]) for s in recall_events(events)[0]["sources"]] == [("file", plan.name)]
 
 
 def _billion_laughs(path: Path) -> Path:
