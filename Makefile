@@ -47,8 +47,12 @@ system-tools:
 run: setup
 	$(PY) assistant.py
 
+# the suite on two workers (pytest-xdist): most of a test is waiting on a daemon, a child
+# process or a socket, so two run in about half the time (docs/TESTING.md, "Speed");
+# TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 	$(PY) assistant.py --test
 
 selfcheck: setup
