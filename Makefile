@@ -51,8 +51,10 @@ run: setup
 # process or a socket, so two run in about half the time (docs/TESTING.md, "Speed");
 # TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
+# PYTHONDONTWRITEBYTECODE emptied: pytest keeps the test modules it rewrites (for its asserts) in
+# __pycache__ only where Python may write bytecode, and each worker rewrote every one at every run
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS)
 	$(PY) assistant.py --test
 
 selfcheck: setup
