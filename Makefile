@@ -47,8 +47,14 @@ system-tools:
 run: setup
 	$(PY) assistant.py
 
+# the suite on two workers (pytest-xdist): most of a test is waiting on a daemon, a child
+# process or a socket, so two run in about half the time (docs/TESTING.md, "Speed");
+# TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
+# PYTHONDONTWRITEBYTECODE emptied: pytest keeps the test modules it rewrites (for its asserts) in
+# __pycache__ only where Python may write bytecode, and each worker rewrote every one at every run
 test: setup
-	$(PY) -m pytest -q
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS)
 	$(PY) assistant.py --test
 
 selfcheck: setup

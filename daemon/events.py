@@ -2,12 +2,16 @@
 
 Every event a turn sends, the ``error`` of any request, and the fields of the live
 ``changed`` events that more than one place publishes: one constructor each, typed,
-so that an event's fields are written once.
+so that an event's fields are written once. The events a turn sends are records too
+(``Began``, ``Delta``, ``Reasoning``, ``ToolRan``, ``Done``, ``Failed``): each constructor
+builds its record's JSON, and a reader of a turn's events in the daemon (the OpenAI door's
+relay) gets them back as those records with ``read_turn``, never by string keys.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from core.errors import AssistantError
 from core.models import display_name
@@ -15,34 +19,203 @@ from core.router import Timings, ToolCall, Usage
 from history import Conversation
 
 __all__ = [
-    "Event", "approval", "approved", "cancelled_kb", "cancelled_turn", "changed", "config", "conversation",
-    "conversation_item", "conversation_shown", "conversations", "deleted", "delta", "done", "error_event",
-    "estimate", "following", "forbidden", "kb", "kb_progress", "kb_results", "listing", "mcp_servers",
-    "missed", "model_name", "not_following", "progress", "reasoning", "results", "settings", "status", "tool",
+    "Began", "Delta", "Done", "Event", "Failed", "Reasoning", "ToolRan", "TurnEvent", "approval", "approved",
+    "cancelled_kb", "cancelled_turn", "changed", "config", "conversation", "conversation_item",
+    "conversation_shown", "conversations", "deleted", "delta", "done", "error_event", "estimate", "following",
+    "forbidden", "kb", "kb_progress", "kb_results", "listing", "mcp_servers", "missed", "model_name",
+    "not_following", "progress", "read_turn", "reasoning", "results", "settings", "status", "tool",
     "usage_json", "user", "watching",
 ]
 
 Event = dict[str, Any]  # one JSON object on the wire
 
 
+# -- a turn's events, as records (docs/PROTOCOL.md, "Events") ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Began:
+    """``user``: the question stored, the turn has begun."""
+
+    KIND: ClassVar[str] = "user"
+    conversation: int
+    turn: int
+    text: str
+    files: list[dict[str, Any]]
+    ref: str | None
+
+    def to_json(self) -> Event:
+        return {"type": self.KIND, "conversation": self.conversation, "turn": self.turn, "text": self.text,
+                "files": self.files, "ref": self.ref}
+
+    @classmethod
+    def of(cls, event: Event) -> Began:
+        return cls(event["conversation"], event["turn"], event["text"], event["files"], event["ref"])
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """``delta``: a piece of the reply's text."""
+
+    KIND: ClassVar[str] = "delta"
+    conversation: int
+    turn: int
+    text: str
+
+    def to_json(self) -> Event:
+        return {"type": self.KIND, "conversation": self.conversation, "turn": self.turn, "text": self.text}
+
+    @classmethod
+    def of(cls, event: Event) -> Delta:
+        return cls(event["conversation"], event["turn"], event["text"])
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """``reasoning``: a piece of the model's reasoning."""
+
+    KIND: ClassVar[str] = "reasoning"
+    conversation: int
+    turn: int
+    text: str
+
+    def to_json(self) -> Event:
+        return {"type": self.KIND, "conversation": self.conversation, "turn": self.turn, "text": self.text}
+
+    @classmethod
+    def of(cls, event: Event) -> Reasoning:
+        return cls(event["conversation"], event["turn"], event["text"])
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRan:
+    """``tool``: a tool call the daemon ran (``server``/``tool``: where the tool lives; ours: None
+    and its name; ``from_text``: the call was read from the reply's text)."""
+
+    KIND: ClassVar[str] = "tool"
+    conversation: int
+    turn: int
+    name: str
+    server: str | None
+    tool: str
+    arguments: Any
+    ok: bool
+    summary: str
+    from_text: bool = False
+    approval: dict[str, Any] | None = None
+
+    def to_json(self) -> Event:
+        event: Event = {"type": self.KIND, "conversation": self.conversation, "turn": self.turn, "name": self.name,
+                        "server": self.server, "tool": self.tool, "arguments": self.arguments, "ok": self.ok,
+                        "summary": self.summary}
+        if self.from_text:
+            event["from_text"] = True
+        if self.approval is not None:
+            event["approval"] = self.approval
+        return event
+
+    @classmethod
+    def of(cls, event: Event) -> ToolRan:
+        return cls(event["conversation"], event["turn"], event["name"], event["server"], event["tool"],
+                   event["arguments"], event["ok"], event["summary"], event.get("from_text", False),
+                   event.get("approval"))
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """``done``: a turn's reply, whole (``usage``/``timings`` as the wire has them;
+    ``tool_calls``: the OpenAI client's own tools it ended on; ``note``: why ``saved`` is false)."""
+
+    KIND: ClassVar[str] = "done"
+    conversation: int
+    turn: int
+    text: str
+    finish_reason: str | None
+    usage: dict[str, Any]
+    ctx_used: int
+    ctx_max: int
+    timings: dict[str, Any] | None
+    model: str
+    title: str | None
+    saved: bool
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+
+    def to_json(self) -> Event:
+        event: Event = {
+            "type": self.KIND, "conversation": self.conversation, "turn": self.turn, "text": self.text,
+            "finish_reason": self.finish_reason, "usage": self.usage, "ctx_used": self.ctx_used,
+            "ctx_max": self.ctx_max, "timings": self.timings, "model": self.model, "title": self.title,
+            "saved": self.saved,
+        }
+        if self.tool_calls:  # docs/PROTOCOL.md, "done"
+            event["tool_calls"] = self.tool_calls
+        if self.note is not None:
+            event["note"] = self.note
+        return event
+
+    @classmethod
+    def of(cls, event: Event) -> Done:
+        return cls(event["conversation"], event["turn"], event["text"], event["finish_reason"], event["usage"],
+                   event["ctx_used"], event["ctx_max"], event["timings"], event["model"], event["title"],
+                   event["saved"], event.get("tool_calls") or [], event.get("note"))
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.usage.get("prompt_tokens")
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.usage.get("completion_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """``error``: a refusal or a failed turn (``where``: ``conversation``/``turn``, or ``id``)."""
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    message: str
+    where: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> Event:
+        return {"type": self.KIND, "code": self.code, "message": self.message, **self.where}
+
+    @classmethod
+    def of(cls, event: Event) -> Failed:
+        where = {key: value for key, value in event.items() if key not in ("type", "code", "message")}
+        return cls(event["code"], event["message"], where)
+
+
+TurnEvent = Began | Delta | Reasoning | ToolRan | Done | Failed
+_TURN_EVENTS: dict[str, type[Began] | type[Delta] | type[Reasoning] | type[ToolRan] | type[Done] | type[Failed]] = {
+    kind.KIND: kind for kind in (Began, Delta, Reasoning, ToolRan, Done, Failed)
+}
+
+
+def read_turn(event: Event) -> TurnEvent | None:
+    """A turn's event as its record; None for the events a turn sends that have none
+    (``progress``, ``approval``, ...)."""
+    kind = _TURN_EVENTS.get(event["type"])
+    return None if kind is None else kind.of(event)
+
+
 def error_event(exc: AssistantError, **extra: Any) -> Event:
     """The ``error`` event for a refusal; ``extra`` adds ``conversation``/``turn`` (or ``id``)."""
-    event: Event = {"type": "error", "code": exc.code, "message": exc.message}
-    event.update(extra)
-    return event
+    return Failed(exc.code, exc.message, extra).to_json()
 
 
 def user(conversation: int, turn: int, text: str, files: list[dict[str, Any]], ref: str | None) -> Event:
     """The question stored: the turn has begun."""
-    return {"type": "user", "conversation": conversation, "turn": turn, "text": text, "files": files, "ref": ref}
+    return Began(conversation, turn, text, files, ref).to_json()
 
 
 def delta(conversation: int, turn: int, text: str) -> Event:
-    return {"type": "delta", "conversation": conversation, "turn": turn, "text": text}
+    return Delta(conversation, turn, text).to_json()
 
 
 def reasoning(conversation: int, turn: int, text: str) -> Event:
-    return {"type": "reasoning", "conversation": conversation, "turn": turn, "text": text}
+    return Reasoning(conversation, turn, text).to_json()
 
 
 def progress(
@@ -63,13 +236,8 @@ def tool(
     summary: str, approval: dict[str, Any] | None,
 ) -> Event:
     """A tool call the daemon ran (``server``/``own``: where the tool lives; ours: None and its name)."""
-    event: Event = {"type": "tool", "conversation": conversation, "turn": turn, "name": call.name, "server": server,
-                    "tool": own, "arguments": arguments, "ok": ok, "summary": summary}
-    if call.from_text:
-        event["from_text"] = True
-    if approval is not None:
-        event["approval"] = approval
-    return event
+    return ToolRan(conversation, turn, call.name, server, own, arguments, ok, summary, call.from_text,
+                   approval).to_json()
 
 
 def usage_json(usage: Usage | None) -> dict[str, Any]:
@@ -84,16 +252,9 @@ def done(
 ) -> Event:
     """A turn's reply, whole (``client_calls``: the OpenAI client's own tools it ended on;
     ``note``: why ``saved`` is false)."""
-    event: Event = {
-        "type": "done", "conversation": conversation, "turn": turn, "text": text, "finish_reason": finish_reason,
-        "usage": usage_json(usage), "ctx_used": ctx_used, "ctx_max": ctx_max,
-        "timings": timings.to_json() if timings else None, "model": model, "title": title, "saved": saved,
-    }
-    if client_calls:  # docs/PROTOCOL.md, "done"
-        event["tool_calls"] = [call.to_openai() for call in client_calls]
-    if note is not None:
-        event["note"] = note
-    return event
+    return Done(conversation, turn, text, finish_reason, usage_json(usage), ctx_used, ctx_max,
+                timings.to_json() if timings else None, model, title, saved,
+                [call.to_openai() for call in client_calls], note).to_json()
 
 
 def following(conversation: int, turn: int, **so_far: Any) -> Event:

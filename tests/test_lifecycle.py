@@ -309,14 +309,19 @@ async def test_connections_from_another_uid_are_refused(daemon: object, config: 
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         "sys.exit(assistant.main(sys.argv[1:]))\n"
     )
-    for args in [("ask", "hello"), ("ask", "-c", "hello"), ("status",)] * 3:
+    async def run(args: tuple[str, ...]) -> tuple[tuple[str, ...], int | None, bytes, bytes]:
         client = await asyncio.create_subprocess_exec(
             sys.executable, "-c", as_nobody, *args, cwd=ROOT,
             env={**os.environ, "ASSISTANT_SOCKET": str(config.socket_path), "HOME": "/nonexistent"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(client.communicate(), READY_TIMEOUT)
-        assert client.returncode == 1 and out == b"", (args, err)
+        return args, client.returncode, out, err
+
+    # the nine at once: each is a client's start, and none waits for another
+    for args, code, out, err in await asyncio.gather(*map(run, [("ask", "hello"), ("ask", "-c", "hello"),
+                                                               ("status",)] * 3)):
+        assert code == 1 and out == b"", (args, err)
         assert "this daemon serves only its own user" in err.decode(), (args, err)
 
 

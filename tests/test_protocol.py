@@ -885,3 +885,32 @@ async def test_an_error_repeats_a_few_of_the_clients_names_not_all(wire: Wire) -
     assert "and 19995 more" in refused["message"] and len(refused["message"]) < 300
     refused = await wire.request({"type": "x" * 100_000})
     assert refused["code"] == "unknown_type" and len(refused["message"]) < 400
+
+
+async def test_a_turns_events_read_back_as_the_records_they_were_built_from() -> None:
+    """Each event a turn sends, built by its constructor, reads back (``events.read_turn``) as the
+    record of the same fields, and that record writes the same JSON: what the OpenAI door's relay
+    reads is what the socket's clients get."""
+    from core.errors import BadRequest
+    from core.router import ToolCall, Usage
+    from daemon import events
+
+    call = ToolCall("call_1", "lookup", "{}", from_text=True)
+    built = [
+        events.user(1, 2, "hi", [{"name": "a.txt"}], "r1"),
+        events.delta(1, 2, "Hel"),
+        events.reasoning(1, 2, "think"),
+        events.tool(1, 2, call, server=None, own="lookup", arguments={}, ok=False, summary="no", approval=None),
+        events.done(1, 2, "Hello", "tool_calls", usage=Usage(3, 4), ctx_used=7, ctx_max=100, timings=None,
+                    model="m", title=None, saved=False, client_calls=[call], note="kept in memory"),
+        events.error_event(BadRequest("no"), conversation=1, turn=2),
+    ]
+    kinds = [events.Began, events.Delta, events.Reasoning, events.ToolRan, events.Done, events.Failed]
+    for event, kind in zip(built, kinds, strict=True):
+        record = events.read_turn(event)
+        assert isinstance(record, kind)
+        assert record.to_json() == event
+    done = events.read_turn(built[4])
+    assert isinstance(done, events.Done)
+    assert (done.prompt_tokens, done.completion_tokens, done.tool_calls[0]["id"]) == (3, 4, "call_1")
+    assert events.read_turn(events.progress(1, 2, "kb", "searching")) is None

@@ -37,7 +37,9 @@ from core.models import ModelInfo, display_name
 from core.router import RouterClient
 from history import AsyncHistory, HistoryStore, thread_digest
 
+from .. import events
 from ..approvals import Refuser
+from ..events import Began, Delta, Done, Event, Failed, Reasoning, ToolRan
 from ..live import Live
 from .http import HttpError, HttpReply, HttpRequest, refuse_connection, serve_connection
 from .messages import ChatAsk, read_chat, spool, unspool
@@ -380,7 +382,8 @@ class OpenAIDoor:
         assert relay.conversation is not None and relay.turn is not None and relay.end is not None
         turns = chat.earlier if chat.tool_results is None else chat.earlier[:-1]
         question = chat.question if chat.tool_results is None else chat.earlier[-1][0]
-        digest = await asyncio.to_thread(thread_digest, [*turns, (question, relay.end["text"])], chat.system)
+        assert isinstance(relay.end, Done)  # recordable
+        digest = await asyncio.to_thread(thread_digest, [*turns, (question, relay.end.text)], chat.system)
         await self.history.run(HistoryStore.add_thread, digest, relay.conversation, relay.turn)
 
 
@@ -418,7 +421,7 @@ class TurnRelay:
         self.conversation: int | None = None
         self.turn: int | None = None
         self.stored = asyncio.Event()  # the question is stored (or refused): a hang-up can cancel it
-        self.end: dict[str, Any] | None = None  # the turn's done or error event
+        self.end: Done | Failed | None = None  # how the turn ended
         self.parts: list[str] = []
         self.reasoning: list[str] = []
         self._base: dict[str, Any] = {}
@@ -432,36 +435,39 @@ class TurnRelay:
     def recordable(self) -> bool:
         """Whether the client got the whole reply, so its next request will carry it."""
         end = self.end
-        return (end is not None and end["type"] == "done" and end["finish_reason"] not in ("cancelled", "interrupted")
+        return (isinstance(end, Done) and end.finish_reason not in ("cancelled", "interrupted")
                 and not self.reply.gone)
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind == "user":
-            self.conversation, self.turn = event["conversation"], event["turn"]
-            self._base = {"id": f"chatcmpl-{self.conversation}-{self.turn}", "created": self.created,
-                          "model": self.chat.model, "system_fingerprint": None,
-                          "assistant": {"conversation": self.conversation, "turn": self.turn}}
-            marker = "\x00"  # a delta's text goes where this stands in the chunk's JSON
-            chunk = compact_json(self._chunk_of([{"index": 0, "delta": {"content": marker}, "finish_reason": None}]))
-            head, _, tail = chunk.partition(compact_json(marker))
-            self._content = (head, tail)
-            self.stored.set()
-        elif kind == "delta":
-            self.parts.append(event["text"])
-            if self.chat.stream:
+    def __call__(self, event: Event) -> None:
+        match events.read_turn(event):
+            case Began() as began:
+                self._began(began)
+            case Delta(text=text):
+                self.parts.append(text)
+                if self.chat.stream:
+                    self._start()
+                    self.reply.event(f"{self._content[0]}{compact_json(text)}{self._content[1]}")
+            case Reasoning(text=text):
+                self.reasoning.append(text)
+                self._chunk({"reasoning_content": text})
+            case ToolRan() as ran if self.chat.stream:
                 self._start()
-                self.reply.event(f"{self._content[0]}{compact_json(event['text'])}{self._content[1]}")
-        elif kind == "reasoning":
-            self.reasoning.append(event["text"])
-            self._chunk({"reasoning_content": event["text"]})
-        elif kind == "tool" and self.chat.stream:
-            self._start()
-            state = "ok" if event["ok"] else "failed"
-            self.reply.comment(f"tool {event['name']} {state}: {event['summary']}")
-        elif kind in ("done", "error"):
-            self.end = event
-            self.stored.set()
+                self.reply.comment(f"tool {ran.name} {'ok' if ran.ok else 'failed'}: {ran.summary}")
+            case Done() | Failed() as end:
+                self.end = end
+                self.stored.set()
+
+    def _began(self, began: Began) -> None:
+        """The question is stored: the response's id and the content chunk's frame are known."""
+        self.conversation, self.turn = began.conversation, began.turn
+        self._base = {"id": f"chatcmpl-{self.conversation}-{self.turn}", "created": self.created,
+                      "model": self.chat.model, "system_fingerprint": None,
+                      "assistant": {"conversation": self.conversation, "turn": self.turn}}
+        marker = "\x00"  # a delta's text goes where this stands in the chunk's JSON
+        chunk = compact_json(self._chunk_of([{"index": 0, "delta": {"content": marker}, "finish_reason": None}]))
+        head, _, tail = chunk.partition(compact_json(marker))
+        self._content = (head, tail)
+        self.stored.set()
 
     def _headers(self) -> dict[str, str]:
         return {"X-Assistant-Conversation": str(self.conversation), "X-Assistant-Turn": str(self.turn)}
@@ -487,17 +493,17 @@ class TurnRelay:
         """The response's end: the last chunks and ``[DONE]``, the whole body, or the error."""
         end = self.end
         assert end is not None
-        if end["type"] == "error":
-            error = http_error(_AsError(end["code"], end["message"]))
+        if isinstance(end, Failed):
+            error = http_error(_AsError(end.code, end.message))
             if not self.reply.started:
                 self.reply.error(error)
             else:  # mid-stream: the status has gone out; the error is the stream's last event
                 self.reply.event(error.body())
                 self.reply.event("[DONE]")
             return
-        reason = end["finish_reason"] if end["finish_reason"] in FINISH_REASONS else "stop"
-        usage = _usage(end["usage"])
-        calls = end.get("tool_calls") or []
+        reason = end.finish_reason if end.finish_reason in FINISH_REASONS else "stop"
+        usage = _usage(end)
+        calls = end.tool_calls
         if self.chat.stream:
             self._start()
             if calls:
@@ -525,8 +531,8 @@ class _AsError(AssistantError):
         self.code = code
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, int] | None:
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+def _usage(done: Done) -> dict[str, int] | None:
+    prompt, completion = done.prompt_tokens, done.completion_tokens
     if prompt is None or completion is None:
         return None
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
