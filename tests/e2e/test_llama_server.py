@@ -564,10 +564,12 @@ async def test_a_follow_up_while_the_title_is_made_is_read_from_the_cache(config
     wire = await running.connect()
     try:
         for n in range(4):
-            # incognito: the four conversations say the same words, and another's passage recalled
-            # into a first turn makes the next turn re-read that exchange (docs/DESIGN.md,
-            # "Recall injection"), which is not what this measures
-            first = assert_turn(await wire.ask(f"Name a colour, number {n}.", system=system, memory="off"))
+            # the four conversations say the same words: memory is on, and none recalls another's
+            # question (docs/DESIGN.md, "Across conversations": the bound), so each follow-up
+            # reads its first exchange from the cache
+            events = await wire.ask(f"Name a colour, number {n}.", system=system)
+            assert not [e for e in events if e.get("stage") == "recall" and e.get("sources")], events
+            first = assert_turn(events)
             follow_up = assert_turn(await wire.ask("And another one?", conversation=first["conversation"]))
             timings = follow_up["timings"]
             assert timings["cache_n"] > 3 * timings["prompt_n"], timings  # the system prompt alone is ~750 tokens
