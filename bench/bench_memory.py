@@ -10,8 +10,9 @@ asked in a fresh conversation ("What is my {thing}?") the way a turn recalls
 (``ArchiveRecall.recall`` with ``elsewhere``, as ``ContextBuilder`` calls it; no model
 request: what is measured is the block the prompt would carry, which the fake router would
 only echo). Printed: the share of asked
-facts whose passage is in the block (target ≥ 95%), whether for every update the newer passage
-stands after the older one (nearest the question), and how many never-said questions got a
+facts whose passage (the newer, for an update) is in the block (target ≥ 95%), whether for
+every update the newer passage is the one nearest the question (the older dropped as restated,
+or before it), and how many never-said questions got a
 passage above the floor (target 0).
 
 Part 2, cost: ``--big`` (1,000) conversations × ``--turns`` (50) turns, ``--queries`` (200)
@@ -143,15 +144,15 @@ def fidelity(work: Path, count: int, rng: random.Random, vocab: list[str], vecto
         planted[slot] = asked_elsewhere(thing)
     write(work / "history.db", count, (4, 8), rng, vocab, planted)
     answers = asyncio.run(ask(work / "history.db", [f"What is my {t}?" for t in facts + never + near], vectors))
-    reached = sum(bool(block and values[t] in block) for t, (block, _) in zip(facts, answers))
-    ordered = sum(bool(block and newer[t] in block and block.index(values[t]) < block.index(newer[t]))
-                  for t, (block, _) in zip(facts[:UPDATED], answers))
+    reached = sum(bool(block and newer.get(t, values[t]) in block) for t, (block, _) in zip(facts, answers))
+    ordered = sum(bool(block and newer[t] in block and block.find(values[t]) < block.index(newer[t]))
+                  for t, (block, _) in zip(facts[:UPDATED], answers))  # the older dropped or before
     stray = sum(bool(block) for block, _ in answers[FACTS:FACTS + NEVER])
     missed = sum(bool(block) for block, _ in answers[FACTS + NEVER:])
     share = reached / FACTS
     print(f"{count} conversations: the fact's passage reached the prompt for {reached}/{FACTS} ({share:.0%}); "
           f"target ≥ {TARGET_SHARE:.0%}: {verdict(share >= TARGET_SHARE)}")
-    print(f"updates with the newer passage nearest the question: {ordered}/{UPDATED}: {verdict(ordered == UPDATED)}")
+    print(f"updates with the newer passage nearest the question (the older dropped or before): {ordered}/{UPDATED}: {verdict(ordered == UPDATED)}")
     print(f"never-said questions (each asked, unanswered, in another conversation) with a passage: "
           f"{stray}/{NEVER}: {verdict(stray == 0)}")
     print(f"(for information) near misses, a said fact's place with another thing: {missed}/{NEVER} got a passage")

@@ -49,8 +49,8 @@ from history import ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, File
 from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
 from .elsewhere import ElsewherePassage, day_label, recall_elsewhere
 from .recallvec import NO_NEAR, Near, RecallVectors
-from .search import fts_phrases, reciprocal_rank_fusion
-from .terms import Terms, best_piece, normalized
+from .search import fts_phrases, query_terms, reciprocal_rank_fusion
+from .terms import Terms, best_piece, held, normalized
 
 __all__ = [
     "DEFAULT_RECALL_MODE",
@@ -212,7 +212,7 @@ class ArchiveRecall:
             if elsewhere:
                 chosen += await self._elsewhere(cid, question, terms, held, chosen, near)
             # other conversations searched in vain say nothing: every turn of memory would
-            return fit(chosen, ctx_used, limit) if chosen else Recall(searched=own)
+            return fit(latest_only(chosen, terms), ctx_used, limit) if chosen else Recall(searched=own)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -284,6 +284,27 @@ class ArchiveRecall:
             if len(chosen) == self.top_k:
                 break
         return chosen
+
+
+def latest_only(passages: list[AnyPassage], terms: Terms) -> list[AnyPassage]:
+    """``passages`` less those a later one restates: of two that hold every word the question asks
+    with (two or more), the older goes when the later holds all its words but the numbers ("my code
+    is 8393", then "my code changed: now it is 6344"). A small model shown both answers the older as
+    often as not, whatever the order and the labels say (docs/DESIGN.md, "The later fact wins");
+    "my gym code" and "my office code" are two facts and both stay."""
+    asked = [t for t in terms.question if not t.isdigit()]
+    if len(asked) < 2:
+        return passages
+    whole = [p for p in passages if held(asked, p.text) == len(asked)]
+
+    def restated(older: AnyPassage) -> bool:
+        words = [t for t in query_terms(older.text) if not t.isdigit()]
+        return any(
+            later.sort_key[:2] > older.sort_key[:2] and held(words, later.text) == len(words) for later in whole
+        )
+
+    gone = {id(p) for p in whole if restated(p)}
+    return [p for p in passages if id(p) not in gone]
 
 
 def fit(passages: list[AnyPassage], ctx_used: int, limit: int) -> Recall:

@@ -163,6 +163,23 @@ async def test_the_conversations_own_passage_ranks_first_and_all_stand_by_date(
         assert [s["recall"] for s in sources] == ["conversation", "turn"]
 
 
+async def test_a_fact_restated_in_a_later_conversation_replaces_the_older(
+    config: Config, router: FakeRouter
+) -> None:
+    """bench_memory_model's "updated" kind: shown both, the real 1.5B model answered the older
+    value 5 times of 10; shown the later alone, 10 of 10 (docs/DESIGN.md, "The later fact wins")."""
+    past(config, "Music", [("My harbour guitar code is 8393.", "Noted.")], OCTOBER)
+    past(config, "Errands", [("My harbour guitar code changed: now it is 6344.", "Noted.")], NOVEMBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="6344."))
+        events = await wire.ask("What is my harbour guitar code?")
+        assert events[-1]["type"] == "done"
+        text = question_text(last_request(router))
+        assert f"in “Errands”, {day_label(NOVEMBER)}: you said: My harbour guitar code changed: now it is 6344." in text
+        assert "8393" not in text and "Music" not in text
+        assert [s["recall"] for s in recall_events(events)[0]["sources"]] == ["conversation"]
+
+
 async def test_the_budget_drops_other_conversations_passages_before_the_conversations_own() -> None:
     own = Passage("My office locker code is 4711.", ArchiveHit(2, "", 0.0, n=0, role="user"), date=NOVEMBER)
     hit = ElsewhereHit(7, "Gym", OCTOBER, 1, 0, "user", "My gym locker code is 9021.", 0.0)

@@ -135,6 +135,19 @@ async def test_a_short_question_that_refers_back_finds_its_passage(
 async def test_passages_stand_oldest_first_so_the_newest_is_nearest_the_question(
     config: Config, router: FakeRouter
 ) -> None:
+    gym, office = ("My gym locker code is 4711.", "Noted."), ("My office locker code is 9090.", "Noted.")
+    cid = archived(config, [FILLER[0], gym, FILLER[1], office, *FILLER[2:]], through=6)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="4711 at the gym, 9090 at the office."))
+        events = await wire.ask("What is my locker code?", conversation=cid)
+        assert events[-1]["type"] == "done"
+        text = question_text(last_request(router))
+        # two facts, not one restated: both stand, the later nearest the question
+        assert text.index(gym[0]) < text.index(office[0]) < text.index("What is my locker code?")
+        assert [s["turn"] for s in recall_events(events)[0]["sources"]] == [2, 4]
+
+
+async def test_a_fact_said_again_later_replaces_the_older_one(config: Config, router: FakeRouter) -> None:
     changed = ("I changed my locker code to 9090 today.", "Noted, 9090.")
     cid = archived(config, [FILLER[0], LOCKER, FILLER[1], changed, *FILLER[2:]], through=6)
     async with serving(config) as (_, wire):
@@ -142,10 +155,10 @@ async def test_passages_stand_oldest_first_so_the_newest_is_nearest_the_question
         events = await wire.ask("What is my locker code?", conversation=cid)
         assert events[-1]["type"] == "done"
         text = question_text(last_request(router))
-        old, new = text.index("My locker code is 4711."), text.index("I changed my locker code to 9090 today.")
-        assert old < new < text.index("What is my locker code?")
-        turns = [s["turn"] for s in recall_events(events)[0]["sources"]]
-        assert turns == sorted(turns) and {2, 4} <= set(turns)
+        # the later message holds every word of the older but its number: only the later is shown
+        assert "turn 4, you said: I changed my locker code to 9090 today." in text
+        assert "4711" not in text
+        assert recall_events(events)[0]["sources"] == [{"recall": "turn", "turn": 4, "role": "user"}]
 
 
 async def test_what_the_prompt_already_holds_is_not_recalled(config: Config, router: FakeRouter) -> None:
