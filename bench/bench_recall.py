@@ -9,13 +9,15 @@ turn that asked for the needle, with its ratio to the ``none`` kind's one-line a
 a like turn: a recall turn reads its passages and answers from them).
 
 Issue 49's target, a recall turn at most twice a plain one, is measured by ``--compare``
-(3 by default): the first runs of each recall kind are each followed by a twin, the same
-past and the same question in a conversation whose ``recall_injection`` is ``off``, so the
-two prompts differ by the recalled block (and the two recall tools' definitions, which
-``off`` leaves out); printed, the medians of the first token and of the whole turn both
-ways and their ratios. A twin's prompt shares with its recall run's only what every run's
-shares (the system prompt and the summary; the tool list differs), so neither reads the
-other's from the server's cache. The kinds are
+(3 by default): each recall kind's first runs are asked again, after the kind's runs, as
+twins: the same past and the same question in a conversation whose ``recall_injection`` is
+``tool_only``, so the two prompts differ by the recalled block alone (``off`` would also
+drop the two recall tools' definitions, about 500 tokens: the first twins, 2026-12-07,
+were ``off`` and their ratios counted those tokens against recall). Printed, the medians
+of the first output (a delta or a tool call: the twin's model may search) and of the
+whole turn both ways and their ratios. A twin runs after its kind's other runs, so the
+server's cache holds, for it as for a run, only what every run's prompt shares (the
+system prompt, the tools, the summary), not its own run's past. The kinds are
 ``tests/e2e_tools/scenarios.py``'s: recall (a fact 40 turns back, folded away), file (page
 3 of a PDF folded away), followup (a three-word question that refers back), kb (kb_search,
 tool_only), mcp (a hosted MCP tool), none (nothing needed). Their long past is stored
@@ -54,21 +56,27 @@ from client import Wire  # noqa: E402
 from tests.e2e.realserver import llama  # noqa: E402  (scripts/llama.py, loaded by path)
 from tests.e2e_tools import scenarios  # noqa: E402
 
+# the plain twin keeps the recall tools (their definitions are ~500 tokens of every prompt of
+# a conversation that may recall) and gets no passage: the two prompts differ by the block alone
+TWIN_MODE = "tool_only"
 EVENT_TIMEOUT = 600.0  # seconds for one event: a first prompt, or a compaction's summary, on a busy CPU
 
 
 async def run_all(
     socket_path: Path, db: Path, workdir: Path, kinds: list[str], runs: int, compare: int
 ) -> list[scenarios.Run]:
-    """Every run, each recall kind's first ``compare`` followed by their plain twins (mode off)."""
+    """Every run, then each recall kind's first ``compare`` again as plain twins (``TWIN_MODE``):
+    after the kind's runs, so that a twin, like a run, finds in the server's cache only what
+    every run's prompt shares, not its own run's past."""
     wire = await Wire.open(socket_path, timeout=EVENT_TIMEOUT)
     done: list[scenarios.Run] = []
     try:
         for kind in kinds:
             for n in range(runs):
                 done.append(await one(scenarios.SCENARIOS[kind](wire, n, workdir, db), kind, "auto"))
-                if n < compare and kind in scenarios.RECALL_TWINS:
-                    done.append(await one(scenarios.RECALL_TWINS[kind](wire, n, workdir, db, "off"), kind, "off"))
+            for n in range(min(compare, runs) if kind in scenarios.RECALL_TWINS else 0):
+                twin = scenarios.RECALL_TWINS[kind](wire, n, workdir, db, TWIN_MODE)
+                done.append(await one(twin, kind, TWIN_MODE))
     finally:
         await wire.close()
     return done
@@ -115,7 +123,7 @@ def compared(runs: list[scenarios.Run], kinds: list[str]) -> list[dict[str, Any]
     injection (the runs that have a twin) and without (their twins), and the ratios."""
     rows = []
     for kind in kinds:
-        twins = [r for r in runs if r.kind == kind and r.mode == "off"]
+        twins = [r for r in runs if r.kind == kind and r.mode == TWIN_MODE]
         if not twins:
             continue
         paired = [r for r in runs if r.kind == kind and r.mode == "auto"][:len(twins)]
@@ -148,7 +156,7 @@ def print_tables(rows: list[dict[str, Any]], twins: list[dict[str, Any]]) -> Non
               f"{row['asking_median_s']!s:>9} {row['vs_none']!s:>8}")
     if not twins:
         return
-    print("\nthe same question with recall injection on and off (medians; target: a recall turn ≤ 2× a plain one)")
+    print("\nthe same question with recall injection auto and tool_only (medians; target: a recall turn ≤ 2× a plain one)")
     print(f"{'kind':9} {'pairs':>5} {'found on/off':>12} {'first token s on/off':>21} {'ratio':>6} "
           f"{'turn s on/off':>14} {'ratio':>6}")
     for row in twins:

@@ -6,7 +6,7 @@ the tools the model called, what the daemon recalled before the question, and th
 turn took. The e2e tests (``tests/e2e_tools/``) run each once and assert;
 ``bench/bench_recall.py`` runs each many times and counts. ``n`` varies the needle and the
 filler so runs differ. The recall kinds also run with ``recall_injection`` set otherwise (``mode``,
-"off" for the bench's plain twin: the same past, the same question, no passage).
+"tool_only" for the bench's plain twin: the same past, tools and question, no passage).
 
 The long past is not generated turn by turn by the model: the earlier turns are stored
 through the daemon's own store (``seed``: imported turns, then a compaction whose summary
@@ -69,7 +69,7 @@ class Run:
     recalled: list[str] = field(default_factory=list)  # the asking turn's recalled sources ("turn 1")
     turn_seconds: list[float] = field(default_factory=list)  # every turn the model answered
     asking_seconds: float = 0.0  # the turn that asked for the needle
-    asking_first_token: float | None = None  # seconds to its reply's first delta (None: no text came)
+    asking_first_token: float | None = None  # seconds to its first delta or tool call (None: neither came)
     mode: str = "auto"  # the conversation's recall_injection
     compacted: bool = False  # the needle was folded away before it was asked for
     error: str | None = None
@@ -93,7 +93,7 @@ class Talk:
         self.wire = wire
         self.run = run
         self.cid: int | None = None
-        self.first_token: float | None = None  # the last turn's seconds to its first delta
+        self.first_token: float | None = None  # the last turn's seconds to its first delta or tool call
 
     async def ask(self, text: str, **fields: Any) -> list[dict[str, Any]]:
         started = time.monotonic()
@@ -105,7 +105,7 @@ class Talk:
         self.first_token = None
         async for event in self.wire.stream(rid):
             events.append(event)
-            if event["type"] == "delta" and self.first_token is None:
+            if event["type"] in ("delta", "tool") and self.first_token is None:
                 self.first_token = time.monotonic() - started
             if event["type"] in ("done", "error"):
                 break
@@ -266,7 +266,7 @@ async def none(wire: Wire, n: int, workdir: Path, db: Path) -> Run:
 SCENARIOS: dict[str, Callable[[Wire, int, Path, Path], Awaitable[Run]]] = {
     "recall": recall, "file": file, "followup": followup, "kb": kb, "mcp": mcp, "none": none,
 }
-# the recall kinds again, with their conversation's recall_injection set to a mode: "off", the plain twin
+# the recall kinds again, their conversation's recall_injection set to a mode (the bench's twin)
 RECALL_TWINS: dict[str, Callable[[Wire, int, Path, Path, str], Awaitable[Run]]] = {
     "recall": recall, "file": file, "followup": followup,
 }
