@@ -147,6 +147,12 @@ class Prepared:
     # pages sent as images to be read by OCR after the question is sent (``read_sent_pages``)
     read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
 
+    @property
+    def sent_whole(self) -> bool:
+        """Whether the question carries all of its text: a text block not cut to the budget, and no
+        page whose text OCR reads only after the question went (``read_later``)."""
+        return self.text_block is not None and not self.chip.truncated and not self.read_later
+
     def preset_kinds(self) -> frozenset[str]:
         """Its kinds as presets name them (core/presets.py): ``code`` or ``text`` for a text file,
         ``pdf`` and, with a page without a text layer, ``scanned`` for a PDF."""

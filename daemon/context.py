@@ -119,6 +119,16 @@ def complete_exchanges(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+@dataclass(frozen=True)
+class OutOfPrompt:
+    """What of the conversation a prompt leaves out, for recall to search: turns 1..``through``
+    (folded, or left out to fit; 0: none), and the files of any turn not in ``inline``, the
+    turns whose question the prompt replays whole (a file its question carried whole is in it)."""
+
+    through: int
+    inline: frozenset[int]
+
+
 @dataclass
 class Prompt:
     """A prompt ready for the router: its messages, their estimated tokens and the context's shares."""
@@ -217,19 +227,19 @@ class ContextBuilder:
 
     async def _passages(
         self, cid: int, turn: int, query: str, kb_injection: str, prompt: list[dict[str, Any]], tokens: int,
-        budget: Budget, past: TurnContext | None, progress: Progress, out_through: int | None,
+        budget: Budget, past: TurnContext | None, progress: Progress, out: OutOfPrompt | None,
     ) -> tuple[list[str], list[dict[str, Any]]]:
         """This turn's blocks of passages and their sources: the knowledge bases', then those
-        recalled (docs/DESIGN.md, "Recall injection") when ``out_through`` is not None and the
-        conversation's ``recall_injection`` is ``auto``: from its archive (turns 1..``out_through``,
-        its files) when it has one, and from the other conversations and memories when memory is on."""
+        recalled (docs/DESIGN.md, "Recall injection") when ``out`` is not None and the
+        conversation's ``recall_injection`` is ``auto``: from what ``out`` says its archive leaves
+        out of the prompt, and from the other conversations and memories when memory is on."""
         kb_ids = past.kb_ids if past else None
         block, sources = await self._knowledge(cid, query, kb_injection, tokens, budget.ctx_max, progress, kb_ids)
         blocks = [block] if block else []
-        if out_through is None or past is None:
+        if out is None or past is None:
             return blocks, sources
         recalled = await recall_for(self.archive, self.config, past, turn, query, prompt, blocks, tokens,
-                                    budget.passage_limit, out_through)
+                                    budget.passage_limit, out)
         tell_recalled(recalled, progress)
         if recalled.block:
             blocks.append(recalled.block)
@@ -284,10 +294,10 @@ class ContextBuilder:
         model: ModelInfo,
         cid: int,
         fixed: int = 0,
-    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix, int]:
+    ) -> tuple[list[dict[str, Any]], int, EncodedPrefix, OutOfPrompt]:
         """The earlier turns in router form, the whole prompt's tokens, the JSON its start
-        is made of, and the last turn out of the prompt (folded, or left out; 0: none); the
-        oldest turns are left out while the prompt cannot fit.
+        is made of, and what is out of the prompt (the last turn folded or left out, the turns
+        replayed whole); the oldest turns are left out while the prompt cannot fit.
 
         Leaving turns out happens only when a compaction fell short: it changes the
         prompt's start on every turn, which a summary does once.
@@ -306,8 +316,8 @@ class ContextBuilder:
         earlier: list[dict[str, Any]] = []
         for t in turns[skip:]:
             earlier += t.sent if t.sent is not None else await t.for_router(model.vision, self.readers.images)
-        left_out = turns[skip - 1].n if skip else (entry.compaction.through_turn if entry.compaction else 0)
-        return earlier, own + total, encoded_prefix(system, turns[skip:]), left_out
+        out = OutOfPrompt(turns[skip - 1].n if skip else entry.after, frozenset(t.n for t in turns[skip:] if t.whole))
+        return earlier, own + total, encoded_prefix(system, turns[skip:]), out
 
     def _too_big(self, model: ModelInfo, budget: Budget, tokens: int, current: list[dict[str, Any]]) -> ContextOverflow:
         files = any(isinstance(m.get("content"), list) for m in current)
@@ -439,22 +449,22 @@ class ContextBuilder:
 
 async def recall_for(
     archive: ArchiveRecall, config: Config, past: TurnContext, turn: int, query: str, prompt: list[dict[str, Any]],
-    blocks: list[str], tokens: int, limit: int, out_through: int,
+    blocks: list[str], tokens: int, limit: int, out: OutOfPrompt,
 ) -> Recall:
     """What recall adds to this turn's ``prompt`` (``tokens`` so far, with ``blocks``) when the
-    conversation's ``recall_injection`` is ``auto``: passages of its archive (turns
-    1..``out_through``, its files) when it has one, and of the other conversations and the
-    saved memories when memory is on for it."""
+    conversation's ``recall_injection`` is ``auto``: passages of its archive out of the prompt
+    (``out``: turns folded or left out; files cut to fit, or of turns not replayed whole) when
+    it has one, and of the other conversations and the saved memories when memory is on for it."""
     conversation = past.conversation
-    own = bool(out_through or past.has_attachments)
+    own = bool(out.through or past.has_attachments)  # the files: the store says which are out
     elsewhere = memory_on(config, conversation)
     if not (own or elsewhere) or recall_mode(conversation.settings, config.recall_injection) != "auto":
         return Recall()
     used = tokens + sum(estimate_text(b) for b in blocks)
     held = "\n".join([*map(message_words, prompt), *blocks])
     recent = "\n".join(message_words(m) for m in prompt[:-1][-RECENT_MESSAGES:] if m.get("role") != "system")
-    return await archive.recall(conversation.id, turn, query, recent, out_through, held, used, limit,
-                                own=own, elsewhere=elsewhere)
+    return await archive.recall(conversation.id, turn, query, recent, out.through, held, used, limit,
+                                own=own, elsewhere=elsewhere, inline=out.inline | {turn})
 
 
 def tell_recalled(recalled: Recall, progress: Progress) -> None:
@@ -518,6 +528,7 @@ async def recall_estimate(
     if not (own or elsewhere):
         return Recall()
     messages = [message for _, turn in kept for message in turn]
+    inline = frozenset(n for n, turn in kept if turn)  # the files a question carried whole are held
     memories = (await history.memories.run(MemoryStore.frozen, conversation.id) or "") if elsewhere else ""
     held = "\n".join([compaction.summary if compaction else "", memories, *map(message_words, messages)])
     recent = "\n".join(message_words(m) for m in messages[-RECENT_MESSAGES:])
@@ -525,4 +536,4 @@ async def recall_estimate(
     limit = Budget(ctx_max or config.assumed_ctx, config.max_reply_tokens).passage_limit
     return await ArchiveRecall(history).recall(conversation.id, turn, text, recent, through, held,
                                                conversation.ctx_used + estimate_text(text), limit,
-                                               own=own, elsewhere=elsewhere)
+                                               own=own, elsewhere=elsewhere, inline=inline)

@@ -56,6 +56,9 @@ class ReplayedTurn:
     tokens: int
     sent: Messages | None  # the router's form; None when it has images, resolved per prompt
     json: bytes | None  # ``sent`` encoded once, the messages joined by commas (None with ``sent``)
+    # its question replayed as stored, not cut: the files it carried whole are in the prompt
+    # whole (recall need not search them)
+    whole: bool = False
 
     async def for_router(self, vision: bool, images: ImageCache) -> Messages:
         if self.sent is not None:
@@ -152,5 +155,6 @@ class ReplayCache:
             stored = [fit_message(m, replay_tokens) for m in messages]
             sent = None if has_images(stored) else router_messages(stored)
             json = None if sent is None else b",".join(encode_message(m) for m in sent)
-            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent, json))
+            whole = bool(stored) and stored[0] is messages[0]  # fit_message returns a message that fits
+            entry.turns.append(ReplayedTurn(n, stored, self._estimate(stored, entry.image_tokens), sent, json, whole))
         entry.upto = max(entry.upto, upto)

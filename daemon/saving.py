@@ -56,7 +56,7 @@ class TurnSaver:
         cid = ask.conversation
         records = [
             NewAttachment(name=p.name, path=p.path, kind=p.kind, content_type=p.mime, size_bytes=p.size_bytes,
-                          sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text)
+                          sha256=p.sha256 or "", pages=p.pages, full_text=p.full_text, sent_whole=p.sent_whole)
             for p in prepared
         ]
         new = NewTurn(

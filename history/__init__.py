@@ -1,7 +1,7 @@
 """SQLite history: conversations, turns, migrations, the FTS5 message index and KB tables."""
 
 from .aio import AsyncHistory
-from .archive import ArchiveFound, ArchiveHit, ArchiveStore, FileToChunk
+from .archive import NOTHING_OUT, ArchiveFound, ArchiveHit, ArchiveStore, FileToChunk
 from .elsewhere import ElsewhereFound, ElsewhereHit, ElsewhereStore
 from .fts import (
     CONVERSATION_SHIFT,
@@ -55,6 +55,7 @@ from .store import UNSET, HistoryStore
 from .threads import IMPORTED, thread_digest
 
 __all__ = [
+    "NOTHING_OUT",
     "ArchiveFound",
     "ArchiveStore",
     "ArchiveHit",

@@ -9,23 +9,28 @@ Two FTS5 indexes are searched, each by bm25, each only within the conversation:
 
 - ``message_fts`` (history/fts.py), over the rowids of turns 1..``through``: the turns a
   compaction folded away (summary slots left out: the summary is in the prompt already);
-- ``attachment_chunk_fts`` over ``attachment_chunks``, the conversation's files' full text
-  in chunks, one rowid range per file (``attachment_id << CHUNK_SHIFT | n``). The chunks
-  are made lazily, the first time a turn recalls from the conversation: files that never
-  leave the prompt cost nothing.
+- ``attachment_chunk_fts`` over ``attachment_chunks``, the full text in chunks of the
+  conversation's files that are out of the prompt, one rowid range per file
+  (``attachment_id << CHUNK_SHIFT | n``): a file is out unless its question carried its
+  whole text (``sent_whole``) and the prompt replays that question whole (``inline``). The
+  chunks are made lazily, the first time a search takes the file: files that never leave
+  the prompt cost nothing.
+
+Nothing out of the prompt (no turn up to ``through``, no file out): no search at all, and
+``ArchiveFound.searched`` says so.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from . import sql
 from .fts import MAX_MESSAGE_INDEX, message_rowid, split_rowid
 from .migrations import immediate_transaction
 
-__all__ = ["ArchiveFound", "ArchiveHit", "ArchiveStore", "CHUNK_SHIFT", "FileToChunk"]
+__all__ = ["NOTHING_OUT", "ArchiveFound", "ArchiveHit", "ArchiveStore", "CHUNK_SHIFT", "FileToChunk"]
 
 CHUNK_SHIFT = 16  # an attachment's chunks: attachment_id << 16 | n (n from 1)
 MAX_CHUNKS = (1 << CHUNK_SHIFT) - 1
@@ -61,20 +66,15 @@ SELECT count(*) FROM (SELECT 1 FROM attachment_chunk_fts
 WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT ?)
 """
 # The conversation's files with text, live conversations only; ``chunked`` says whether
-# its chunks are those of its current text.
+# its chunks are those of its current text, ``sent_whole`` whether its question carried all of it.
 SELECT_FILES = """
-SELECT a.id, a.turn, a.name, a.chunked, a.kind
+SELECT a.id, a.turn, a.name, a.chunked, a.kind, a.sent_whole
 FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
 WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.full_text IS NOT NULL AND a.full_text != ''
 ORDER BY a.id
 """
-SELECT_UNCHUNKED = """
-SELECT a.id, a.name, a.kind, a.full_text
-FROM attachments AS a JOIN conversations AS c ON c.id = a.conversation_id
-WHERE a.conversation_id = ? AND c.deleted_at IS NULL AND a.chunked = 0
-  AND a.full_text IS NOT NULL AND a.full_text != ''
-ORDER BY a.id
-"""
+SELECT_FILE_TEXT = "SELECT id, name, kind, full_text FROM attachments WHERE id = ?"
+FileRow = tuple[int, int, str, int, str, int]  # a row of SELECT_FILES
 DELETE_FILE_CHUNKS = "DELETE FROM attachment_chunks WHERE id BETWEEN ? AND ?"
 INSERT_FILE_CHUNK = "INSERT INTO attachment_chunks (id, attachment_id, ordinal, page, text) VALUES (?, ?, ?, ?, ?)"
 SET_CHUNKED = "UPDATE attachments SET chunked = 1 WHERE id = ?"
@@ -109,11 +109,17 @@ class ArchiveHit:
 @dataclass(frozen=True)
 class ArchiveFound:
     """A search of the archive: its matches, and the phrases too common in it to search by; or,
-    when files of it have no chunks yet, those files (and no search: chunk them, then search)."""
+    when files of it have no chunks yet, those files (and no search: chunk them, then search);
+    or ``searched`` False: nothing of the conversation is out of the prompt, nothing to search."""
 
     hits: list[ArchiveHit]
     common: frozenset[str]
     unchunked: list[FileToChunk] = field(default_factory=list)
+    files: tuple[int, ...] = ()  # the ids of the files out of the prompt: those searched
+    searched: bool = True
+
+
+NOTHING_OUT = ArchiveFound([], frozenset(), searched=False)  # nothing of the conversation out of the prompt
 
 
 def file_range(attachment_id: int) -> tuple[int, int]:
@@ -128,9 +134,15 @@ class ArchiveStore:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    def unchunked(self, cid: int) -> list[FileToChunk]:
-        """The conversation's files with text whose chunks are missing or stale."""
-        return [FileToChunk(*row) for row in self._conn.execute(SELECT_UNCHUNKED, (cid,))]
+    def out_of_prompt(self, cid: int, inline: Collection[int]) -> dict[int, FileRow]:
+        """The conversation's files with text that the prompt does not hold whole, by id: all but
+        those whose question carried their whole text when the prompt replays that question
+        whole (its turn in ``inline``)."""
+        return {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if not (row[5] and row[1] in inline)}
+
+    def texts(self, ids: Sequence[int]) -> list[FileToChunk]:
+        """These files' names, kinds and text, to chunk."""
+        return [FileToChunk(*self._conn.execute(SELECT_FILE_TEXT, (i,)).fetchone()) for i in ids]
 
     def put_chunks(self, attachment_id: int, chunks: Sequence[tuple[int | None, str]]) -> None:
         """Replace a file's chunks with ``chunks`` ((page, text), in order), in one transaction."""
@@ -144,20 +156,26 @@ class ArchiveStore:
 
     def search(
         self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int, common: tuple[float, int],
+        inline: Collection[int] = frozenset(),
     ) -> ArchiveFound:
         """The best matches of the rare ``phrases`` (each quoted) in turns 1..``through`` and in the
-        conversation's chunked files: at most ``limit`` of each kind, best first within a kind.
+        conversation's files out of the prompt (``out_of_prompt``: ``inline`` are the turns the
+        prompt replays whole), chunked: at most ``limit`` of each kind, best first within a kind.
 
         A phrase is common when more than ``common`` = (share, least) of the conversation's pieces
         before turn ``before`` (its messages, its files' chunks) hold it, and at least ``least``:
         what most of it says tells no passage apart, and ranking its many matches is the cost.
         """
-        if not phrases or limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
-            return ArchiveFound([], frozenset())
-        unchunked = self.unchunked(cid)  # in the same trip: most turns find none
+        if limit <= 0 or not self._conn.execute(sql.IS_LIVE_CONVERSATION, (cid,)).fetchone():
+            return NOTHING_OUT
+        files = self.out_of_prompt(cid, inline)
+        if through <= 0 and not files:
+            return NOTHING_OUT
+        unchunked = [i for i, row in files.items() if not row[3]]  # in the same trip: most turns find none
         if unchunked:
-            return ArchiveFound([], frozenset(), unchunked)
-        files = {row[0]: row for row in self._conn.execute(SELECT_FILES, (cid,)) if row[3]}
+            return ArchiveFound([], frozenset(), self.texts(unchunked), tuple(files))
+        if not phrases:
+            return ArchiveFound([], frozenset(), files=tuple(files))
         # the messages first: usually most of the pieces, so the files' few need no count
         ranges = [(COUNT_MESSAGES, COUNT_MESSAGES_HOLDING, message_rowid(cid, 1, 0),
                    message_rowid(cid, before - 1, MAX_MESSAGE_INDEX))] if before > 1 else []
@@ -170,7 +188,7 @@ class ArchiveStore:
         frequent = frozenset(phrase for phrase in phrases if self._holding(phrase, sized, pieces, cap) >= cap)
         rare = [phrase for phrase in phrases if phrase not in frequent]
         if not rare:
-            return ArchiveFound([], frequent)
+            return ArchiveFound([], frequent, files=tuple(files))
         match = " OR ".join(rare)
         hits: list[ArchiveHit] = []
         if through > 0:
@@ -178,7 +196,7 @@ class ArchiveStore:
             for rowid, body, role, score in self._conn.execute(SEARCH_MESSAGES, (match, lo, hi, limit)):
                 _, turn, n = split_rowid(rowid)
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))
-        return ArchiveFound(hits + self._file_hits(files, match, limit), frequent)
+        return ArchiveFound(hits + self._file_hits(files, match, limit), frequent, files=tuple(files))
 
     def _holding(self, phrase: str, ranges: Sequence[tuple[str, int, int, int]], pieces: int, cap: int) -> int:
         """How many of the ``pieces`` of ``ranges`` (each with its size) hold ``phrase``, counted up
@@ -193,7 +211,7 @@ class ArchiveStore:
                 break
         return held
 
-    def _file_hits(self, files: dict[int, tuple[int, int, str, int, str]], match: str, limit: int) -> list[ArchiveHit]:
+    def _file_hits(self, files: dict[int, FileRow], match: str, limit: int) -> list[ArchiveHit]:
         found: list[tuple[float, int, int, int | None, str, int]] = []
         for attachment_id in files:
             lo, hi = file_range(attachment_id)
@@ -201,7 +219,7 @@ class ArchiveStore:
         found.sort(key=lambda row: row[:2])
         hits = []
         for score, _, ordinal, page, text, attachment_id in found[:limit]:
-            _, turn, name, _, kind = files[attachment_id]
+            _, turn, name, _, kind, _ = files[attachment_id]
             hits.append(ArchiveHit(turn, text, score, file=name, attachment=attachment_id, chunk=ordinal, page=page,
                                    kind=kind))
         return hits

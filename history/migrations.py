@@ -579,6 +579,15 @@ def m015_recall_vectors(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m016_attachment_sent_whole(conn: sqlite3.Connection) -> None:
+    """`attachments.sent_whole`: whether the question carried the file's whole text."""
+    # 1 when the turn's question carried all of full_text (not cut to the budget): recall
+    # injection searches such a file only once its turn is out of the prompt (folded, left out,
+    # or replayed cut), docs/DESIGN.md "Recall injection". 0 for the rows before it and for a
+    # tool's outputs: searched whenever the conversation's archive is, as they were.
+    conn.execute("ALTER TABLE attachments ADD COLUMN sent_whole INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -595,6 +604,7 @@ MIGRATIONS: list[Migration] = [
     m013_memories,
     m014_live_journal,
     m015_recall_vectors,
+    m016_attachment_sent_whole,
 ]
 
 

@@ -268,6 +268,7 @@ class NewAttachment:
     sha256: str
     pages: int | None = None
     full_text: str | None = None
+    sent_whole: bool = False  # its question carried all of ``full_text`` (not cut to the budget)
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,8 @@ WHERE a.conversation_id = ? AND a.id = ? AND c.deleted_at IS NULL
 """
 INSERT_ATTACHMENT = """
 INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes,
-                         sha256, pages, full_text, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                         sha256, pages, full_text, created_at, sent_whole)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # What a prompt replays: the turns after a compaction's last one that got a reply. A turn
@@ -133,8 +133,10 @@ WHERE conversation_id = ? AND turn = ?
 SELECT_RUNNING = "SELECT conversation_id, turn, messages, reply FROM turns WHERE status = 'running'"
 SELECT_TURN_MESSAGES = "SELECT messages FROM turns WHERE conversation_id = ? AND turn = ?"
 SET_TURN_MESSAGES = "UPDATE turns SET messages = ? WHERE conversation_id = ? AND turn = ?"
-# new text: its recall chunks are made again (history/archive.py)
-SET_ATTACHMENT_TEXT = "UPDATE attachments SET full_text = ?, chunked = 0 WHERE conversation_id = ? AND turn = ? AND sha256 = ?"
+# new text: its recall chunks are made again (history/archive.py), and the question did not carry it
+SET_ATTACHMENT_TEXT = """
+UPDATE attachments SET full_text = ?, chunked = 0, sent_whole = 0 WHERE conversation_id = ? AND turn = ? AND sha256 = ?
+"""
 INTERRUPT_TURN = """
 UPDATE turns SET status = 'interrupted', messages = ?, updated_at = ?
 WHERE conversation_id = ? AND turn = ?

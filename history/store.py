@@ -307,7 +307,7 @@ class HistoryStore:
             if new.attachments:
                 self._conn.executemany(sql.INSERT_ATTACHMENT, [
                     (cid, number, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages,
-                     a.full_text, now) for a in new.attachments
+                     a.full_text, now, a.sent_whole) for a in new.attachments
                 ])
         # the row as just written (not read back: its JSON would be decoded again)
         turn = Turn(
@@ -458,6 +458,7 @@ class HistoryStore:
         with self._transaction():
             return [self._conn.execute(sql.INSERT_ATTACHMENT, (
                 cid, turn, a.name, a.path, a.kind, a.content_type, a.size_bytes, a.sha256, a.pages, a.full_text, now,
+                a.sent_whole,
             )).lastrowid or 0 for a in attachments]
 
     def save_partial(self, cid: int, turn: int, reply: str) -> None:

@@ -2,16 +2,18 @@
 
 A small model rarely calls ``conversation_search`` when the answer was folded away by a
 compaction (issue 49's runs). So before a turn of a conversation with something out of
-the prompt (folded turns; files, whose text may have been cut or folded), the question
-is searched against that archive alone, and the passages that pass a relevance floor go
-before the question, each labelled with its source ("turn 3, you said: ...",
+the prompt (folded turns; files whose text was cut to fit, or whose turn was folded), the
+question is searched against that archive alone, and the passages that pass a relevance
+floor go before the question, each labelled with its source ("turn 3, you said: ...",
 "report.pdf, page 4: ..."), as knowledge-base passages do (docs/DESIGN.md, "Recall
 injection"). The tools stay, for the model that digs further.
 
 - Search: the knowledge bases' keywords (search.py ``query_terms``: stop words out, each
   quoted), ORed, bm25 over the folded turns' messages and the files' chunks
   (history/archive.py); the two lists are fused by rank (``reciprocal_rank_fusion``). A
-  file is chunked as a KB document is (chunking.py), the first time it is searched.
+  file is chunked as a KB document is (chunking.py), the first time it is searched; one whose
+  whole text the prompt holds (its question sent it whole and is replayed whole) is not
+  searched, and when nothing is out of the prompt nothing is searched (no ``recall`` progress).
 - Back-references: a question of few keywords ("what was it again?", "the code I gave
   you") is searched with the recent turns' keywords as well.
 - The floor: a passage must hold half the question's keywords, ``MIN_MATCHED`` at most
@@ -37,14 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from attachments import PAGE_BREAK, PAGE_UNITS
 from core import estimate_text
 from core.tools import one_line
-from history import ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, FileToChunk
+from history import NOTHING_OUT, ArchiveFound, ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, FileToChunk
 
 from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
 from .elsewhere import ElsewherePassage, day_label, recall_elsewhere
@@ -192,51 +194,62 @@ class ArchiveRecall:
 
     async def recall(
         self, cid: int, turn: int, question: str, recent: str, through: int, held: str, ctx_used: int, limit: int,
-        *, own: bool = True, elsewhere: bool = False,
+        *, own: bool = True, elsewhere: bool = False, inline: Collection[int] = frozenset(),
     ) -> Recall:
         """The block for turn ``turn``: passages of turns 1..``through`` and of the conversation's
-        files (when ``own``), then of the user's other conversations and saved memories (when
-        ``elsewhere``: elsewhere.py), for ``question`` (with ``recent``'s words when it has few),
-        none that ``held`` (the prompt's text) already holds, as many as keep the prompt
-        (``ctx_used`` tokens so far) within ``limit`` tokens. Never raises (but CancelledError)."""
+        files out of the prompt (when ``own``: all but those whose question carried their whole
+        text and is replayed whole, in a turn of ``inline``), then of the user's other
+        conversations and saved memories (when ``elsewhere``: elsewhere.py), for ``question``
+        (with ``recent``'s words when it has few), none that ``held`` (the prompt's text) already
+        holds, as many as keep the prompt (``ctx_used`` tokens so far) within ``limit`` tokens.
+        ``searched`` only when some of the archive was out of the prompt. Never raises (but
+        CancelledError)."""
         if not question.strip() or not (own or elsewhere):  # files alone: their words are no question
             return Recall()
         try:
             terms = Terms.of(question, recent)
             if self.top_k <= 0 or not (terms.question or terms.recent):
                 return Recall()
+            found = await self._search(cid, turn, terms, through, inline) if own else NOTHING_OUT
+            near = await self._near(cid, question, terms, through, found, elsewhere)
             chosen: list[AnyPassage] = []
-            near = await self._near(cid, question, terms, through, own, elsewhere)
-            if own:
-                chosen += await self._own(cid, turn, terms, through, held, near)
+            if found.searched:
+                # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
+                floor = terms.without(found.common)
+                chosen += await asyncio.to_thread(self._choose, found.hits, terms, floor, held, near)
             if elsewhere:
                 chosen += await self._elsewhere(cid, question, terms, held, chosen, near)
             # other conversations searched in vain say nothing: every turn of memory would
-            return fit(latest_only(chosen, terms), ctx_used, limit) if chosen else Recall(searched=own)
+            return fit(latest_only(chosen, terms), ctx_used, limit) if chosen else Recall(searched=found.searched)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("recall: the search failed for conversation %d", cid)
             return Recall(searched=True, note=f"recall failed ({type(exc).__name__})")
 
-    async def _near(self, cid: int, question: str, terms: Terms, through: int, own: bool, elsewhere: bool) -> Near:
+    async def _near(
+        self, cid: int, question: str, terms: Terms, through: int, own: ArchiveFound, elsewhere: bool
+    ) -> Near:
         """What the vectors find (recallvec.py) for the question, with the recent turns'
-        keywords when it refers back (as the keywords' search takes them)."""
-        if self.vectors is None or not self.vectors.enabled:
+        keywords when it refers back (as the keywords' search takes them), in what ``own`` searched."""
+        if self.vectors is None or not self.vectors.enabled or not (own.searched or elsewhere):
             return NO_NEAR
         text = f"{question}\n{' '.join(terms.recent)}" if terms.recent else question  # the KB's query: cached
-        return await self.vectors.near(cid, text, through, own, elsewhere)
+        near = await self.vectors.near(cid, text, through, own.searched, elsewhere)
+        # a file the prompt holds whole has its vectors still: not found here, as not by keywords
+        kept = [(hit, cosine) for hit, cosine in near.own if hit.attachment is None or hit.attachment in own.files]
+        return near if len(kept) == len(near.own) else replace(near, own=kept)
 
-    async def _own(self, cid: int, turn: int, terms: Terms, through: int, held: str, near: Near) -> list[Passage]:
-        """The best passages of the conversation's own archive, best first."""
+    async def _search(self, cid: int, turn: int, terms: Terms, through: int, inline: Collection[int]) -> ArchiveFound:
+        """The keywords' matches in the conversation's archive out of the prompt (history/archive.py)."""
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
-        found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
+        search = ArchiveStore.search
+        found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline)
         if found.unchunked:  # the first search since these files came: chunk them, search again
             await self._chunk_files(cid, found.unchunked)
-            found = await self.history.archive.run(ArchiveStore.search, cid, phrases, through, turn, CANDIDATES, common)
-        # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
-        return await asyncio.to_thread(self._choose, found.hits, terms, terms.without(found.common), held, near)
+            found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline)
+        return found
 
     async def _elsewhere(
         self, cid: int, question: str, terms: Terms, held: str, own: list[AnyPassage], near: Near

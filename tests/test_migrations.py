@@ -36,6 +36,7 @@ ALL_MIGRATIONS = [
     "m013_memories",
     "m014_live_journal",
     "m015_recall_vectors",
+    "m016_attachment_sent_whole",
 ]
 
 
@@ -91,7 +92,7 @@ def test_migrate_empty_database(tmp_path: Path) -> None:
         assert table_columns(conn, "message_fts") == ["body", "role"]
         assert table_columns(conn, "attachments") == [
             "id", "conversation_id", "turn", "name", "path", "kind", "content_type",
-            "size_bytes", "sha256", "pages", "full_text", "created_at", "chunked",
+            "size_bytes", "sha256", "pages", "full_text", "created_at", "chunked", "sent_whole",
         ]
         assert table_columns(conn, "attachment_chunks") == ["id", "attachment_id", "ordinal", "page", "text"]
         assert "attachments_conversation" in schema_sql(conn, "attachments_conversation")
@@ -343,7 +344,7 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
         assert "sources" not in table_columns(conn, "turns")
         assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
                                  "m012_attachment_chunks", "m013_memories", "m014_live_journal",
-                                 "m015_recall_vectors"]
+                                 "m015_recall_vectors", "m016_attachment_sent_whole"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
 
 
@@ -371,7 +372,7 @@ def test_m014_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors"]
+        assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors", "m016_attachment_sent_whole"]
         assert table_columns(conn, "live_seq") == ["id", "reserved"]
         assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
         assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)
@@ -388,7 +389,7 @@ def test_m015_adds_recall_vectors_that_go_with_their_conversation(tmp_path: Path
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m015_recall_vectors"]
+        assert migrate(conn) == ["m015_recall_vectors", "m016_attachment_sent_whole"]
         assert table_columns(conn, "recall_vectors") == ["id", "conversation_id", "model", "digest", "vector"]
         with conn:
             for _ in range(3):
@@ -400,3 +401,22 @@ def test_m015_adds_recall_vectors_that_go_with_their_conversation(tmp_path: Path
             conn.execute("""UPDATE conversations SET settings = '{"memory": "off"}' WHERE id = 3""")
             conn.execute("DELETE FROM memories")
         assert conn.execute("SELECT id, conversation_id FROM recall_vectors").fetchall() == [(2 << 32 | 256, 2)]
+
+
+def test_m016_reads_an_older_file_as_not_sent_whole(tmp_path: Path) -> None:
+    """A history.db of m015 gains `attachments.sent_whole`; its files read as cut (0), so recall
+    searches them whenever it searches the conversation, as it did before."""
+    db = tmp_path / "history.db"
+    with connect(db) as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        for migration in MIGRATIONS[:15]:
+            with conn:
+                migration(conn)
+                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        with conn:
+            conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
+            conn.execute("INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes, "
+                         "sha256, full_text, created_at) VALUES (1, 1, 'a.txt', '/a.txt', 'text', 'text/plain', 1, "
+                         "'s', 'a', 'x')")
+        assert migrate(conn) == ["m016_attachment_sent_whole"]
+        assert conn.execute("SELECT sent_whole FROM attachments").fetchall() == [(0,)]

@@ -8,7 +8,9 @@ them), as the daemon would have made them, so each test costs one or two model r
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -445,3 +447,119 @@ async def test_a_word_most_of_a_files_pages_hold_is_common_though_few_messages_s
         router.script(Reply(text="In the blue cupboard."))
         events = await wire.ask("Which kitchen shelf has the kettle descaler?", conversation=cid)
         assert "kitchen.pdf, page 5: Page 5: the descaler is in the blue cupboard" in question_text(last_request(router))
+
+
+BOILER = "The boiler was serviced by Kowalski Heating on 3 March; the next service is due next spring.\n"
+
+
+def chunked_files(config: Config) -> list[str]:
+    """The names of the files recall has chunked (those a search took)."""
+    with closing(sqlite3.connect(config.db_path)) as conn:
+        return [row[0] for row in conn.execute(
+            "SELECT DISTINCT a.name FROM attachment_chunks AS c JOIN attachments AS a ON a.id = c.attachment_id "
+            "ORDER BY a.name")]
+
+
+def long_notes(path: Path, lines: int = 1200, at: int | None = None) -> Path:
+    """A text file of padding with the dishwasher's warranty number on line ``at`` (its middle)."""
+    text = [f"Line {n}: nothing of note here, only padding words." for n in range(lines)]
+    text[lines // 2 if at is None else at] = "The warranty number of the dishwasher is W-55821."
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+async def test_a_file_sent_whole_is_searched_only_once_its_turn_is_folded(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    boiler = tmp_path / "boiler.txt"
+    boiler.write_text(BOILER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Noted."))
+        events = await wire.ask("Here are my boiler notes.", files=[str(boiler)])
+        assert events[-1]["type"] == "done", events[-1]
+        cid = events[-1]["conversation"]
+        assert "Kowalski Heating" in question_text(last_request(router))  # whole in the prompt
+        assert recall_events(events) == []  # nothing out of the prompt: no search, nothing said
+        router.script(Reply(text="Kowalski Heating."))
+        events = await wire.ask("Who serviced the boiler?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        assert question_text(last_request(router)) == "Who serviced the boiler?"
+        assert recall_events(events) == []  # the file's turn is replayed whole
+        for question, answer in FILLER[:2]:
+            router.script(Reply(text=answer))
+            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+    assert chunked_files(config) == []  # never searched, never chunked
+    with HistoryStore(config.db_path) as store:  # a compaction folds the file's turn away
+        store.add_compaction(cid, 2, "The user shared notes and asked about tea.")
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Kowalski Heating."))
+        events = await wire.ask("Who serviced the boiler?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        sent = last_request(router)
+        assert "Kowalski" not in json.dumps(sent["messages"][:-1])
+        assert f"boiler.txt (attached in turn 1): {BOILER.strip()}" in question_text(sent)
+        sources = recall_events(events)[0]["sources"]
+        assert ("file", "boiler.txt", 1) in [(s["recall"], s.get("file"), s["turn"]) for s in sources]
+    assert chunked_files(config) == ["boiler.txt"]
+
+
+async def test_of_files_asked_together_only_the_one_cut_to_fit_is_searched(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    notes = long_notes(tmp_path / "notes.txt")
+    boiler = tmp_path / "boiler.txt"
+    boiler.write_text(BOILER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Read them."))
+        events = await wire.ask("Keep these files.", files=[str(notes), str(boiler)])
+        assert events[-1]["type"] == "done", events[-1]
+        sent = json.dumps(last_request(router)["messages"])
+        assert "W-55821" not in sent and "Kowalski Heating" in sent  # the notes cut to fit, the boiler's whole
+        assert [e["sources"] for e in recall_events(events)] == [[]]  # the cut notes searched at once
+        cid = events[-1]["conversation"]
+        router.script(Reply(text="W-55821."))
+        events = await wire.ask("What is the dishwasher warranty number?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert "notes.txt (attached in turn 1): " in text and "W-55821" in text
+        assert [s["file"] for s in recall_events(events)[0]["sources"]] == ["notes.txt"]
+    assert chunked_files(config) == ["notes.txt"]  # the file sent whole was never chunked
+
+
+async def test_a_file_whose_turn_got_no_answer_is_out_of_the_prompt_and_recalled(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    boiler = tmp_path / "boiler.txt"
+    boiler.write_text(BOILER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(status=500, error="the model crashed"))
+        events = await wire.ask("Here are my boiler notes.", files=[str(boiler)])
+        assert events[-1]["type"] == "error", events[-1]
+        cid = of_type(events, "user")[0]["conversation"]
+        router.script(Reply(text="Kowalski Heating."))
+        events = await wire.ask("Who serviced the boiler?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        sent = last_request(router)
+        assert "Kowalski" not in json.dumps(sent["messages"][:-1])  # a turn without an answer is not replayed
+        assert f"boiler.txt (attached in turn 1): {BOILER.strip()}" in question_text(sent)
+
+
+async def test_a_file_sent_whole_but_replayed_cut_is_searched(
+    config: Config, router: FakeRouter, tmp_path: Path
+) -> None:
+    # whole for a model of 8,192 tokens (about 10,300 characters); a model of 4,096 replays a
+    # message of at most 2,048 tokens: its head (two thirds) and tail, line 130 cut out
+    notes = long_notes(tmp_path / "notes.txt", 200, at=130)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Read it."))
+        events = await wire.ask("Keep this file.", files=[str(notes)], model="fake-vision")
+        assert events[-1]["type"] == "done", events[-1]
+        assert "W-55821" in json.dumps(last_request(router)["messages"])
+        assert recall_events(events) == []
+        cid = events[-1]["conversation"]
+        router.script(Reply(text="W-55821."))
+        events = await wire.ask("What is the dishwasher warranty number?", conversation=cid, model="fake-text")
+        assert events[-1]["type"] == "done", events[-1]
+        sent = last_request(router)
+        assert "W-55821" not in json.dumps(sent["messages"][:-1])  # cut out of the replayed question
+        assert "notes.txt (attached in turn 1): " in question_text(sent) and "W-55821" in question_text(sent)
