@@ -54,14 +54,11 @@ MAX_INTEGER = 2**63 - 1  # SQLite's largest integer: no id or count beyond it
 ERROR_PREFIX = "Error: "
 # added to the system prompt whenever tools are offered, the same bytes every turn (the server's
 # prompt cache): what a small model needs told (issue 33: without it, Qwen2.5-Coder-1.5B searched
-# the conversation for "what is 12 times 12?" and called the same tool again and again; asked in
-# a new chat for a code it was never told, it recited conversation_search's description 8 times
-# of 10 until told the last sentence, then said it did not know, 10 of 10: bench/RESULTS.md)
+# the conversation for "what is 12 times 12?" and called the same tool again and again)
 TOOL_GUIDANCE = (
     "Call a tool only when the answer needs something not shown here (an earlier detail, a file's "
     "text, the user's documents), never for general knowledge, arithmetic or greetings. When a tool "
-    "result arrives, answer from it; never repeat a call. If the user asks for something of theirs "
-    "that you were not told, say that you do not know it."
+    "result arrives, answer from it; never repeat a call."
 )
 # what a call made a second time in one turn gets after its first result: small models call
 # the same search again and again instead of answering from what it found (issue 33)

@@ -275,7 +275,7 @@ async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: F
     await kb_add(kwire, "notes", docs)
     await kwire.request({"type": "kb_link", "kb": "notes"})
     # ~250 of 300 tokens before any passage, with the tool guidance and conversation_search's definition
-    events = await kwire.ask("bees " * 115, model="fake-tiny")
+    events = await kwire.ask("bees " * 130, model="fake-tiny")
     skipped = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert skipped and "skipped" in skipped[0]["detail"] and "85%" in skipped[0]["detail"]
     assert "[Knowledge Base Context]" not in question_of(router)
