@@ -7,6 +7,7 @@ The documents are written in the test by ``tests/documents.py`` with zipfile."""
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -198,12 +199,36 @@ def _plain_zip(path: Path) -> Path:
     return path
 
 
+def _lying_count(path: Path) -> Path:
+    """A DOCX of 10,001 members whose end record says it holds one: zipfile reads the directory,
+    not the count."""
+    make_docx(path, "Heading", ["Some text"])
+    with zipfile.ZipFile(path, "a") as archive:
+        for n in range(10_001):
+            archive.writestr(f"x/{n}", "")
+    whole = bytearray(path.read_bytes())
+    whole[-22 + 8 : -22 + 12] = (1).to_bytes(2, "little") * 2  # this disk's entries and all (no comment)
+    path.write_bytes(bytes(whole))
+    return path
+
+
+def _long_names(path: Path) -> Path:
+    """A DOCX of 9,000 members (fewer than the cap) whose names make its list of files 5.8 MB."""
+    make_docx(path, "Heading", ["Some text"])
+    with zipfile.ZipFile(path, "a") as archive:
+        for n in range(9_000):
+            archive.writestr(f"{n:0600}", "")
+    return path
+
+
 @pytest.mark.parametrize(
     ("make", "code", "words"),
     [
         (lambda d: _damaged(d / "broken.docx"), "file_refused", "broken.docx: not a readable DOCX"),
+        (lambda d: _long_names(d / "names.docx"), "file_refused", "names.docx: the archive's list of files is over 5 MB"),
         (lambda d: make_zip_bomb(d / "bomb.docx"), "file_refused", "bomb.docx: the DOCX unpacks to more than 32 MB"),
         (lambda d: _billion_laughs(d / "lol.docx"), "file_refused", "declares XML entities"),
+        (lambda d: _lying_count(d / "many.docx"), "file_refused", "many.docx: the archive holds too many files"),
         (lambda d: _ole2(d / "locked.docx"), "file_refused", "locked.docx: the DOCX is password-protected"),
         (lambda d: make_epub(d / "drm.epub", [("One", "x")], encrypted=True), "file_refused", "protected by DRM"),
         (lambda d: _plain_zip(d / "photos.zip"), "unsupported_kind",
@@ -221,6 +246,23 @@ async def test_damaged_hostile_and_unknown_files_are_refused_and_the_daemon_live
     fine = make_docx(tmp_path / "fine.docx", "Still here", ["The daemon answers."])
     events = await wire.ask("and this?", files=[str(fine)])
     assert events[-1]["type"] == "done" and "The daemon answers." in text_of(router.requests[-1])
+
+
+def _zip64(path: Path) -> Path:
+    """A DOCX whose end record leaves its count to a ZIP64 end record, as some writers always do."""
+    whole = make_docx(path, "Heading", ["Some text"]).read_bytes()
+    end = whole[-22:]  # no comment
+    entries, size, offset = struct.unpack("<HII", end[10:20])
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, size, offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, len(whole) - 22, 1)
+    path.write_bytes(whole[:-22] + record + locator + end[:8] + struct.pack("<HH", 0xFFFF, 0xFFFF) + end[12:])
+    return path
+
+
+async def test_a_document_with_zip64_records_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    events = await wire.ask("read", files=[str(_zip64(tmp_path / "report.docx"))])  # was "too many files"
+    assert events[-1]["type"] == "done", events[-1]
+    assert "# Heading\nSome text" in text_of(router.requests[-1])
 
 
 async def test_estimate_counts_a_documents_text(wire: Wire, tmp_path: Path) -> None:
