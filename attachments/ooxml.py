@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from xml.etree import ElementTree as ET
 
 from .archive import Archive, damaged
-from .doctext import Writer, table_row
+from .doctext import Writer, outside, table_row
 
 __all__ = ["read_docx", "read_pptx", "read_xlsx"]
 
@@ -94,9 +94,10 @@ def _docx_paragraph(paragraph: ET.Element, levels: dict[str, int], out: Writer) 
 
 
 def _docx_table(table: ET.Element, out: Writer) -> None:
+    """A table's own rows and cells (a nested table's text stands in its cell: ``outside``)."""
     rows = []
-    for row in table.iter(W + "tr"):
-        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p")) for cell in row.iter(W + "tc")]
+    for row in outside(table, (W + "tr",), W + "tbl"):
+        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p")) for cell in outside(row, (W + "tc",), W + "tbl")]
         if any(cell.strip() for cell in cells):
             rows.append(cells)
     out.table(rows)
@@ -155,11 +156,12 @@ def _slide_shape(shape: ET.Element, out: Writer) -> None:
 
 
 def _slide(archive: Archive, part: str, out: Writer) -> None:
-    for element in archive.xml(part).iter():
+    for element in outside(archive.xml(part), (P + "sp", A + "tbl"), ""):
         if element.tag == P + "sp":
             _slide_shape(element, out)
-        elif element.tag == A + "tbl":
-            rows = [[_drawing_text(cell) for cell in row.iter(A + "tc")] for row in element.iter(A + "tr")]
+        else:
+            rows = [[_drawing_text(cell) for cell in outside(row, (A + "tc",), A + "tbl")]
+                    for row in outside(element, (A + "tr",), A + "tbl")]
             out.table([row for row in rows if any(row)])
 
 

@@ -21,12 +21,16 @@ from history import HistoryStore
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import serving
 from tests.documents import (
+    A_NS,
+    P_NS,
+    W_NS,
     make_docx,
     make_ooxml,
     make_epub,
     make_html,
     make_ods,
     make_odt,
+    make_odt_of,
     make_pptx,
     make_xlsx,
     make_zip_bomb,
@@ -263,6 +267,43 @@ async def test_a_document_with_zip64_records_is_read(wire: Wire, router: FakeRou
     events = await wire.ask("read", files=[str(_zip64(tmp_path / "report.docx"))])  # was "too many files"
     assert events[-1]["type"] == "done", events[-1]
     assert "# Heading\nSome text" in text_of(router.requests[-1])
+
+
+async def test_tables_nested_deep_are_walked_once(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    depth = 2000  # a 100 KB document: a table handed every nested table's rows took minutes and gigabytes
+    xml = (f'<?xml version="1.0"?><w:document xmlns:w="{W_NS}"><w:body>'
+           + "<w:tbl><w:tr><w:tc><w:p><w:r><w:t>cell</w:t></w:r></w:p>" * depth
+           + "</w:tc></w:tr></w:tbl>" * depth + "</w:body></w:document>")
+    nested = make_ooxml(tmp_path / "nested.docx", "word/document.xml", {"word/document.xml": xml})
+    events = await wire.ask("read", files=[str(nested)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "| cell cell cell" in text_of(router.requests[-1])  # the nested tables' text, in its cell
+
+
+async def test_a_shape_in_groups_nested_deep_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    deck = make_pptx(tmp_path / "deck.pptx", [("Title", ["body"])])
+    with zipfile.ZipFile(deck) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    depth = 3000  # deeper than Python's recursion limit: the slide is walked without recursion
+    parts["ppt/slides/slide1.xml"] = (
+        f'<?xml version="1.0"?><p:sld xmlns:p="{P_NS}" xmlns:a="{A_NS}"><p:cSld><p:spTree>' + "<p:grpSp>" * depth
+        + "<p:sp><p:txBody><a:p><a:r><a:t>Deep inside</a:t></a:r></a:p></p:txBody></p:sp>"
+        + "</p:grpSp>" * depth + "</p:spTree></p:cSld></p:sld>").encode()
+    with zipfile.ZipFile(deck, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in parts.items():
+            archive.writestr(name, data)
+    events = await wire.ask("read", files=[str(deck)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "Deep inside" in text_of(router.requests[-1])
+
+
+async def test_an_odt_asking_for_many_spaces_gets_at_most_a_thousand(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    odt = make_odt_of(tmp_path / "spaces.odt", '<text:p>Hello<text:s text:c="100000"/>world</text:p>')
+    events = await wire.ask("read", files=[str(odt)])  # a billion would take gigabytes
+    assert events[-1]["type"] == "done"
+    assert "Hello" + " " * 1000 + "world" in text_of(router.requests[-1])
 
 
 async def test_estimate_counts_a_documents_text(wire: Wire, tmp_path: Path) -> None:
