@@ -23,6 +23,7 @@ from tests.conftest import serving
 from tests.documents import (
     A_NS,
     P_NS,
+    S_NS,
     W_NS,
     make_docx,
     make_ooxml,
@@ -295,6 +296,20 @@ async def test_a_shape_in_groups_nested_deep_is_read(wire: Wire, router: FakeRou
     events = await wire.ask("read", files=[str(deck)])
     assert events[-1]["type"] == "done", events[-1]
     assert "Deep inside" in text_of(router.requests[-1])
+
+
+async def test_a_shared_string_of_many_runs_is_read_at_once(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    book = make_xlsx(tmp_path / "book.xlsx", [("Sheet", [["first"]])])
+    with zipfile.ZipFile(book) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    runs = "<r><t>ab</t></r>" * 100_000  # each run looked its string's phonetic runs up again
+    parts["xl/sharedStrings.xml"] = f'<?xml version="1.0"?><sst xmlns="{S_NS}"><si>{runs}</si></sst>'.encode()
+    with zipfile.ZipFile(book, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in parts.items():
+            archive.writestr(name, data)
+    events = await wire.ask("read", files=[str(book)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "| abababab" in text_of(router.requests[-1])
 
 
 async def test_an_odt_asking_for_many_spaces_gets_at_most_a_thousand(
