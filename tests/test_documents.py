@@ -312,6 +312,16 @@ async def test_a_shared_string_of_many_runs_is_read_at_once(wire: Wire, router: 
     assert "| abababab" in text_of(router.requests[-1])
 
 
+async def test_a_page_that_leaves_its_head_unclosed_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    page = tmp_path / "menu.html"  # HTML may leave </head> out: the body's start ends it
+    page.write_text("<!DOCTYPE html><html><head><meta charset=utf-8><title>Menu</title>"
+                    "<body><h1>Today</h1><p>Soup of the day.</p><script>var x;</script>")
+    events = await wire.ask("what is on?", files=[str(page)])
+    assert events[-1]["type"] == "done"
+    sent = text_of(router.requests[-1])
+    assert "# Today\nSoup of the day." in sent and "var x" not in sent
+
+
 async def test_an_odt_asking_for_many_spaces_gets_at_most_a_thousand(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
