@@ -331,6 +331,17 @@ async def test_an_odt_asking_for_many_spaces_gets_at_most_a_thousand(
     assert "Hello" + " " * 1000 + "world" in text_of(router.requests[-1])
 
 
+async def test_a_file_opening_with_many_comments_is_told_apart_from_html_at_once(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes"  # no suffix: its start is looked at for an html page
+    notes.write_text("<!---->" * 64 + "<p>not a page</p>\n")  # tried every way to split them, it never ended
+    events = await wire.ask("what is this?", files=[str(notes)])
+    assert events[-1]["type"] == "done"
+    assert [c["kind"] for c in user_of(events)["files"]] == ["text"]
+    assert "<p>not a page</p>" in text_of(router.requests[-1])
+
+
 async def test_estimate_counts_a_documents_text(wire: Wire, tmp_path: Path) -> None:
     deck = make_pptx(tmp_path / "deck.pptx", [("Title", ["word " * 400])])
     estimated = await wire.request({"type": "estimate", "text": "", "files": [str(deck)]})
