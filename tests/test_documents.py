@@ -281,32 +281,33 @@ async def test_tables_nested_deep_are_walked_once(wire: Wire, router: FakeRouter
     assert "| cell cell cell" in text_of(router.requests[-1])  # the nested tables' text, in its cell
 
 
-async def test_a_shape_in_groups_nested_deep_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
-    deck = make_pptx(tmp_path / "deck.pptx", [("Title", ["body"])])
-    with zipfile.ZipFile(deck) as archive:
+def _with_part(path: Path, part: str, xml: str) -> Path:
+    """The document at ``path`` with its member ``part`` written anew as ``xml``."""
+    with zipfile.ZipFile(path) as archive:
         parts = {name: archive.read(name) for name in archive.namelist()}
-    depth = 3000  # deeper than Python's recursion limit: the slide is walked without recursion
-    parts["ppt/slides/slide1.xml"] = (
-        f'<?xml version="1.0"?><p:sld xmlns:p="{P_NS}" xmlns:a="{A_NS}"><p:cSld><p:spTree>' + "<p:grpSp>" * depth
-        + "<p:sp><p:txBody><a:p><a:r><a:t>Deep inside</a:t></a:r></a:p></p:txBody></p:sp>"
-        + "</p:grpSp>" * depth + "</p:spTree></p:cSld></p:sld>").encode()
-    with zipfile.ZipFile(deck, "w", zipfile.ZIP_DEFLATED) as archive:
+    parts[part] = xml.encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in parts.items():
             archive.writestr(name, data)
+    return path
+
+
+async def test_a_shape_in_groups_nested_deep_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    depth = 3000  # deeper than Python's recursion limit: the slide is walked without recursion
+    deck = _with_part(make_pptx(tmp_path / "deck.pptx", [("Title", ["body"])]), "ppt/slides/slide1.xml",
+                      f'<?xml version="1.0"?><p:sld xmlns:p="{P_NS}" xmlns:a="{A_NS}"><p:cSld><p:spTree>'
+                      + "<p:grpSp>" * depth
+                      + "<p:sp><p:txBody><a:p><a:r><a:t>Deep inside</a:t></a:r></a:p></p:txBody></p:sp>"
+                      + "</p:grpSp>" * depth + "</p:spTree></p:cSld></p:sld>")
     events = await wire.ask("read", files=[str(deck)])
     assert events[-1]["type"] == "done", events[-1]
     assert "Deep inside" in text_of(router.requests[-1])
 
 
 async def test_a_shared_string_of_many_runs_is_read_at_once(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
-    book = make_xlsx(tmp_path / "book.xlsx", [("Sheet", [["first"]])])
-    with zipfile.ZipFile(book) as archive:
-        parts = {name: archive.read(name) for name in archive.namelist()}
     runs = "<r><t>ab</t></r>" * 100_000  # each run looked its string's phonetic runs up again
-    parts["xl/sharedStrings.xml"] = f'<?xml version="1.0"?><sst xmlns="{S_NS}"><si>{runs}</si></sst>'.encode()
-    with zipfile.ZipFile(book, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in parts.items():
-            archive.writestr(name, data)
+    book = _with_part(make_xlsx(tmp_path / "book.xlsx", [("Sheet", [["first"]])]), "xl/sharedStrings.xml",
+                      f'<?xml version="1.0"?><sst xmlns="{S_NS}"><si>{runs}</si></sst>')
     events = await wire.ask("read", files=[str(book)])
     assert events[-1]["type"] == "done", events[-1]
     assert "| abababab" in text_of(router.requests[-1])
