@@ -13,7 +13,7 @@ from xml.etree import ElementTree as ET
 
 from .budget import FULL_TEXT_CAP
 
-__all__ = ["Full", "Writer", "outside", "table_row"]
+__all__ = ["Full", "Writer", "outermost", "table_row"]
 
 
 class Full(Exception):
@@ -25,7 +25,7 @@ def table_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(" ".join(cell.split()).replace("|", "\\|") for cell in cells) + " |"
 
 
-def outside(element: ET.Element, tags: tuple[str, ...], stop: str) -> Iterator[ET.Element]:
+def outermost(element: ET.Element, tags: tuple[str, ...], stop: str) -> Iterator[ET.Element]:
     """The descendants of ``element`` whose tag is one of ``tags``, in order, none inside another
     of them or inside a ``stop`` element (a table within a table): each is walked by its own
     outermost. ``iter`` would hand a table the rows of every table nested in it, and each row

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from xml.etree import ElementTree as ET
 
 from .archive import Archive, damaged
-from .doctext import Writer, outside
+from .doctext import Writer, outermost
 
 __all__ = ["ODF_ENCRYPTED", "read_ods", "read_odt"]
 
@@ -66,7 +66,7 @@ def _row_cells(row: ET.Element) -> list[str]:
 def _table_rows(table: ET.Element) -> Iterator[list[str]]:
     """The rows with text, each repeated as it says, yielded as the writer takes them: a few KB of
     rows repeated a thousand times each would make a list of hundreds of millions."""
-    for row in outside(table, (TABLE + "table-row",), TABLE + "table"):  # in row groups too
+    for row in outermost(table, (TABLE + "table-row",), TABLE + "table"):  # in row groups too
         cells = _row_cells(row)
         if any(cell.strip() for cell in cells):
             for _ in range(_repeat(row, "number-rows-repeated")):
@@ -102,7 +102,7 @@ def read_odt(archive: Archive, out: Writer) -> None:
 
 def read_ods(archive: Archive, out: Writer) -> None:
     """An ODS's sheets, one page each: the name as a heading, the rows as a table."""
-    for table in outside(_body(archive, "spreadsheet"), (TABLE + "table",), ""):
+    for table in outermost(_body(archive, "spreadsheet"), (TABLE + "table",), ""):
         out.line("## " + table.get(TABLE + "name", "sheet"))
         out.table(_table_rows(table))
         out.page()

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from xml.etree import ElementTree as ET
 
 from .archive import Archive, damaged
-from .doctext import Writer, outside, table_row
+from .doctext import Writer, outermost, table_row
 
 __all__ = ["read_docx", "read_pptx", "read_xlsx"]
 
@@ -94,10 +94,11 @@ def _docx_paragraph(paragraph: ET.Element, levels: dict[str, int], out: Writer) 
 
 
 def _docx_table(table: ET.Element, out: Writer) -> None:
-    """A table's own rows and cells (a nested table's text stands in its cell: ``outside``)."""
+    """A table's own rows and cells (a nested table's text stands in its cell: ``outermost``)."""
     rows = []
-    for row in outside(table, (W + "tr",), W + "tbl"):
-        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p")) for cell in outside(row, (W + "tc",), W + "tbl")]
+    for row in outermost(table, (W + "tr",), W + "tbl"):
+        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p"))
+                 for cell in outermost(row, (W + "tc",), W + "tbl")]
         if any(cell.strip() for cell in cells):
             rows.append(cells)
     out.table(rows)
@@ -156,12 +157,12 @@ def _slide_shape(shape: ET.Element, out: Writer) -> None:
 
 
 def _slide(archive: Archive, part: str, out: Writer) -> None:
-    for element in outside(archive.xml(part), (P + "sp", A + "tbl"), ""):
+    for element in outermost(archive.xml(part), (P + "sp", A + "tbl"), ""):
         if element.tag == P + "sp":
             _slide_shape(element, out)
         else:
-            rows = [[_drawing_text(cell) for cell in outside(row, (A + "tc",), A + "tbl")]
-                    for row in outside(element, (A + "tr",), A + "tbl")]
+            rows = [[_drawing_text(cell) for cell in outermost(row, (A + "tc",), A + "tbl")]
+                    for row in outermost(element, (A + "tr",), A + "tbl")]
             out.table([row for row in rows if any(row)])
 
 
