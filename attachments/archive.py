@@ -4,9 +4,11 @@ A document is a zip the user dropped; it may be damaged, encrypted or built to h
 bomb, a billion-laughs XML). ``Archive`` opens one so that none of that can hang or exhaust
 the daemon:
 
-- the member count is read from the end-of-central-directory record before ``zipfile``
-  builds a ``ZipInfo`` per member (a million empty members would cost gigabytes), and
-  refused past ``MAX_MEMBERS``;
+- the member count and the central directory's size are read from the end-of-central-directory
+  record (its ZIP64 record's, when it has one) before ``zipfile`` builds a ``ZipInfo`` per
+  member (a million empty members would cost gigabytes), and refused past ``MAX_MEMBERS`` and
+  ``MAX_DIRECTORY_BYTES``; ``zipfile`` reads the entries the directory holds, whatever count
+  the record claims, so the members it read are counted again;
 - members are decompressed in chunks and counted as they come, never trusting the sizes
   the archive declares: past ``MAX_MEMBER_BYTES`` for one member or ``MAX_TOTAL_BYTES`` in
   all, the file is refused (a 10 KB zip that unpacks to gigabytes stops at the cap);
@@ -35,6 +37,7 @@ from core.errors import FileRefused
 from core.files import open_regular
 
 __all__ = [
+    "MAX_DIRECTORY_BYTES",
     "MAX_MEMBERS",
     "MAX_MEMBER_BYTES",
     "MAX_SECONDS",
@@ -52,8 +55,15 @@ MAX_TOTAL_BYTES = 128 * 1024 * 1024
 # seconds the reading of one document may take
 MAX_SECONDS = 30.0
 READ_CHUNK = 256 * 1024
+# bytes the central directory may take: MAX_MEMBERS entries of a long name each (an entry is 46
+# bytes, its name and its extra fields); a lying count still builds no more than this holds
+MAX_DIRECTORY_BYTES = MAX_MEMBERS * 512
 EOCD_MAGIC = b"PK\x05\x06"
 EOCD_SIZE = 22
+ZIP64_LOCATOR = b"PK\x06\x07"  # 20 bytes, right before the end record, after the ZIP64 record
+ZIP64_LOCATOR_SIZE = 20
+ZIP64_EOCD_MAGIC = b"PK\x06\x06"
+ZIP64_EOCD_SIZE = 56
 MAX_COMMENT = 65535
 # an XML entity declaration: none of the formats needs one (see the module docstring)
 ENTITY_DECLARATION = b"<!ENTITY"
@@ -65,18 +75,32 @@ def damaged(name: str, what: str, why: str) -> FileRefused:
 
 
 def _member_count(handle: BinaryIO, name: str, what: str) -> None:
-    """Refuse an archive that lists more than ``MAX_MEMBERS`` members (or hides the count in
-    ZIP64 records, which no document of a sane size needs), before ``zipfile`` reads them."""
+    """Refuse an archive that lists more than ``MAX_MEMBERS`` members or a larger central
+    directory than they need (or an end record that leaves the count to a ZIP64 record it
+    lacks), before ``zipfile`` reads them."""
     size = handle.seek(0, os.SEEK_END)
-    tail_size = min(size, EOCD_SIZE + MAX_COMMENT)
+    tail_size = min(size, EOCD_SIZE + MAX_COMMENT + ZIP64_LOCATOR_SIZE + ZIP64_EOCD_SIZE)
     handle.seek(size - tail_size)
     tail = handle.read(tail_size)
     at = tail.rfind(EOCD_MAGIC)
     if at < 0 or len(tail) - at < EOCD_SIZE:
         raise damaged(name, what, "not a complete zip archive")
-    entries = struct.unpack("<H", tail[at + 10 : at + 12])[0]
-    if entries == 0xFFFF or entries > MAX_MEMBERS:
-        raise FileRefused(f"{name}: the archive holds too many files (over {MAX_MEMBERS}); attach a smaller document")
+    entries, directory = struct.unpack("<HI", tail[at + 10 : at + 16])
+    record = at - ZIP64_LOCATOR_SIZE - ZIP64_EOCD_SIZE  # where zipfile reads a ZIP64 record, as it does
+    if record >= 0 and tail[at - ZIP64_LOCATOR_SIZE : at - ZIP64_LOCATOR_SIZE + 4] == ZIP64_LOCATOR \
+            and tail[record : record + 4] == ZIP64_EOCD_MAGIC:
+        entries, directory = struct.unpack("<QQ", tail[record + 32 : record + 48])
+    elif entries == 0xFFFF:
+        entries = MAX_MEMBERS + 1
+    if entries > MAX_MEMBERS:
+        raise _too_many(name)
+    if directory > MAX_DIRECTORY_BYTES:
+        raise FileRefused(f"{name}: the archive's list of files is over {MAX_DIRECTORY_BYTES // 1_000_000} MB; "
+                          "attach a smaller document")
+
+
+def _too_many(name: str) -> FileRefused:
+    return FileRefused(f"{name}: the archive holds too many files (over {MAX_MEMBERS}); attach a smaller document")
 
 
 def _refuse_entities(tail: bytes, chunk: bytes, archive: Archive, member: str) -> bytes:
@@ -107,6 +131,9 @@ class Archive:
         except Exception as exc:  # BadZipFile, OSError, EOFError, NotImplementedError ...
             self._handle.close()
             raise damaged(name, what, f"a damaged zip archive: {exc}") from None
+        if len(self._zip.filelist) > MAX_MEMBERS:  # the record's count said fewer than the directory holds
+            self.close()
+            raise _too_many(name)
         self.members = {info.filename: info for info in self._zip.infolist()}
 
     def __enter__(self) -> Archive:

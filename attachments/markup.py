@@ -54,6 +54,8 @@ class _Walker(HTMLParser):
         self.prefix = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "body" and "head" in self.skipping:  # HTML may leave </head> out: the body ends it
+            del self.skipping[self.skipping.index("head"):]
         if tag in SKIPPED and tag not in VOID:
             self.skipping.append(tag)
         if self.skipping:

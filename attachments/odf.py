@@ -3,15 +3,17 @@
 An ODT's headings (``text:h`` with their outline level), paragraphs, list items and tables;
 an ODS's sheets, each a table under its name. Repeated rows and columns (``number-*-
 repeated``, how ODF writes a sheet's empty tail of a million rows) are expanded only when
-they hold text, and a row only up to ``MAX_COLUMNS`` cells.
+they hold text, a row only up to ``MAX_COLUMNS`` cells, and rows only as the writer takes
+them (past its cap it stops the reading); repeated spaces (``text:s``) up to ``MAX_REPEAT``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from xml.etree import ElementTree as ET
 
 from .archive import Archive, damaged
-from .doctext import Writer
+from .doctext import Writer, outermost
 
 __all__ = ["ODF_ENCRYPTED", "read_ods", "read_odt"]
 
@@ -21,7 +23,7 @@ TABLE = "{urn:oasis:names:tc:opendocument:xmlns:table:1.0}"
 # a manifest entry of an encrypted member (a password-protected document)
 ODF_ENCRYPTED = b"encryption-data"
 MAX_COLUMNS = 256
-MAX_REPEAT = 1000  # a non-empty row or cell repeated more than this is written this often
+MAX_REPEAT = 1000  # a non-empty row or cell (or a space) repeated more than this is written this often
 
 
 def _text(element: ET.Element) -> str:
@@ -29,7 +31,8 @@ def _text(element: ET.Element) -> str:
     parts = [element.text or ""]
     for child in element:
         if child.tag == TEXT + "s":
-            parts.append(" " * int(child.get(TEXT + "c", "1") or 1))
+            count = child.get(TEXT + "c", "1")  # a small file may ask for a billion
+            parts.append(" " * (min(int(count), MAX_REPEAT) if count.isdigit() else 1))
         elif child.tag == TEXT + "tab":
             parts.append("\t")
         elif child.tag == TEXT + "line-break":
@@ -60,13 +63,14 @@ def _row_cells(row: ET.Element) -> list[str]:
     return cells
 
 
-def _table_rows(table: ET.Element) -> list[list[str]]:
-    rows = []
-    for row in table.iter(TABLE + "table-row"):
+def _table_rows(table: ET.Element) -> Iterator[list[str]]:
+    """The rows with text, each repeated as it says, yielded as the writer takes them: a few KB of
+    rows repeated a thousand times each would make a list of hundreds of millions."""
+    for row in outermost(table, (TABLE + "table-row",), TABLE + "table"):  # in row groups too
         cells = _row_cells(row)
         if any(cell.strip() for cell in cells):
-            rows.extend([cells] * _repeat(row, "number-rows-repeated"))
-    return rows
+            for _ in range(_repeat(row, "number-rows-repeated")):
+                yield cells
 
 
 def _odt_blocks(parent: ET.Element, out: Writer, prefix: str = "") -> None:
@@ -98,7 +102,7 @@ def read_odt(archive: Archive, out: Writer) -> None:
 
 def read_ods(archive: Archive, out: Writer) -> None:
     """An ODS's sheets, one page each: the name as a heading, the rows as a table."""
-    for table in _body(archive, "spreadsheet").iter(TABLE + "table"):
+    for table in outermost(_body(archive, "spreadsheet"), (TABLE + "table",), ""):
         out.line("## " + table.get(TABLE + "name", "sheet"))
         out.table(_table_rows(table))
         out.page()

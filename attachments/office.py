@@ -85,7 +85,9 @@ PACKAGE_MIMETYPES = {
 OOXML_PARTS = {"word/document.xml": "docx", "ppt/presentation.xml": "pptx", "xl/workbook.xml": "xlsx"}
 ZIP_MAGIC = b"PK\x03\x04"
 OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
-_HTML_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html[\s>])", re.I | re.S)
+# the comments possessive (``*+``): a lazy ``.*?`` under ``*`` that may backtrack tries every way to
+# split N comments (2**N), and the regex holds the GIL: a file of 40 "<!---->" froze the daemon
+_HTML_START = re.compile(rb"\A(?:\xef\xbb\xbf)?\s*(?:<!--.*?-->\s*)*+<(?:!doctype\s+html|html[\s>])", re.I | re.S)
 OPF = "{http://www.idpf.org/2007/opf}"
 CONTAINER = "{urn:oasis:names:tc:opendocument:xmlns:container}"
 XENC = "{http://www.w3.org/2001/04/xmlenc#}"

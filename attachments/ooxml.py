@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from xml.etree import ElementTree as ET
 
 from .archive import Archive, damaged
-from .doctext import Writer, table_row
+from .doctext import Writer, outermost, table_row
 
 __all__ = ["read_docx", "read_pptx", "read_xlsx"]
 
@@ -94,9 +94,11 @@ def _docx_paragraph(paragraph: ET.Element, levels: dict[str, int], out: Writer) 
 
 
 def _docx_table(table: ET.Element, out: Writer) -> None:
+    """A table's own rows and cells (a nested table's text stands in its cell: ``outermost``)."""
     rows = []
-    for row in table.iter(W + "tr"):
-        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p")) for cell in row.iter(W + "tc")]
+    for row in outermost(table, (W + "tr",), W + "tbl"):
+        cells = [" ".join(_run_text(p) for p in cell.iter(W + "p"))
+                 for cell in outermost(row, (W + "tc",), W + "tbl")]
         if any(cell.strip() for cell in cells):
             rows.append(cells)
     out.table(rows)
@@ -155,11 +157,12 @@ def _slide_shape(shape: ET.Element, out: Writer) -> None:
 
 
 def _slide(archive: Archive, part: str, out: Writer) -> None:
-    for element in archive.xml(part).iter():
+    for element in outermost(archive.xml(part), (P + "sp", A + "tbl"), ""):
         if element.tag == P + "sp":
             _slide_shape(element, out)
-        elif element.tag == A + "tbl":
-            rows = [[_drawing_text(cell) for cell in row.iter(A + "tc")] for row in element.iter(A + "tr")]
+        else:
+            rows = [[_drawing_text(cell) for cell in outermost(row, (A + "tc",), A + "tbl")]
+                    for row in outermost(element, (A + "tr",), A + "tbl")]
             out.table([row for row in rows if any(row)])
 
 
@@ -182,12 +185,14 @@ def _shared_strings(archive: Archive, workbook: str) -> list[str]:
     part = next((t for t in archive.relationships(workbook).values() if t.endswith("sharedStrings.xml")), None)
     if part is None or not archive.has(part):
         return []
-    # each <si> is one string: its <t> runs joined (phonetic runs, <rPh>, left out)
-    return ["".join(t.text or "" for t in si.iter(S + "t") if t not in _phonetic(si)) for si in archive.xml(part)]
+    return [_shared_string(si) for si in archive.xml(part)]
 
 
-def _phonetic(si: ET.Element) -> set[ET.Element]:
-    return {t for rph in si.iter(S + "rPh") for t in rph.iter(S + "t")}
+def _shared_string(si: ET.Element) -> str:
+    """One ``<si>``: its ``<t>`` runs joined, phonetic runs (``<rPh>``) left out (found once: per
+    run, a string of 100,000 runs took minutes)."""
+    phonetic = {t for rph in si.iter(S + "rPh") for t in rph.iter(S + "t")}
+    return "".join(t.text or "" for t in si.iter(S + "t") if t not in phonetic)
 
 
 def _column(ref: str) -> int | None:

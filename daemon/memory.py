@@ -47,17 +47,22 @@ def memory_chars(config: Config, setting: str | None = None) -> int | None:
     block read apart, ``frozen_block``)."""
     if config.memory != "on" or setting == "off" or not config.system_prompt:
         return None
+    return block_chars(config)
+
+
+def block_chars(config: Config) -> int:
+    """The frozen memory block's room in characters (``memory_tokens``)."""
     return config.memory_tokens * BUDGET_CHARS_PER_TOKEN
 
 
 async def frozen_block(config: Config, history: AsyncHistory, conversation: Conversation | None) -> str:
     """The memories a conversation's system prompt carries: those at its first prompt, kept; ""
     when memory is off for it. A turn has them from the trip that began it (``TurnContext.memories``):
-    this is for the rest."""
-    chars = memory_chars(config)
-    if conversation is None or chars is None or not memory_on(config, conversation):
+    this is for the rest, a conversation with a system prompt of its own under an empty default
+    among them (``memory_chars`` is None for it)."""
+    if conversation is None or not memory_on(config, conversation):
         return ""
-    return await history.memories.run(MemoryStore.freeze, conversation.id, chars)
+    return await history.memories.run(MemoryStore.freeze, conversation.id, block_chars(config))
 
 
 def memory_text(text: Any, what: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .fts import MAX_MESSAGE_INDEX, conversation_rowid_range, split_rowid
+from .memories import READS_MEMORY
 
 __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
 
@@ -36,10 +37,9 @@ LIMIT ?
 """
 COUNT_HOLDING = "SELECT count(*) FROM (SELECT 1 FROM message_fts WHERE message_fts MATCH ? LIMIT ?)"
 COUNT_TURNS = "SELECT count(*) FROM turns"
-READABLE_TURN = """
+READABLE_TURN = f"""
 SELECT c.title, t.created_at FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
-WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
-  AND coalesce(json_extract(c.settings, '$.memory'), 'on') != 'off'
+WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL AND {READS_MEMORY}
 """
 TURN_DATES = "SELECT turn, created_at FROM turns WHERE conversation_id = ? AND turn IN ({turns})"
 

@@ -41,10 +41,13 @@ DELETE_MEMORIES_OF = "DELETE FROM memories WHERE conversation_id = ?"
 SELECT_BLOCK = "SELECT block FROM conversation_memories WHERE conversation_id = ?"
 INSERT_BLOCK = "INSERT OR IGNORE INTO conversation_memories (conversation_id, block) VALUES (?, ?)"
 DELETE_BLOCK = "DELETE FROM conversation_memories WHERE conversation_id = ?"
+# ``reads_memory`` in SQL, of a conversation's row: a damaged settings JSON reads as no setting,
+# as records.py reads it (``json_extract`` alone would fail the whole statement)
+READS_MEMORY = "coalesce(CASE WHEN json_valid(settings) THEN json_extract(settings, '$.memory') END, 'on') != 'off'"
 # the conversations memory search may read: live, and not incognito (settings memory "off")
-READABLE_CONVERSATIONS = """
+READABLE_CONVERSATIONS = f"""
 SELECT id, title, updated_at FROM conversations
-WHERE id IN ({ids}) AND deleted_at IS NULL AND coalesce(json_extract(settings, '$.memory'), 'on') != 'off'
+WHERE id IN ({{ids}}) AND deleted_at IS NULL AND {READS_MEMORY}
 """
 # a search over every conversation ranks this many hits for each one kept: those of the asking
 # conversation and of incognito ones are dropped after ranking

@@ -28,15 +28,14 @@ from dataclasses import dataclass
 from .archive import ArchiveHit
 from .elsewhere import READABLE_TURN, ElsewhereHit
 from .fts import MAX_MESSAGE_INDEX, conversation_rowid_range, split_rowid, turn_message_range
+from .memories import READS_MEMORY
 from .migrations import immediate_transaction
 
 __all__ = ["EMBED_CHARS", "Piece", "RecallVectorStore", "digest"]
 
 EMBED_CHARS = 2_000  # a longer message is embedded from its start (the server's input limit)
-# incognito: settings' memory "off" (settings a damaged JSON reads as {}, as records.py reads it)
-INCOGNITO = "coalesce(CASE WHEN json_valid(settings) THEN json_extract(settings, '$.memory') END, 'on') = 'off'"
-READABLE = f"SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL AND NOT {INCOGNITO}"
-READABLE_IDS = f"SELECT id FROM conversations WHERE deleted_at IS NULL AND NOT {INCOGNITO} ORDER BY id DESC"
+READABLE = f"SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL AND {READS_MEMORY}"
+READABLE_IDS = f"SELECT id FROM conversations WHERE deleted_at IS NULL AND {READS_MEMORY} ORDER BY id DESC"
 MESSAGES = f"""
 SELECT rowid, body, role FROM message_fts
 WHERE rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX} AND role IN ('user', 'assistant')

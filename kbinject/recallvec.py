@@ -40,8 +40,11 @@ from .embedder import BATCH_SIZE, QUERY_TIMEOUT, RETRY_AFTER, BatchEmbedder, Emb
 from .terms import Terms, held
 
 if TYPE_CHECKING:  # numpy stays off the start-up path (embedder.py's docstring)
+    import numpy as np
+    import numpy.typing as npt
+
     from .embedder import Vector
-    from .vectors import VectorIndex
+    from .vectors import KbIds, VectorIndex
 
 __all__ = ["MEMORIES", "MIN_SIMILARITY", "NO_NEAR", "Fused", "Near", "RecallVectors", "VectorFloor"]
 
@@ -303,7 +306,10 @@ class RecallVectors:
             hits = await tables.run(RecallVectorStore.own, cid, list(cosines), model, through)
             found.own = [(hit, cosines[_key(cid, hit)]) for hit in hits]
         if elsewhere:
-            cosines = _similar(await asyncio.to_thread(index.nearest, vector, NEAREST * 2))
+            def others(groups: KbIds) -> npt.NDArray[np.bool_]:  # messages (not chunks, memories) of the rest
+                return (groups > 0) & (groups != cid)
+
+            cosines = _similar(await asyncio.to_thread(index.nearest, vector, NEAREST * 2, others))
             hits = await tables.run(RecallVectorStore.others, cid, list(cosines), model)
             found.others = [(hit, cosines[_message_key(hit.conversation, hit.turn, hit.n)]) for hit in hits]
             memories = _similar(await asyncio.to_thread(index.nearest, vector, NEAREST_MEMORIES, [MEMORIES]))

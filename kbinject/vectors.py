@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -80,6 +80,9 @@ FineCodes = npt.NDArray[np.int8]  # two 4-bit codes a byte
 Scales = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 KbIds = npt.NDArray[np.int32]
+# What a search may return: the chunks of these KBs (the rows of these groups, for recall's
+# vectors), or the rows whose group the function keeps (recall: the other conversations' messages)
+Scope = Sequence[int] | Callable[[KbIds], npt.NDArray[np.bool_]]
 Rows = npt.NDArray[np.intp]
 
 GROWTH = 1.25  # the arrays grow by this factor when full: little slack held on a big index
@@ -344,7 +347,7 @@ class VectorIndex:
         if state.count:
             self._keep(~np.isin(state.ids[: state.count], np.asarray(ids, dtype=np.int64)))
 
-    def count_in(self, kb_ids: Sequence[int] | None) -> int:
+    def count_in(self, kb_ids: Scope | None) -> int:
         """The vectors of these KBs' chunks (None: all)."""
         state = self._state
         return state.count if kb_ids is None else int(_in_scope(state, kb_ids).sum())
@@ -357,7 +360,7 @@ class VectorIndex:
             self._keep((used < lo) | (used > hi))
 
     def shortlist(
-        self, query: npt.NDArray[np.float32], n: int, kb_ids: Sequence[int] | None = None
+        self, query: npt.NDArray[np.float32], n: int, kb_ids: Scope | None = None
     ) -> list[tuple[int, float]]:
         """The ``n`` chunks of highest approximate cosine with a unit ``query``, best first.
 
@@ -369,7 +372,7 @@ class VectorIndex:
         return [(int(state.ids[row]), float(score)) for row, score in zip(rows, scores)]
 
     def nearest(
-        self, query: npt.NDArray[np.float32], k: int, kb_ids: Sequence[int] | None = None
+        self, query: npt.NDArray[np.float32], k: int, kb_ids: Scope | None = None
     ) -> list[tuple[int, float]]:
         """The ``k`` chunks nearest a unit ``query``, best first, with cosines within ~1e-4:
         ``shortlist_size(k)`` candidates by the codes, re-scored with the fine codes."""
@@ -384,9 +387,11 @@ class VectorIndex:
         return [(int(state.ids[rows[i]]), float(cosines[i])) for i in order]
 
 
-def _in_scope(state: _Snapshot, kb_ids: Sequence[int]) -> npt.NDArray[np.bool_]:
-    """Which rows are chunks of these KBs."""
+def _in_scope(state: _Snapshot, kb_ids: Scope) -> npt.NDArray[np.bool_]:
+    """Which rows are chunks of these KBs (or of the groups a function keeps)."""
     used_kbs = state.kbs[: state.count]
+    if callable(kb_ids):
+        return kb_ids(used_kbs)
     mask = np.zeros(state.count, dtype=bool)
     for kb_id in set(kb_ids):  # a few KBs: one comparison each beats np.isin's sort
         mask |= used_kbs == kb_id
@@ -394,7 +399,7 @@ def _in_scope(state: _Snapshot, kb_ids: Sequence[int]) -> npt.NDArray[np.bool_]:
 
 
 def _shortlisted(
-    state: _Snapshot, query: npt.NDArray[np.float32], n: int, kb_ids: Sequence[int] | None
+    state: _Snapshot, query: npt.NDArray[np.float32], n: int, kb_ids: Scope | None
 ) -> tuple[Rows, Matrix]:
     """The rows of the ``n`` highest approximate cosines within ``kb_ids`` (None: all), best
     first, and those cosines."""

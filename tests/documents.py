@@ -143,6 +143,11 @@ def make_odt(path: Path, heading: str, paragraphs: Sequence[str], table: Sequenc
     body += "".join(f"<text:p>{escape(text)}</text:p>" for text in paragraphs)
     if table:
         body += _odf_table(table)
+    return make_odt_of(path, body)
+
+
+def make_odt_of(path: Path, body: str) -> Path:
+    """An ODT whose ``office:text`` is this XML, as written."""
     return _odf(path, "application/vnd.oasis.opendocument.text", f"<office:text>{body}</office:text>")
 
 

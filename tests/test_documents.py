@@ -7,6 +7,7 @@ The documents are written in the test by ``tests/documents.py`` with zipfile."""
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,12 +21,17 @@ from history import HistoryStore
 from selfcheck.fakerouter import FakeRouter, Reply
 from tests.conftest import serving
 from tests.documents import (
+    A_NS,
+    P_NS,
+    S_NS,
+    W_NS,
     make_docx,
     make_ooxml,
     make_epub,
     make_html,
     make_ods,
     make_odt,
+    make_odt_of,
     make_pptx,
     make_xlsx,
     make_zip_bomb,
@@ -198,12 +204,36 @@ def _plain_zip(path: Path) -> Path:
     return path
 
 
+def _lying_count(path: Path) -> Path:
+    """A DOCX of 10,001 members whose end record says it holds one: zipfile reads the directory,
+    not the count."""
+    make_docx(path, "Heading", ["Some text"])
+    with zipfile.ZipFile(path, "a") as archive:
+        for n in range(10_001):
+            archive.writestr(f"x/{n}", "")
+    whole = bytearray(path.read_bytes())
+    whole[-22 + 8 : -22 + 12] = (1).to_bytes(2, "little") * 2  # this disk's entries and all (no comment)
+    path.write_bytes(bytes(whole))
+    return path
+
+
+def _long_names(path: Path) -> Path:
+    """A DOCX of 9,000 members (fewer than the cap) whose names make its list of files 5.8 MB."""
+    make_docx(path, "Heading", ["Some text"])
+    with zipfile.ZipFile(path, "a") as archive:
+        for n in range(9_000):
+            archive.writestr(f"{n:0600}", "")
+    return path
+
+
 @pytest.mark.parametrize(
     ("make", "code", "words"),
     [
         (lambda d: _damaged(d / "broken.docx"), "file_refused", "broken.docx: not a readable DOCX"),
+        (lambda d: _long_names(d / "names.docx"), "file_refused", "names.docx: the archive's list of files is over 5 MB"),
         (lambda d: make_zip_bomb(d / "bomb.docx"), "file_refused", "bomb.docx: the DOCX unpacks to more than 32 MB"),
         (lambda d: _billion_laughs(d / "lol.docx"), "file_refused", "declares XML entities"),
+        (lambda d: _lying_count(d / "many.docx"), "file_refused", "many.docx: the archive holds too many files"),
         (lambda d: _ole2(d / "locked.docx"), "file_refused", "locked.docx: the DOCX is password-protected"),
         (lambda d: make_epub(d / "drm.epub", [("One", "x")], encrypted=True), "file_refused", "protected by DRM"),
         (lambda d: _plain_zip(d / "photos.zip"), "unsupported_kind",
@@ -221,6 +251,96 @@ async def test_damaged_hostile_and_unknown_files_are_refused_and_the_daemon_live
     fine = make_docx(tmp_path / "fine.docx", "Still here", ["The daemon answers."])
     events = await wire.ask("and this?", files=[str(fine)])
     assert events[-1]["type"] == "done" and "The daemon answers." in text_of(router.requests[-1])
+
+
+def _zip64(path: Path) -> Path:
+    """A DOCX whose end record leaves its count to a ZIP64 end record, as some writers always do."""
+    whole = make_docx(path, "Heading", ["Some text"]).read_bytes()
+    end = whole[-22:]  # no comment
+    entries, size, offset = struct.unpack("<HII", end[10:20])
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, size, offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, len(whole) - 22, 1)
+    path.write_bytes(whole[:-22] + record + locator + end[:8] + struct.pack("<HH", 0xFFFF, 0xFFFF) + end[12:])
+    return path
+
+
+async def test_a_document_with_zip64_records_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    events = await wire.ask("read", files=[str(_zip64(tmp_path / "report.docx"))])  # was "too many files"
+    assert events[-1]["type"] == "done", events[-1]
+    assert "# Heading\nSome text" in text_of(router.requests[-1])
+
+
+async def test_tables_nested_deep_are_walked_once(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    depth = 2000  # a 100 KB document: a table handed every nested table's rows took minutes and gigabytes
+    xml = (f'<?xml version="1.0"?><w:document xmlns:w="{W_NS}"><w:body>'
+           + "<w:tbl><w:tr><w:tc><w:p><w:r><w:t>cell</w:t></w:r></w:p>" * depth
+           + "</w:tc></w:tr></w:tbl>" * depth + "</w:body></w:document>")
+    nested = make_ooxml(tmp_path / "nested.docx", "word/document.xml", {"word/document.xml": xml})
+    events = await wire.ask("read", files=[str(nested)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "| cell cell cell" in text_of(router.requests[-1])  # the nested tables' text, in its cell
+
+
+def _with_part(path: Path, part: str, xml: str) -> Path:
+    """The document at ``path`` with its member ``part`` written anew as ``xml``."""
+    with zipfile.ZipFile(path) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    parts[part] = xml.encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in parts.items():
+            archive.writestr(name, data)
+    return path
+
+
+async def test_a_shape_in_groups_nested_deep_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    depth = 3000  # deeper than Python's recursion limit: the slide is walked without recursion
+    deck = _with_part(make_pptx(tmp_path / "deck.pptx", [("Title", ["body"])]), "ppt/slides/slide1.xml",
+                      f'<?xml version="1.0"?><p:sld xmlns:p="{P_NS}" xmlns:a="{A_NS}"><p:cSld><p:spTree>'
+                      + "<p:grpSp>" * depth
+                      + "<p:sp><p:txBody><a:p><a:r><a:t>Deep inside</a:t></a:r></a:p></p:txBody></p:sp>"
+                      + "</p:grpSp>" * depth + "</p:spTree></p:cSld></p:sld>")
+    events = await wire.ask("read", files=[str(deck)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "Deep inside" in text_of(router.requests[-1])
+
+
+async def test_a_shared_string_of_many_runs_is_read_at_once(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    runs = "<r><t>ab</t></r>" * 100_000  # each run looked its string's phonetic runs up again
+    book = _with_part(make_xlsx(tmp_path / "book.xlsx", [("Sheet", [["first"]])]), "xl/sharedStrings.xml",
+                      f'<?xml version="1.0"?><sst xmlns="{S_NS}"><si>{runs}</si></sst>')
+    events = await wire.ask("read", files=[str(book)])
+    assert events[-1]["type"] == "done", events[-1]
+    assert "| abababab" in text_of(router.requests[-1])
+
+
+async def test_a_page_that_leaves_its_head_unclosed_is_read(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    page = tmp_path / "menu.html"  # HTML may leave </head> out: the body's start ends it
+    page.write_text("<!DOCTYPE html><html><head><meta charset=utf-8><title>Menu</title>"
+                    "<body><h1>Today</h1><p>Soup of the day.</p><script>var x;</script>")
+    events = await wire.ask("what is on?", files=[str(page)])
+    assert events[-1]["type"] == "done"
+    sent = text_of(router.requests[-1])
+    assert "# Today\nSoup of the day." in sent and "var x" not in sent
+
+
+async def test_an_odt_asking_for_many_spaces_gets_at_most_a_thousand(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    odt = make_odt_of(tmp_path / "spaces.odt", '<text:p>Hello<text:s text:c="100000"/>world</text:p>')
+    events = await wire.ask("read", files=[str(odt)])  # a billion would take gigabytes
+    assert events[-1]["type"] == "done"
+    assert "Hello" + " " * 1000 + "world" in text_of(router.requests[-1])
+
+
+async def test_a_file_opening_with_many_comments_is_told_apart_from_html_at_once(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes"  # no suffix: its start is looked at for an html page
+    notes.write_text("<!---->" * 64 + "<p>not a page</p>\n")  # tried every way to split them, it never ended
+    events = await wire.ask("what is this?", files=[str(notes)])
+    assert events[-1]["type"] == "done"
+    assert [c["kind"] for c in user_of(events)["files"]] == ["text"]
+    assert "<p>not a page</p>" in text_of(router.requests[-1])
 
 
 async def test_estimate_counts_a_documents_text(wire: Wire, tmp_path: Path) -> None:

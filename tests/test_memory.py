@@ -152,6 +152,21 @@ async def test_the_frozen_block_comes_with_the_trip_that_begins_the_turn(
         assert not [trip for trip in trips if trip.startswith("MemoryStore.fr")]
 
 
+async def test_a_conversation_with_its_own_system_prompt_gets_memories_under_an_empty_default(
+    config: Config, router: FakeRouter
+) -> None:
+    async with serving(dataclasses.replace(config, system_prompt="")) as (_daemon, client):
+        await client.request({"type": "memory_add", "text": "I live in Lisbon"})
+        cid = (await client.ask("hello", system="Answer briefly."))[0]["conversation"]
+        first = system_text(router.requests[-1])
+        assert first.startswith("Answer briefly.") and "I live in Lisbon" in first
+        await client.request({"type": "memory_add", "text": "I moved to Porto"})
+        await client.ask("and again", conversation=cid)
+        assert system_text(router.requests[-1]) == first  # frozen, read apart from the turn's trip
+        await client.ask("no system prompt at all")
+        assert system_text(router.requests[-1]) == ""  # no system message: nowhere for a block
+
+
 async def test_the_block_keeps_the_newest_memories_within_memory_tokens(
     config: Config, router: FakeRouter
 ) -> None:

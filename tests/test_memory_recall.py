@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -74,6 +75,21 @@ async def test_another_conversations_fact_reaches_a_new_conversation_labelled_wi
         assert question_text(sent) == "what is 12 times 12?"
         assert not any("Brompton" in json.dumps(m) for m in sent["messages"][:-1])
         assert recall_events(events) == []  # other conversations searched in vain: no progress
+
+
+async def test_a_conversation_whose_settings_are_damaged_is_recalled_from_as_one_of_no_setting(
+    config: Config, router: FakeRouter
+) -> None:
+    bike = past(config, "Bike fitting", [FILLER[0], (BROMPTON, "A fine folding bike.")], NOVEMBER)
+    with sqlite3.connect(config.db_path) as db:  # hand-edited: the store reads it as {} (memory on)
+        db.execute("UPDATE conversations SET settings = '{\"memory\": ' WHERE id = ?", (bike,))
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="16 inch."))
+        events = await wire.ask("What size are my bike tyres?")
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert f"in “Bike fitting”, {day_label(NOVEMBER)}: you said: {BROMPTON}\n" in text
+        assert "recall failed" not in json.dumps(recall_events(events))
 
 
 async def test_the_later_fact_stands_nearest_the_question(config: Config, router: FakeRouter) -> None:

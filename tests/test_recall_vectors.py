@@ -98,6 +98,23 @@ async def test_another_conversations_fact_is_found_by_its_vector_alone(
         assert recall_events(events) == []
 
 
+async def test_the_asking_conversations_own_vectors_crowd_out_no_other_conversation(
+    config: Config, router: FakeRouter, embedding: None
+) -> None:
+    bike = past(config, "Bike fitting", [FILLER[0], (BIKE, "A fine folding bike.")], NOVEMBER)
+    # ninety messages nearer the question than the bike (by its stop words, so none of its keywords
+    # grows common), all of the asking conversation: the other conversations' search looks past them
+    turns = [(f"What does my {n} say?", f"What does my {n} mean?") for n in range(45)]
+    cid = past(config, "Tyres", turns, NOVEMBER)
+    async with vectored(config) as (_, wire):
+        router.script(Reply(text="16 inch."))
+        events = await wire.ask(TYRES, conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert f"in “Bike fitting”, {day_label(NOVEMBER)}: you said: {BIKE}\n" in text
+        assert [s["conversation"] for s in recall_events(events)[0]["sources"]] == [bike]
+
+
 async def test_a_folded_passage_of_the_conversation_is_found_by_its_vector(
     config: Config, router: FakeRouter, embedding: None
 ) -> None:
