@@ -27,6 +27,8 @@ injection"). The tools stay, for the model that digs further.
   when its cosine reaches ``MIN_SIMILARITY`` and it holds a keyword of the question that
   tells it apart (recallvec.py ``VectorFloor``).
 - Dedup: a passage whose text the prompt already holds is dropped (files still inline).
+- Of one file's chunks, only those holding more than half the keywords its best holds
+  (``best_of_each_file``); of passages a later one restates, the later alone (``latest_only``).
 - Order: oldest first, so when two passages disagree the newest stands nearest the question.
 - Budget: the KB block first (within its ``CONTEXT_LIMIT``), then as many of the best
   passages as keep the prompt within ``Budget.passage_limit``: they never shrink the
