@@ -27,6 +27,8 @@ from core.errors import (
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
 from fileops.outputs import Staged
+from fileworker.failure import OutputTooLarge as WorkerTooLarge
+from fileworker.failure import WorkFailed
 from fileworker.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
 from fileops.mp4 import Mp4Sound, read_sound
@@ -72,6 +74,16 @@ async def test_pdf_pages_takes_a_range_and_turns_it(tmp_path: Path) -> None:
     assert all(page.rotation == 90 for page in reader.pages)
     with pytest.raises(ConvertFailed, match="doc.pdf has 5 pages"):
         await convert("pdf_pages", [pdf], {"pages": "3-9"})
+
+
+@pytest.mark.asyncio
+async def test_the_workers_failures_keep_the_daemons_codes(tmp_path: Path) -> None:
+    """The worker says its failures without importing core (its start): the codes are core's."""
+    assert (WorkFailed.code, WorkerTooLarge.code) == (ConvertFailed.code, OutputTooLarge.code)
+    pdf = styled_pdf(tmp_path / "doc.pdf", [[(12, f"page {n}")] for n in range(1, 6)])
+    with pytest.raises(OutputTooLarge, match=r"past convert_max_bytes \(100\)"):
+        await convert("pdf_pages", [pdf], config=Config(convert_max_bytes=100))
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.pdf"]
 
 
 @pytest.mark.asyncio
