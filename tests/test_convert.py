@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,41 @@ async def test_a_conversion_is_cancelled_by_its_id(wire: Wire, tmp_path: Path, w
     assert gone(tools / "pid")
     again = await wire.request({"type": "cancel", "convert": event["convert"]})
     assert again["running"] is False
+
+
+def straggling_ffmpeg(folder: Path) -> Path:
+    """A PATH folder with the real ffprobe and an ffmpeg that starts a helper in its process
+    group (its pid in ``folder/pid``), writes its output and ends well, leaving the helper."""
+    folder.mkdir()
+    (folder / "ffprobe").symlink_to(shutil.which("ffprobe") or "ffprobe")
+    script = folder / "ffmpeg"
+    script.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 600 >/dev/null 2>&1 </dev/null &\necho $! > {folder / 'pid'}\n"
+                      "for last; do :; done\nprintf sound > \"$last\"\n")
+    script.chmod(0o755)
+    return folder
+
+
+def ends(pid_file: Path, within: float = 30) -> bool:
+    """Whether the process ends within ``within`` seconds (it need not be our child: a pidfd)."""
+    try:
+        handle = os.pidfd_open(int(pid_file.read_text()))
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([handle], [], [], within)[0])
+    finally:
+        os.close(handle)
+
+
+async def test_a_tool_that_ends_leaves_nothing_of_its_group_running(
+        wire: Wire, tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only a cancelled tool: one that ended well has what it left in its group killed."""
+    clip = make_clip(work / "clip.mp4")
+    tools = straggling_ffmpeg(tmp_path / "bin")
+    monkeypatch.setenv("PATH", str(tools))
+    end = (await convert(wire, "video_to_audio", [clip]))[-1]
+    assert end["type"] == "converted" and [Path(o["path"]).read_text() for o in end["outputs"]] == ["sound"], end
+    assert ends(tools / "pid")
 
 
 async def test_the_time_bound_kills_the_tool(router: Any, tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,6 +94,21 @@ async def test_pdf_to_markdown_keeps_headings_and_lists(tmp_path: Path) -> None:
                     "Page two.\n")
 
 
+@pytest.mark.asyncio
+async def test_a_tool_is_waited_for_without_pidfds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a kernel without pidfd_open (before 5.3) a thread waits for the tool instead."""
+    def no_pidfds(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    done, _ = await convert("pdf_to_markdown", [report_pdf(tmp_path / "report.pdf")])
+    assert Path(done.outputs[0].path).read_text().startswith("# Annual Report\n")
+    broken = tmp_path / "broken.pdf"
+    broken.write_bytes(b"%PDF-1.4 not a whole file")
+    with pytest.raises(ConvertFailed, match="broken.pdf"):
+        await convert("pdf_to_markdown", [broken])
+
+
 def test_cells_on_one_row_make_a_table() -> None:
     xml = (b'<pdf2xml><page number="1"><fontspec id="0" size="12"/>'
            b'<text top="10" left="10" height="12" font="0">Name</text>'
