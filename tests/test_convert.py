@@ -180,6 +180,29 @@ async def test_an_mp4s_sound_is_copied_without_ffprobe(wire: Wire, tmp_path: Pat
     assert end["code"] == "tool_missing" and "ffprobe is not installed" in end["message"], end
 
 
+async def test_an_mp4s_gif_is_made_without_ffprobe(wire: Wire, tmp_path: Path, work: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ffprobe's start is a sixth of a short GIF: an MP4's picture and duration are read from its
+    boxes. Without ffprobe an MP4 still makes its GIF; an MP4 of sound alone still asks for it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "ffmpeg").symlink_to(shutil.which("ffmpeg") or "ffmpeg")
+    clip = make_clip(work / "clip.mp4")
+    tone = make_sound(work / "tone.mp4", "aac")
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(tools))  # the daemon's PATH: it runs in this process
+    events = await convert(wire, "video_to_gif", [clip], options={"start": 0.5, "fps": 5})
+    late = (await convert(wire, "video_to_gif", [clip], options={"start": 3}))[-1]
+    end = (await convert(wire, "video_to_gif", [tone]))[-1]
+    monkeypatch.setenv("PATH", path)
+    chip = only_output(events)
+    with Image.open(chip["path"]) as gif:
+        assert gif.n_frames == 8  # 1.5 s left of 2, at 5 fps
+    assert [e for e in events if e["type"] == "progress" and e["unit"] == "seconds"][-1]["total"] == 1.5
+    assert late["code"] == "convert_failed" and "lasts 2 s: start 3 is past its end" in late["message"], late
+    assert end["code"] == "tool_missing" and "ffprobe is not installed" in end["message"], end
+
+
 async def test_the_cli_makes_a_gif_of_the_asked_frames(daemon: RunningDaemon, tmp_path: Path) -> None:
     clip = make_clip(tmp_path / "clip.mp4")
     code, out, err = await cli("convert", "video_to_gif", str(clip), "--start", "0.5", "--duration", "1.2",
@@ -304,7 +327,8 @@ async def test_a_missing_ffmpeg_is_named_by_its_package(daemon: RunningDaemon, t
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # the daemon's PATH: it runs in this process
     code, out, err = await cli("convert", "video_to_gif", str(clip), env={"PATH": os.environ["PATH"]})
     assert code == 1 and out == ""
-    assert "ffprobe is not installed; install the Debian package ffmpeg" in err, err
+    # an MP4's picture is read from its boxes (no ffprobe): ffmpeg, the GIF's tool, is the one missed
+    assert "ffmpeg is not installed; install the Debian package ffmpeg" in err, err
 
 
 async def test_damaged_inputs_are_named(wire: Wire, tmp_path: Path, work: Path) -> None:
