@@ -6,6 +6,7 @@ against the duration: ffprobe says both, but starting it costs as much as the co
 files phones and screen recorders write, the ``moov`` box says both in a few reads: the
 movie's duration (``mvhd``) and the first sound track's sample entry (``stsd``: ``mp4a``
 with the MPEG-4 object type telling AAC from MP3, ``alac``, ``Opus``, ``fLaC``, ``.mp3``).
+``video_to_gif`` reads there whether there is a picture (a ``vide`` track) and the duration.
 Anything else, or anything unexpected in the boxes, is ``None``: the caller asks ffprobe.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["Mp4Sound", "read_sound"]
+__all__ = ["Mp4Sound", "read_picture", "read_sound"]
 
 MAX_BOXES = 4096  # boxes looked at per file: a damaged or hostile file cannot keep the reading going
 MAX_ENTRY = 4096  # bytes of a sample entry read (its esds is in the first hundred)
@@ -122,14 +123,20 @@ def _descriptor(data: bytes, at: int, tag: int) -> int:
     raise _Unknown
 
 
-def _first_sound(handle: BinaryIO, start: int, end: int, budget: list[int]) -> str | None:
+def _tracks(handle: BinaryIO, start: int, end: int, budget: list[int]) -> Iterator[tuple[bytes, int, int]]:
+    """Each track's handler (``soun``, ``vide``, ...) and its ``mdia`` box (payload start, end)."""
     for kind, payload, stop in _boxes(handle, start, end, budget):
         if kind != b"trak":
             continue
         media, media_end = _child(handle, payload, stop, b"mdia", budget)
         handler, _ = _child(handle, media, media_end, b"hdlr", budget)
         handle.seek(handler + 8)
-        if handle.read(4) != b"soun":
+        yield handle.read(4), media, media_end
+
+
+def _first_sound(handle: BinaryIO, start: int, end: int, budget: list[int]) -> str | None:
+    for handler, media, media_end in _tracks(handle, start, end, budget):
+        if handler != b"soun":
             continue
         table, _ = _path(handle, media, media_end, [b"minf", b"stbl", b"stsd"], budget)
         handle.seek(table + 8)  # version and flags, entry count
@@ -137,16 +144,34 @@ def _first_sound(handle: BinaryIO, start: int, end: int, budget: list[int]) -> s
     return None
 
 
+def _movie(handle: BinaryIO, budget: list[int]) -> tuple[int, int, float]:
+    """The ``moov`` box (payload start, end) and the movie's duration."""
+    end = handle.seek(0, 2)
+    handle.seek(4)
+    if handle.read(4) != b"ftyp":
+        raise _Unknown
+    movie, movie_end = _child(handle, 0, end, b"moov", budget)
+    header, _ = _child(handle, movie, movie_end, b"mvhd", budget)
+    return movie, movie_end, _duration(handle, header)
+
+
 def read_sound(handle: BinaryIO) -> Mp4Sound | None:
     """The duration and sound codec of an ISO base media file, or None when the boxes do not say."""
     budget = [MAX_BOXES]
     try:
-        end = handle.seek(0, 2)
-        handle.seek(4)
-        if handle.read(4) != b"ftyp":
-            return None
-        movie, movie_end = _child(handle, 0, end, b"moov", budget)
-        header, _ = _child(handle, movie, movie_end, b"mvhd", budget)
-        return Mp4Sound(_duration(handle, header), _first_sound(handle, movie, movie_end, budget))
+        movie, movie_end, duration = _movie(handle, budget)
+        return Mp4Sound(duration, _first_sound(handle, movie, movie_end, budget))
     except (_Unknown, struct.error, IndexError, OSError):
         return None
+
+
+def read_picture(handle: BinaryIO) -> float | None:
+    """The duration of an ISO base media file with a video track (``video_to_gif``'s checks), or
+    None when the boxes do not say so plainly (no video track, no duration, odd boxes)."""
+    budget = [MAX_BOXES]
+    try:
+        movie, movie_end, duration = _movie(handle, budget)
+        pictured = any(handler == b"vide" for handler, _, _ in _tracks(handle, movie, movie_end, budget))
+    except (_Unknown, struct.error, IndexError, OSError):
+        return None
+    return duration if pictured and duration > 0 else None

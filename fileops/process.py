@@ -15,9 +15,11 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO, Any
 
 from core.errors import ConvertFailed, OutputTooLarge, ToolMissing
 
@@ -65,29 +67,62 @@ async def run_tool(
     input) and what the tool said; a tool not installed is ``ToolMissing``.
     """
     tool = os.path.basename(args[0])
-    starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
-        *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd=cwd, limit=LINE_LIMIT))
     try:
-        process = await asyncio.shield(starting)
+        process = _start(args, cwd)
     except FileNotFoundError:
         need_tool(tool)  # gone from PATH since it was found: say which package
         raise
-    except asyncio.CancelledError:  # cancelled while it started: once it has, it is stopped
-        with contextlib.suppress(OSError):
-            await asyncio.shield(_reap(await starting, None))
-        raise
-    assert process.stdout is not None and process.stderr is not None
-    stderr = asyncio.create_task(_tail(process.stderr))
+    loop = asyncio.get_running_loop()
+    exited = _exit_of(loop, process)
+    transports: list[asyncio.BaseTransport] = []
+    said: asyncio.Task[bytes] | None = None
     try:
-        out = await _read(process.stdout, on_line, keep, name)
-        returncode = await process.wait()
-        err = await stderr
+        stdout = await _stream(loop, process.stdout, transports)
+        said = asyncio.create_task(_tail(await _stream(loop, process.stderr, transports)))
+        out = await _read(stdout, on_line, keep, name)
+        await asyncio.shield(exited)
+        err = await said
     finally:
-        await asyncio.shield(_reap(process, stderr))
-    if returncode != 0:
-        raise _failed(tool, name, err, returncode)
+        await asyncio.shield(_reap(process, exited, transports, said))
+    if process.returncode != 0:
+        raise _failed(tool, name, err, process.returncode)
     return ToolRun(out)
+
+
+def _start(args: list[str], cwd: str | None) -> subprocess.Popen[bytes]:
+    """The tool started by ``subprocess`` (vfork, then exec), not by the event loop: uvloop's
+    ``subprocess_exec`` forks, which copies the daemon's page tables, a cost that grows with
+    its memory (some 10 ms at 200 MB) and that a tool run from a shell does not pay."""
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, cwd=cwd)
+
+
+def _exit_of(loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> asyncio.Future[Any]:
+    """A future done when ``process`` has ended (not yet reaped, so its group can still be
+    killed): its pidfd turns readable. Without pidfds (Linux before 5.3) a thread waits."""
+    try:
+        handle = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return loop.run_in_executor(None, process.wait)
+    exited: asyncio.Future[Any] = loop.create_future()
+
+    def ready() -> None:
+        loop.remove_reader(handle)
+        os.close(handle)
+        exited.set_result(None)
+
+    loop.add_reader(handle, ready)
+    return exited
+
+
+async def _stream(loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None,
+                  transports: list[asyncio.BaseTransport]) -> asyncio.StreamReader:
+    """``pipe`` read by the event loop; its transport (which then owns it) joins ``transports``."""
+    assert pipe is not None
+    reader = asyncio.StreamReader(limit=LINE_LIMIT, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    transports.append(transport)
+    return reader
 
 
 async def _read(stream: asyncio.StreamReader, on_line: Callable[[bytes], None] | None, keep: int,
@@ -113,21 +148,23 @@ async def _tail(stream: asyncio.StreamReader) -> bytes:
     return kept
 
 
-async def _reap(process: asyncio.subprocess.Process, stderr: asyncio.Task[bytes] | None) -> None:
-    """Kill the tool's whole group if it still runs (ffmpeg under the worker dies with it), drain
-    its pipes and wait for it, so nothing is left running or open."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-    if stderr is not None:
-        stderr.cancel()
-        await asyncio.gather(stderr, return_exceptions=True)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                while await stream.read(65536):
-                    pass
-    await process.wait()
+async def _reap(process: subprocess.Popen[bytes], exited: asyncio.Future[Any],
+                transports: list[asyncio.BaseTransport], said: asyncio.Task[bytes] | None) -> None:
+    """Kill the tool's whole group if it still runs (ffmpeg under the worker dies with it), close
+    its pipes and reap it, so nothing is left running or open."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # ended or not: what it left goes too
+        os.killpg(process.pid, signal.SIGKILL)
+    if said is not None:
+        said.cancel()
+        await asyncio.gather(said, return_exceptions=True)
+    owned = [transport.get_extra_info("pipe") for transport in transports]
+    for transport in transports:
+        transport.close()
+    for pipe in (process.stdout, process.stderr):  # one not yet handed to a transport
+        if pipe is not None and pipe not in owned:
+            pipe.close()
+    await exited  # killed, it ends at once
+    process.wait()
 
 
 def _failed(tool: str, name: str, stderr: bytes, returncode: int) -> ConvertFailed:

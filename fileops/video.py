@@ -1,8 +1,8 @@
 """The operations on videos, run by ffmpeg: sound track, GIF, and the tracking crop's render.
 
-Each reads ffprobe's account of the input first (a damaged file fails there, named; the sound
-track of an MP4 is read from its boxes instead, ``mp4.py``) and
-reports ffmpeg's own progress (``-progress pipe:1``: the seconds of output done) against
+Each reads ffprobe's account of the input first (a damaged file fails there, named; an MP4's
+sound track, and for a GIF its picture and duration, are read from its boxes instead,
+``mp4.py``) and reports ffmpeg's own progress (``-progress pipe:1``: the seconds of output done) against
 the input's duration. ffmpeg's ``-fs`` stops it writing at the size bound; an output that
 reached the bound is refused, naming it.
 """
@@ -19,7 +19,7 @@ from typing import Any
 from core.errors import BadOption, ConvertFailed, OutputTooLarge
 
 from .job import Job
-from .mp4 import read_sound
+from .mp4 import read_picture, read_sound
 from .process import need_tool, run_tool, worker_args
 
 __all__ = ["trackcrop", "video_to_audio", "video_to_gif"]
@@ -76,6 +76,26 @@ async def sound_track(path: Path) -> tuple[float, str | None]:
     return probed.duration, probed.audio
 
 
+async def picture_length(path: Path) -> float:
+    """The duration of a video with a picture (``ConvertFailed`` if it has none): read from an
+    MP4's boxes (``mp4.py``: no ffprobe to start, a sixth of a short GIF's time), else ffprobe."""
+    found = await asyncio.to_thread(_mp4_picture, path)
+    if found is not None:
+        return found
+    probed = await probe(path)
+    if probed.width == 0:
+        raise ConvertFailed(f"{path.name} has no picture; there is nothing to make a GIF of")
+    return probed.duration
+
+
+def _mp4_picture(path: Path) -> float | None:
+    try:
+        with open(path, "rb") as handle:
+            return read_picture(handle)
+    except OSError:
+        return None
+
+
 def _rate(text: str) -> float:
     top, _, bottom = text.partition("/")
     try:
@@ -123,13 +143,11 @@ async def video_to_audio(job: Job) -> None:
 
 async def video_to_gif(job: Job) -> None:
     """A clip as a GIF: one pass that builds the clip's palette and maps its frames to it."""
-    found = await probe(job.first)
+    lasts = await picture_length(job.first)
     start, duration = job.options["start"], job.options["duration"]
-    if found.width == 0:
-        raise ConvertFailed(f"{job.first.name} has no picture; there is nothing to make a GIF of")
-    if found.duration and start >= found.duration:
-        raise ConvertFailed(f"{job.first.name} lasts {found.duration:g} s: start {start:g} is past its end")
-    length = min(duration, found.duration - start) if found.duration else duration
+    if lasts and start >= lasts:
+        raise ConvertFailed(f"{job.first.name} lasts {lasts:g} s: start {start:g} is past its end")
+    length = min(duration, lasts - start) if lasts else duration
     graph = (f"fps={job.options['fps']},scale={job.options['width']}:-2:flags=lanczos,"
              "split[a][b];[a]palettegen=stats_mode=diff[p];[b][p]paletteuse=dither=bayer")
     staged = job.stage(job.first.stem + ".gif")

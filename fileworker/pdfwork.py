@@ -11,7 +11,7 @@ from PIL import Image, UnidentifiedImageError
 from pypdf import PdfReader, PdfWriter
 from pypdf.errors import PyPdfError
 
-from core.errors import ConvertFailed, OutputTooLarge
+from .failure import OutputTooLarge, WorkFailed
 
 __all__ = ["merge_pdfs", "parse_pages", "select_pages"]
 
@@ -56,9 +56,9 @@ def parse_pages(spec: str, total: int, name: str) -> list[int]:
             start = int(first) if first else 1
             end = (int(last) if last else total) if dash else start
         except ValueError:
-            raise ConvertFailed(f"pages {spec!r}: write page numbers and ranges, such as 1-3,5") from None
+            raise WorkFailed(f"pages {spec!r}: write page numbers and ranges, such as 1-3,5") from None
         if not 1 <= start <= end <= total:
-            raise ConvertFailed(f"{name} has {total} pages: pages {part.strip()!r} is not within 1-{total}")
+            raise WorkFailed(f"{name} has {total} pages: pages {part.strip()!r} is not within 1-{total}")
         numbers.extend(range(start, end + 1))
     return numbers
 
@@ -68,10 +68,10 @@ def _open_pdf(path: str) -> PdfReader:
     try:
         reader = PdfReader(path)
         if reader.is_encrypted:
-            raise ConvertFailed(f"{name}: the PDF is password-protected; use an unlocked copy")
+            raise WorkFailed(f"{name}: the PDF is password-protected; use an unlocked copy")
         len(reader.pages)  # a damaged page tree shows here, not at the first page
     except (PyPdfError, ValueError, KeyError, OSError) as exc:
-        raise ConvertFailed(f"{name}: not a readable PDF ({exc}); check that the file is whole") from None
+        raise WorkFailed(f"{name}: not a readable PDF ({exc}); check that the file is whole") from None
     return reader
 
 
@@ -82,7 +82,7 @@ def _image_pdf(path: str) -> PdfReader:
             buffer = io.BytesIO()
             image.convert("RGB").save(buffer, "PDF", resolution=IMAGE_DPI)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ConvertFailed(f"{Path(path).name}: not a readable image ({exc}); check that the file is whole") from None
+        raise WorkFailed(f"{Path(path).name}: not a readable image ({exc}); check that the file is whole") from None
     return PdfReader(buffer)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ConvertFailed
+from .failure import WorkFailed
 
 __all__ = ["filled", "smooth_path", "track_window", "window_path"]
 
@@ -91,7 +91,7 @@ def _centres(path: str, small_w: int, small_h: int, horizontal: bool, frames: in
         _stderr = decoder.stderr.read() if decoder.stderr else b""
     if decoder.returncode != 0 or not centres:
         said = _stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ConvertFailed(f"{Path(path).name}: ffmpeg could not decode it ({said[-1] if said else 'no frames'}); "
+        raise WorkFailed(f"{Path(path).name}: ffmpeg could not decode it ({said[-1] if said else 'no frames'}); "
                             "check that the file is whole")
     progress(len(centres), len(centres))
     return centres

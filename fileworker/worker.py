@@ -13,7 +13,7 @@ import importlib
 import json
 import sys
 
-from core.errors import AssistantError
+from fileworker.failure import WorkFailed
 
 # each operation's module and function: only that module is imported, so a PDF merge does not
 # load numpy, nor a tracking crop pypdf (a worker's start is part of every operation's time:
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     work = getattr(importlib.import_module(module), function)
     try:
         work(json.loads(request), progress)
-    except AssistantError as exc:
+    except WorkFailed as exc:
         print(f"fileops: {exc.code} {exc.message}", file=sys.stderr, flush=True)
         return 2
     return 0

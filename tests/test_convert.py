@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,29 @@ async def test_an_mp4s_sound_is_copied_without_ffprobe(wire: Wire, tmp_path: Pat
     assert end["code"] == "tool_missing" and "ffprobe is not installed" in end["message"], end
 
 
+async def test_an_mp4s_gif_is_made_without_ffprobe(wire: Wire, tmp_path: Path, work: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ffprobe's start is a sixth of a short GIF: an MP4's picture and duration are read from its
+    boxes. Without ffprobe an MP4 still makes its GIF; an MP4 of sound alone still asks for it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "ffmpeg").symlink_to(shutil.which("ffmpeg") or "ffmpeg")
+    clip = make_clip(work / "clip.mp4")
+    tone = make_sound(work / "tone.mp4", "aac")
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(tools))  # the daemon's PATH: it runs in this process
+    events = await convert(wire, "video_to_gif", [clip], options={"start": 0.5, "fps": 5})
+    late = (await convert(wire, "video_to_gif", [clip], options={"start": 3}))[-1]
+    end = (await convert(wire, "video_to_gif", [tone]))[-1]
+    monkeypatch.setenv("PATH", path)
+    chip = only_output(events)
+    with Image.open(chip["path"]) as gif:
+        assert gif.n_frames == 8  # 1.5 s left of 2, at 5 fps
+    assert [e for e in events if e["type"] == "progress" and e["unit"] == "seconds"][-1]["total"] == 1.5
+    assert late["code"] == "convert_failed" and "lasts 2 s: start 3 is past its end" in late["message"], late
+    assert end["code"] == "tool_missing" and "ffprobe is not installed" in end["message"], end
+
+
 async def test_the_cli_makes_a_gif_of_the_asked_frames(daemon: RunningDaemon, tmp_path: Path) -> None:
     clip = make_clip(tmp_path / "clip.mp4")
     code, out, err = await cli("convert", "video_to_gif", str(clip), "--start", "0.5", "--duration", "1.2",
@@ -225,6 +249,41 @@ async def test_a_conversion_is_cancelled_by_its_id(wire: Wire, tmp_path: Path, w
     assert again["running"] is False
 
 
+def straggling_ffmpeg(folder: Path) -> Path:
+    """A PATH folder with the real ffprobe and an ffmpeg that starts a helper in its process
+    group (its pid in ``folder/pid``), writes its output and ends well, leaving the helper."""
+    folder.mkdir()
+    (folder / "ffprobe").symlink_to(shutil.which("ffprobe") or "ffprobe")
+    script = folder / "ffmpeg"
+    script.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 600 >/dev/null 2>&1 </dev/null &\necho $! > {folder / 'pid'}\n"
+                      "for last; do :; done\nprintf sound > \"$last\"\n")
+    script.chmod(0o755)
+    return folder
+
+
+def ends(pid_file: Path, within: float = 30) -> bool:
+    """Whether the process ends within ``within`` seconds (it need not be our child: a pidfd)."""
+    try:
+        handle = os.pidfd_open(int(pid_file.read_text()))
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([handle], [], [], within)[0])
+    finally:
+        os.close(handle)
+
+
+async def test_a_tool_that_ends_leaves_nothing_of_its_group_running(
+        wire: Wire, tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only a cancelled tool: one that ended well has what it left in its group killed."""
+    clip = make_clip(work / "clip.mp4")
+    tools = straggling_ffmpeg(tmp_path / "bin")
+    monkeypatch.setenv("PATH", str(tools))
+    end = (await convert(wire, "video_to_audio", [clip]))[-1]
+    assert end["type"] == "converted" and [Path(o["path"]).read_text() for o in end["outputs"]] == ["sound"], end
+    assert ends(tools / "pid")
+
+
 async def test_the_time_bound_kills_the_tool(router: Any, tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clip = make_clip(work / "clip.mp4")
     monkeypatch.setenv("ASSISTANT_ROUTER_URL", router.url)
@@ -268,7 +327,8 @@ async def test_a_missing_ffmpeg_is_named_by_its_package(daemon: RunningDaemon, t
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # the daemon's PATH: it runs in this process
     code, out, err = await cli("convert", "video_to_gif", str(clip), env={"PATH": os.environ["PATH"]})
     assert code == 1 and out == ""
-    assert "ffprobe is not installed; install the Debian package ffmpeg" in err, err
+    # an MP4's picture is read from its boxes (no ffprobe): ffmpeg, the GIF's tool, is the one missed
+    assert "ffmpeg is not installed; install the Debian package ffmpeg" in err, err
 
 
 async def test_damaged_inputs_are_named(wire: Wire, tmp_path: Path, work: Path) -> None:

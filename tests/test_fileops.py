@@ -27,6 +27,8 @@ from core.errors import (
 from fileops import Converted, Converter
 from fileops.markdown import pages_markdown, parse_pages
 from fileops.outputs import Staged
+from fileworker.failure import OutputTooLarge as WorkerTooLarge
+from fileworker.failure import WorkFailed
 from fileworker.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
 from fileops.mp4 import Mp4Sound, read_sound
@@ -75,11 +77,36 @@ async def test_pdf_pages_takes_a_range_and_turns_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_workers_failures_keep_the_daemons_codes(tmp_path: Path) -> None:
+    """The worker says its failures without importing core (its start): the codes are core's."""
+    assert (WorkFailed.code, WorkerTooLarge.code) == (ConvertFailed.code, OutputTooLarge.code)
+    pdf = styled_pdf(tmp_path / "doc.pdf", [[(12, f"page {n}")] for n in range(1, 6)])
+    with pytest.raises(OutputTooLarge, match=r"past convert_max_bytes \(100\)"):
+        await convert("pdf_pages", [pdf], config=Config(convert_max_bytes=100))
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.pdf"]
+
+
+@pytest.mark.asyncio
 async def test_pdf_to_markdown_keeps_headings_and_lists(tmp_path: Path) -> None:
     done, _ = await convert("pdf_to_markdown", [report_pdf(tmp_path / "report.pdf")])
     text = Path(done.outputs[0].path).read_text()
     assert text == ("# Annual Report\n\nThe year went well.\n\n## Numbers\n\n- first point\n- second point\n\n"
                     "Page two.\n")
+
+
+@pytest.mark.asyncio
+async def test_a_tool_is_waited_for_without_pidfds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a kernel without pidfd_open (before 5.3) a thread waits for the tool instead."""
+    def no_pidfds(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    done, _ = await convert("pdf_to_markdown", [report_pdf(tmp_path / "report.pdf")])
+    assert Path(done.outputs[0].path).read_text().startswith("# Annual Report\n")
+    broken = tmp_path / "broken.pdf"
+    broken.write_bytes(b"%PDF-1.4 not a whole file")
+    with pytest.raises(ConvertFailed, match="broken.pdf"):
+        await convert("pdf_to_markdown", [broken])
 
 
 def test_cells_on_one_row_make_a_table() -> None:

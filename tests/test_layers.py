@@ -2,7 +2,7 @@
 
     assistant.py -> daemon -> {attachments, recall, kbinject} -> history -> core -> common
                    daemon -> fileops -> attachments (its OCR)
-                   fileops runs (as a process) fileworker -> core
+                   fileops runs (as a process) fileworker (nothing of ours)
                    daemon -> mcphost -> core
     assistant.py -> mcpserve -> client -> common
     assistant.py -> doctor -> {client, core.config}
@@ -39,8 +39,8 @@ ALLOWED = {
     "attachments": {"common", "core", "history"},
     # the file operations (issue 47): above attachments, whose OCR reads scanned pages
     "fileops": {"common", "core", "history", "attachments"},
-    # what the file operations do in a worker process: on core alone, so the worker starts light
-    "fileworker": {"common", "core"},
+    # what the file operations do in a worker process: nothing of ours, so the worker starts light
+    "fileworker": set(),
     "recall": {"common", "core", "history", "attachments"},
     "kbinject": {"common", "core", "history", "attachments"},
     "mcphost": {"common", "core"},  # the MCP host: the daemon's, on the ground floor alone
@@ -124,14 +124,15 @@ def test_the_mcp_commands_load_the_client_side_alone() -> None:
 
 @pytest.mark.parametrize("module", ["fileworker.pdfwork", "fileworker.tracking"])
 def test_the_file_worker_starts_light(module: str) -> None:
-    """A worker process loads of ours only core and its own package, and no asyncio: its start
-    is part of every PDF merge's time (docs/DESIGN.md, "File operations")."""
+    """A worker process loads of ours only its own package (not ``core``, whose package loads the
+    configuration's modules), and no asyncio: its start is part of every PDF merge's time
+    (docs/DESIGN.md, "File operations")."""
     script = (f"import json, sys, fileworker.worker, {module}\n"
               "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
-    assert loaded & set(OURS) <= {"common", "core", "fileworker"} and "asyncio" not in loaded, sorted(loaded)
+    assert loaded & set(OURS) == {"fileworker"} and "asyncio" not in loaded, sorted(loaded)
 
 
 def test_production_code_never_imports_the_tests() -> None:
