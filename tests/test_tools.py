@@ -25,7 +25,10 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def router() -> Iterator[FakeRouter]:
-    models = [*default_models(), FakeModel("fake-small", ["text", "image"], n_ctx=1500)]
+    # fake-small holds none of the daemon's tools (under 2,048 tokens), fake-2k the first that fit
+    # a third of it (docs/DESIGN.md, "The tools' share of the context")
+    models = [*default_models(), FakeModel("fake-small", ["text", "image"], n_ctx=1500),
+              FakeModel("fake-2k", ["text", "image"], n_ctx=2048)]
     with FakeRouter(models=models) as fake:
         yield fake
 
@@ -58,9 +61,9 @@ async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: Fak
     notes = tmp_path / "notes.txt"
     notes.write_text("alpha")
     await wire.ask("file", files=[str(notes)], conversation=cid)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "attachment_recall", "memory_save"]
     other = await ask_with_file(wire, notes)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "attachment_recall", "memory_save"]
     assert other != cid
 
 
@@ -174,7 +177,7 @@ async def test_a_recalled_image_is_shown_as_it_was_sent_and_once_a_round(
 
 async def test_an_image_is_not_shown_again_without_room_for_it(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     image = make_png(tmp_path / "chart.png", (30, 20))
-    cid = await ask_with_file(wire, image, model="fake-small")  # 1500 tokens: the image took half
+    cid = await ask_with_file(wire, image, model="fake-2k")  # the image and the tools took most of it
     router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="from memory"))
     events = await wire.ask("look again", conversation=cid)
     [tool] = of_type(events, "tool")
@@ -454,13 +457,13 @@ async def test_a_file_swapped_for_a_fifo_is_never_opened(wire: Wire, router: Fak
 async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     book = tmp_path / "book.txt"
     book.write_text("a long line of text for the reader\n" * 400)  # 14,000 characters
-    cid = await ask_with_file(wire, book, model="fake-small")
+    cid = await ask_with_file(wire, book, model="fake-2k")
     # three different reads (the same call made three times would run once: test_tool_guards.py)
     reads = [{"id": f"r{n}", "name": "attachment_recall",
               "arguments": f'{{"action": "read", "attachment_id": 1, "offset": {n * 35}}}'} for n in range(3)]
     router.script(Reply(tool_calls=reads), Reply(text="read it"))
     events = await wire.ask("read it three times", conversation=cid)
-    assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 1500-token context
+    assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 2048-token context
     sizes = [len(m["content"]) for m in tool_messages(router.requests[-1])]
     assert len(sizes) == 3 and max(sizes) - min(sizes) < 50
 
