@@ -186,6 +186,40 @@ async def test_an_image_is_not_shown_again_without_room_for_it(wire: Wire, route
     assert events[-1]["type"] == "done"
 
 
+async def test_the_tools_definitions_count_against_the_context(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    # a PDF makes file_convert available: with the search, the recall and memory_save, about
+    # 1,060 tokens of definitions that a prompt counting only its messages left out, sending the
+    # fake (which counts them, as llama-server does) prompts over its 2,048 tokens
+    pdf = make_pdf(tmp_path / "report.pdf", ["The quarterly report: sales rose."])
+    cid = await ask_with_file(wire, pdf, model="fake-2k")
+    compacted = None
+    for n in range(8):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        events = await wire.ask(f"question {n} " + "filler " * 40, conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        if "compacting" in [e["stage"] for e in of_type(events, "progress")]:
+            compacted = n
+            break
+    assert compacted is not None  # the conversation was folded before its prompt outgrew the context
+    assert None not in router.timings  # and the fake refused no prompt (timings: None when it did)
+    # a third of the context holds the search and the recall, not file_convert: the same on every turn
+    chats = [r for r in router.requests if r.get("stream")]
+    assert {tuple(tool_names(r)) for r in chats} == {("conversation_search", "attachment_recall")}
+
+
+async def test_a_small_context_is_offered_none_of_the_tools(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha")
+    cid = await ask_with_file(wire, notes, model="fake-small")  # 1,500 tokens: under 2,048
+    await wire.ask("again", conversation=cid)
+    assert [tool_names(r) for r in router.requests] == [[], []]
+    assert "Call a tool" not in router.requests[-1]["messages"][0]["content"]  # nor the guidance
+    staged = await wire.request({"type": "estimate", "text": "hi", "model": "fake-small"})
+    without = staged["ctx_used"]  # a new conversation's system message alone
+    staged = await wire.request({"type": "estimate", "text": "hi", "model": "fake-2k"})
+    assert staged["ctx_used"] > without + 200  # the search's definition, and the guidance
+
+
 JAPANESE = "東京の天気は晴れです。"  # each character costs about two tokens, not a third of one
 
 
