@@ -93,14 +93,13 @@ class Rounds:
         offered, ctx = await self._offer(state, progress, asker)
         client = self._client_tools(state, offered)
         theirs = {tool["function"]["name"] for tool in client}
+        # the chat template renders every definition into the prompt: ``build`` counts them all
         definitions = [*(t.definition() for t in offered), *client] or None
-        # the chat template renders every definition into the prompt: they count in its estimate
-        tool_tokens = estimate_tools(definitions)
         # a turn taken up again had its passages when it began: none are added before its tool results
         build = partial(self.context.build, state.conversation, state.turn, current=[state.question, *state.client.resumed],
                         progress=progress, query=state.query, past=state.past,
                         kb_injection="off" if state.client.resumed else state.kb_injection,
-                        recall=not state.client.resumed, tools=definitions, tool_tokens=tool_tokens)
+                        recall=not state.client.resumed, tools=definitions)
         prompt = await build(state.model)
         state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
