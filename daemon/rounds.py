@@ -181,7 +181,7 @@ class Rounds:
                           memory=memory_on(self.config, None))
         usable = model.tools and model.id not in self.no_tools
         offered = await self.toolbox.offer(ctx, self._own_room(model)) if usable else []
-        if offered and self.mcp is not None:
+        if usable and self.mcp is not None:  # as ``_offer`` adds them, with or without ours
             room = int(self.context.budget(model).ctx_max * self.config.mcp.tools_share)
             offered += self.mcp.running_tools(self.config.mcp.chosen(None), room)
         system = await self.context.instructions(None, bool(offered))
