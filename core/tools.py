@@ -294,15 +294,31 @@ class Toolbox:
         if len(set(names)) != len(names):
             raise ValueError(f"two tools share a name: {names}")
         self.tools = list(tools)
+        self._tokens = [tool.tokens for tool in self.tools]  # their definitions never change
 
-    async def offer(self, ctx: ToolContext) -> list[Tool]:
-        """The tools available in this turn, in the toolbox's order.
+    def fitting(self, room: int | None) -> list[Tool]:
+        """The tools a context may carry, whose definitions take at most ``room`` tokens (None:
+        all): in the toolbox's order, one that does not fit skipped. Every tool counts, available
+        or not, so what fits depends on the room alone and the tools offered in a conversation
+        only grow as they become available (docs/DESIGN.md, "The tools' share of the context")."""
+        if room is None:
+            return self.tools
+        fitting, used = [], 0
+        for tool, tokens in zip(self.tools, self._tokens, strict=True):
+            if used + tokens <= room:
+                fitting.append(tool)
+                used += tokens
+        return fitting
+
+    async def offer(self, ctx: ToolContext, room: int | None = None) -> list[Tool]:
+        """The tools available in this turn, of those ``room`` tokens hold (``fitting``), in the
+        toolbox's order.
 
         A tool whose ``available`` fails is left out (and logged) rather than failing
         the turn.
         """
         offered = []
-        for tool in self.tools:
+        for tool in self.fitting(room):
             try:
                 if await tool.available(ctx):
                     offered.append(tool)

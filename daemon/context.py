@@ -178,7 +178,6 @@ class ContextBuilder:
         query: str = "",
         kb_injection: str = "off",
         tools: list[dict[str, Any]] | None = None,
-        tool_tokens: int = 0,
         force: bool = False,
         recall: bool = True,
     ) -> Prompt:
@@ -188,9 +187,9 @@ class ContextBuilder:
         stored it). Linked knowledge bases are searched for ``query`` as ``kb_injection`` says,
         and the best passages put before the question when the context allows. ``tools`` are
         the definitions the turn offers: a compaction's summary request sends them too, so that
-        it shares the prompt the server holds from the last turn. ``tool_tokens`` counts in the
-        prompt's tokens: the hosted (MCP) tools' definitions, which the chat template renders
-        into the prompt (docs/DESIGN.md, "MCP"). ``force`` folds every earlier turn and adds no
+        it shares the prompt the server holds from the last turn. Their definitions count in the
+        prompt's tokens: the chat template renders them into the prompt (docs/DESIGN.md, "The
+        tools' share of the context"). ``force`` folds every earlier turn and adds no
         passages: the router said the last prompt overflowed, so our estimate was low; ``recall``
         False recalls nothing from the archive (docs/DESIGN.md, "Recall injection").
         """
@@ -199,6 +198,7 @@ class ContextBuilder:
         instructions = await self.instructions(past.conversation if past else None, bool(tools),
                                                past.memories if past else None)
         own = estimate_messages([{"role": "system", "content": instructions}, *current], model.image_tokens)
+        tool_tokens = estimate_tools(tools)
         own += tool_tokens
         if own > budget.prompt_limit:
             raise self._too_big(model, budget, own, current)

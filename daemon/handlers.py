@@ -179,7 +179,7 @@ class Handlers(MemoryHandlers):
             model = await self.router.model_info(named)
             name, vision, ctx_max, image_tokens = model.id, model.vision, model.ctx_max, model.image_tokens
             if conv is None:  # a new conversation's prompt holds its system message and tools first
-                ctx_used = await self.engine.runner.rounds.opening_tokens(model)
+                ctx_used = await self.engine.runner.rounds.opening_tokens(model, files=bool(request.get("files")))
         except (RouterUnreachable, RouterError):
             # a meter still works while the router is away
             name, vision, ctx_max = "", True, 0

@@ -50,6 +50,13 @@ logger = logging.getLogger(__name__)
 # repeated earlier calls, is "closed": the tools stay in the request (they are part of the prompt's
 # cached prefix) with ``tool_choice: none`` and LAST_ROUND_NOTE, so the turn ends with an answer
 MAX_TOOL_ROUNDS = 8
+# the share of the context the daemon's own tools' definitions may take: a small context holds
+# the first of them that fit (``Toolbox.fitting``), and one under MIN_TOOLS_CONTEXT none: with the
+# system message and a summary, even one would leave a compaction too little room for turns, and
+# the conversation would compact (and be read again whole) on every turn (docs/DESIGN.md, "The
+# tools' share of the context")
+OWN_TOOLS_SHARE = 1 / 3
+MIN_TOOLS_CONTEXT = 2048
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
 # a round whose tool call the server could not read is asked once more without tools, with this
@@ -86,14 +93,13 @@ class Rounds:
         offered, ctx = await self._offer(state, progress, asker)
         client = self._client_tools(state, offered)
         theirs = {tool["function"]["name"] for tool in client}
+        # the chat template renders every definition into the prompt: ``build`` counts them all
         definitions = [*(t.definition() for t in offered), *client] or None
-        # hosted tools can be many and long: their definitions count in the prompt's estimate
-        tool_tokens = sum(t.tokens for t in offered if t.server is not None)
         # a turn taken up again had its passages when it began: none are added before its tool results
         build = partial(self.context.build, state.conversation, state.turn, current=[state.question, *state.client.resumed],
                         progress=progress, query=state.query, past=state.past,
                         kb_injection="off" if state.client.resumed else state.kb_injection,
-                        recall=not state.client.resumed, tools=definitions, tool_tokens=tool_tokens)
+                        recall=not state.client.resumed, tools=definitions)
         prompt = await build(state.model)
         state.prompt_estimate, state.sources = prompt.tokens, prompt.sources
         ctx = dataclasses.replace(ctx, max_chars=budget_chars(prompt.budget.ctx_max, prompt.tokens))
@@ -152,7 +158,7 @@ class Rounds:
         )
         if not state.model.tools or state.model.id in self.no_tools:
             return [], ctx
-        offered = await self.toolbox.offer(ctx)
+        offered = await self.toolbox.offer(ctx, self._own_room(state.model))
         if self.mcp is not None and state.mcp:
             room = int(self.context.budget(state.model).ctx_max * self.config.mcp.tools_share)
             hosted, note = await self.mcp.offer(state.mcp, room)  # docs/DESIGN.md, "MCP"
@@ -161,15 +167,21 @@ class Rounds:
             offered += hosted
         return offered, ctx
 
-    async def opening_tokens(self, model: ModelInfo) -> int:
+    def _own_room(self, model: ModelInfo) -> int:
+        """Tokens the daemon's own tools' definitions may take of ``model``'s context."""
+        ctx_max = self.context.budget(model).ctx_max
+        return int(ctx_max * OWN_TOOLS_SHARE) if ctx_max >= MIN_TOOLS_CONTEXT else 0
+
+    async def opening_tokens(self, model: ModelInfo, files: bool = False) -> int:
         """What a new conversation's first prompt holds before its question: the system message and
-        the definitions of the tools it is offered (MCP servers' only when running: an ``estimate``
-        starts none)."""
+        the definitions of the tools it is offered, as ``converse`` offers them (``files``: the
+        question carries files; MCP servers' tools only when running: an ``estimate`` starts none)."""
         ctx = ToolContext(conversation=0, turn=1, history=self.history, vision=model.vision, max_chars=0,
-                          recall_injection=self.config.recall_injection, has_attachments=False,
+                          recall_injection=self.config.recall_injection, has_attachments=files,
                           memory=memory_on(self.config, None))
-        offered = await self.toolbox.offer(ctx) if model.tools and model.id not in self.no_tools else []
-        if offered and self.mcp is not None:
+        usable = model.tools and model.id not in self.no_tools
+        offered = await self.toolbox.offer(ctx, self._own_room(model)) if usable else []
+        if usable and self.mcp is not None:  # as ``_offer`` adds them, with or without ours
             room = int(self.context.budget(model).ctx_max * self.config.mcp.tools_share)
             offered += self.mcp.running_tools(self.config.mcp.chosen(None), room)
         system = await self.context.instructions(None, bool(offered))

@@ -220,7 +220,8 @@ class TurnRunner:
             emit(events.progress(ask.conversation, turn, "ocr", f"reading scanned pages by OCR: {done} of {total}",
                                  done=done, total=total))
 
-        ctx_used = past.conversation.ctx_used if past else 0
+        # a new conversation's prompt holds its system message and the tools' definitions first
+        ctx_used = past.conversation.ctx_used if past else await self.rounds.opening_tokens(model, files=True)
         return await prepare_files(ask.files, self.context.readers, model=model.id, vision=model.vision,
                                    ctx_max=model.ctx_max, ctx_used=ctx_used, on_ocr=reading)
 

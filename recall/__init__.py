@@ -43,5 +43,7 @@ __all__ = [
 
 def default_toolbox(images: ImageCache) -> Toolbox:
     """The tools every turn may be offered, in the order they are offered; ``images``: the
-    daemon's image cache, which shows an image attached earlier again."""
-    return Toolbox([AttachmentRecall(images), ConversationSearch()])
+    daemon's image cache, which shows an image attached earlier again. The search first: it is
+    offered in every conversation, so a small context holds it before the others
+    (``Toolbox.fitting``), and a file's ``attachment_recall`` appears after it in the list."""
+    return Toolbox([ConversationSearch(), AttachmentRecall(images)])

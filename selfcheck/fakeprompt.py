@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHARS_PER_TOKEN", "PromptSlot", "Use", "render_prompt", "render_reply", "text_tokens"]
+__all__ = ["CHARS_PER_TOKEN", "PromptSlot", "Use", "render_prompt", "render_reply", "text_tokens", "tools_tokens"]
 
 CHARS_PER_TOKEN = 4
 IM_START = "<|im_start|>"
@@ -100,6 +100,11 @@ def _tools_text(tools: Any) -> str:
         return ""
     listed = "\n".join(json.dumps(tool, sort_keys=True) for tool in tools)
     return f"\n\n# Tools\n\n<tools>\n{listed}\n</tools>"
+
+
+def tools_tokens(tools: Any) -> int:
+    """What a request's ``tools`` add to its prompt, in rough tokens: the template renders them."""
+    return text_tokens(_tools_text(tools))
 
 
 def render_prompt(body: dict[str, Any]) -> str:

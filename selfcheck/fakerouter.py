@@ -62,6 +62,7 @@ from selfcheck.fakeprompt import (
     render_prompt,
     render_reply,
     text_tokens,
+    tools_tokens,
 )
 
 __all__ = ["CHARS_PER_TOKEN", "FORMAT_ERROR", "FakeModel", "FakeRouter", "Reply", "RouterMode", "fake_embedding"]
@@ -160,10 +161,11 @@ def _message_text(message: dict[str, Any]) -> str:
 
 
 def _rough_tokens(body: dict[str, Any]) -> int:
-    """The messages' text in rough tokens (``text_tokens``): usage's prompt_tokens, and what
-    is measured against a model's n_ctx."""
+    """The messages' text and the tools' definitions (a template renders them into the prompt)
+    in rough tokens (``text_tokens``): usage's prompt_tokens, and what is measured against a
+    model's n_ctx."""
     texts = [_message_text(m) for m in body.get("messages") or () if isinstance(m, dict)]
-    return max(1, text_tokens("".join(texts)))
+    return max(1, text_tokens("".join(texts)) + tools_tokens(body.get("tools")))
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

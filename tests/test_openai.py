@@ -315,6 +315,26 @@ async def test_a_clients_own_tool_ends_the_response_and_its_result_continues_the
     await client.close()
 
 
+async def test_a_clients_own_tools_count_against_the_context(
+    door: tuple[str, str], router: FakeRouter, wire: Wire
+) -> None:
+    # twelve tools of the client's, about 2,200 tokens of definitions on a 4,096-token model:
+    # counted, the conversation compacts before its prompt and all the tools pass the context
+    tools = [{"type": "function", "function": {
+        "name": f"lookup_{n}", "description": f"Look up record set {n}. " + "It reads the ledger carefully. " * 18,
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}} for n in range(12)]
+    client = sdk(door)
+    messages: list[dict[str, Any]] = []
+    for n in range(8):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 150))
+        messages.append({"role": "user", "content": f"question {n} " + "filler " * 150})
+        answer = await client.chat.completions.create(model="fake-text", messages=messages, tools=tools)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+    await client.close()
+    assert [r for r in router.requests if not r.get("stream")]  # a summary was asked: it compacted
+    assert None not in router.timings  # and the fake refused no prompt (timings: None when it did)
+
+
 async def test_llm_continues_one_conversation(
     door: tuple[str, str], router: FakeRouter, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -104,7 +104,7 @@ def test_definition_is_the_openai_tools_format() -> None:
     assert function["parameters"]["properties"]["role_filter"]["enum"] == ["all", "user", "assistant"]
     recall = AttachmentRecall().definition()["function"]
     assert recall["parameters"]["properties"]["action"]["enum"] == ["list", "read"]
-    assert [t.name for t in default_toolbox(ImageCache()).tools] == ["attachment_recall", "conversation_search"]
+    assert [t.name for t in default_toolbox(ImageCache()).tools] == ["conversation_search", "attachment_recall"]
 
 
 # -- attachment_recall: list and scoping -------------------------------------------------

@@ -30,6 +30,8 @@ from tests.test_client import cli
 pytestmark = pytest.mark.asyncio
 
 SMALL = "fake-1k"  # a llama-server started with -c 1024
+LARGE = "fake-16k"
+LARGER = "fake-32k"
 
 FILLER = [
     ("Tell me about tea.", "Tea is a drink made from leaves."),
@@ -44,7 +46,8 @@ LOCKER = ("My locker code is 4711.", "Noted.")
 
 @pytest.fixture
 def router() -> Iterator[FakeRouter]:
-    models = [*default_models(), FakeModel(SMALL, ["text"], n_ctx=1024)]
+    models = [*default_models(), FakeModel(SMALL, ["text"], n_ctx=1024), FakeModel(LARGE, ["text"], n_ctx=16384),
+              FakeModel(LARGER, ["text"], n_ctx=32768)]
     with FakeRouter(models=models) as fake:
         fake.embed_dim = 256
         yield fake
@@ -547,18 +550,19 @@ async def test_a_file_whose_turn_got_no_answer_is_out_of_the_prompt_and_recalled
 async def test_a_file_sent_whole_but_replayed_cut_is_searched(
     config: Config, router: FakeRouter, tmp_path: Path
 ) -> None:
-    # whole for a model of 8,192 tokens (about 10,300 characters); a model of 4,096 replays a
-    # message of at most 2,048 tokens: its head (two thirds) and tail, line 130 cut out
-    notes = long_notes(tmp_path / "notes.txt", 200, at=130)
+    # whole for a model of 32,768 tokens (about 41,600 characters); a model of 16,384 replays a
+    # message of at most 8,192 tokens: its head (two thirds) and tail, line 500 cut out (a smaller
+    # model has too little room for passages beside that half and the tools' definitions)
+    notes = long_notes(tmp_path / "notes.txt", 800, at=500)
     async with serving(config) as (_, wire):
         router.script(Reply(text="Read it."))
-        events = await wire.ask("Keep this file.", files=[str(notes)], model="fake-vision")
+        events = await wire.ask("Keep this file.", files=[str(notes)], model=LARGER)
         assert events[-1]["type"] == "done", events[-1]
         assert "W-55821" in json.dumps(last_request(router)["messages"])
         assert recall_events(events) == []
         cid = events[-1]["conversation"]
         router.script(Reply(text="W-55821."))
-        events = await wire.ask("What is the dishwasher warranty number?", conversation=cid, model="fake-text")
+        events = await wire.ask("What is the dishwasher warranty number?", conversation=cid, model=LARGE)
         assert events[-1]["type"] == "done", events[-1]
         sent = last_request(router)
         assert "W-55821" not in json.dumps(sent["messages"][:-1])  # cut out of the replayed question

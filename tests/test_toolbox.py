@@ -83,6 +83,26 @@ async def test_offer_keeps_only_available_tools(caplog: pytest.LogCaptureFixture
     assert "broken" in caplog.text and "cannot tell" in caplog.text
 
 
+class Long(Echo):
+    name = "long"
+    description = "Echo the arguments, at length. " * 20
+
+
+@pytest.mark.asyncio
+async def test_a_room_holds_the_first_tools_that_fit_available_or_not() -> None:
+    shy, long, echo = Shy(can=False), Long(), Echo()
+    toolbox = Toolbox([shy, long, echo])
+    assert long.tokens > shy.tokens + echo.tokens
+    room = shy.tokens + echo.tokens  # the long one does not fit beside the first: skipped
+    assert toolbox.fitting(room) == [shy, echo] and toolbox.fitting(None) == [shy, long, echo]
+    # the shy one is not available, but it holds its place: what fits depends on the room alone,
+    # so a tool that becomes available later never pushes out one offered before
+    assert await toolbox.offer(context(), room) == [echo]
+    shy.can = True
+    assert await toolbox.offer(context(), room) == [shy, echo]
+    assert await toolbox.offer(context(), 0) == []
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("raw", "expected"),

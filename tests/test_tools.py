@@ -25,7 +25,10 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def router() -> Iterator[FakeRouter]:
-    models = [*default_models(), FakeModel("fake-small", ["text", "image"], n_ctx=1500)]
+    # fake-small holds none of the daemon's tools (under 2,048 tokens), fake-2k the first that fit
+    # a third of it (docs/DESIGN.md, "The tools' share of the context")
+    models = [*default_models(), FakeModel("fake-small", ["text", "image"], n_ctx=1500),
+              FakeModel("fake-2k", ["text", "image"], n_ctx=2048)]
     with FakeRouter(models=models) as fake:
         yield fake
 
@@ -58,9 +61,9 @@ async def test_tools_are_offered_only_when_they_can_work(wire: Wire, router: Fak
     notes = tmp_path / "notes.txt"
     notes.write_text("alpha")
     await wire.ask("file", files=[str(notes)], conversation=cid)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "attachment_recall", "memory_save"]
     other = await ask_with_file(wire, notes)
-    assert tool_names(router.requests[-1]) == ["attachment_recall", "conversation_search", "memory_save"]
+    assert tool_names(router.requests[-1]) == ["conversation_search", "attachment_recall", "memory_save"]
     assert other != cid
 
 
@@ -174,13 +177,47 @@ async def test_a_recalled_image_is_shown_as_it_was_sent_and_once_a_round(
 
 async def test_an_image_is_not_shown_again_without_room_for_it(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     image = make_png(tmp_path / "chart.png", (30, 20))
-    cid = await ask_with_file(wire, image, model="fake-small")  # 1500 tokens: the image took half
+    cid = await ask_with_file(wire, image, model="fake-2k")  # the image and the tools took most of it
     router.script(call("attachment_recall", {"action": "read", "attachment_id": 1}), Reply(text="from memory"))
     events = await wire.ask("look again", conversation=cid)
     [tool] = of_type(events, "tool")
     assert tool["ok"] is False and "no room left" in tool["summary"]
     assert shown_images(router.requests[-1]) == []
     assert events[-1]["type"] == "done"
+
+
+async def test_the_tools_definitions_count_against_the_context(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    # a PDF makes file_convert available: with the search, the recall and memory_save, about
+    # 1,060 tokens of definitions that a prompt counting only its messages left out, sending the
+    # fake (which counts them, as llama-server does) prompts over its 2,048 tokens
+    pdf = make_pdf(tmp_path / "report.pdf", ["The quarterly report: sales rose."])
+    cid = await ask_with_file(wire, pdf, model="fake-2k")
+    compacted = None
+    for n in range(8):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 60))
+        events = await wire.ask(f"question {n} " + "filler " * 40, conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        if "compacting" in [e["stage"] for e in of_type(events, "progress")]:
+            compacted = n
+            break
+    assert compacted is not None  # the conversation was folded before its prompt outgrew the context
+    assert None not in router.timings  # and the fake refused no prompt (timings: None when it did)
+    # a third of the context holds the search and the recall, not file_convert: the same on every turn
+    chats = [r for r in router.requests if r.get("stream")]
+    assert {tuple(tool_names(r)) for r in chats} == {("conversation_search", "attachment_recall")}
+
+
+async def test_a_small_context_is_offered_none_of_the_tools(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("alpha")
+    cid = await ask_with_file(wire, notes, model="fake-small")  # 1,500 tokens: under 2,048
+    await wire.ask("again", conversation=cid)
+    assert [tool_names(r) for r in router.requests] == [[], []]
+    assert "Call a tool" not in router.requests[-1]["messages"][0]["content"]  # nor the guidance
+    staged = await wire.request({"type": "estimate", "text": "hi", "model": "fake-small"})
+    without = staged["ctx_used"]  # a new conversation's system message alone
+    staged = await wire.request({"type": "estimate", "text": "hi", "model": "fake-2k"})
+    assert staged["ctx_used"] > without + 200  # the search's definition, and the guidance
 
 
 JAPANESE = "東京の天気は晴れです。"  # each character costs about two tokens, not a third of one
@@ -454,13 +491,13 @@ async def test_a_file_swapped_for_a_fifo_is_never_opened(wire: Wire, router: Fak
 async def test_the_calls_of_one_round_share_the_room_left(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
     book = tmp_path / "book.txt"
     book.write_text("a long line of text for the reader\n" * 400)  # 14,000 characters
-    cid = await ask_with_file(wire, book, model="fake-small")
+    cid = await ask_with_file(wire, book, model="fake-2k")
     # three different reads (the same call made three times would run once: test_tool_guards.py)
     reads = [{"id": f"r{n}", "name": "attachment_recall",
               "arguments": f'{{"action": "read", "attachment_id": 1, "offset": {n * 35}}}'} for n in range(3)]
     router.script(Reply(tool_calls=reads), Reply(text="read it"))
     events = await wire.ask("read it three times", conversation=cid)
-    assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 1500-token context
+    assert events[-1]["type"] == "done", events[-1]  # the fake enforces the 2048-token context
     sizes = [len(m["content"]) for m in tool_messages(router.requests[-1])]
     assert len(sizes) == 3 and max(sizes) - min(sizes) < 50
 
