@@ -215,6 +215,8 @@ class ArchiveRecall:
             found = await self._search(cid, turn, terms, through, inline) if own else NOTHING_OUT
             near = await self._near(cid, question, terms, through, found, elsewhere)
             chosen: list[AnyPassage] = []
+            if found.searched or elsewhere:  # the prompt's text made comparable once (CPU: off the loop)
+                held = await asyncio.to_thread(normalized, held)
             if found.searched:
                 # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
                 floor = terms.without(found.common)
@@ -279,8 +281,8 @@ class ArchiveRecall:
         self, hits: list[ArchiveHit], terms: Terms, floor: Terms, prompt: str, near: Near = NO_NEAR
     ) -> list[Passage]:
         """The best passages past the ``floor`` (or its vector counterpart) and not in the
-        ``prompt``'s text, best first."""
-        held = normalized(prompt)
+        ``prompt``'s text (``normalized``), best first."""
+        held = prompt
         turns = [i for i, hit in enumerate(hits) if hit.file is None]
         files = [i for i, hit in enumerate(hits) if hit.file is not None]
         fused = near.fused_own(hits, floor)

@@ -94,7 +94,7 @@ async def recall_elsewhere(
 ) -> list[ElsewherePassage]:
     """The best passages of other conversations and memories for the ``question`` (its
     ``terms``, without the recent turns', and what the vectors found: ``near``), past the
-    floor, none that asks it again or that the prompt's text ``held`` or a passage already
+    floor, none that asks it again or that the prompt's text ``held`` (``normalized``) or a passage already
     ``taken`` holds; best first."""
     own = Terms(terms.question, [])  # a back-reference's borrowed words are this conversation's
     phrases = fts_phrases(own.question)
@@ -113,7 +113,7 @@ def choose(
     """Memories and messages fused by rank (with the vectors' rankings: ``near``), each past the
     ``floor`` (or its vector counterpart), new to the prompt and more than the ``question``
     asked again."""
-    held = normalized(prompt)
+    held = prompt  # normalized by the caller, once for both searches
     keywords = len(hits)
     fused = near.fused_others(hits, floor)
     hits = fused.hits
