@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def router() -> Iterator[FakeRouter]:
-    with FakeRouter(models=[*default_models(), FakeModel("fake-tiny", n_ctx=300)]) as fake:
+    models = [*default_models(), FakeModel("fake-tiny", n_ctx=300), FakeModel("fake-2k", ["text", "image"], n_ctx=2048)]
+    with FakeRouter(models=models) as fake:
         fake.embed_dim = 256  # enough dimensions to tell passages apart
         yield fake
 
@@ -279,6 +280,19 @@ async def test_a_full_context_skips_injection_and_says_so(kwire: Wire, router: F
     skipped = [e for e in of_type(events, "progress") if e["stage"] == "kb"]
     assert skipped and "skipped" in skipped[0]["detail"] and "85%" in skipped[0]["detail"]
     assert "[Knowledge Base Context]" not in question_of(router)
+
+
+async def test_a_2048_token_context_still_offers_kb_search(kwire: Wire, router: FakeRouter, docs: Path) -> None:
+    # the daemon's own tools may take a third of the context, in a fixed order: at 2,048 tokens
+    # the search, the recall and kb_search fit (bench_recall's kb kind runs there), with nothing
+    # to spare; a longer definition of any of them would drop kb_search silently
+    await kb_add(kwire, "notes", docs)
+    cid = (await kwire.ask("hello", model="fake-2k"))[0]["conversation"]
+    await kwire.request({"type": "kb_link", "kb": "notes", "conversation": cid})
+    await kwire.request({"type": "settings", "conversation": cid, "kb_injection": "tool_only"})
+    assert (await kwire.ask("how often do I replace the filter?", conversation=cid))[-1]["type"] == "done"
+    names = [t["function"]["name"] for t in router.requests[-1]["tools"]]
+    assert names == ["conversation_search", "kb_search"]
 
 
 async def test_the_kb_search_tool(kwire: Wire, router: FakeRouter, docs: Path) -> None:
