@@ -37,7 +37,7 @@ from tests.documents import (
     make_zip_bomb,
 )
 from tests.test_ask_files import drawn, text_of, user_of
-from tests.test_recall_injection import FILLER, last_request, question_text, recall_events
+from tests.test_recall_injection import FILLER, chat, last_request, question_text, recall_events
 from tests.test_tools import call, tool_messages
 
 pytestmark = pytest.mark.asyncio
@@ -162,9 +162,7 @@ async def test_a_detail_of_a_folded_document_is_recalled(
         events = await wire.ask("Here is the plan.", files=[str(plan)])
         assert events[-1]["type"] == "done", events[-1]
         cid = events[-1]["conversation"]
-        for question, answer in FILLER[:3]:
-            router.script(Reply(text=answer))
-            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+        await chat(wire, router, cid, FILLER[:3])
     with HistoryStore(config.db_path) as store:  # a compaction folds the document's turn away
         store.add_compaction(cid, 2, "The user shared a plan and asked about tea.")
     async with serving(config) as (_, wire):

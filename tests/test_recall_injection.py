@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from client import of_type
+from client import Wire, of_type
 from core import Config
 from history import HistoryStore
 from core import estimate_text
@@ -73,6 +73,13 @@ def last_request(router: FakeRouter) -> dict[str, Any]:
 def question_text(request: dict[str, Any]) -> str:
     content = request["messages"][-1]["content"]
     return content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+
+
+async def chat(wire: Wire, router: FakeRouter, cid: int, exchanges: list[tuple[str, str]]) -> None:
+    """``exchanges`` asked in conversation ``cid``, each answered as scripted."""
+    for question, answer in exchanges:
+        router.script(Reply(text=answer))
+        assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
 
 
 def recall_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -339,9 +346,7 @@ async def test_a_page_of_a_folded_pdf_is_recalled_with_its_page(
         events = await wire.ask("Here is the report.", files=[str(pdf)])
         assert events[-1]["type"] == "done", events[-1]
         cid = events[-1]["conversation"]
-        for question, answer in FILLER[:3]:
-            router.script(Reply(text=answer))
-            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+        await chat(wire, router, cid, FILLER[:3])
     with HistoryStore(config.db_path) as store:  # a compaction folds the file's turn away
         store.add_compaction(cid, 2, "The user shared a report and asked about tea.")
     async with serving(config) as (_, wire):
@@ -436,9 +441,7 @@ async def test_a_word_most_of_a_files_pages_hold_is_common_though_few_messages_s
         events = await wire.ask("Here is the kitchen plan; mind the kettle.", files=[str(pdf)])
         assert events[-1]["type"] == "done", events[-1]
         cid = events[-1]["conversation"]
-        for question, answer in FILLER[:3]:
-            router.script(Reply(text=answer))
-            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+        await chat(wire, router, cid, FILLER[:3])
     with HistoryStore(config.db_path) as store:
         store.add_compaction(cid, 2, "The user shared a kitchen plan and asked about tea.")
     async with serving(config) as (_, wire):
@@ -488,9 +491,7 @@ async def test_a_file_sent_whole_is_searched_only_once_its_turn_is_folded(
         assert events[-1]["type"] == "done", events[-1]
         assert question_text(last_request(router)) == "Who serviced the boiler?"
         assert recall_events(events) == []  # the file's turn is replayed whole
-        for question, answer in FILLER[:2]:
-            router.script(Reply(text=answer))
-            assert (await wire.ask(question, conversation=cid))[-1]["type"] == "done"
+        await chat(wire, router, cid, FILLER[:2])
     assert chunked_files(config) == []  # never searched, never chunked
     with HistoryStore(config.db_path) as store:  # a compaction folds the file's turn away
         store.add_compaction(cid, 2, "The user shared notes and asked about tea.")
