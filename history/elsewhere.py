@@ -8,6 +8,10 @@ One FTS5 query, bm25 over the user's messages in ``message_fts`` outside the ask
 conversation's rowid range, the keywords ORed: what the user said, not the model's answers (an
 old answer is not the user's memory, can be long, and can be wrong), nor summaries or tool
 results (they were for that conversation's questions; docs/DESIGN.md, "Across conversations").
+A turn's question is always its message 0 (as the runner and imports store turns), so the
+query ranks the rowids of slot 0 alone and reads the text of the best few after: reading
+every match's row to test its role cost more than ranking them (half of a search's time, at
+840 matches).
 Phrases that too many messages hold (more than ``common`` = (share, least) of the messages, at
 most ``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the
 cost, and they tell no passage apart. Only the best few are looked up again: live conversations
@@ -20,7 +24,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .fts import MAX_MESSAGE_INDEX, conversation_rowid_range, split_rowid
+from .fts import conversation_rowid_range, split_rowid
 from .memories import READS_MEMORY
 
 __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
@@ -28,13 +32,13 @@ __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
 COMMON_MAX = 2000  # a phrase more messages than this hold is common, however large the history
 OVERFETCH = 4  # matches ranked for each one kept: incognito and deleted conversations' are dropped after
 
-SEARCH_OTHERS = f"""
-SELECT rowid, body, role, bm25(message_fts) AS score FROM message_fts
-WHERE message_fts MATCH ? AND (rowid < ? OR rowid > ?) AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
-  AND role = 'user'
+SEARCH_OTHERS = """
+SELECT rowid, bm25(message_fts) AS score FROM message_fts
+WHERE message_fts MATCH ? AND (rowid < ? OR rowid > ?) AND (rowid & 255) = 0
 ORDER BY score
 LIMIT ?
 """
+MESSAGE_BODY = "SELECT body FROM message_fts WHERE rowid = ?"
 COUNT_HOLDING = "SELECT count(*) FROM (SELECT 1 FROM message_fts WHERE message_fts MATCH ? LIMIT ?)"
 COUNT_TURNS = "SELECT count(*) FROM turns"
 READABLE_TURN = f"""
@@ -84,11 +88,12 @@ class ElsewhereStore:
         lo, hi = conversation_rowid_range(cid)
         rows = self._conn.execute(SEARCH_OTHERS, (" OR ".join(rare), lo, hi, limit * OVERFETCH)).fetchall()
         hits: list[ElsewhereHit] = []
-        for rowid, body, role, score in rows:
+        for rowid, score in rows:
             conversation, turn, n = split_rowid(rowid)
             found = self._conn.execute(READABLE_TURN, (conversation, turn)).fetchone()
             if found is not None:
-                hits.append(ElsewhereHit(conversation, found[0], found[1], turn, n, role, body, score))
+                body = self._conn.execute(MESSAGE_BODY, (rowid,)).fetchone()[0]
+                hits.append(ElsewhereHit(conversation, found[0], found[1], turn, n, "user", body, score))
                 if len(hits) == limit:
                     break
         return ElsewhereFound(hits, frequent)
