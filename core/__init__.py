@@ -20,7 +20,7 @@ Below this floor: ``common`` (what the daemon and its clients both know). Above 
 
 from common import __version__, default_socket_path
 
-from .budget import Budget, cut_text, fit_message
+from .budget import MIN_TOOLS_CONTEXT, Budget, cut_text, fit_message, replay_marker
 from .config import Config, ConfigError, load_config
 from .errors import AssistantError
 from .seams import Completer, Embedder, ImageReader
@@ -35,6 +35,7 @@ from .tokens import (
 )
 
 __all__ = [
+    "MIN_TOOLS_CONTEXT",
     "BUDGET_CHARS_PER_TOKEN",
     "CHARS_PER_TOKEN",
     "DEFAULT_IMAGE_TOKENS",
@@ -53,5 +54,6 @@ __all__ = [
     "estimate_text",
     "estimate_tools",
     "fit_message",
+    "replay_marker",
     "load_config",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 from .tokens import CHARS_PER_TOKEN, estimate_text
 
-__all__ = ["Budget", "cut_text", "fit_message"]
+__all__ = ["MIN_TOOLS_CONTEXT", "PLAIN_CUT_MARKER", "Budget", "cut_text", "fit_message", "replay_marker"]
 
 REPLY_SHARE = 0.25  # the default reply cap, of the context
 NEXT_QUESTION_SHARE = 0.125  # room a reply leaves for the next question, of the context
@@ -37,6 +37,9 @@ CUT_MARKER = (
     "text is in this conversation's history: conversation_search finds its words, attachment_recall "
     "re-reads its files …]\n\n"
 )
+# where the model has no tools (a context under MIN_TOOLS_CONTEXT): the cut named, no tool
+PLAIN_CUT_MARKER = "\n\n[… {omitted:,} characters of this message are left out here to fit the context …]\n\n"
+MIN_TOOLS_CONTEXT = 2048  # a smaller context is offered none of the daemon's own tools (docs/DESIGN.md)
 
 
 @dataclass(frozen=True)
@@ -81,17 +84,24 @@ class Budget:
         return max(self.min_reply, min(self.reply_cap, room))
 
 
-def cut_text(text: str, max_chars: int) -> str:
-    """``text`` within about ``max_chars``: its head and tail around a marker naming the cut."""
-    keep = max(max_chars - len(CUT_MARKER) - 8, 2 * MIN_CUT_CHARS)
-    if len(text) <= max(max_chars, keep + len(CUT_MARKER)):
+def cut_text(text: str, max_chars: int, marker: str = CUT_MARKER) -> str:
+    """``text`` within about ``max_chars``: its head and tail around a ``marker`` naming the cut."""
+    keep = max(max_chars - len(marker) - 8, 2 * MIN_CUT_CHARS)
+    if len(text) <= max(max_chars, keep + len(marker)):
         return text
     head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :]
-    return head + CUT_MARKER.format(omitted=len(text) - len(head) - len(tail)) + tail
+    return head + marker.format(omitted=len(text) - len(head) - len(tail)) + tail
 
 
-def fit_message(message: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """``message`` with its text cut so it takes about ``max_tokens`` at most.
+def replay_marker(ctx_max: int) -> str:
+    """The marker of a cut in a message replayed to a model of context ``ctx_max``: naming the
+    tools that find the whole only where the model has them."""
+    return CUT_MARKER if ctx_max >= MIN_TOOLS_CONTEXT else PLAIN_CUT_MARKER
+
+
+def fit_message(message: dict[str, Any], max_tokens: int, marker: str = CUT_MARKER) -> dict[str, Any]:
+    """``message`` with its text cut so it takes about ``max_tokens`` at most, each cut marked
+    by ``marker``.
 
     Each text part gives up room in proportion to its size, so a question beside a
     large file keeps its words; images and tool calls are kept as they are.  The
@@ -102,7 +112,7 @@ def fit_message(message: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         tokens = estimate_text(content)
         if tokens <= max_tokens:
             return message
-        return {**message, "content": cut_text(content, _chars(content, max_tokens, tokens))}
+        return {**message, "content": cut_text(content, _chars(content, max_tokens, tokens), marker)}
     if not isinstance(content, list):
         return message
     texts = [p.get("text", "") if isinstance(p, dict) and p.get("type") == "text" else "" for p in content]
@@ -114,7 +124,7 @@ def fit_message(message: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         if text:
             tokens = estimate_text(text)
             share = max_tokens * tokens // total
-            part = {**part, "text": cut_text(text, _chars(text, share, tokens))}
+            part = {**part, "text": cut_text(text, _chars(text, share, tokens), marker)}
         parts.append(part)
     return {**message, "content": parts}
 

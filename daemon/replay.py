@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attachments import ImageCache, resolve_image_refs
-from core import IMAGE_PART_TYPES, fit_message
+from core import IMAGE_PART_TYPES, fit_message, replay_marker
 from core.jsontext import EncodedPrefix, encode_message
 from history import Compaction
 
@@ -149,10 +149,11 @@ class ReplayCache:
 
     def add(self, entry: Replayed, turns: Sequence[tuple[int, Messages]], upto: int, replay_tokens: int) -> None:
         """Append the turns answered after ``entry.upto`` (whole exchanges), then hold up to ``upto``."""
+        marker = replay_marker(entry.ctx_max)
         for n, messages in turns:
             if n <= entry.upto or n <= entry.after:
                 continue
-            stored = [fit_message(m, replay_tokens) for m in messages]
+            stored = [fit_message(m, replay_tokens, marker) for m in messages]
             sent = None if has_images(stored) else router_messages(stored)
             json = None if sent is None else b",".join(encode_message(m) for m in sent)
             whole = bool(stored) and stored[0] is messages[0]  # fit_message returns a message that fits

@@ -18,7 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from attachments import budget_chars
-from core import BUDGET_CHARS_PER_TOKEN, estimate_messages, estimate_text, estimate_tools
+from core import BUDGET_CHARS_PER_TOKEN, MIN_TOOLS_CONTEXT, estimate_messages, estimate_text, estimate_tools
 from core.config import Config
 from core.errors import RouterContextOverflow, RouterError, RouterFormatError
 from core.models import display_name, sampling_params
@@ -56,7 +56,6 @@ MAX_TOOL_ROUNDS = 8
 # the conversation would compact (and be read again whole) on every turn (docs/DESIGN.md, "The
 # tools' share of the context")
 OWN_TOOLS_SHARE = 1 / 3
-MIN_TOOLS_CONTEXT = 2048
 LAST_ROUND_NOTE = "You have made all the tool calls this question allows. Answer now with what you have."
 NO_TOOLS_NOTE = "No tools can be called here. Answer in words, with what you know."
 # a round whose tool call the server could not read is asked once more without tools, with this

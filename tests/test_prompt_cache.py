@@ -220,6 +220,22 @@ async def test_a_reply_larger_than_the_context_does_not_end_the_conversation(
     assert opened["turns"][0]["reply"] == story  # history keeps it whole
 
 
+async def test_a_cut_names_no_tool_to_a_model_offered_none(wire: Wire, router: FakeRouter) -> None:
+    # a context under 2,048 tokens gets none of the daemon's tools: the cut's marker names none
+    story = " ".join(f"word{n}" for n in range(600))  # ~1,200 tokens: more than half of 1k
+    router.script(Reply(text=story))
+    events = await wire.ask("tell me a story", model="fake-vision")
+    cid = events[0]["conversation"]
+    changed = await wire.request({"type": "settings", "conversation": cid, "model": SMALL})
+    assert changed["type"] == "settings", changed
+    events = await wire.ask("who was the hero?", conversation=cid)
+    assert events[-1]["type"] == "done", events[-1]
+    request = turn_requests(router)[-1]
+    replayed = json.dumps(request["messages"])
+    assert "word0 " in replayed and "word599" in replayed and "left out here to fit the context" in replayed
+    assert "tools" not in request and "conversation_search" not in replayed and "attachment_recall" not in replayed
+
+
 async def test_a_file_larger_than_the_context_allows_after_a_model_switch(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
