@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from . import sql
-from .fts import MAX_MESSAGE_INDEX, message_rowid, split_rowid
+from .fts import MAX_MESSAGE_INDEX, match_holding, message_rowid, split_rowid
 from .migrations import immediate_transaction
 
 __all__ = ["NOTHING_OUT", "ArchiveFound", "ArchiveHit", "ArchiveStore", "CHUNK_SHIFT", "FileToChunk"]
@@ -156,11 +156,12 @@ class ArchiveStore:
 
     def search(
         self, cid: int, phrases: Sequence[str], through: int, before: int, limit: int, common: tuple[float, int],
-        inline: Collection[int] = frozenset(),
+        inline: Collection[int] = frozenset(), must: Sequence[Sequence[str]] = (),
     ) -> ArchiveFound:
         """The best matches of the rare ``phrases`` (each quoted) in turns 1..``through`` and in the
         conversation's files out of the prompt (``out_of_prompt``: ``inline`` are the turns the
-        prompt replays whole), chunked: at most ``limit`` of each kind, best first within a kind.
+        prompt replays whole), chunked: at most ``limit`` of each kind, best first within a kind;
+        each holding a phrase of ``must``'s first list with a rare one (``match_holding``).
 
         A phrase is common when more than ``common`` = (share, least) of the conversation's pieces
         before turn ``before`` (its messages, its files' chunks) hold it, and at least ``least``:
@@ -189,7 +190,7 @@ class ArchiveStore:
         rare = [phrase for phrase in phrases if phrase not in frequent]
         if not rare:
             return ArchiveFound([], frequent, files=tuple(files))
-        match = " OR ".join(rare)
+        match = match_holding(rare, must)
         hits: list[ArchiveHit] = []
         if through > 0:
             lo, hi = message_rowid(cid, 1, 0), message_rowid(cid, through, MAX_MESSAGE_INDEX)

@@ -24,7 +24,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .fts import conversation_rowid_range, split_rowid
+from .fts import conversation_rowid_range, match_holding, split_rowid
 from .memories import READS_MEMORY
 
 __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
@@ -74,8 +74,11 @@ class ElsewhereStore:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
-    def search(self, cid: int, phrases: Sequence[str], limit: int, common: tuple[float, int]) -> ElsewhereFound:
-        """The best ``limit`` matches of the rare ``phrases`` in the readable conversations but ``cid``."""
+    def search(
+        self, cid: int, phrases: Sequence[str], limit: int, common: tuple[float, int], must: Sequence[Sequence[str]] = ()
+    ) -> ElsewhereFound:
+        """The best ``limit`` matches of the rare ``phrases`` in the readable conversations but ``cid``,
+        each holding a phrase of ``must``'s first list with a rare one (``match_holding``)."""
         if not phrases or limit <= 0:
             return ElsewhereFound([], frozenset())
         share, least = common
@@ -86,7 +89,7 @@ class ElsewhereStore:
         if not rare:
             return ElsewhereFound([], frequent)
         lo, hi = conversation_rowid_range(cid)
-        rows = self._conn.execute(SEARCH_OTHERS, (" OR ".join(rare), lo, hi, limit * OVERFETCH)).fetchall()
+        rows = self._conn.execute(SEARCH_OTHERS, (match_holding(rare, must), lo, hi, limit * OVERFETCH)).fetchall()
         hits: list[ElsewhereHit] = []
         for rowid, score in rows:
             conversation, turn, n = split_rowid(rowid)

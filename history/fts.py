@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .records import json_column
@@ -129,6 +129,18 @@ INDEX_TOKEN = re.compile(r"[^\W_]+")  # a token as the index (unicode61) splits 
 def search_words(query: str) -> list[str]:
     """The words of a query as they are searched, repeats too: split at whitespace and NULs."""
     return query.replace("\x00", " ").split()
+
+
+def match_holding(rare: Sequence[str], must: Sequence[Sequence[str]]) -> str:
+    """The MATCH of the ``rare`` phrases ORed, each match holding one of the first list of
+    ``must`` that has a rare phrase: the words the recall floor asks a passage to hold one of
+    (kbinject/terms.py, ``Terms.must_hold``), so no candidate is ranked that it would drop."""
+    anyof = " OR ".join(rare)
+    for phrases in must:
+        held = [phrase for phrase in phrases if phrase in rare]
+        if held:
+            return anyof if len(held) == len(rare) else f"({' OR '.join(held)}) AND ({anyof})"
+    return anyof
 
 
 def quote_fts(query: str) -> str:

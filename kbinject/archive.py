@@ -15,7 +15,9 @@ injection"). The tools stay, for the model that digs further.
   whole text the prompt holds (its question sent it whole and is replayed whole) is not
   searched, and when nothing is out of the prompt nothing is searched (no ``recall`` progress).
 - Back-references: a question of few keywords ("what was it again?", "the code I gave
-  you") is searched with the recent turns' keywords as well.
+  you") is searched with the recent turns' keywords as well; when it has words of its own,
+  only what holds one of them is ranked (``Terms.must_hold``: the floor would drop the rest,
+  and twenty of them could fill the candidates).
 - The floor: a passage must hold half the question's keywords, ``MIN_MATCHED`` at most
   (numbers count only in a question of numbers alone), so "what is 12 times 12?" finds
   nothing in a conversation about lockers, nor in one that mentions 12 cats; a question
@@ -249,10 +251,12 @@ class ArchiveRecall:
         phrases = fts_phrases([*terms.question, *terms.recent])
         common = (COMMON_SHARE, COMMON_PIECES)
         search = ArchiveStore.search
-        found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline)
+        must = terms.must_hold()
+        found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline, must)
         if found.unchunked:  # the first search since these files came: chunk them, search again
             await self._chunk_files(cid, found.unchunked)
-            found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline)
+            found = await self.history.archive.run(search, cid, phrases, through, turn, CANDIDATES, common, inline,
+                                                   must)
         return found
 
     async def _elsewhere(

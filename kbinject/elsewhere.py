@@ -100,7 +100,7 @@ async def recall_elsewhere(
     phrases = fts_phrases(own.question)
     if not phrases:
         return []
-    found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common)
+    found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common, own.must_hold())
     memories = await history.memories.run(MemoryStore.all)
     floor = own.without(found.common)
     return await asyncio.to_thread(choose, found.hits, memories, question, own, floor, held, taken, near)

@@ -50,6 +50,14 @@ class Terms:
             return held(self.recent, text) >= MIN_MATCHED
         return held(words, text) >= min(MIN_MATCHED, (len(words) + 1) // 2)
 
+    def must_hold(self) -> list[list[str]]:
+        """The phrases (``fts_phrases``) a passage past the floor holds one of, as ``relevant`` and
+        the vectors' floor ask: the question's words, else its numbers; the first list of these
+        with a phrase that is not common counts (``history.fts.match_holding``); none: the recent
+        turns' keywords decide, and any of them may match."""
+        words = [t for t in self.question if not t.isdigit()]
+        return [fts_phrases(words), fts_phrases(self.question)]
+
     def without(self, common: frozenset[str]) -> Terms:
         """These terms less those whose phrase is in ``common`` (too common to tell a passage)."""
         def rare(term: str) -> bool:

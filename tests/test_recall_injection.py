@@ -144,6 +144,23 @@ async def test_a_short_question_that_refers_back_finds_its_passage(
         assert [e["sources"] for e in recall_events(events)] == [[{"recall": "turn", "turn": 2, "role": "user"}]]
 
 
+async def test_a_short_question_ranks_only_what_holds_its_own_words(config: Config, router: FakeRouter) -> None:
+    # "colour" and "widget" are too few: the last turn's words are searched too, but a passage
+    # must hold one of the question's own. Twenty notes of the last turn's rarer words outranked
+    # every widget, filled the candidates, and the floor then dropped them all.
+    notes = [(f"Zebra quartz note {n}.", "Noted.") for n in range(20)]
+    widgets = [(f"A widget of size {n}.", "Ok.") for n in range(24)]
+    turns = [*notes, *widgets, ("The zebra widget is green.", "Ok."), *FILLER * 6, ("Any zebra quartz?", "Rare.")]
+    cid = archived(config, turns, through=len(turns) - 1)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Green."))
+        events = await wire.ask("And what colour is the widget?", conversation=cid)
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert "you said: The zebra widget is green." in text
+        assert "Zebra quartz note" not in text
+
+
 async def test_passages_stand_oldest_first_so_the_newest_is_nearest_the_question(
     config: Config, router: FakeRouter
 ) -> None:
