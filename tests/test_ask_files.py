@@ -7,6 +7,8 @@ import asyncio
 import base64
 import json
 import os
+import select
+import shutil
 import sqlite3
 import stat
 import threading
@@ -448,3 +450,31 @@ async def test_a_file_that_blocks_on_read_is_refused_in_time_and_never_holds_a_s
         assert stuck and all(t.daemon for t in stuck)  # the process's exit does not wait for them
     finally:
         os.close(writer)  # the stuck reads see the end of the pipe and their threads end
+
+
+async def test_a_stop_mid_question_leaves_nothing_its_pdf_tools_started(
+    daemon: RunningDaemon, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon stopping while a question's PDF is read kills each poppler tool with its process
+    group: what a wrapper around pdftotext started neither outlives the daemon nor holds up its stop.
+    (A ``cancel`` waits for the files to be read: the turn stops once its question is stored.)"""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("pdfinfo", "pdftoppm"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    started = tmp_path / "child"
+    wrapper = tools / "pdftotext"
+    wrapper.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 60 >/dev/null 2>&1 &\necho $! > {started}\nwait\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    await wire.send({"type": "ask", "text": "read it", "files": [str(make_pdf(tmp_path / "report.pdf", ["text"]))]})
+    async with asyncio.timeout(30):  # only against a hang: the tool starts at once
+        while not started.exists() or not started.read_text().strip():
+            await asyncio.sleep(0.02)
+    async with asyncio.timeout(30):  # the stop (0.5 s of grace) waits for nothing the tool left behind
+        await daemon.stop()
+    handle = os.pidfd_open(int(started.read_text()))
+    try:
+        assert select.select([handle], [], [], 20)[0], "the wrapper's child outlived the daemon"
+    finally:
+        os.close(handle)
