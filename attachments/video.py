@@ -112,7 +112,7 @@ def video_line(facts: VideoFacts, size: int, attachment: int | None) -> str:
         said.append(_clock(facts.duration))
     if facts.width and facts.height:
         said.append(f"{facts.width}x{facts.height}")
-    said.append(f"{size / 1e6:.1f} MB")
+    said.append(f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB")
     which = (f"it is attachment {attachment}" if attachment is not None
              else "its attachment id is in attachment_recall's list")
     return f"[{', '.join(said)}; you cannot watch it, but {which}, and {CONVERSIONS}]"

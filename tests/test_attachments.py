@@ -166,7 +166,7 @@ async def test_unknown_binary_is_refused_naming_the_kinds_chat_takes(tmp_path: P
     blob.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
     with pytest.raises(UnsupportedKind) as refused:
         await prepare(blob)
-    assert refused.value.message == "archive.bin: chat supports text, images, PDF and documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML)"
+    assert refused.value.message == "archive.bin: chat supports text, images, PDF, documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) and videos"
     assert refused.value.code == "unsupported_kind"
 
 
