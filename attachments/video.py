@@ -81,19 +81,34 @@ async def probe_video(path: str, name: str) -> VideoFacts:
         said = [line.strip() for line in ended.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
         detail = said[-1][:200] if said else f"exit status {ended.returncode}"
         raise FileRefused(f"{name}: not a readable video (ffprobe: {detail}); check the file or attach another copy")
-    return _facts(json.loads(ended.stdout or b"{}"), name)
+    return _facts(ended.stdout, name)
 
 
-def _facts(data: dict[str, Any], name: str) -> VideoFacts:
-    streams: list[dict[str, Any]] = data.get("streams", [])
+def _facts(answer: bytes, name: str) -> VideoFacts:
+    """The facts in ffprobe's JSON; a file of neither picture nor sound is refused."""
+    try:
+        data = json.loads(answer or b"{}")
+        streams: list[dict[str, Any]] = data.get("streams", [])
+    except (ValueError, AttributeError):
+        streams, data = [], {}
     picture = next((s for s in streams if s.get("codec_type") == "video"), None)
     if picture is None and not any(s.get("codec_type") == "audio" for s in streams):
         raise FileRefused(f"{name}: not a readable video (ffprobe finds no picture or sound in it); "
                           "check the file or attach another copy")
-    duration = float(data.get("format", {}).get("duration") or 0.0) or None
-    width, height = (int(picture.get("width") or 0) or None, int(picture.get("height") or 0) or None) \
-        if picture else (None, None)
-    return VideoFacts(duration, width, height)
+    duration = _positive(data.get("format", {}).get("duration"))
+    if picture is None:
+        return VideoFacts(duration, None, None)
+    width, height = _positive(picture.get("width")), _positive(picture.get("height"))
+    return VideoFacts(duration, int(width) if width else None, int(height) if height else None)
+
+
+def _positive(value: Any) -> float | None:
+    """A number ffprobe gave (as a number or a string), None when it gave none or ``N/A``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
 
 
 def _clock(seconds: float) -> str:

@@ -502,6 +502,9 @@ async def test_a_video_the_boxes_do_not_describe_is_probed(wire: Wire, router: F
     [chip] = user["files"]
     assert (chip["kind"], chip["width"], chip["height"], round(chip["duration"])) == ("video", 160, 120, 2), chip
     assert "--- file: clip.mkv ---\n[video, 0:02, 160x120, " in text_of(router.requests[-1])
+    estimated = await wire.request({"type": "estimate", "text": "and now?", "files": [str(clip)], "conversation": 1})
+    assert [(f["kind"], f["truncated"]) for f in estimated["files"]] == [("video", False)]
+    assert 0 < estimated["files"][0]["tokens"] < 100
 
 
 async def test_a_video_of_gigabytes_is_attached_without_reading_it(

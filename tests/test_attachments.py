@@ -750,6 +750,17 @@ async def test_a_tool_that_does_not_read_its_input_is_stopped_by_its_time_bound(
         await pdf_module.run_tool([sleep, "60"], name="x.png", timeout=0.3, max_output=100, stdin=b"x" * 4_000_000)
 
 
+@pytest.mark.asyncio
+async def test_a_tool_gone_from_path_is_refused_naming_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # found when the question began, gone when it runs
+    with pytest.raises(FileRefused) as refused:
+        await pdf_module.run_tool(["tesseract", "stdin", "stdout"], name="scan.png", timeout=10, max_output=100)
+    assert refused.value.message.startswith("scan.png: tesseract is not installed; install the Debian package "
+                                            "tesseract-ocr (sudo apt install tesseract-ocr"), refused.value.message
+
+
 @needs_poppler
 @pytest.mark.asyncio
 async def test_a_refusal_during_extraction_stops_the_other_files(
