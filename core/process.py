@@ -122,12 +122,24 @@ def _exit_of(loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) 
     return exited
 
 
+class _Feeding(asyncio.BaseProtocol):
+    """The protocol of a tool's stdin: whether the pipe is closed already (all of it written, or
+    the tool gone), after which its transport must not be touched (asyncio's then has no loop)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+
+
 class _Pipes:
     """A tool's pipes as the loop's transports (which then own them), closed by ``_reap``."""
 
     def __init__(self) -> None:
         self.transports: list[asyncio.BaseTransport] = []
         self.writer: asyncio.WriteTransport | None = None  # stdin's, when fed
+        self.feeding = _Feeding()
         self.said: asyncio.Task[bytes] | None = None  # the reading of stderr's tail
 
     async def reader(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> asyncio.StreamReader:
@@ -141,7 +153,7 @@ class _Pipes:
         """``data`` handed to the loop, which writes it as the tool reads and then closes the
         pipe; a tool that stops reading (it failed, or was killed) only ends the writing."""
         assert pipe is not None
-        self.writer, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, pipe)
+        self.writer, _ = await loop.connect_write_pipe(lambda: self.feeding, pipe)
         self.writer.write(data)
         self.writer.write_eof()
 
@@ -151,7 +163,8 @@ class _Pipes:
             transport.close()
         if self.writer is not None:
             owned.append(self.writer.get_extra_info("pipe"))
-            self.writer.abort()  # what the tool did not read is dropped, not waited for
+            if not self.feeding.closed:
+                self.writer.abort()  # what the tool did not read is dropped, not waited for
         for pipe in (process.stdin, process.stdout, process.stderr):  # one not yet handed to a transport
             if pipe is not None and pipe not in owned:
                 pipe.close()

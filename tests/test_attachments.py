@@ -52,6 +52,7 @@ from attachments import pdf as pdf_module
 from attachments.classify import classify
 from core.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
 from core.tokens import cut_to_weight, text_weight
+from daemon.server import new_event_loop
 from selfcheck.samples import (
     Scan,
     make_bomb_png,
@@ -748,6 +749,19 @@ async def test_a_tool_that_does_not_read_its_input_is_stopped_by_its_time_bound(
     sleep = shutil.which("sleep") or "/bin/sleep"
     with pytest.raises(FileRefused, match=r"x\.png: reading the PDF took too long \(sleep ran over 0\.3 s\)"):
         await pdf_module.run_tool([sleep, "60"], name="x.png", timeout=0.3, max_output=100, stdin=b"x" * 4_000_000)
+
+
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, new_event_loop], ids=["asyncio", "daemon"])
+def test_a_tools_input_is_fed_on_either_loop(new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """tesseract's input (a page) is written by the loop, on the daemon's loop and on asyncio's own
+    (the daemon's without uvloop): the pipe closes once written, and nothing is touched after."""
+    loop = new_loop()
+    try:
+        out, cut = loop.run_until_complete(pdf_module.run_tool(
+            [shutil.which("cat") or "cat"], name="page.png", timeout=30, max_output=1 << 20, stdin=b"page" * 50_000))
+    finally:
+        loop.close()
+    assert (out, cut) == (b"page" * 50_000, False)
 
 
 @pytest.mark.asyncio
