@@ -176,12 +176,13 @@ class Prepared:
         return frozenset({"image"})
 
     def with_attachment_id(self, attachment: int) -> Prepared:
-        """A video with its stored attachment id in its line (the line names it once it is known)."""
+        """A video with its stored attachment id in the line the model gets (the line names it once
+        it is known; the record stored with the question keeps the line without it)."""
         if self.chip.video is None or self.text_block is None:
             return self
         header = self.text_block.partition("\n")[0]
         line = video_line(self.chip.video, self.size_bytes, attachment)
-        return dataclasses.replace(self, text_block=f"{header}\n{line}\n", full_text=line)
+        return dataclasses.replace(self, text_block=f"{header}\n{line}\n")
 
 
 @dataclass
