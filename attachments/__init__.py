@@ -14,7 +14,9 @@ The rules they follow are in docs/DESIGN.md, "Attachments".  The daemon calls, p
   ``Ocr`` (scanned pages read by tesseract, ``ocr.py``; ``support()`` for ``status``) and
   ``ImageCache`` (the decode thread, the pixel budget and the caches, ``imagecache.py``).
 
-Documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) are told and read by ``office.py``.
+Documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) are told and read by ``office.py``;
+videos are attached with a line naming them (``video.py``), their facts read from an MP4's
+boxes (``mp4.py``, which the file operations read too) or ffprobe.
 
 It stands on ``core`` alone (errors, safe file opening, token rates).
 """
@@ -33,6 +35,7 @@ from .extract import (
     too_many_files,
 )
 from .imagecache import ImageCache
+from .mp4 import read_picture, read_sound
 from .ocr import Ocr, OcrSupport
 from .images import MAX_IMAGE_BYTES
 from .office import DOCUMENT_KINDS, FORMATS as DOCUMENT_FORMATS, UNITS
@@ -69,6 +72,8 @@ __all__ = [
     "fair_shares",
     "image_ref",
     "prepare_files",
+    "read_picture",
+    "read_sound",
     "read_pdf_text",
     "read_sent_pages",
     "read_text_file",

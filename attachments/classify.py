@@ -46,9 +46,9 @@ __all__ = [
     "unsupported",
 ]
 
-# documents (docx ... html) are told and read by office.py; classify() itself never returns them,
-# so a caller that reads only text and PDFs (a knowledge base) keeps refusing them
-Kind = Literal["text", "image", "pdf", "docx", "pptx", "xlsx", "odt", "ods", "epub", "html"]
+# documents (docx ... html) are told and read by office.py, videos by video.py; classify() itself
+# never returns them, so a caller that reads only text and PDFs (a knowledge base) keeps refusing them
+Kind = Literal["text", "image", "pdf", "docx", "pptx", "xlsx", "odt", "ods", "epub", "html", "video"]
 
 # Code, config, markup and data formats people paste into a chat; lower case, no dot.
 TEXT_SUFFIXES = frozenset("""

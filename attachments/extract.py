@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import dataclasses
 import hashlib
 import json
 import logging
 import math
+import mimetypes
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +54,7 @@ from .images import MAX_IMAGE_BYTES, Probe, probe_image, too_large
 from .ocr import OCR_PAGE_CHARS, Ocr, OcrProgress
 from .readers import FileReaders
 from .tasks import gather_all
+from .video import VideoFacts, is_video, probe_video, video_line
 
 __all__ = [
     "MAX_FILES",
@@ -85,9 +88,11 @@ class Chip:
     size: int = 0  # bytes
     sha256: str | None = None  # None: a text file too large to be read whole was not hashed
     thumbnail: str | None = None  # an image's thumbnail in the data dir (None: none could be made)
+    video: VideoFacts | None = None  # a video's duration and picture size
 
     def to_json(self) -> dict[str, Any]:
-        """The chip as the protocol sends it (``pages`` only for a PDF, ``thumbnail`` only for an image)."""
+        """The chip as the protocol sends it (``pages`` only for a PDF, ``thumbnail`` only for an
+        image, ``duration``, ``width`` and ``height`` only for a video whose header says them)."""
         data: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.pages is not None:
             data["pages"] = self.pages
@@ -95,6 +100,9 @@ class Chip:
         data.update(path=self.path, size=self.size, sha256=self.sha256)
         if self.kind == "image":
             data["thumbnail"] = self.thumbnail
+        if self.video is not None:
+            facts = {"duration": self.video.duration, "width": self.video.width, "height": self.video.height}
+            data.update((key, value) for key, value in facts.items() if value is not None)
         return data
 
 
@@ -128,7 +136,8 @@ class Prepared:
     PDF; None for an image).  ``full_text`` is the whole extracted text for the
     recall tools, at most ``FULL_TEXT_CAP`` characters (a note ends it when
     cut); for a PDF ``full_text.split(pdf.PAGE_BREAK)[n - 1]`` is page n.
-    ``sha256`` is None only for a text file too large to have been read whole.
+    ``sha256`` is None for a text file too large to have been read whole, and for a video
+    (never read whole: ``video.py``).
     """
 
     path: str
@@ -162,7 +171,18 @@ class Prepared:
             return frozenset({"pdf", "scanned"} if self.scanned else {"pdf"})
         if self.kind in office.DOCUMENT_KINDS:
             return frozenset({"text"})  # a document's text is prose, as a text file's
+        if self.kind == "video":
+            return frozenset({"video"})
         return frozenset({"image"})
+
+    def with_attachment_id(self, attachment: int) -> Prepared:
+        """A video with its stored attachment id in the line the model gets (the line names it once
+        it is known; the record stored with the question keeps the line without it)."""
+        if self.chip.video is None or self.text_block is None:
+            return self
+        header = self.text_block.partition("\n")[0]
+        line = video_line(self.chip.video, self.size_bytes, attachment)
+        return dataclasses.replace(self, text_block=f"{header}\n{line}\n")
 
 
 @dataclass
@@ -193,6 +213,7 @@ class _Extracted:
     scanned: bool = False
     read_by_ocr: bool = False
     read_later: dict[int, tuple[float, float] | None] = field(default_factory=dict)
+    video: VideoFacts | None = None
 
 
 def _classify(path: str, name: str) -> Classified:
@@ -204,6 +225,8 @@ def _classify(path: str, name: str) -> Classified:
     try:
         return classify(name, head)
     except UnsupportedKind:
+        if is_video(suffix_of(name)):
+            return Classified("video", mimetypes.guess_type(name, strict=False)[0] or "video/" + suffix_of(name))
         raise office.unsupported(name) from None
 
 
@@ -367,6 +390,13 @@ async def _extract_pdf(
                       read_by_ocr=bool(plan.read), read_later={page: text.sizes.get(page) for page in plan.later})
 
 
+async def _extract_video(item: _Staged) -> _Extracted:
+    """A video's line (``video.py``): its facts from its header, its bytes never read."""
+    facts = await probe_video(item.path, item.name)
+    line = video_line(facts, item.size, None)
+    return _Extracted(line, text_weight(line), line, None, len(line), "characters", video=facts)
+
+
 async def _extract_document(item: _Staged) -> _Extracted:
     """A document's extraction (office.py), read and hashed side by side in worker threads."""
     document, sha256 = await asyncio.gather(
@@ -418,7 +448,8 @@ def _finish(item: _Staged, done: _Extracted, share: int) -> Prepared:
         size_bytes=item.size,
         sha256=done.sha256,
         mime=item.mime,
-        chip=Chip(item.name, item.kind, done.pages, cut, item.path, item.size, done.sha256, done.thumbnail),
+        chip=Chip(item.name, item.kind, done.pages, cut, item.path, item.size, done.sha256, done.thumbnail,
+                  done.video),
         text_block=block,
         images=done.images,
         full_text=done.full_text,
@@ -438,6 +469,8 @@ async def _extract(
         return await _extract_text(item)
     if item.kind in office.DOCUMENT_KINDS:
         return await _extract_document(item)
+    if item.kind == "video":
+        return await _extract_video(item)
     if probe is not None:
         return await _extract_image(item, probe, readers, vision=vision, progress=progress)
     return await _extract_pdf(item, readers.ocr, model=model, vision=vision, limit=limit, progress=progress)
@@ -503,6 +536,8 @@ async def _estimate_one(item: _Staged, ocr: Ocr, *, model: str, vision: bool) ->
     if item.kind in office.DOCUMENT_KINDS:
         document = await FILE_THREADS.run(item.path, office.read_document, item.path, item.name, item.kind)
         return len(office.document_body(document)), 0, False
+    if item.kind == "video":
+        return len(video_line(VideoFacts(None, None, None), item.size, None)), 0, False
     if item.kind == "image":
         # read by OCR for a model without vision (staging refused it otherwise)
         return (OCR_PAGE_CHARS, 0, False) if not vision else (0, 1, False)

@@ -8,7 +8,7 @@ for recall and search all the same.
 
 How, and why:
 
-- tesseract runs as a subprocess through ``pdf.run_tool``, under the same bounds as
+- tesseract runs through ``pdf.run_tool`` (the daemon's launcher), under the same bounds as
   poppler: a timeout (killed and reaped, also on cancel), capped output, the rendered
   page (itself capped) written to its input.  ``OMP_THREAD_LIMIT=1``: tesseract's own
   threads fight for the cores the pages already share (``bench/bench_ocr.py``).

@@ -113,7 +113,7 @@ class DocumentText:
 def unsupported(name: str) -> UnsupportedKind:
     """The refusal of a kind chat does not take, naming those it does."""
     return UnsupportedKind(
-        f"{name}: chat supports text, images, PDF and documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML)"
+        f"{name}: chat supports text, images, PDF, documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) and videos"
     )
 
 

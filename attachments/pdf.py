@@ -20,9 +20,10 @@ How, and why:
 - The resolution is chosen from the page size ``pdfinfo`` reports: 150 dpi, or
   ``-scale-to 1600`` when 150 dpi would pass 1600 px.  Pillow scales down
   whatever still comes out larger (a crop box and media box that disagree).
-- Every poppler call runs as an asyncio subprocess under a timeout; on timeout
-  it is killed and the file refused ("took too long").  Output is capped, so a
-  hostile PDF cannot fill memory.
+- Every poppler call runs through the daemon's launcher (``core.process``: started
+  without forking the daemon, in a process group of its own) under a timeout; on
+  timeout or cancel the group is killed and the file refused ("took too long").
+  Output is capped (the tool stopped past it), so a hostile PDF cannot fill memory.
 - Without poppler (``pdftotext``, ``pdftoppm`` or ``pdfinfo`` missing from
   ``PATH``) the text comes from pypdf in a worker thread, one warning is logged,
   and pages without text are listed as not shown: nothing can render them.
@@ -31,19 +32,15 @@ How, and why:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
-import os
 import re
 import shutil
-import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-
-from core.errors import FileRefused
+from core import process
+from core.errors import FileRefused, ToolMissing
 from core.files import open_regular
 
 from .budget import FULL_TEXT_CAP
@@ -101,9 +98,8 @@ PYPDF_TIMEOUT = 120.0
 MAX_TEXT_OUTPUT = 4 * FULL_TEXT_CAP
 # bytes of one rendered PPM: a 1600 px page is under 8 MB; this allows a mismatched box
 MAX_RENDER_OUTPUT = 64 * 1024 * 1024
-# bytes of a tool's stderr kept for the refusal message and the debug log
-STDERR_KEEP = 4096
-READ_CHUNK = 64 * 1024
+# bytes of pdfinfo's answer for one page
+INFO_OUTPUT = 16 * 1024
 
 _PAGES = re.compile(rb"^Pages:\s+(\d+)", re.MULTILINE)
 _PAGE_SIZE = re.compile(rb"^Page\s+(\d+)\s+size:\s+([\d.]+)\s+x\s+([\d.]+)", re.MULTILINE)
@@ -140,111 +136,36 @@ def poppler_available() -> bool:
     return False
 
 
-async def _collect(
-    stream: asyncio.StreamReader, keep: int, on_full: Callable[[], object] | None = None
-) -> tuple[bytes, bool]:
-    """Read ``stream`` to its end, keeping the first ``keep`` bytes; say whether more came."""
-    kept = bytearray()
-    overflow = False
-    while chunk := await stream.read(READ_CHUNK):
-        room = keep - len(kept)
-        if len(chunk) > room:
-            kept += chunk[:room]
-            if not overflow and on_full is not None:
-                on_full()
-            overflow = True
-        else:
-            kept += chunk
-    return bytes(kept), overflow
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    """Send SIGKILL to ``process`` unless it is known to have ended.
-
-    Not ``process.kill()``: that polls the child first and so may reap it
-    behind asyncio's child watcher, which then logs "Unknown child process".
-    """
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
-
-
-async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
-    """Write ``data`` to a tool's input and close it; a tool that stops reading early (it failed,
-    or was killed) only ends the writing."""
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        pipe.write(data)
-        await pipe.drain()
-    pipe.close()
-
-
-async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[Any]]) -> None:
-    """Kill ``process`` if it still runs, drain its pipes and wait for it, so nothing is left open."""
-    for reader in readers:
-        reader.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-    _kill(process)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                while await stream.read(READ_CHUNK):
-                    pass
-    await process.wait()
-
-
 async def run_tool(
     args: list[str], *, name: str, timeout: float, max_output: int, stdin: bytes | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[bytes, bool]:
-    """Run a poppler tool (or tesseract: ``ocr.py``); return its stdout (at most ``max_output``
-    bytes) and whether it was cut. ``stdin`` is written to the tool's input.
+    """Run a poppler tool (or tesseract: ``ocr.py``) through the daemon's launcher
+    (``core.process``); return its stdout (at most ``max_output`` bytes: past them the tool is
+    stopped) and whether it was cut. ``stdin`` is written to the tool's input.
 
-    Raises FileRefused when the tool times out or fails.
+    Raises FileRefused when the tool times out, fails or cannot be started.
     """
     tool = args[0].rsplit("/", 1)[-1]
-    starting = asyncio.ensure_future(asyncio.create_subprocess_exec(
-        *args,
-        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    ))
     try:
-        process = await asyncio.shield(starting)
-    except OSError as exc:
-        raise FileRefused(
-            f"{name}: {tool} could not be started ({exc.strerror}); check the poppler-utils installation"
-        ) from None
-    except asyncio.CancelledError:
-        # cancelled while the tool was being started: once it is, it is stopped and reaped,
-        # not left running behind a turn that was cancelled
-        with contextlib.suppress(OSError):
-            await asyncio.shield(_reap(await starting, []))
-        raise
-    assert process.stdout is not None and process.stderr is not None
-    # output past the cap is useless: stop the tool instead of reading it all
-    out_reader = asyncio.create_task(_collect(process.stdout, max_output, lambda: _kill(process)))
-    err_reader = asyncio.create_task(_collect(process.stderr, STDERR_KEEP))
-    tasks: list[asyncio.Task[Any]] = [out_reader, err_reader]
-    if stdin is not None:
-        assert process.stdin is not None
-        tasks.append(asyncio.create_task(_feed(process.stdin, stdin)))
-    try:
-        async with asyncio.timeout(timeout):
-            (out, cut), (err, _) = await asyncio.gather(out_reader, err_reader)
-            returncode = await process.wait()
+        ended = await process.run_tool(args, keep=max_output, stdin=stdin, timeout=timeout, env=env)
     except TimeoutError:
         raise FileRefused(
             f"{name}: reading the PDF took too long ({tool} ran over {timeout:g} s); "
             "try a smaller PDF or split it"
         ) from None
-    finally:
-        await asyncio.shield(_reap(process, tasks))
-    if err:
-        logger.debug("%s on %s said: %s", tool, name, err.decode("utf-8", "replace").strip())
-    if returncode != 0 and not cut:
-        raise _failed(name, tool, err, returncode)
-    return out, cut
+    except ToolMissing as exc:
+        raise FileRefused(f"{name}: {exc.message}") from None
+    except OSError as exc:
+        package = process.PACKAGES.get(tool, tool)
+        raise FileRefused(
+            f"{name}: {tool} could not be started ({exc.strerror}); check the {package} installation"
+        ) from None
+    if ended.stderr:
+        logger.debug("%s on %s said: %s", tool, name, ended.stderr.decode("utf-8", "replace").strip())
+    if ended.returncode != 0 and not ended.cut:
+        raise _failed(name, tool, ended.stderr, ended.returncode)
+    return ended.stdout, ended.cut
 
 
 def _failed(name: str, tool: str, stderr: bytes, returncode: int) -> FileRefused:
@@ -390,7 +311,7 @@ async def page_size(path: str, name: str, page: int) -> tuple[float, float] | No
     """The size in points of one page, from pdfinfo (None when it does not say)."""
     info, _ = await run_tool(
         [shutil.which("pdfinfo") or "pdfinfo", "-f", str(page), "-l", str(page), path],
-        name=name, timeout=INFO_TIMEOUT, max_output=STDERR_KEEP * 4,
+        name=name, timeout=INFO_TIMEOUT, max_output=INFO_OUTPUT,
     )
     return _parse_info(info)[1].get(page)
 

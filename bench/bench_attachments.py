@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -395,6 +396,50 @@ def memory(args: argparse.Namespace) -> None:
               f"{gib(large_case.total)} (peak {mb(extra)} higher, slack {mb(GROWTH_SLACK_KIB)}) {verdict(ok)}")
 
 
+# -- launching a tool ------------------------------------------------------------------------
+
+
+async def _launch_times(pdf: Path, runs: int) -> tuple[list[float], list[float]]:
+    """``pdfinfo`` on ``pdf`` through the daemon's launcher and through the loop's
+    ``subprocess_exec`` (what attachments used before), alternately: seconds each."""
+    from core import process
+
+    tool = shutil.which("pdfinfo") or "pdfinfo"
+    launcher: list[float] = []
+    loop_exec: list[float] = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        ended = await process.run_tool([tool, str(pdf)], keep=1 << 20, timeout=30)
+        launcher.append(time.perf_counter() - started)
+        assert ended.returncode == 0 and ended.stdout
+        started = time.perf_counter()
+        child = await asyncio.create_subprocess_exec(tool, str(pdf), stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE)
+        out, _err = await child.communicate()
+        loop_exec.append(time.perf_counter() - started)
+        assert child.returncode == 0 and out
+    return launcher, loop_exec
+
+
+def launch(args: argparse.Namespace) -> None:
+    """One poppler tool started by the daemon's launcher against the loop's own subprocess, in this
+    process (its memory as the daemon's is, some tens of MB) on the daemon's event loop."""
+    from daemon.server import new_event_loop
+
+    with temp_dir("asst-bench-launch-") as folder:
+        pdf = make_pdf(folder / "one.pdf", ["one page"])
+        loop = new_event_loop()
+        try:
+            launcher, loop_exec = loop.run_until_complete(_launch_times(pdf, args.launch_runs))
+        finally:
+            loop.close()
+    rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    print(f"pdfinfo on a one-page PDF, {args.launch_runs} runs each, alternately, from this process "
+          f"(loop: {type(loop).__module__}, RSS {rss:.0f} MB):")
+    print(f"  core.process.run_tool (vfork, pidfd):    {ms(median(launcher))} median ({ms(min(launcher))}-{ms(max(launcher))})")
+    print(f"  loop.subprocess_exec (what it replaced): {ms(median(loop_exec))} median ({ms(min(loop_exec))}-{ms(max(loop_exec))})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="asks per case (default 7)")
@@ -403,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mib", type=int, default=1024, help="size of each big text file (default 1024)")
     parser.add_argument("--scale", type=int, default=8, help="the second text case's files are this much larger (default 8)")
     parser.add_argument("--pdf-pages", type=int, default=2000, help="pages of the big PDF (default 2000)")
-    parser.add_argument("--part", choices=("all", "timing", "memory"), default="all")
+    parser.add_argument("--launch-runs", type=int, default=50, help="tool starts each way for --part launch (default 50)")
+    parser.add_argument("--part", choices=("all", "timing", "memory", "launch"), default="all")
     parser.add_argument("--profile", action="store_true", help="run the timing daemon under cProfile and print its hot spots")
     args = parser.parse_args(argv)
     if args.runs < 1 or not 1 <= args.png_runs <= args.runs:
@@ -414,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         timing(args)
     if args.part in ("all", "memory"):
         memory(args)
+    if args.part in ("all", "launch"):
+        launch(args)
     return 0
 
 

@@ -5,6 +5,8 @@
 - ``tokens`` and ``budget``: token estimates, and how a context is shared between
   prompt and reply;
 - ``files``: checking and safely opening a path a client names;
+- ``process``: the tools run on files (poppler, tesseract, ffmpeg), each in a process group
+  of its own, imported as ``core.process`` where used;
 - ``tools``: the framework of the model's tools (``Tool``, ``Toolbox``, ``ToolContext``);
 - ``seams``: the small protocols lower packages take instead of the daemon's classes
   (a ``Completer`` for compaction, an ``Embedder`` for knowledge bases);

@@ -155,6 +155,8 @@ class TurnRunner:
         the conversation's own model (known once it is read) overrides."""
         question, stored = questions(ask.text, prepared)
         turn, past = await self.saver.begin(ask, prepared, stored, model.id if final else None, model.id)
+        if (named := await self.saver.name_videos(past.conversation.id, turn.turn, prepared)) is not None:
+            question, stored = questions(ask.text, named)  # stored whole when the turn is
         return self._state(ask, turn, past, model, [stored], question, ask.question(prepared),
                            client=ClientTools(ask.client_tools), final=final)
 

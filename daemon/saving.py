@@ -171,6 +171,15 @@ class TurnSaver:
         self.context.kbs.recall.note(state.conversation, state.turn)  # its messages get vectors, in the background
         return stored if written else None
 
+    async def name_videos(self, cid: int, turn: int, prepared: list[Prepared]) -> list[Prepared] | None:
+        """The question's files with each video's line naming its attachment id, known once the
+        question is stored (docs/DESIGN.md, "Videos on a question"); None when it has no video."""
+        if not any(p.kind == "video" for p in prepared):
+            return None
+        stored = await self.history.run(HistoryStore.attachments, cid)
+        ids = iter([a.id for a in stored if a.turn == turn and a.kind == "video"])  # stored in the question's order
+        return [p.with_attachment_id(next(ids)) if p.kind == "video" else p for p in prepared]
+
 
 def questions(text: str, prepared: list[Prepared]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The user message for the router and for storage (images as image_ref parts)."""

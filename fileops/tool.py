@@ -68,7 +68,7 @@ class FileConvert(Tool):
         self._converter = Converter(ocr, prefix="t")
 
     async def available(self, ctx: ToolContext[AsyncHistory]) -> bool:
-        """Offered once the conversation has a file an operation takes (a PDF, an image): a text
+        """Offered once the conversation has a file an operation takes (a PDF, an image, a video): a text
         file alone would cost every prompt the tool's definition for nothing."""
         if ctx.has_attachments is False:
             return False

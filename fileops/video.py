@@ -19,7 +19,7 @@ from typing import Any
 from core.errors import BadOption, ConvertFailed, OutputTooLarge
 
 from .job import Job
-from .mp4 import read_picture, read_sound
+from attachments import read_picture, read_sound
 from .process import need_tool, run_tool, worker_args
 
 __all__ = ["trackcrop", "video_to_audio", "video_to_gif"]

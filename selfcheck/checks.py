@@ -185,7 +185,7 @@ async def _classify(ctx: Context) -> None:
     expect(kinds == ["text", "text", "image", "pdf"], f"kinds: {kinds}")
     (ctx.scratch / "blob.bin").write_bytes(bytes(range(256)) * 8)
     refused = (await ctx.wire.ask("and this?", files=[str(ctx.scratch / "blob.bin")]))[-1]
-    expect(refused.get("code") == "unsupported_kind" and "chat supports text, images, PDF and documents" in refused["message"],
+    expect(refused.get("code") == "unsupported_kind" and "chat supports text, images, PDF, documents" in refused["message"],
            f"unknown kind: {refused}")
 
 

@@ -7,8 +7,11 @@ import asyncio
 import base64
 import json
 import os
+import select
+import shutil
 import sqlite3
 import stat
+import subprocess
 import threading
 import types
 from pathlib import Path
@@ -21,6 +24,7 @@ from core import Config, load_config
 from selfcheck.fakerouter import FakeModel, FakeRouter, Reply
 from selfcheck.samples import Scan, make_mpo, make_pdf, make_png, make_sparse
 from tests.conftest import RunningDaemon, serving
+from tests.media import make_clip
 
 pytestmark = pytest.mark.asyncio
 
@@ -251,7 +255,7 @@ async def test_a_huge_sparse_file_is_read_only_to_the_budget(wire: Wire, router:
         (lambda d: str(d), "file_refused", "a folder, not a file"),
         (lambda d: "/dev/null", "file_refused", "not a regular file"),
         (lambda d: str(make_sparse(d / "huge.png", 21 << 20, b"\x89PNG\r\n\x1a\n")), "file_refused", "20 MB"),
-        (lambda d: str(_binary(d / "blob.bin")), "unsupported_kind", "chat supports text, images, PDF and documents"),
+        (lambda d: str(_binary(d / "blob.bin")), "unsupported_kind", "chat supports text, images, PDF, documents"),
     ],
 )
 async def test_refusals_send_and_store_nothing(
@@ -448,3 +452,79 @@ async def test_a_file_that_blocks_on_read_is_refused_in_time_and_never_holds_a_s
         assert stuck and all(t.daemon for t in stuck)  # the process's exit does not wait for them
     finally:
         os.close(writer)  # the stuck reads see the end of the pipe and their threads end
+
+
+async def test_a_stop_mid_question_leaves_nothing_its_pdf_tools_started(
+    daemon: RunningDaemon, wire: Wire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon stopping while a question's PDF is read kills each poppler tool with its process
+    group: what a wrapper around pdftotext started neither outlives the daemon nor holds up its stop.
+    (A ``cancel`` waits for the files to be read: the turn stops once its question is stored.)"""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("pdfinfo", "pdftoppm"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    started = tmp_path / "child"
+    wrapper = tools / "pdftotext"
+    wrapper.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 60 >/dev/null 2>&1 &\necho $! > {started}\nwait\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    await wire.send({"type": "ask", "text": "read it", "files": [str(make_pdf(tmp_path / "report.pdf", ["text"]))]})
+    async with asyncio.timeout(30):  # only against a hang: the tool starts at once
+        while not started.exists() or not started.read_text().strip():
+            await asyncio.sleep(0.02)
+    async with asyncio.timeout(30):  # the stop (0.5 s of grace) waits for nothing the tool left behind
+        await daemon.stop()
+    handle = os.pidfd_open(int(started.read_text()))
+    try:
+        assert select.select([handle], [], [], 20)[0], "the wrapper's child outlived the daemon"
+    finally:
+        os.close(handle)
+
+
+async def test_a_damaged_video_is_refused_naming_it(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\x00\x00\x00\x18ftypisom" + bytes(range(256)) * 40)
+    events = await wire.ask("what is this?", files=[str(broken)])
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "file_refused", events[-1]
+    assert events[-1]["message"].startswith("broken.mp4: not a readable video (ffprobe: "), events[-1]
+    assert events[-1]["message"].endswith("; check the file or attach another copy")
+    assert router.requests == []
+
+
+async def test_a_video_the_boxes_do_not_describe_is_probed(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    """Not an MP4: ffprobe reads its header (bounded in time and output) for the chip and the line."""
+    clip = tmp_path / "clip.mkv"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(make_clip(tmp_path / "clip.mp4")), "-c", "copy", str(clip)],
+                   check=True, timeout=60)
+    router.script(Reply(text="a clip"))
+    [user] = of_type(await wire.ask("what is this?", files=[str(clip)]), "user")
+    [chip] = user["files"]
+    assert (chip["kind"], chip["width"], chip["height"], round(chip["duration"])) == ("video", 160, 120, 2), chip
+    assert "--- file: clip.mkv ---\n[video, 0:02, 160x120, " in text_of(router.requests[-1])
+    estimated = await wire.request({"type": "estimate", "text": "and now?", "files": [str(clip)], "conversation": 1})
+    assert [(f["kind"], f["truncated"]) for f in estimated["files"]] == [("video", False)]
+    assert 0 < estimated["files"][0]["tokens"] < 100
+
+
+async def test_a_video_of_gigabytes_is_attached_without_reading_it(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    """An 8 GiB video (an MP4 whose header comes first, then a hole) is attached from its boxes:
+    the daemon reads a few KiB of it, hashes none of it and stores its path, not its bytes."""
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-i", str(make_clip(tmp_path / "small.mp4")), "-c", "copy",
+                    "-movflags", "+faststart", str(clip)], check=True, timeout=60)
+    with open(clip, "r+b") as handle:
+        handle.truncate(8 << 30)  # sparse: the disk holds the clip alone
+    before = read_bytes()
+    router.script(Reply(text="a long clip"))
+    [user] = of_type(await wire.ask("what is this?", files=[str(clip)]), "user")
+    assert read_bytes() - before < 16 << 20  # this process (and the daemon in it) read next to nothing
+    assert user["files"][0]["size"] == 8 << 30 and user["files"][0]["sha256"] is None
+    assert user["files"][0]["duration"] == 2.0 and "8.6 GB" in text_of(router.requests[-1])
+
+
+def read_bytes() -> int:
+    """The bytes this process has read through read() and its kin so far (Linux /proc)."""
+    return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])

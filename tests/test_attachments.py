@@ -18,6 +18,7 @@ import ctypes
 import io
 import logging
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -51,6 +52,7 @@ from attachments import pdf as pdf_module
 from attachments.classify import classify
 from core.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
 from core.tokens import cut_to_weight, text_weight
+from daemon.server import new_event_loop
 from selfcheck.samples import (
     Scan,
     make_bomb_png,
@@ -165,7 +167,7 @@ async def test_unknown_binary_is_refused_naming_the_kinds_chat_takes(tmp_path: P
     blob.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
     with pytest.raises(UnsupportedKind) as refused:
         await prepare(blob)
-    assert refused.value.message == "archive.bin: chat supports text, images, PDF and documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML)"
+    assert refused.value.message == "archive.bin: chat supports text, images, PDF, documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) and videos"
     assert refused.value.code == "unsupported_kind"
 
 
@@ -674,6 +676,18 @@ def _children() -> set[int]:
     return found
 
 
+def ends_within(pid: int, within: float) -> bool:
+    """Whether process ``pid`` ends within ``within`` seconds (it need not be our child: a pidfd)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([handle], [], [], within)[0])
+    finally:
+        os.close(handle)
+
+
 def _fake_tool(tools: Path, name: str, pid_file: Path) -> None:
     """Put a poppler tool on ``tools`` that records its pid and hangs."""
     sleep = shutil.which("sleep") or "/bin/sleep"
@@ -711,27 +725,54 @@ async def test_cancelling_kills_the_rendering_and_leaves_nothing(
 
 
 @pytest.mark.asyncio
-async def test_a_cancel_while_a_tool_starts_leaves_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[int] = []
-    create = asyncio.create_subprocess_exec
-
-    async def slowly(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-        process = await create(*args, **kwargs)
-        started.append(process.pid)
-        await asyncio.sleep(0.5)  # the cancel comes while the start is not yet returned
-        return process
-
-    monkeypatch.setattr(pdf_module.asyncio, "create_subprocess_exec", slowly)
-    sleep = shutil.which("sleep") or "/bin/sleep"
-    task = asyncio.ensure_future(pdf_module.run_tool([sleep, "60"], name="x.pdf", timeout=60, max_output=100))
-    async with asyncio.timeout(20):
-        while not started:
+async def test_a_cancelled_tool_takes_what_it_started_with_it(tmp_path: Path) -> None:
+    """A tool is killed with its whole process group: a wrapper script's own child (a snap's or a
+    distribution's shell wrapper around poppler) does not outlive a cancel."""
+    started = tmp_path / "child"
+    wrapper = tmp_path / "pdftotext"
+    wrapper.write_text(f"#!/bin/sh\n{shutil.which('sleep')} 60 >/dev/null 2>&1 &\necho $! > {started}\nwait\n")
+    wrapper.chmod(0o755)
+    task = asyncio.ensure_future(pdf_module.run_tool([str(wrapper)], name="x.pdf", timeout=60, max_output=100))
+    async with asyncio.timeout(20):  # only against a hang: the script starts at once
+        while not started.exists() or not started.read_text().strip():
             await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    with pytest.raises(ProcessLookupError):  # stopped and reaped, not left running
-        os.kill(started[0], 0)
+        async with asyncio.timeout(20):  # the cancel waits for nothing the tool left behind
+            await task
+    assert ends_within(int(started.read_text()), 20)
+
+
+@pytest.mark.asyncio
+async def test_a_tool_that_does_not_read_its_input_is_stopped_by_its_time_bound(tmp_path: Path) -> None:
+    """The input is fed by the loop: a tool that never reads it blocks nothing, and its bound ends it."""
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    with pytest.raises(FileRefused, match=r"x\.png: reading the PDF took too long \(sleep ran over 0\.3 s\)"):
+        await pdf_module.run_tool([sleep, "60"], name="x.png", timeout=0.3, max_output=100, stdin=b"x" * 4_000_000)
+
+
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, new_event_loop], ids=["asyncio", "daemon"])
+def test_a_tools_input_is_fed_on_either_loop(new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """tesseract's input (a page) is written by the loop, on the daemon's loop and on asyncio's own
+    (the daemon's without uvloop): the pipe closes once written, and nothing is touched after."""
+    loop = new_loop()
+    try:
+        out, cut = loop.run_until_complete(pdf_module.run_tool(
+            [shutil.which("cat") or "cat"], name="page.png", timeout=30, max_output=1 << 20, stdin=b"page" * 50_000))
+    finally:
+        loop.close()
+    assert (out, cut) == (b"page" * 50_000, False)
+
+
+@pytest.mark.asyncio
+async def test_a_tool_gone_from_path_is_refused_naming_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # found when the question began, gone when it runs
+    with pytest.raises(FileRefused) as refused:
+        await pdf_module.run_tool(["tesseract", "stdin", "stdout"], name="scan.png", timeout=10, max_output=100)
+    assert refused.value.message.startswith("scan.png: tesseract is not installed; install the Debian package "
+                                            "tesseract-ocr (sudo apt install tesseract-ocr"), refused.value.message
 
 
 @needs_poppler

@@ -235,7 +235,7 @@ def _long_names(path: Path) -> Path:
         (lambda d: _ole2(d / "locked.docx"), "file_refused", "locked.docx: the DOCX is password-protected"),
         (lambda d: make_epub(d / "drm.epub", [("One", "x")], encrypted=True), "file_refused", "protected by DRM"),
         (lambda d: _plain_zip(d / "photos.zip"), "unsupported_kind",
-         "photos.zip: chat supports text, images, PDF and documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML)"),
+         "photos.zip: chat supports text, images, PDF, documents (DOCX, PPTX, XLSX, ODT, ODS, EPUB, HTML) and videos"),
     ],
 )
 async def test_damaged_hostile_and_unknown_files_are_refused_and_the_daemon_lives(

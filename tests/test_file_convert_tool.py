@@ -12,7 +12,7 @@ import pytest
 
 from client import Wire, of_type
 from selfcheck.fakerouter import FakeRouter, Reply
-from tests.media import styled_pdf
+from tests.media import duration, make_clip, styled_pdf
 from tests.test_mcp_host import call, tool_messages
 
 pytestmark = pytest.mark.asyncio
@@ -87,3 +87,45 @@ async def test_it_is_offered_only_with_a_file_it_takes(wire: Wire, router: FakeR
     router.script(Reply(text="ok"))
     await wire.ask("read", files=[str(notes)], conversation=1)
     assert "attachment_recall" in offered(router.requests[-1]) and TOOL not in offered(router.requests[-1])
+
+
+def user_text(request: dict[str, Any]) -> str:
+    """The text of the last user message the router received."""
+    content = [m for m in request["messages"] if m["role"] == "user"][-1]["content"]
+    return content if isinstance(content, str) else "\n".join(p["text"] for p in content if p["type"] == "text")
+
+
+async def test_a_video_on_a_question_is_named_to_the_model_and_converted_by_it(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    """A video is attached, never read into the prompt: a chip with its facts and one line naming
+    it and its attachment id; then file_convert takes it, once approved, and attaches its sound."""
+    clip = make_clip(tmp_path / "clip.mp4")
+    router.script(Reply(text="a clip"))
+    events = await wire.ask("what is this?", files=[str(clip)])
+    [user] = of_type(events, "user")
+    assert user["files"] == [{"name": "clip.mp4", "kind": "video", "truncated": False, "path": str(clip),
+                              "size": clip.stat().st_size, "sha256": None, "duration": 2.0, "width": 160,
+                              "height": 120}]
+    sent = user_text(router.requests[-1])
+    assert sent.startswith("what is this?\n\n--- file: clip.mp4 ---\n[video, 0:02, 160x120, ")
+    assert "you cannot watch it, but it is attachment 1, and file_convert can turn it into its sound track" in sent
+    assert len(sent) < 400 and TOOL in offered(router.requests[-1])
+    opened = await wire.request({"type": "open", "conversation": 1})
+    assert opened["turns"][0]["files"] == user["files"]
+
+    router.script(call(TOOL, {"operation": "video_to_audio", "attachments": [1]}), Reply(text="here it is"))
+    rid = await wire.send({"type": "ask", "text": "give me its sound", "conversation": 1})
+    asked = (await wire.until(rid, ("approval", "done", "error")))[-1]
+    assert asked["type"] == "approval" and asked["arguments"]["operation"] == "video_to_audio", asked
+    assert not (tmp_path / "clip.m4a").exists()  # nothing runs before the answer
+    await wire.request({"type": "approve", "conversation": 1, "call": asked["call"], "allow": True})
+    [tool] = of_type(await wire.until(rid), "tool")
+    assert tool["ok"] and tool["summary"] == "video_to_audio: wrote clip.m4a", tool
+    assert abs(duration(tmp_path / "clip.m4a") - 2.0) < 0.1
+    result = json.loads(tool_messages(router.requests[-1])[-1]["content"])
+    assert [(o["id"], o["filename"]) for o in result["outputs"]] == [(2, "clip.m4a")]
+    # the first question, as stored and sent again, names the video as the model first saw it
+    first = [m for m in router.requests[-1]["messages"] if m["role"] == "user"][0]
+    assert user_text({"messages": [first]}) == sent
+

@@ -31,7 +31,7 @@ from fileworker.failure import OutputTooLarge as WorkerTooLarge
 from fileworker.failure import WorkFailed
 from fileworker.tracking import filled, smooth_path, window_path
 from selfcheck.samples import make_png
-from fileops.mp4 import Mp4Sound, read_sound
+from attachments.mp4 import Mp4Sound, read_sound
 from tests.media import BOX, duration, gray_frames, make_box_video, make_clip, make_sound, sound_codec, styled_pdf
 
 REPORT = "Annual Report"

@@ -1,4 +1,4 @@
-"""An MP4's (or MOV's, M4V's) sound track read from its boxes: ``video_to_audio`` without ffprobe.
+"""An MP4's (or MOV's, M4V's) facts read from its boxes: ``video_to_audio`` without ffprobe.
 
 ``video_to_audio`` chooses the container of a copied track by its codec, and reports progress
 against the duration: ffprobe says both, but starting it costs as much as the copy itself
@@ -7,7 +7,10 @@ files phones and screen recorders write, the ``moov`` box says both in a few rea
 movie's duration (``mvhd``) and the first sound track's sample entry (``stsd``: ``mp4a``
 with the MPEG-4 object type telling AAC from MP3, ``alac``, ``Opus``, ``fLaC``, ``.mp3``).
 ``video_to_gif`` reads there whether there is a picture (a ``vide`` track) and the duration.
-Anything else, or anything unexpected in the boxes, is ``None``: the caller asks ffprobe.
+A video attached to a question (``video.py``) gets its duration and picture size from the
+movie header and the first ``vide`` track's header (``tkhd``). Anything else, or anything
+unexpected in the boxes, is ``None``: the caller asks ffprobe. A file is read a few boxes at a
+time (seeks and reads of 16 bytes to a few KiB), never whole.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["Mp4Sound", "read_picture", "read_sound"]
+__all__ = ["Mp4Movie", "Mp4Sound", "read_movie", "read_picture", "read_sound"]
 
 MAX_BOXES = 4096  # boxes looked at per file: a damaged or hostile file cannot keep the reading going
 MAX_ENTRY = 4096  # bytes of a sample entry read (its esds is in the first hundred)
@@ -32,6 +35,15 @@ class Mp4Sound:
 
     duration: float
     audio: str | None
+
+
+@dataclass(frozen=True)
+class Mp4Movie:
+    """What the boxes say of a movie: its duration in seconds, its picture's width and height."""
+
+    duration: float
+    width: int
+    height: int
 
 
 class _Unknown(Exception):
@@ -175,3 +187,35 @@ def read_picture(handle: BinaryIO) -> float | None:
     except (_Unknown, struct.error, IndexError, OSError):
         return None
     return duration if pictured and duration > 0 else None
+
+
+def _picture_size(handle: BinaryIO, start: int, end: int, budget: list[int]) -> tuple[int, int]:
+    """The width and height of the first ``vide`` track, from its ``tkhd`` (16.16 fixed point,
+    the header's last eight bytes)."""
+    for kind, payload, stop in _boxes(handle, start, end, budget):
+        if kind != b"trak":
+            continue
+        media, media_end = _child(handle, payload, stop, b"mdia", budget)
+        handler, _ = _child(handle, media, media_end, b"hdlr", budget)
+        handle.seek(handler + 8)
+        if handle.read(4) != b"vide":
+            continue
+        header, header_end = _child(handle, payload, stop, b"tkhd", budget)
+        handle.seek(header_end - 8)
+        width, height = struct.unpack(">II", handle.read(8))
+        if width >> 16 and height >> 16:
+            return width >> 16, height >> 16
+        raise _Unknown
+    raise _Unknown
+
+
+def read_movie(handle: BinaryIO) -> Mp4Movie | None:
+    """The duration and picture size of an ISO base media file with a video track, or None when
+    the boxes do not say so plainly."""
+    budget = [MAX_BOXES]
+    try:
+        movie, movie_end, duration = _movie(handle, budget)
+        width, height = _picture_size(handle, movie, movie_end, budget)
+    except (_Unknown, struct.error, IndexError, OSError):
+        return None
+    return Mp4Movie(duration, width, height) if duration > 0 else None
