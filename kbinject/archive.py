@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from attachments import PAGE_BREAK, PAGE_UNITS
 from core import estimate_text
@@ -53,7 +53,7 @@ from core.tools import one_line
 from history import NOTHING_OUT, ArchiveFound, ArchiveHit, ArchiveStore, AsyncHistory, ElsewhereStore, FileToChunk
 
 from .chunking import MARKDOWN_SUFFIXES, chunk_pages, chunk_text
-from .elsewhere import ElsewherePassage, day_label, recall_elsewhere
+from .elsewhere import ElsewherePassage, Others, choose_elsewhere, day_label, search_elsewhere
 from .recallvec import NO_NEAR, Near, RecallVectors
 from .search import fts_phrases, query_terms, reciprocal_rank_fusion
 from .terms import Terms, best_piece, held, normalized
@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RecallMode = Literal["auto", "tool_only", "off"]
 RECALL_MODES: tuple[RecallMode, ...] = ("auto", "tool_only", "off")
@@ -78,6 +79,9 @@ SETTING = "recall_injection"  # the key in conversations.settings (and the confi
 
 RECALL_TOP_K = 3  # passages a turn gets at most
 CANDIDATES = 20  # matches of each kind (turns, file chunks) ranked before the floor
+# Choosing among less text than this (the prompt's, the matches') takes less time on the loop
+# than a hand-off to a thread and back: some 20 us a thousand characters, against 0.15-0.2 ms
+INLINE_CHARS = 8_000
 # A keyword that more than this share of the conversation's pieces hold (messages, file chunks;
 # more than COMMON_PIECES of them) tells no passage apart: it is not searched by, nor counts for the floor
 COMMON_SHARE = 0.3
@@ -188,6 +192,16 @@ def file_chunks(file: FileToChunk) -> list[tuple[int | None, str]]:
     return [(chunk.page, chunk.text) for chunk in chunks if chunk.text.strip()]
 
 
+async def _given(value: T) -> T:
+    """``value``, awaitable: a search not made, among those gathered."""
+    return value
+
+
+async def _call(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` on the loop, awaitable as ``asyncio.to_thread`` is."""
+    return fn(*args)
+
+
 class ArchiveRecall:
     """Finds the passages of a conversation's archive that bear on this turn's question."""
 
@@ -214,17 +228,21 @@ class ArchiveRecall:
             terms = Terms.of(question, recent)
             if self.top_k <= 0 or not (terms.question or terms.recent):
                 return Recall()
-            found = await self._search(cid, turn, terms, through, inline) if own else NOTHING_OUT
+            # sent together: they queue on the history thread, and the turn waits for them once
+            found, others = await asyncio.gather(
+                self._search(cid, turn, terms, through, inline) if own else _given(NOTHING_OUT),
+                search_elsewhere(self.history, cid, terms, (COMMON_SHARE, COMMON_PIECES)) if elsewhere else _given(None),
+            )
             near = await self._near(cid, question, terms, through, found, elsewhere)
             chosen: list[AnyPassage] = []
-            if found.searched or elsewhere:  # the prompt's text made comparable once (CPU: off the loop)
-                held = await asyncio.to_thread(normalized, held)
-            if found.searched:
-                # a long message is cut to its best chunk, and the prompt's text compared: CPU work, off the loop
-                floor = terms.without(found.common)
-                chosen += await asyncio.to_thread(self._choose, found.hits, terms, floor, held, near)
-            if elsewhere:
-                chosen += await self._elsewhere(cid, question, terms, held, chosen, near)
+            if found.searched or others is not None:
+                # long messages cut to their best chunk, the prompt's text compared: CPU work, off the
+                # loop when there is much of it (a thread's hand-off costs more than a little)
+                work = len(held) + sum(len(hit.text) for hit in found.hits) + (others.size if others else 0)
+                mine, theirs = await (asyncio.to_thread if work > INLINE_CHARS else _call)(
+                    self._choose_all, found, others, question, terms, held, near)
+                chosen += mine
+                chosen += await self._dated(cid, theirs, mine)
             # other conversations searched in vain say nothing: every turn of memory would
             return fit(latest_only(chosen, terms), ctx_used, limit) if chosen else Recall(searched=found.searched)
         except asyncio.CancelledError:
@@ -259,19 +277,26 @@ class ArchiveRecall:
                                                    must)
         return found
 
-    async def _elsewhere(
-        self, cid: int, question: str, terms: Terms, held: str, own: list[AnyPassage], near: Near
+    def _choose_all(
+        self, found: ArchiveFound, others: Others | None, question: str, terms: Terms, held: str, near: Near
+    ) -> tuple[list[Passage], list[ElsewherePassage]]:
+        """The passages of the archive (``found``), then those of other conversations and memories
+        (``others``) new beside them, none that the prompt's text ``held`` already holds."""
+        plain = normalized(held)  # made comparable once, for both
+        mine = self._choose(found.hits, terms, terms.without(found.common), plain, near) if found.searched else []
+        theirs = choose_elsewhere(others, question, plain, [p.text for p in mine], near) if others else []
+        return mine, theirs
+
+    async def _dated(
+        self, cid: int, theirs: list[ElsewherePassage], mine: list[Passage]
     ) -> list[ElsewherePassage]:
-        """The best passages of other conversations and memories, ranked below ``own``; ``own``
-        dated when there are some, so that every passage stands by its date in the block."""
-        common = (COMMON_SHARE, COMMON_PIECES)
-        found = await recall_elsewhere(self.history, cid, question, terms, held, [p.text for p in own], common, near)
-        mine = [p for p in own if isinstance(p, Passage)]
-        if found and mine:
+        """``theirs``, with ``mine`` dated when there are both, so that every passage stands by its
+        date in the block."""
+        if theirs and mine:
             dates = await self.history.elsewhere.run(ElsewhereStore.turn_dates, cid, [p.hit.turn for p in mine])
             for passage in mine:
                 passage.date = dates.get(passage.hit.turn, "")
-        return found
+        return theirs
 
     async def _chunk_files(self, cid: int, files: list[FileToChunk]) -> None:
         """Chunk these files and store their chunks (off the event loop)."""

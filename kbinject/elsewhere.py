@@ -29,13 +29,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.tools import one_line
-from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
+from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereFound, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
 
 from .recallvec import NO_NEAR, Near
 from .search import fts_phrases, query_terms, reciprocal_rank_fusion
 from .terms import Terms, best_piece, normalized
 
-__all__ = ["ELSEWHERE_TOP_K", "MAX_PASSAGE_CHARS", "ElsewherePassage", "asks_again", "day_label", "recall_elsewhere"]
+__all__ = ["ELSEWHERE_TOP_K", "MAX_PASSAGE_CHARS", "ElsewherePassage", "Others", "asks_again", "choose_elsewhere",
+           "day_label", "search_elsewhere"]
 
 ELSEWHERE_TOP_K = 3  # passages of other conversations and memories a turn gets at most
 MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut to a memory's length
@@ -88,22 +89,40 @@ class ElsewherePassage:
                 "date": self.date[:10], "turn": self.hit.turn, "role": self.hit.role}
 
 
-async def recall_elsewhere(
-    history: AsyncHistory, cid: int, question: str, terms: Terms, held: str, taken: list[str],
-    common: tuple[float, int], near: Near = NO_NEAR,
-) -> list[ElsewherePassage]:
-    """The best passages of other conversations and memories for the ``question`` (its
-    ``terms``, without the recent turns', and what the vectors found: ``near``), past the
-    floor, none that asks it again or that the prompt's text ``held`` (``normalized``) or a passage already
-    ``taken`` holds; best first."""
-    own = Terms(terms.question, [])  # a back-reference's borrowed words are this conversation's
+@dataclass(frozen=True)
+class Others:
+    """What a turn's search of the other conversations found, and the saved memories."""
+
+    terms: Terms  # the question's keywords alone: a back-reference's borrowed words are this conversation's
+    found: ElsewhereFound
+    memories: list[Memory]
+
+    @property
+    def size(self) -> int:
+        """Their text's length: what choosing among them costs."""
+        return sum(len(hit.text) for hit in self.found.hits) + sum(len(m.text) for m in self.memories)
+
+
+async def search_elsewhere(history: AsyncHistory, cid: int, terms: Terms, common: tuple[float, int]) -> Others | None:
+    """The other conversations searched for the question's ``terms`` (not the recent turns'),
+    and the saved memories, both sent at once; None when the question has no keyword."""
+    own = Terms(terms.question, [])
     phrases = fts_phrases(own.question)
     if not phrases:
-        return []
-    found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common, own.must_hold())
-    memories = await history.memories.run(MemoryStore.all)
-    floor = own.without(found.common)
-    return await asyncio.to_thread(choose, found.hits, memories, question, own, floor, held, taken, near)
+        return None
+    found, memories = await asyncio.gather(
+        history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common, own.must_hold()),
+        history.memories.run(MemoryStore.all))
+    return Others(own, found, memories)
+
+
+def choose_elsewhere(others: Others, question: str, held: str, taken: list[str], near: Near = NO_NEAR
+                     ) -> list[ElsewherePassage]:
+    """The best passages of what ``others`` found for the ``question`` (and what the vectors found:
+    ``near``), past the floor, none that asks it again or that the prompt's text ``held``
+    (``normalized``) or a passage already ``taken`` holds; best first."""
+    floor = others.terms.without(others.found.common)
+    return choose(others.found.hits, others.memories, question, others.terms, floor, held, taken, near)
 
 
 def choose(
