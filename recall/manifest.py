@@ -30,7 +30,7 @@ def _describe(attachment: Attachment) -> str:
     if attachment.kind == "pdf":
         pages = attachment.pages
         kind = f"PDF, {pages} page{'s' if pages != 1 else ''}" if pages else "PDF"
-        if not attachment.has_text:
+        if not attachment.has_text and pages:  # read and found bare (file_convert's PDFs are not read)
             kind += ", no text layer"
     elif attachment.kind in DOCUMENT_FORMATS:
         kind = DOCUMENT_FORMATS[attachment.kind]

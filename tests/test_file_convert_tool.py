@@ -131,9 +131,10 @@ async def test_a_video_on_a_question_is_named_to_the_model_and_converted_by_it(
 
 
 
-async def converted(wire: Wire, router: FakeRouter, operation: str, options: dict[str, Any]) -> None:
-    """A turn of conversation 1 in which the model calls file_convert on attachment 1, approved."""
-    router.script(call(TOOL, {"operation": operation, "attachments": [1], "options": options}), Reply(text="done"))
+async def converted(wire: Wire, router: FakeRouter, operation: str, options: dict[str, Any], ident: int = 1) -> None:
+    """A turn of conversation 1 in which the model calls file_convert on attachment ``ident``, approved."""
+    router.script(call(TOOL, {"operation": operation, "attachments": [ident], "options": options}),
+                  Reply(text="done"))
     rid = await wire.send({"type": "ask", "text": f"make a {operation}", "conversation": 1})
     asked = (await wire.until(rid, ("approval", "done", "error")))[-1]
     assert asked["type"] == "approval", asked
@@ -146,13 +147,15 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
     """Once a compaction folds them, the manifest tells a video by its duration and picture size,
-    a sound file and a GIF by their kinds; attachment_recall's read of a video names its id."""
+    a sound file, a GIF and a merged PDF by their kinds; attachment_recall's read of a video names
+    its id."""
     clip = make_clip(tmp_path / "clip.mp4")
     router.script(Reply(text="a clip"))
     await wire.ask("what is this?", files=[str(clip)])
     await converted(wire, router, "video_to_audio", {})
     await converted(wire, router, "video_to_gif", {"duration": 1, "width": 80})
     await converted(wire, router, "trackcrop", {"aspect": "9:16"})
+    await converted(wire, router, "pdf_merge", {}, ident=3)  # the GIF as a page
     router.script_complete(Reply(text="Earlier: a clip and what was made of it."))
     for n in range(16):
         router.script(Reply(text=f"Answer {n}: " + "word " * 120))
@@ -170,6 +173,7 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
     ], system
     crop = tmp_path / "clip 9x16.mp4"
     assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {crop.stat().st_size / 1e6:.1f} MB; turn 4)"
+    assert lines[4] == "- id 5: clip merged.pdf (PDF; turn 5)"  # never read: not said to lack a text layer
 
     for ident, name in [(1, "clip.mp4"), (4, "clip 9x16.mp4")]:
         router.script(call("attachment_recall", {"action": "read", "attachment_id": ident}), Reply(text="read"))
