@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 VIDEO_SUFFIXES = frozenset({"mp4", "m4v", "mkv", "webm", "mov", "avi", "ogv", "mpg", "mpeg", "flv", "wmv", "3gp"})
 PROBE_TIMEOUT = 15.0  # seconds for ffprobe to read a header; past it the file is refused
 PROBE_BYTES = 1024 * 1024  # bytes of ffprobe's answer kept: a header's streams and format fit in far less
-# what the model can have made of a video, named in its line
 # where a line made before the video had its id sends the model (the record stored with it keeps that line)
 UNNAMED = "its attachment id is in attachment_recall's list"
+# what the model can have made of a video, named in its line
 CONVERSIONS = ("file_convert can turn it into its sound track (video_to_audio), a GIF (video_to_gif) "
                "or a crop that follows what moves (trackcrop)")
 
