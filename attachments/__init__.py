@@ -43,6 +43,7 @@ from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import read_text as read_pdf_text
 from .readers import FileReaders
 from .refs import attached_image, image_ref, resolve_image_refs, user_content
+from .video import VideoFacts, read_video_facts, video_facts_said, video_line, video_line_naming
 
 # what a paged kind's pages are: a PDF's pages, a deck's slides, a spreadsheet's sheets, an EPUB's chapters
 PAGE_UNITS = {"pdf": "page", **UNITS}
@@ -65,6 +66,7 @@ __all__ = [
     "Ocr",
     "OcrSupport",
     "Prepared",
+    "VideoFacts",
     "attached_image",
     "budget_chars",
     "classify",
@@ -77,8 +79,12 @@ __all__ = [
     "read_pdf_text",
     "read_sent_pages",
     "read_text_file",
+    "read_video_facts",
     "resolve_image_refs",
     "suffix_of",
     "too_many_files",
     "user_content",
+    "video_facts_said",
+    "video_line",
+    "video_line_naming",
 ]

@@ -23,7 +23,8 @@ from core.filethreads import FILE_THREADS
 
 from .mp4 import read_movie
 
-__all__ = ["VIDEO_SUFFIXES", "VideoFacts", "is_video", "probe_video", "video_line"]
+__all__ = ["VIDEO_SUFFIXES", "VideoFacts", "is_video", "probe_video", "read_video_facts", "video_facts_said",
+           "video_line", "video_line_naming"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 VIDEO_SUFFIXES = frozenset({"mp4", "m4v", "mkv", "webm", "mov", "avi", "ogv", "mpg", "mpeg", "flv", "wmv", "3gp"})
 PROBE_TIMEOUT = 15.0  # seconds for ffprobe to read a header; past it the file is refused
 PROBE_BYTES = 1024 * 1024  # bytes of ffprobe's answer kept: a header's streams and format fit in far less
+# where a line made before the video had its id sends the model (the record stored with it keeps that line)
+UNNAMED = "its attachment id is in attachment_recall's list"
 # what the model can have made of a video, named in its line
 CONVERSIONS = ("file_convert can turn it into its sound track (video_to_audio), a GIF (video_to_gif) "
                "or a crop that follows what moves (trackcrop)")
@@ -51,7 +54,7 @@ def is_video(suffix: str) -> bool:
     return suffix in VIDEO_SUFFIXES
 
 
-def _from_boxes(path: str) -> VideoFacts | None:
+def read_video_facts(path: str) -> VideoFacts | None:
     """An MP4's facts from its boxes (blocking); None when they do not say."""
     try:
         with open(path, "rb") as handle:
@@ -64,7 +67,7 @@ def _from_boxes(path: str) -> VideoFacts | None:
 async def probe_video(path: str, name: str) -> VideoFacts:
     """The facts of the video at ``path``: from its boxes, else from ffprobe. A file ffprobe cannot
     read is refused, naming it; without ffprobe the video is attached without its facts."""
-    found = await FILE_THREADS.run(path, _from_boxes, path)
+    found = await FILE_THREADS.run(path, read_video_facts, path)
     if found is not None:
         return found
     try:
@@ -128,6 +131,19 @@ def video_line(facts: VideoFacts, size: int, attachment: int | None) -> str:
     if facts.width and facts.height:
         said.append(f"{facts.width}x{facts.height}")
     said.append(f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB")
-    which = (f"it is attachment {attachment}" if attachment is not None
-             else "its attachment id is in attachment_recall's list")
+    which = _named(attachment) if attachment is not None else UNNAMED
     return f"[{', '.join(said)}; you cannot watch it, but {which}, and {CONVERSIONS}]"
+
+
+def video_line_naming(stored: str, attachment: int) -> str:
+    """A video's line as stored with it (made before its id was known), naming its id."""
+    return stored.replace(UNNAMED, _named(attachment), 1)
+
+
+def video_facts_said(stored: str) -> str:
+    """What a video's stored line says of it: ``video, 0:02, 160x120, 0.1 MB``."""
+    return stored.removeprefix("[").partition("; ")[0]
+
+
+def _named(attachment: int) -> str:
+    return f"it is attachment {attachment}"

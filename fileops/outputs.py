@@ -45,6 +45,7 @@ class Staged:
     folder: Path
     name: str  # "clip.gif"
     temporary: Path
+    sha256: str | None = None  # of what ``write`` wrote: the chip need not read the file back
 
     @classmethod
     def make(cls, folder: Path, name: str) -> Staged:
@@ -69,6 +70,11 @@ class Staged:
             self.discard()
             return final
         raise FileExistsError(f"{self.folder / self.name} and {MAX_SUFFIXED} numbered copies exist")
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` as the whole output (blocking), keeping its digest for the chip."""
+        self.temporary.write_bytes(data)
+        self.sha256 = hashlib.sha256(data).hexdigest()
 
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -108,14 +114,16 @@ class OutputChip:
         return data
 
 
-def chip_of(path: Path, thumbnails: Path | None) -> OutputChip:
-    """The chip of a published output (blocking: it reads the file to hash it)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
+def chip_of(path: Path, thumbnails: Path | None, sha256: str | None = None) -> OutputChip:
+    """The chip of a published output (blocking: it reads the file to hash it unless ``sha256``, the
+    digest of what was written, is given, and makes an image's thumbnail)."""
+    if sha256 is None:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+        sha256 = digest.hexdigest()
     kind = kind_of_output(path)
-    sha256 = digest.hexdigest()
     shown = _thumbnail(path, sha256, thumbnails) if kind == "image" and thumbnails is not None else None
     return OutputChip(str(path), path.name, path.stat().st_size, sha256, kind, shown)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from pathlib import Path
 
 from core.errors import OutputTooLarge
 
@@ -54,4 +53,4 @@ async def pdf_to_markdown(job: Job) -> None:
     if len(data) > job.max_bytes:
         raise OutputTooLarge(f"the Markdown would take {len(data)} bytes, past convert_max_bytes ({job.max_bytes})")
     staged = job.stage(path.stem + ".md")
-    await asyncio.to_thread(Path(staged.temporary).write_bytes, data)
+    await asyncio.to_thread(staged.write, data)  # its digest taken from the bytes in hand, not read back

@@ -24,7 +24,7 @@ from core.errors import ConvertTimeout, FileRefused, NotFound, ShuttingDown
 
 from .job import Job, Report
 from .options import OPERATIONS, check_files, parse_options
-from .outputs import OutputChip, chip_of, output_folder
+from .outputs import OutputChip, chip_of, kind_of_output, output_folder
 from .pdfops import pdf_merge, pdf_pages, pdf_to_markdown
 from .video import trackcrop, video_to_audio, video_to_gif
 
@@ -104,8 +104,12 @@ class Converter:
             return Converted(job.id, job.spec.name, [], cancelled=True)  # a cancel stopped it
         finally:
             self._running.pop(job.id, None)
-        paths = [staged.publish() for staged in job.staged]
-        chips = await asyncio.to_thread(lambda: [chip_of(path, thumbnails) for path in paths])
+        published = [(staged.publish(), staged.sha256) for staged in job.staged]
+        if all(sha256 is not None and kind_of_output(path) != "image" for path, sha256 in published):
+            # written from memory (a Markdown), its digest taken then: a stat each, nothing to read
+            chips = [chip_of(path, None, sha256) for path, sha256 in published]
+        else:
+            chips = await asyncio.to_thread(lambda: [chip_of(path, thumbnails, sha256) for path, sha256 in published])
         return Converted(job.id, job.spec.name, chips)
 
     async def _run(self, job: Job, timeout: float) -> None:

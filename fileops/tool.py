@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attachments import FULL_TEXT_CAP, Ocr
+from attachments import FULL_TEXT_CAP, Ocr, VideoFacts, read_video_facts, video_line
 from core.config import Config
 from core.errors import AssistantError
 from core.tools import Tool, ToolContext, ToolError, ToolResult, json_content, one_line, string_argument
@@ -117,8 +117,14 @@ def _quiet(done: float, total: float | None, unit: str) -> None:
 
 
 def _stored(chip: OutputChip) -> NewAttachment:
-    """An output as the turn's attachment: a Markdown output with its text, for attachment_recall."""
-    text = Path(chip.path).read_text(errors="replace")[:FULL_TEXT_CAP] if chip.kind == "markdown" else None
+    """An output as the turn's attachment: a Markdown output with its text, a video (trackcrop's)
+    with the line a video on a question has (attachments/video.py), for attachment_recall and
+    the manifest of folded files."""
+    text = None
+    if chip.kind == "markdown":
+        text = Path(chip.path).read_text(errors="replace")[:FULL_TEXT_CAP]
+    elif chip.kind == "video":  # an MP4 of our own making: its boxes say its duration and size
+        text = video_line(read_video_facts(chip.path) or VideoFacts(None, None, None), chip.size, None)
     content_type = mimetypes.guess_type(chip.name)[0] or "application/octet-stream"
     return NewAttachment(chip.name, chip.path, STORED_KINDS.get(chip.kind, chip.kind), content_type, chip.size,
                          chip.sha256, full_text=text)

@@ -241,6 +241,7 @@ class Attachment(FromRow):
     created_at: str
     has_text: bool = field(metadata=column(convert=bool))
     full_text: str | None = None  # only from HistoryStore.attachment()
+    video_line: str | None = None  # a video's text, the line it was stored with (its duration and size)
 
     def to_json(self) -> dict[str, Any]:
         """An item of attachment_recall's ``list``."""

@@ -77,9 +77,12 @@ WHERE t.conversation_id = ? AND t.turn = ? AND c.deleted_at IS NULL
 SELECT_TURN_ROW = f"""
 SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
 """
+# A video's text is one line saying its duration and size (attachments/video.py), which the
+# manifest of folded files repeats; other texts stay unread until one attachment is asked for.
 ATTACHMENT_COLUMNS = """
 a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
-a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text
+a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text,
+CASE WHEN a.kind = 'video' THEN a.full_text END AS video_line
 """
 # Joined to the conversation so a deleted conversation's files are gone too.
 LIST_ATTACHMENTS = f"""

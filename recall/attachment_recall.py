@@ -4,7 +4,8 @@
 documents from the full text stored when they were attached (never cut to the turn's
 budget), paged so that a read fits what is left of the context; images re-read from
 where they were attached, checked against the hash taken then, and shown as they were
-sent then (a WebP or a large photo re-encoded alike), when the context has room for one.
+sent then (a WebP or a large photo re-encoded alike), when the context has room for one;
+a video, which no model here can watch, as the line that named it on its question, with its id.
 
 Scoped by construction: the store is only ever asked with ``ctx.conversation``, and
 ``HistoryStore.attachment`` matches the id together with it, so an id from another
@@ -23,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, PAGE_UNITS, ImageCache, attached_image
+from attachments import PAGE_BREAK, PAGE_MARKER, PAGE_UNITS, ImageCache, attached_image, video_line_naming
 from core.errors import FileRefused
 from core.tokens import cut_to_weight, text_weight
 from core.tools import (
@@ -196,6 +197,8 @@ class AttachmentRecall(Tool):
     def _source(attachment: Attachment, page: int | None) -> tuple[str, int | None, int | None]:
         """The text a read pages through (the document, or one page), the page, the page count."""
         text = attachment.full_text or ""
+        if attachment.kind == "video":  # its line was stored before its id was known: it names it here
+            text = video_line_naming(text, attachment.id)
         if not text.strip():
             what = "no text layer (a scanned PDF?)" if attachment.kind == "pdf" else "no text"
             raise ToolError(f"{attachment.name} has {what}; ask the user what it contains")

@@ -2,7 +2,8 @@
 
 Once a file's turn has been folded into a compaction's summary, the model no longer
 knows the file existed, and a tool it has no reason to call goes unused. The manifest
-lists those files (name, kind, pages, id) so the model can ask for them. It depends on
+lists those files (name, kind, pages, id) so the model can ask for them: a video by what its
+stored line says (duration, size in pixels), an image, a sound file or a text by its kind and size. It depends on
 the compaction alone, so the system message it is part of stays the same bytes until the
 next compaction, whenever and however often it is built (after a restart too): a file of
 a later turn that was never answered is not named in it (``action='list'`` shows it).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attachments import DOCUMENT_FORMATS, PAGE_UNITS
+from attachments import DOCUMENT_FORMATS, PAGE_UNITS, video_facts_said
 from history import Attachment
 
 __all__ = ["MANIFEST_HEADER", "MAX_MANIFEST_FILES", "attachment_manifest"]
@@ -29,7 +30,7 @@ def _describe(attachment: Attachment) -> str:
     if attachment.kind == "pdf":
         pages = attachment.pages
         kind = f"PDF, {pages} page{'s' if pages != 1 else ''}" if pages else "PDF"
-        if not attachment.has_text:
+        if not attachment.has_text and pages:  # read and found bare (file_convert's PDFs are not read)
             kind += ", no text layer"
     elif attachment.kind in DOCUMENT_FORMATS:
         kind = DOCUMENT_FORMATS[attachment.kind]
@@ -37,9 +38,17 @@ def _describe(attachment: Attachment) -> str:
             kind += f", {attachment.pages} {unit}{'s' if attachment.pages != 1 else ''}"
     elif attachment.kind == "image":
         kind = f"image, {attachment.content_type}"
+    elif attachment.kind == "video":  # "video, 0:02, 160x120, 0.1 MB" when its line says so
+        kind = video_facts_said(attachment.video_line) if attachment.video_line else f"video, {_megabytes(attachment)}"
+    elif attachment.kind == "audio":  # file_convert's video_to_audio
+        kind = f"audio, {_megabytes(attachment)}"
     else:
         kind = f"text, {attachment.size_bytes:,} bytes"
     return f"- id {attachment.id}: {attachment.name} ({kind}; turn {attachment.turn})"
+
+
+def _megabytes(attachment: Attachment) -> str:
+    return f"{attachment.size_bytes / 1e6:.1f} MB"
 
 
 def attachment_manifest(attachments: Sequence[Attachment], through_turn: int) -> str | None:

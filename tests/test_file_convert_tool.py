@@ -129,3 +129,55 @@ async def test_a_video_on_a_question_is_named_to_the_model_and_converted_by_it(
     first = [m for m in router.requests[-1]["messages"] if m["role"] == "user"][0]
     assert user_text({"messages": [first]}) == sent
 
+
+
+async def converted(wire: Wire, router: FakeRouter, operation: str, options: dict[str, Any], ident: int = 1) -> None:
+    """A turn of conversation 1 in which the model calls file_convert on attachment ``ident``, approved."""
+    router.script(call(TOOL, {"operation": operation, "attachments": [ident], "options": options}),
+                  Reply(text="done"))
+    rid = await wire.send({"type": "ask", "text": f"make a {operation}", "conversation": 1})
+    asked = (await wire.until(rid, ("approval", "done", "error")))[-1]
+    assert asked["type"] == "approval", asked
+    await wire.request({"type": "approve", "conversation": 1, "call": asked["call"], "allow": True})
+    [tool] = of_type(await wire.until(rid), "tool")
+    assert tool["ok"], tool
+
+
+async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_names_its_id(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    """Once a compaction folds them, the manifest tells a video by its duration and picture size,
+    a sound file, a GIF and a merged PDF by their kinds; attachment_recall's read of a video names
+    its id."""
+    clip = make_clip(tmp_path / "clip.mp4")
+    router.script(Reply(text="a clip"))
+    await wire.ask("what is this?", files=[str(clip)])
+    await converted(wire, router, "video_to_audio", {})
+    await converted(wire, router, "video_to_gif", {"duration": 1, "width": 80})
+    await converted(wire, router, "trackcrop", {"aspect": "9:16"})
+    await converted(wire, router, "pdf_merge", {}, ident=3)  # the GIF as a page
+    router.script_complete(Reply(text="Earlier: a clip and what was made of it."))
+    for n in range(16):
+        router.script(Reply(text=f"Answer {n}: " + "word " * 120))
+        events = await wire.ask(f"question {n} " + "filler " * 80, conversation=1)
+        if any(e["stage"] == "compacting" for e in of_type(events, "progress")):
+            break
+    system = router.requests[-1]["messages"][0]["content"]
+    assert "Earlier: a clip and what was made of it." in system
+    lines = [line for line in system.splitlines() if line.startswith("- id ")]
+    audio = (tmp_path / "clip.m4a").stat().st_size
+    assert lines[:3] == [
+        f"- id 1: clip.mp4 (video, 0:02, 160x120, {clip.stat().st_size / 1e6:.1f} MB; turn 1)",
+        f"- id 2: clip.m4a (audio, {audio / 1e6:.1f} MB; turn 2)",
+        "- id 3: clip.gif (image, image/gif; turn 3)",
+    ], system
+    crop = tmp_path / "clip 9x16.mp4"
+    assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {crop.stat().st_size / 1e6:.1f} MB; turn 4)"
+    assert lines[4] == "- id 5: clip merged.pdf (PDF; turn 5)"  # never read: not said to lack a text layer
+
+    for ident, name in [(1, "clip.mp4"), (4, "clip 9x16.mp4")]:
+        router.script(call("attachment_recall", {"action": "read", "attachment_id": ident}), Reply(text="read"))
+        await wire.ask(f"what is attachment {ident}?", conversation=1)
+        read = json.loads(tool_messages(router.requests[-1])[-1]["content"])
+        assert read["filename"] == name and read["content"].startswith("[video, 0:02, "), read
+        assert f"you cannot watch it, but it is attachment {ident}, and file_convert" in read["content"], read
