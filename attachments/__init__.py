@@ -40,7 +40,7 @@ from .ocr import Ocr, OcrSupport
 from .images import MAX_IMAGE_BYTES
 from .office import DOCUMENT_KINDS, FORMATS as DOCUMENT_FORMATS, UNITS
 from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
-from .pdf import read_text as read_pdf_text
+from .pdf import pdf_full_text, read_text as read_pdf_text
 from .readers import FileReaders
 from .refs import attached_image, image_ref, resolve_image_refs, user_content
 from .video import VideoFacts, read_video_facts, video_facts_said, video_line, video_line_naming
@@ -73,6 +73,7 @@ __all__ = [
     "estimate_files",
     "fair_shares",
     "image_ref",
+    "pdf_full_text",
     "prepare_files",
     "read_picture",
     "read_sound",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attachments import FULL_TEXT_CAP, Ocr, VideoFacts, read_video_facts, video_line
+from attachments import FULL_TEXT_CAP, Ocr, VideoFacts, pdf_full_text, read_pdf_text, read_video_facts, video_line
 from core.config import Config
 from core.errors import AssistantError
 from core.tools import Tool, ToolContext, ToolError, ToolResult, json_content, one_line, string_argument
@@ -86,7 +86,7 @@ class FileConvert(Tool):
             done = await self._converter.convert(job, config.convert_timeout, config.data_dir / "thumbnails")
         except AssistantError as exc:  # a bad option, a damaged file, a missing ffmpeg: the model is told
             raise ToolError(exc.message) from None
-        stored = await asyncio.to_thread(lambda: [_stored(chip) for chip in done.outputs])
+        stored = [await _stored(chip) for chip in done.outputs]
         ids = await ctx.history.run(HistoryStore.add_attachments, ctx.conversation, ctx.turn, stored)
         outputs = [{"id": ident, "filename": chip.name, "path": chip.path, "size_bytes": chip.size, "kind": chip.kind}
                    for ident, chip in zip(ids, done.outputs)]
@@ -116,15 +116,29 @@ def _quiet(done: float, total: float | None, unit: str) -> None:
     """Progress of a tool's conversion: the turn shows the call, not its steps."""
 
 
-def _stored(chip: OutputChip) -> NewAttachment:
-    """An output as the turn's attachment: a Markdown output with its text, a video (trackcrop's)
-    with the line a video on a question has (attachments/video.py), for attachment_recall and
-    the manifest of folded files."""
-    text = None
-    if chip.kind == "markdown":
-        text = Path(chip.path).read_text(errors="replace")[:FULL_TEXT_CAP]
-    elif chip.kind == "video":  # an MP4 of our own making: its boxes say its duration and size
-        text = video_line(read_video_facts(chip.path) or VideoFacts(None, None, None), chip.size, None)
+async def _stored(chip: OutputChip) -> NewAttachment:
+    """An output as the turn's attachment, with what attachment_recall, recall and the manifest of
+    folded files read of it: a merged or cut PDF its text layer and pages, as a PDF on a question
+    is read; a Markdown output its text; a video (trackcrop's) the line a video on a question has
+    (attachments/video.py)."""
+    text, pages = None, None
+    if chip.kind == "pdf":
+        try:
+            read = await read_pdf_text(chip.path, chip.name)
+            text, pages = pdf_full_text(read), read.total_pages
+        except AssistantError:  # attached all the same, its pages unread (the manifest says "PDF")
+            pass
+    else:
+        text = await asyncio.to_thread(_text_of, chip)
     content_type = mimetypes.guess_type(chip.name)[0] or "application/octet-stream"
     return NewAttachment(chip.name, chip.path, STORED_KINDS.get(chip.kind, chip.kind), content_type, chip.size,
-                         chip.sha256, full_text=text)
+                         chip.sha256, pages=pages, full_text=text)
+
+
+def _text_of(chip: OutputChip) -> str | None:
+    """A Markdown output's text, or a video's line; None for an output with no words to keep."""
+    if chip.kind == "markdown":
+        return Path(chip.path).read_text(errors="replace")[:FULL_TEXT_CAP]
+    if chip.kind == "video":  # an MP4 of our own making: its boxes say its duration and size
+        return video_line(read_video_facts(chip.path) or VideoFacts(None, None, None), chip.size, None)
+    return None

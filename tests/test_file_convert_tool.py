@@ -58,6 +58,27 @@ async def test_a_call_runs_once_approved_and_its_output_is_recallable(
     assert pdf.exists()
 
 
+async def test_a_merged_pdf_is_read_as_a_pdf_on_a_question_is(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    pdf = await attached_pdf(wire, router, tmp_path)  # attachment 1
+    second = styled_pdf(tmp_path / "annex.pdf", [[(12, "The annex lists the spare parts.")]])
+    router.script(Reply(text="an annex"))
+    assert (await wire.ask("and this?", files=[str(second)], conversation=1))[-1]["type"] == "done"
+    router.script(call(TOOL, {"operation": "pdf_merge", "attachments": [1, 2]}), Reply(text="merged"))
+    rid = await wire.send({"type": "ask", "text": "merge them", "conversation": 1})
+    asked = (await wire.until(rid, ("approval", "done", "error")))[-1]
+    await wire.request({"type": "approve", "conversation": 1, "call": asked["call"], "allow": True})
+    [tool] = of_type(await wire.until(rid), "tool")
+    assert tool["ok"], tool
+    [output] = json.loads(tool_messages(router.requests[-1])[-1]["content"])["outputs"]
+    router.script(call("attachment_recall", {"action": "read", "attachment_id": output["id"]}), Reply(text="read"))
+    await wire.ask("read the merged one", conversation=1)
+    read = json.loads(tool_messages(router.requests[-1])[-1]["content"])
+    assert "It went well." in read["content"] and "spare parts" in read["content"], read
+    assert "no text layer" not in json.dumps(read) and pdf.exists()
+
+
 async def test_a_denied_call_writes_nothing_and_bad_ids_are_told(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
@@ -173,7 +194,7 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
     ], system
     crop = tmp_path / "clip 9x16.mp4"
     assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {crop.stat().st_size / 1e6:.1f} MB; turn 4)"
-    assert lines[4] == "- id 5: clip merged.pdf (PDF; turn 5)"  # never read: not said to lack a text layer
+    assert lines[4] == "- id 5: clip merged.pdf (PDF, 1 page, no text layer; turn 5)"  # a GIF's page: no words
 
     for ident, name in [(1, "clip.mp4"), (4, "clip 9x16.mp4")]:
         router.script(call("attachment_recall", {"action": "read", "attachment_id": ident}), Reply(text="read"))
