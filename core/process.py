@@ -206,9 +206,13 @@ async def _reap(process: subprocess.Popen[bytes], exited: asyncio.Future[Any], p
     """Kill the tool's group if anything of it still runs, close its pipes and reap it, so nothing
     is left running or open."""
     _kill(process)
-    if pipes.said is not None:
-        pipes.said.cancel()
-        await asyncio.gather(pipes.said, return_exceptions=True)
-    pipes.close(process)
-    await exited  # killed, it ends at once
-    process.wait()
+    try:
+        if pipes.said is not None:
+            pipes.said.cancel()
+            await asyncio.gather(pipes.said, return_exceptions=True)
+        pipes.close(process)
+        await exited  # killed, it ends at once
+    finally:
+        # reaped even when this is cancelled (a loop closing cancels what is left of a reap under
+        # way): a Popen dropped unreaped leaves a zombie and warns; killed, the wait is short
+        process.wait()

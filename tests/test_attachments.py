@@ -50,6 +50,7 @@ from attachments import (
 )
 from attachments import pdf as pdf_module
 from attachments.classify import classify
+from core import process as process_module
 from core.errors import FileRefused, NoVision, TooManyFiles, UnsupportedKind
 from core.tokens import cut_to_weight, text_weight
 from daemon.server import new_event_loop
@@ -749,6 +750,20 @@ async def test_a_tool_that_does_not_read_its_input_is_stopped_by_its_time_bound(
     sleep = shutil.which("sleep") or "/bin/sleep"
     with pytest.raises(FileRefused, match=r"x\.png: reading the PDF took too long \(sleep ran over 0\.3 s\)"):
         await pdf_module.run_tool([sleep, "60"], name="x.png", timeout=0.3, max_output=100, stdin=b"x" * 4_000_000)
+
+
+@pytest.mark.asyncio
+async def test_a_reap_cut_short_still_reaps_the_tool() -> None:
+    """A daemon stopping cancels what is left of a tool's reap: the tool is killed and reaped all
+    the same, not left a zombie (nor a Popen warning it still runs, as a CI run once showed)."""
+    tool = subprocess.Popen([shutil.which("sleep") or "/bin/sleep", "60"], start_new_session=True)
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # its end, never told
+    reap = asyncio.create_task(process_module._reap(tool, never, process_module._Pipes()))
+    await asyncio.sleep(0.05)
+    reap.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reap
+    assert tool.returncode == -9  # killed, and waited for
 
 
 @pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, new_event_loop], ids=["asyncio", "daemon"])
