@@ -135,19 +135,22 @@ def _descriptor(data: bytes, at: int, tag: int) -> int:
     raise _Unknown
 
 
-def _tracks(handle: BinaryIO, start: int, end: int, budget: list[int]) -> Iterator[tuple[bytes, int, int]]:
-    """Each track's handler (``soun``, ``vide``, ...) and its ``mdia`` box (payload start, end)."""
+def _tracks(
+    handle: BinaryIO, start: int, end: int, budget: list[int]
+) -> Iterator[tuple[bytes, int, int, int, int]]:
+    """Each track's handler (``soun``, ``vide``, ...), its ``mdia`` box and its ``trak`` box
+    (payload start, end of each)."""
     for kind, payload, stop in _boxes(handle, start, end, budget):
         if kind != b"trak":
             continue
         media, media_end = _child(handle, payload, stop, b"mdia", budget)
         handler, _ = _child(handle, media, media_end, b"hdlr", budget)
         handle.seek(handler + 8)
-        yield handle.read(4), media, media_end
+        yield handle.read(4), media, media_end, payload, stop
 
 
 def _first_sound(handle: BinaryIO, start: int, end: int, budget: list[int]) -> str | None:
-    for handler, media, media_end in _tracks(handle, start, end, budget):
+    for handler, media, media_end, _, _ in _tracks(handle, start, end, budget):
         if handler != b"soun":
             continue
         table, _ = _path(handle, media, media_end, [b"minf", b"stbl", b"stsd"], budget)
@@ -183,7 +186,7 @@ def read_picture(handle: BinaryIO) -> float | None:
     budget = [MAX_BOXES]
     try:
         movie, movie_end, duration = _movie(handle, budget)
-        pictured = any(handler == b"vide" for handler, _, _ in _tracks(handle, movie, movie_end, budget))
+        pictured = any(track[0] == b"vide" for track in _tracks(handle, movie, movie_end, budget))
     except (_Unknown, struct.error, IndexError, OSError):
         return None
     return duration if pictured and duration > 0 else None
@@ -192,15 +195,10 @@ def read_picture(handle: BinaryIO) -> float | None:
 def _picture_size(handle: BinaryIO, start: int, end: int, budget: list[int]) -> tuple[int, int]:
     """The width and height of the first ``vide`` track, from its ``tkhd`` (16.16 fixed point,
     the header's last eight bytes)."""
-    for kind, payload, stop in _boxes(handle, start, end, budget):
-        if kind != b"trak":
+    for handler, _, _, track, track_end in _tracks(handle, start, end, budget):
+        if handler != b"vide":
             continue
-        media, media_end = _child(handle, payload, stop, b"mdia", budget)
-        handler, _ = _child(handle, media, media_end, b"hdlr", budget)
-        handle.seek(handler + 8)
-        if handle.read(4) != b"vide":
-            continue
-        header, header_end = _child(handle, payload, stop, b"tkhd", budget)
+        header, header_end = _child(handle, track, track_end, b"tkhd", budget)
         handle.seek(header_end - 8)
         width, height = struct.unpack(">II", handle.read(8))
         if width >> 16 and height >> 16:

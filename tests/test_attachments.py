@@ -18,7 +18,6 @@ import ctypes
 import io
 import logging
 import os
-import select
 import shutil
 import stat
 import subprocess
@@ -66,6 +65,7 @@ from selfcheck.samples import (
     make_webp,
     picture,
 )
+from tests.test_convert import ends
 
 needs_poppler = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("pdftotext", "pdftoppm", "pdfinfo")),
@@ -677,18 +677,6 @@ def _children() -> set[int]:
     return found
 
 
-def ends_within(pid: int, within: float) -> bool:
-    """Whether process ``pid`` ends within ``within`` seconds (it need not be our child: a pidfd)."""
-    try:
-        handle = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([handle], [], [], within)[0])
-    finally:
-        os.close(handle)
-
-
 def _fake_tool(tools: Path, name: str, pid_file: Path) -> None:
     """Put a poppler tool on ``tools`` that records its pid and hangs."""
     sleep = shutil.which("sleep") or "/bin/sleep"
@@ -741,7 +729,7 @@ async def test_a_cancelled_tool_takes_what_it_started_with_it(tmp_path: Path) ->
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(20):  # the cancel waits for nothing the tool left behind
             await task
-    assert ends_within(int(started.read_text()), 20)
+    assert ends(started, 20)
 
 
 @pytest.mark.asyncio
