@@ -4,15 +4,16 @@
 does, and is its counterpart across conversations: kbinject (recall_others.py) hands it the
 quoted keywords of a question and floors, labels and orders what comes back.
 
-One FTS5 query, bm25 over the user's messages in ``message_fts`` outside the asking
-conversation's rowid range, the keywords ORed: what the user said, not the model's answers (an
-old answer is not the user's memory, can be long, and can be wrong), nor summaries or tool
-results (they were for that conversation's questions; docs/DESIGN.md, "Across conversations").
-A turn's question is always its message 0 (as the runner and imports store turns), so the
-query ranks the rowids of slot 0 alone and reads the text of the best few after: reading
-every match's row to test its role cost more than ranking them (half of a search's time, at
-840 matches).
-Phrases that too many messages hold (more than ``common`` = (share, least) of the messages, at
+One FTS5 query, bm25 over what the user said in their other conversations (`said_fts`,
+history/fts.py: each turn's question that says more than it asks), outside the asking
+conversation's rowid range, the keywords ORed: what the user said, not the model's answers
+(an old answer is not the user's memory, can be long, and can be wrong), nor summaries or tool
+results (they were for that conversation's questions), nor questions that only ask (they tell
+nothing about the user, and are never recalled: ranked, the copies of one question asked in
+many conversations crowded the candidates and were most of the search's time;
+docs/DESIGN.md, "Across conversations"). The query ranks rowids alone and reads the text of
+the best few after.
+Phrases that too many statements hold (more than ``common`` = (share, least) of the turns, at
 most ``COMMON_MAX``) are neither searched by nor counted: ranking their many matches is the
 cost, and they tell no passage apart. Only the best few are looked up again: live conversations
 that are not incognito (settings ``memory`` ``off``), with their title and the turn's date.
@@ -29,17 +30,17 @@ from .memories import READS_MEMORY
 
 __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
 
-COMMON_MAX = 2000  # a phrase more messages than this hold is common, however large the history
+COMMON_MAX = 2000  # a phrase more statements than this hold is common, however large the history
 OVERFETCH = 4  # matches ranked for each one kept: incognito and deleted conversations' are dropped after
 
 SEARCH_OTHERS = """
-SELECT rowid, bm25(message_fts) AS score FROM message_fts
-WHERE message_fts MATCH ? AND (rowid < ? OR rowid > ?) AND (rowid & 255) = 0
+SELECT rowid, bm25(said_fts) AS score FROM said_fts
+WHERE said_fts MATCH ? AND (rowid < ? OR rowid > ?)
 ORDER BY score
 LIMIT ?
 """
-MESSAGE_BODY = "SELECT body FROM message_fts WHERE rowid = ?"
-COUNT_HOLDING = "SELECT count(*) FROM (SELECT 1 FROM message_fts WHERE message_fts MATCH ? LIMIT ?)"
+SAID = "SELECT body FROM said_fts WHERE rowid = ?"
+COUNT_HOLDING = "SELECT count(*) FROM (SELECT 1 FROM said_fts WHERE said_fts MATCH ? LIMIT ?)"
 COUNT_TURNS = "SELECT count(*) FROM turns"
 READABLE_TURN = f"""
 SELECT c.title, t.created_at FROM turns AS t JOIN conversations AS c ON c.id = t.conversation_id
@@ -82,8 +83,8 @@ class ElsewhereStore:
         if not phrases or limit <= 0:
             return ElsewhereFound([], frozenset())
         share, least = common
-        messages = 2 * self._conn.execute(COUNT_TURNS).fetchone()[0]  # a question and a reply each, near enough
-        cap = min(COMMON_MAX, max(least, int(share * messages))) + 1
+        turns = self._conn.execute(COUNT_TURNS).fetchone()[0]  # a statement at most each: near enough
+        cap = min(COMMON_MAX, max(least, int(share * turns))) + 1
         frequent = frozenset(p for p in phrases if self._conn.execute(COUNT_HOLDING, (p, cap)).fetchone()[0] >= cap)
         rare = [phrase for phrase in phrases if phrase not in frequent]
         if not rare:
@@ -95,7 +96,7 @@ class ElsewhereStore:
             conversation, turn, n = split_rowid(rowid)
             found = self._conn.execute(READABLE_TURN, (conversation, turn)).fetchone()
             if found is not None:
-                body = self._conn.execute(MESSAGE_BODY, (rowid,)).fetchone()[0]
+                body = self._conn.execute(SAID, (rowid,)).fetchone()[0]
                 hits.append(ElsewhereHit(conversation, found[0], found[1], turn, n, "user", body, score))
                 if len(hits) == limit:
                     break

@@ -13,6 +13,13 @@ the MATCH, which FTS5 answers by seeking inside its doclists instead of filterin
 whole corpus (how results are ranked: search.py). An external-content table would need
 a content table keyed the same way plus triggers; the store writes these rows itself,
 in the same transaction as the turn, so the index cannot drift from `turns`.
+
+`said_fts` holds, under the same rowids, what the user said that is not only a question:
+each turn's message 0 (its question) unless every sentence of it ends with "?"
+(``only_asks``). It is what the search of the user's other conversations ranks
+(history/elsewhere.py): a question tells nothing about the user, is never recalled from
+elsewhere, and ranking the copies of one asked in many conversations was most of a turn's
+search (docs/DESIGN.md, "Across conversations"). Both indexes are written together.
 """
 
 from __future__ import annotations
@@ -55,6 +62,24 @@ SELECT_FTS_BATCH_END = "SELECT max(rowid) FROM (SELECT rowid FROM message_fts WH
 SUMMARY_ROLE = "summary"
 DELETE_FTS_ROW = "DELETE FROM message_fts WHERE rowid = ?"
 SELECT_FTS_RANGE = "SELECT rowid, body, role FROM message_fts WHERE rowid BETWEEN ? AND ?"
+
+
+CREATE_SAID_FTS = """
+CREATE VIRTUAL TABLE IF NOT EXISTS said_fts USING fts5(
+    body,
+    tokenize = 'unicode61 remove_diacritics 2'
+)
+"""
+INSERT_SAID_ROW = "INSERT INTO said_fts (rowid, body) VALUES (?, ?)"
+DELETE_SAID_ROW = "DELETE FROM said_fts WHERE rowid = ?"
+DELETE_SAID_RANGE = "DELETE FROM said_fts WHERE rowid BETWEEN ? AND ?"
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def only_asks(text: str) -> bool:
+    """Whether ``text`` only asks: each of its sentences ends with "?"."""
+    sentences = [s for s in SENTENCE_END.split(text.strip()) if s.strip()]
+    return bool(sentences) and all(s.rstrip().endswith("?") for s in sentences)
 
 
 def message_rowid(conversation_id: int, turn: int, n: int) -> int:
@@ -193,8 +218,10 @@ def index_turn(
     conversation_id: int,
     turn: int,
     messages: Iterable[dict[str, Any]],
+    said: bool = True,
 ) -> int:
-    """Bring a turn's message rows in `message_fts` in line with ``messages``.
+    """Bring a turn's message rows in `message_fts` in line with ``messages`` (and its question's
+    in `said_fts`, unless not ``said``: a migration before that index existed).
 
     Call inside the turn's transaction; returns the number of rows written. Rows that
     already hold the same text are left alone: finishing a turn then writes only its
@@ -212,17 +239,24 @@ def index_turn(
             SELECT_FTS_RANGE, turn_message_range(conversation_id, turn)
         )
     }
-    conn.executemany(
-        DELETE_FTS_ROW,
-        [(rowid,) for rowid, row in current.items() if wanted.get(rowid) != row],
-    )
+    deleted = [(rowid,) for rowid, row in current.items() if wanted.get(rowid) != row]
+    conn.executemany(DELETE_FTS_ROW, deleted)
     rows = [
         (rowid, text, role)
         for rowid, (text, role) in wanted.items()
         if current.get(rowid) != (text, role)
     ]
     conn.executemany(INSERT_FTS_ROW, rows)
+    if said:  # the question's row, when it changed
+        conn.executemany(DELETE_SAID_ROW, [row for row in deleted if row[0] & 0xFF == 0])
+        conn.executemany(INSERT_SAID_ROW, said_rows(rows))
     return len(rows)
+
+
+def said_rows(rows: Iterable[tuple[int, str, str]]) -> list[tuple[int, str]]:
+    """Of these `message_fts` rows (rowid, text, role), the `said_fts` rows: each question that
+    says more than it asks."""
+    return [(rowid, text) for rowid, text, role in rows if rowid & 0xFF == 0 and role == "user" and not only_asks(text)]
 
 
 def index_summary(
@@ -254,6 +288,7 @@ def unindex_conversation(conn: sqlite3.Connection, conversation_id: int, limit: 
     last = conn.execute(SELECT_FTS_BATCH_END, (lo, hi, limit)).fetchone()[0]
     if last is None:
         return 0
+    conn.execute(DELETE_SAID_RANGE, (lo, last))
     return int(conn.execute(DELETE_FTS_RANGE, (lo, last)).rowcount)
 
 

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .fts import CREATE_MESSAGE_FTS, index_turn, load_messages
+from .fts import CREATE_MESSAGE_FTS, CREATE_SAID_FTS, INSERT_SAID_ROW, index_turn, load_messages, said_rows
 from .records import utc_timestamp
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def _add_missing_columns(conn: sqlite3.Connection, table: str) -> None:
 def _fill_message_fts(conn: sqlite3.Connection) -> None:
     for conversation_id, turn, raw in conn.execute(SELECT_TURNS_TO_INDEX).fetchall():
         try:
-            index_turn(conn, conversation_id, turn, load_messages(raw))
+            index_turn(conn, conversation_id, turn, load_messages(raw), said=False)  # m017 fills said_fts
         except ValueError:
             # An id outside the rowid layout cannot be indexed; the turn itself is kept.
             logger.warning("history: turn %s/%s not indexed", conversation_id, turn)
@@ -271,6 +271,7 @@ def m004_compactions(conn: sqlite3.Connection) -> None:
 # (bench/bench_search.py); 8 costs a few more segments per search to seek in.
 FTS_AUTOMERGE = 8
 SET_FTS_AUTOMERGE = "INSERT INTO message_fts (message_fts, rank) VALUES ('automerge', ?)"
+SET_SAID_AUTOMERGE = "INSERT INTO said_fts (said_fts, rank) VALUES ('automerge', ?)"
 
 
 def m005_message_fts_automerge(conn: sqlite3.Connection) -> None:
@@ -588,6 +589,24 @@ def m016_attachment_sent_whole(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN sent_whole INTEGER NOT NULL DEFAULT 0")
 
 
+# the questions in message_fts, read in batches to fill said_fts
+SELECT_QUESTIONS = """
+SELECT rowid, body, role FROM message_fts WHERE rowid > ? AND (rowid & 255) = 0 ORDER BY rowid LIMIT ?
+"""
+FILL_BATCH = 5000
+
+
+def m017_said_fts(conn: sqlite3.Connection) -> None:
+    """`said_fts`: what the user said, questions that only ask left out (history/fts.py), which
+    the search of the other conversations ranks; filled from `message_fts`."""
+    conn.execute(CREATE_SAID_FTS)
+    conn.execute(SET_SAID_AUTOMERGE, (FTS_AUTOMERGE,))
+    last = -1
+    while rows := conn.execute(SELECT_QUESTIONS, (last, FILL_BATCH)).fetchall():
+        conn.executemany(INSERT_SAID_ROW, said_rows(rows))
+        last = rows[-1][0]
+
+
 MIGRATIONS: list[Migration] = [
     m001_initial,
     m002_turn_files,
@@ -605,6 +624,7 @@ MIGRATIONS: list[Migration] = [
     m014_live_journal,
     m015_recall_vectors,
     m016_attachment_sent_whole,
+    m017_said_fts,
 ]
 
 

@@ -29,7 +29,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.tools import one_line
-from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereFound, ElsewhereHit, ElsewhereStore, Memory, MemoryStore
+from history import (MAX_MEMORY_CHARS, AsyncHistory, ElsewhereFound, ElsewhereHit, ElsewhereStore, Memory, MemoryStore,
+                     only_asks)
 
 from .recallvec import NO_NEAR, Near
 from .search import fts_phrases, query_terms, reciprocal_rank_fusion
@@ -44,7 +45,6 @@ CANDIDATES = 20
 LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
 SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
 WORD_START = re.compile(r"(?<!\S)\S")
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 MAX_TITLE_CHARS = 80
 ROLE_LABELS = {"user": "you said", "assistant": "the assistant answered", "tool": "a tool returned"}
 
@@ -169,8 +169,7 @@ def asks_again(question: str, text: str) -> bool:
     the ``question`` asked again: it holds the question's words in their order, numbers aside
     ("Name a colour, number 0." for "Name a colour, number 1."), and no keyword but numbers
     beyond them. A question asked elsewhere tells the model nothing about the user."""
-    sentences = [s for s in SENTENCE_END.split(text.strip()) if s.strip()]
-    if sentences and all(s.rstrip().endswith("?") for s in sentences):
+    if only_asks(text):
         return True
     asked = LETTERS.findall(question.lower())
     said = LETTERS.findall(text.lower())

@@ -833,6 +833,16 @@ def test_reindexing_a_turn_rewrites_only_what_changed(store: HistoryStore, db_pa
         assert history_fts.index_turn(conn, cid, 1, changed) == 1
         conn.commit()
     assert [row[2] for row in fts_rows(db_path, cid)] == ["first question, edited", "an answer"]
+    # what the user said follows the question, the replies never in it; a question that only asks leaves it
+    assert said_rows(db_path) == ["first question, edited"]
+    with closing(sqlite3.connect(db_path)) as conn, conn:
+        history_fts.index_turn(conn, cid, 1, [user("Only asking? Really?"), assistant("an answer")])
+    assert said_rows(db_path) == []
+
+
+def said_rows(db_path: Path) -> list[str]:
+    with closing(sqlite3.connect(db_path)) as conn:
+        return [row[0] for row in conn.execute("SELECT body FROM said_fts ORDER BY rowid")]
 
 
 def test_before_turn_leaves_out_the_running_turn(store: HistoryStore) -> None:

@@ -260,3 +260,35 @@ async def test_a_question_asked_again_tells_nothing() -> None:
     assert not asks_again("Name a colour", "Name a colour for my bike frame, it is a Brompton")
     assert asks_again("What size are my bike tyres?", "What tyre size does my bike take? Is it 16 inch?")
     assert not asks_again("What size are my bike tyres?", "My bike is a Brompton. Which tyres fit it?")
+
+
+async def test_questions_asked_in_many_conversations_do_not_crowd_out_what_the_user_said(
+    config: Config, router: FakeRouter
+) -> None:
+    # 100 conversations asked about the bike, each question holding "bike" thrice: ranked among what
+    # the user said, they filled every candidate place above the one statement, and nothing was
+    # recalled (a question is never recalled from elsewhere). 300 turns beside them keep "bike" rare.
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    with HistoryStore(config.db_path) as store:
+        for n in range(100):
+            turns = [("Is a bike a good bike? Which bike is fast?", "It depends."), *FILLER, ("Thanks.", "Welcome.")]
+            store.import_conversation(turns, f"digest-asked-{n}", title=f"Asked {n}", model=None,
+                                      system_prompt=None, at=OCTOBER)
+    past(config, "Commute", [FILLER[0], ("I ride a 2019 Brompton bike to work.", "Nice.")], NOVEMBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="A Brompton."))
+        events = await wire.ask("What bike do I have?")
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert f"in “Commute”, {day_label(NOVEMBER)}: you said: I ride a 2019 Brompton bike to work.\n" in text
+        assert "Which bike is fast" not in text
+        # deleted, it is gone from what the user said at once: nothing of it is recalled
+        [shown] = recall_events(events)
+        commute = shown["sources"][0]["conversation"]
+        assert (await wire.request({"type": "delete", "conversation": commute}))["type"] != "error"
+        router.script(Reply(text="I do not know."))
+        events = await wire.ask("What bike do I have?")
+        assert "Brompton" not in json.dumps(last_request(router)["messages"])
+        assert recall_events(events) == []
+    with sqlite3.connect(config.db_path) as db:
+        assert db.execute("SELECT count(*) FROM said_fts WHERE said_fts MATCH 'brompton'").fetchone() == (0,)

@@ -12,7 +12,7 @@ import pytest
 
 from history import HistoryStore, NewTurn
 from history import migrations as migrations_module
-from history.fts import index_turn
+from history.fts import index_turn, message_rowid
 from history.migrations import MIGRATIONS, m001_initial, migrate, table_columns
 from history.records import parse_timestamp
 
@@ -37,6 +37,7 @@ ALL_MIGRATIONS = [
     "m014_live_journal",
     "m015_recall_vectors",
     "m016_attachment_sent_whole",
+    "m017_said_fts",
 ]
 
 
@@ -310,7 +311,7 @@ def test_a_file_from_before_compactions_upgrades(tmp_path: Path, monkeypatch: py
             conn.execute("INSERT INTO conversations (id, created_at, updated_at) VALUES (1, 'x', 'x')")
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
                          "VALUES (1, 1, 'about lemurs', ?, 'complete', 'x', 'x')", (json.dumps(messages),))
-            index_turn(conn, 1, 1, messages)
+            index_turn(conn, 1, 1, messages, said=False)  # before said_fts
         assert conn.execute("SELECT v FROM message_fts_config WHERE k = 'automerge'").fetchone() is None
     monkeypatch.undo()
 
@@ -344,7 +345,7 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
         assert "sources" not in table_columns(conn, "turns")
         assert migrate(conn) == ["m008_turn_sources", "m009_turn_ref", "m010_turn_approvals", "m011_threads",
                                  "m012_attachment_chunks", "m013_memories", "m014_live_journal",
-                                 "m015_recall_vectors", "m016_attachment_sent_whole"]
+                                 "m015_recall_vectors", "m016_attachment_sent_whole", "m017_said_fts"]
         assert conn.execute("SELECT sources, ref, approvals FROM turns").fetchone() == ("[]", None, "[]")
 
 
@@ -372,7 +373,8 @@ def test_m014_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors", "m016_attachment_sent_whole"]
+        assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors", "m016_attachment_sent_whole",
+                                 "m017_said_fts"]
         assert table_columns(conn, "live_seq") == ["id", "reserved"]
         assert table_columns(conn, "live_changes") == ["seq", "at", "event"]
         assert conn.execute("SELECT count(*) FROM live_changes").fetchone() == (0,)
@@ -389,7 +391,7 @@ def test_m015_adds_recall_vectors_that_go_with_their_conversation(tmp_path: Path
             with conn:
                 migration(conn)
                 conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
-        assert migrate(conn) == ["m015_recall_vectors", "m016_attachment_sent_whole"]
+        assert migrate(conn) == ["m015_recall_vectors", "m016_attachment_sent_whole", "m017_said_fts"]
         assert table_columns(conn, "recall_vectors") == ["id", "conversation_id", "model", "digest", "vector"]
         with conn:
             for _ in range(3):
@@ -418,5 +420,27 @@ def test_m016_reads_an_older_file_as_not_sent_whole(tmp_path: Path) -> None:
             conn.execute("INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes, "
                          "sha256, full_text, created_at) VALUES (1, 1, 'a.txt', '/a.txt', 'text', 'text/plain', 1, "
                          "'s', 'a', 'x')")
-        assert migrate(conn) == ["m016_attachment_sent_whole"]
+        assert migrate(conn) == ["m016_attachment_sent_whole", "m017_said_fts"]
         assert conn.execute("SELECT sent_whole FROM attachments").fetchall() == [(0,)]
+
+
+def test_m017_indexes_what_the_user_said_but_questions_that_only_ask(tmp_path: Path) -> None:
+    """A history.db of m016 gains `said_fts`, filled from `message_fts`: each turn's question that
+    says more than it asks, under its rowid; not the replies, nor a question that only asks."""
+    db = tmp_path / "history.db"
+    with connect(db) as conn:
+        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+        for migration in MIGRATIONS[:16]:
+            with conn:
+                migration(conn)
+                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        said = ["My bike is a Brompton.", "What size are its tyres?", "It is red. Is red fast?", "Is it? Really?"]
+        with conn:
+            conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
+            for turn, text in enumerate(said, start=1):
+                index_turn(conn, 1, turn, [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}],
+                           said=False)
+        assert migrate(conn) == ["m017_said_fts"]
+        rows = conn.execute("SELECT rowid, body FROM said_fts ORDER BY rowid").fetchall()
+        assert rows == [(message_rowid(1, 1, 0), said[0]), (message_rowid(1, 3, 0), said[2])]
+        assert conn.execute("SELECT v FROM said_fts_config WHERE k = 'automerge'").fetchone() == (8,)

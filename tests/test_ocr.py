@@ -173,12 +173,13 @@ async def test_presets_are_listed_used_configured_and_refused(wire: Wire, router
     notes = tmp_path / "notes.txt"
     notes.write_text("Meet at noon by the river.\n")
 
-    events = await wire.ask("be brief", files=[str(code)], preset="review")
+    # incognito, as the translation below: a preset's prompt, stored as what the user said, shares "attached
+    # file" with the others' and would be recalled beside them (tests of recall: test_memory_recall.py)
+    events = await wire.ask("be brief", files=[str(code)], preset="review", memory="off")
     assert events[-1]["type"] == "done"
     text = sent_text(router.requests[-1])
     assert text.startswith(by_name["review"]["prompt"] + "\n\nbe brief\n\n--- file: tool.py") and "return a - b" in text
     assert of_type(events, "user")[0]["text"] == by_name["review"]["prompt"] + "\n\nbe brief"
-    # incognito: the review's prompt above shares "attached file" with this one, and would be recalled
     await wire.ask("", files=[str(notes)], preset="translate", memory="off")
     assert sent_text(router.requests[-1]).startswith("Translate the attached file into French.\n\n--- file: notes.txt")
 
