@@ -19,6 +19,7 @@ from typing import Any
 
 from core import process
 from core.errors import FileRefused, ToolMissing
+from core.files import size_label
 from core.filethreads import FILE_THREADS
 
 from .mp4 import read_movie
@@ -130,7 +131,7 @@ def video_line(facts: VideoFacts, size: int, attachment: int | None) -> str:
         said.append(_clock(facts.duration))
     if facts.width and facts.height:
         said.append(f"{facts.width}x{facts.height}")
-    said.append(f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB")
+    said.append(size_label(size))
     which = _named(attachment) if attachment is not None else UNNAMED
     return f"[{', '.join(said)}; you cannot watch it, but {which}, and {CONVERSIONS}]"
 
@@ -141,7 +142,7 @@ def video_line_naming(stored: str, attachment: int) -> str:
 
 
 def video_facts_said(stored: str) -> str:
-    """What a video's stored line says of it: ``video, 0:02, 160x120, 0.1 MB``."""
+    """What a video's stored line says of it: ``video, 0:02, 160x120, 33.1 kB``."""
     return stored.removeprefix("[").partition("; ")[0]
 
 

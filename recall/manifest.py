@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attachments import DOCUMENT_FORMATS, PAGE_UNITS, video_facts_said
+from core.files import size_label
 from history import Attachment
 
 __all__ = ["MANIFEST_HEADER", "MAX_MANIFEST_FILES", "attachment_manifest"]
@@ -38,17 +39,13 @@ def _describe(attachment: Attachment) -> str:
             kind += f", {attachment.pages} {unit}{'s' if attachment.pages != 1 else ''}"
     elif attachment.kind == "image":
         kind = f"image, {attachment.content_type}"
-    elif attachment.kind == "video":  # "video, 0:02, 160x120, 0.1 MB" when its line says so
-        kind = video_facts_said(attachment.video_line) if attachment.video_line else f"video, {_megabytes(attachment)}"
+    elif attachment.kind == "video":  # "video, 0:02, 160x120, 33.1 kB" when its line says so
+        kind = video_facts_said(attachment.video_line) if attachment.video_line else f"video, {size_label(attachment.size_bytes)}"
     elif attachment.kind == "audio":  # file_convert's video_to_audio
-        kind = f"audio, {_megabytes(attachment)}"
+        kind = f"audio, {size_label(attachment.size_bytes)}"
     else:
         kind = f"text, {attachment.size_bytes:,} bytes"
     return f"- id {attachment.id}: {attachment.name} ({kind}; turn {attachment.turn})"
-
-
-def _megabytes(attachment: Attachment) -> str:
-    return f"{attachment.size_bytes / 1e6:.1f} MB"
 
 
 def attachment_manifest(attachments: Sequence[Attachment], through_turn: int) -> str | None:

@@ -164,6 +164,13 @@ async def converted(wire: Wire, router: FakeRouter, operation: str, options: dic
     assert tool["ok"], tool
 
 
+def kilobytes(path: Path) -> str:
+    """A small file's size as the model reads it (a test clip and what is made of it: kB, not "0.0 MB")."""
+    size = path.stat().st_size
+    assert 1_000 <= size < 999_000, size
+    return f"{size / 1e3:.1f} kB"
+
+
 async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_names_its_id(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
@@ -186,14 +193,13 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
     system = router.requests[-1]["messages"][0]["content"]
     assert "Earlier: a clip and what was made of it." in system
     lines = [line for line in system.splitlines() if line.startswith("- id ")]
-    audio = (tmp_path / "clip.m4a").stat().st_size
     assert lines[:3] == [
-        f"- id 1: clip.mp4 (video, 0:02, 160x120, {clip.stat().st_size / 1e6:.1f} MB; turn 1)",
-        f"- id 2: clip.m4a (audio, {audio / 1e6:.1f} MB; turn 2)",
+        f"- id 1: clip.mp4 (video, 0:02, 160x120, {kilobytes(clip)}; turn 1)",
+        f"- id 2: clip.m4a (audio, {kilobytes(tmp_path / 'clip.m4a')}; turn 2)",
         "- id 3: clip.gif (image, image/gif; turn 3)",
     ], system
     crop = tmp_path / "clip 9x16.mp4"
-    assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {crop.stat().st_size / 1e6:.1f} MB; turn 4)"
+    assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {kilobytes(crop)}; turn 4)"
     assert lines[4] == "- id 5: clip merged.pdf (PDF, 1 page, no text layer; turn 5)"  # a GIF's page: no words
 
     for ident, name in [(1, "clip.mp4"), (4, "clip 9x16.mp4")]:
