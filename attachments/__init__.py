@@ -43,7 +43,7 @@ from .pdf import MAX_PAGE_IMAGES, PAGE_BREAK, PAGE_MARKER
 from .pdf import pdf_full_text, read_text as read_pdf_text
 from .readers import FileReaders
 from .refs import attached_image, image_ref, resolve_image_refs, user_content
-from .video import VideoFacts, read_video_facts, video_facts_said, video_line, video_line_naming
+from .video import VideoFacts, audio_line, probe_sound, read_video_facts, video_facts_said, video_line, video_line_naming
 
 # what a paged kind's pages are: a PDF's pages, a deck's slides, a spreadsheet's sheets, an EPUB's chapters
 PAGE_UNITS = {"pdf": "page", **UNITS}
@@ -68,6 +68,7 @@ __all__ = [
     "Prepared",
     "VideoFacts",
     "attached_image",
+    "audio_line",
     "budget_chars",
     "classify",
     "estimate_files",
@@ -75,6 +76,7 @@ __all__ = [
     "image_ref",
     "pdf_full_text",
     "prepare_files",
+    "probe_sound",
     "read_picture",
     "read_sound",
     "read_pdf_text",

@@ -42,7 +42,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from core.errors import FileRefused
-from core.files import open_regular
+from core.files import open_regular, size_label
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -117,7 +117,7 @@ class EncodedImage:
 def too_large(name: str, size: int) -> FileRefused:
     """The refusal of an image file over ``MAX_IMAGE_BYTES``."""
     return FileRefused(
-        f"{name}: the image is {size / 1e6:.1f} MB, over the 20 MB limit; "
+        f"{name}: the image is {size_label(size)}, over the 20 MB limit; "
         "attach a smaller or scaled-down copy"
     )
 

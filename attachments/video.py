@@ -7,6 +7,10 @@ it (its sound, a GIF, a crop). Its bytes are never read whole: the facts come fr
 boxes (``mp4.py``, a few small reads) or else from ``ffprobe`` (its header, within
 ``PROBE_TIMEOUT`` and ``PROBE_BYTES`` of answer), and the file is neither hashed nor copied;
 its record keeps its path and size, which ``file_convert`` checks before it runs.
+
+A sound file ``file_convert`` made (``video_to_audio``) is stored with a line of the same shape
+(``audio_line``: its duration, from an M4A's boxes or ffprobe within the same bounds, and size),
+so the manifest of folded files and ``attachment_recall`` say what it is, not "no text".
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from typing import Any
 
 from core import process
 from core.errors import FileRefused, ToolMissing
+from core.files import size_label
 from core.filethreads import FILE_THREADS
 
-from .mp4 import read_movie
+from .mp4 import read_movie, read_sound
 
-__all__ = ["VIDEO_SUFFIXES", "VideoFacts", "is_video", "probe_video", "read_video_facts", "video_facts_said",
-           "video_line", "video_line_naming"]
+__all__ = ["VIDEO_SUFFIXES", "VideoFacts", "audio_line", "is_video", "probe_sound", "probe_video", "read_video_facts",
+           "video_facts_said", "video_line", "video_line_naming"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ UNNAMED = "its attachment id is in attachment_recall's list"
 # what the model can have made of a video, named in its line
 CONVERSIONS = ("file_convert can turn it into its sound track (video_to_audio), a GIF (video_to_gif) "
                "or a crop that follows what moves (trackcrop)")
+# what it can have made of a sound file: nothing, said so that it does not try
+SOUND_CONVERSIONS = "file_convert takes PDFs, images and videos, not sound"
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,38 @@ def read_video_facts(path: str) -> VideoFacts | None:
     return None if movie is None else VideoFacts(movie.duration, movie.width, movie.height)
 
 
+def read_sound_length(path: str) -> float | None:
+    """An M4A's (any MP4's) duration from its boxes (blocking); None when they do not say."""
+    try:
+        with open(path, "rb") as handle:
+            found = read_sound(handle)
+    except OSError:
+        return None
+    return found.duration if found is not None and found.duration > 0 else None
+
+
 async def probe_video(path: str, name: str) -> VideoFacts:
     """The facts of the video at ``path``: from its boxes, else from ffprobe. A file ffprobe cannot
     read is refused, naming it; without ffprobe the video is attached without its facts."""
     found = await FILE_THREADS.run(path, read_video_facts, path)
     if found is not None:
         return found
+    return await _probed(path, name)
+
+
+async def probe_sound(path: str, name: str) -> float | None:
+    """The duration of the sound file at ``path`` (an output of ours): from an M4A's boxes, else
+    from ffprobe within a video's bounds; None when neither says (no ffprobe, an odd file)."""
+    try:
+        found = await FILE_THREADS.run(path, read_sound_length, path)
+        return found if found is not None else (await _probed(path, name)).duration
+    except FileRefused as exc:
+        logger.info("%s stored without its duration: %s", name, exc.message)
+        return None
+
+
+async def _probed(path: str, name: str) -> VideoFacts:
+    """ffprobe's account of a file's header, bounded in time and answer (see ``probe_video``)."""
     try:
         tool = process.need_tool("ffprobe")
         ended = await process.run_tool([tool, "-v", "error", "-print_format", "json", "-show_streams",
@@ -130,18 +163,27 @@ def video_line(facts: VideoFacts, size: int, attachment: int | None) -> str:
         said.append(_clock(facts.duration))
     if facts.width and facts.height:
         said.append(f"{facts.width}x{facts.height}")
-    said.append(f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB")
+    said.append(size_label(size))
     which = _named(attachment) if attachment is not None else UNNAMED
     return f"[{', '.join(said)}; you cannot watch it, but {which}, and {CONVERSIONS}]"
 
 
+def audio_line(duration: float | None, size: int, attachment: int | None) -> str:
+    """The line a sound file (``video_to_audio``'s output) is stored with, in the shape of a
+    video's: what it is, that it is not played to the model, its id (None: not yet known) and
+    that ``file_convert`` has nothing for it."""
+    said = ["audio", *([_clock(duration)] if duration is not None else []), size_label(size)]
+    which = _named(attachment) if attachment is not None else UNNAMED
+    return f"[{', '.join(said)}; you cannot hear it, but {which}; {SOUND_CONVERSIONS}]"
+
+
 def video_line_naming(stored: str, attachment: int) -> str:
-    """A video's line as stored with it (made before its id was known), naming its id."""
+    """A video's (or sound file's) line as stored with it (made before its id was known), naming its id."""
     return stored.replace(UNNAMED, _named(attachment), 1)
 
 
 def video_facts_said(stored: str) -> str:
-    """What a video's stored line says of it: ``video, 0:02, 160x120, 0.1 MB``."""
+    """What a video's (or sound file's) stored line says of it: ``video, 0:02, 160x120, 33.1 kB``."""
     return stored.removeprefix("[").partition("; ")[0]
 
 

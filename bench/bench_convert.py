@@ -22,14 +22,20 @@ The direct run is what a person would type for the same output:
   rendered a fixed window, which x264 encodes in less time than a panning one: a
   different output.
 
-Runs alternate, ``--runs`` of each (default 3); the medians are compared. Target: the
-daemon within 1.1x of the direct run (issue 47).
+Runs alternate, the daemon's then the direct one; the medians are compared. How many pairs
+an operation gets is set by its cost: as many as the median of its pairs so far fits in
+``--budget`` seconds (10), at least ``MIN_RUNS`` (3) and at most ``MAX_RUNS`` (101), so
+``pdf_to_markdown``, a job of milliseconds whose direct run alone varies too much at 3 runs to
+tell 1.1x (bench/RESULTS.md), gets 101, while trackcrop, seconds a run, gets 3. ``--runs N``
+gives every operation N.
+Target: the daemon within 1.1x of the direct run (issue 47).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import subprocess
 import sys
 import time
@@ -46,6 +52,9 @@ from fileworker.tracking import track_window
 from selfcheck.samples import make_pdf
 
 TARGET = 1.1
+BUDGET = 10.0  # seconds of pairs per operation, by default
+MIN_RUNS = 3  # an operation of seconds a run still gets a median of three
+MAX_RUNS = 101  # a job of milliseconds: enough to resolve a few percent
 PAGES = 50
 SECONDS = 60
 WIDTH, HEIGHT, FPS = 1280, 720, 30
@@ -135,9 +144,35 @@ async def through_daemon(wire: Wire, request: dict[str, Any]) -> float:
     return took
 
 
+def runs_for(done: list[float], budget: float) -> int:
+    """How many pairs an operation gets: as many as the median of those ``done`` (seconds each) fit
+    in ``budget``, from ``MIN_RUNS`` to ``MAX_RUNS``; one to start with. A median, not the first
+    pair alone: a cold first run would cut a short job's count."""
+    if not done:
+        return 1
+    return max(MIN_RUNS, min(MAX_RUNS, math.ceil(budget / max(median(done), 1e-6))))
+
+
+async def pairs(wire: Wire, request: dict[str, Any], direct: Callable[[], None],
+                runs: int | None, budget: float) -> tuple[list[float], list[float]]:
+    """The daemon's times and the direct run's, alternated: ``runs`` pairs, else as many as the
+    operation's cost lets ``budget`` hold (``runs_for``)."""
+    ours: list[float] = []
+    theirs: list[float] = []
+    while len(ours) < (runs or runs_for([a + b for a, b in zip(ours, theirs)], budget)):
+        ours.append(await through_daemon(wire, request))
+        started = time.perf_counter()
+        await asyncio.to_thread(direct)
+        theirs.append(time.perf_counter() - started)
+    return ours, theirs
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, help="pairs of each operation (default: as many as fit --budget)")
+    parser.add_argument("--budget", type=float, default=BUDGET,
+                        help=f"seconds of pairs per operation when --runs is not given ({BUDGET:g}; "
+                             f"{MIN_RUNS} to {MAX_RUNS} pairs)")
     parser.add_argument("--only", help="one operation")
     args = parser.parse_args()
     terminate_on_sigterm()
@@ -150,17 +185,12 @@ async def main() -> int:
         wire = await Wire.open(daemon.socket_path, timeout=600)
         ok = True
         for operation in [args.only] if args.only else list(asked):
-            ours, theirs = [], []
-            for _ in range(args.runs):
-                ours.append(await through_daemon(wire, asked[operation]))
-                started = time.perf_counter()
-                await asyncio.to_thread(direct[operation])
-                theirs.append(time.perf_counter() - started)
+            ours, theirs = await pairs(wire, asked[operation], direct[operation], args.runs, args.budget)
             ratio = median(ours) / median(theirs)
             ok &= ratio <= TARGET
             each = sorted(a / b for a, b in zip(ours, theirs))  # run by run, the pair run back to back
             print(f"{operation:16} daemon {median(ours):7.3f} s  direct {median(theirs):7.3f} s  "
-                  f"ratio {ratio:.2f} (runs {each[0]:.2f}-{each[-1]:.2f})  {verdict(ratio <= TARGET)}", flush=True)
+                  f"ratio {ratio:.2f} ({len(ours)} runs: {each[0]:.2f}-{each[-1]:.2f})  {verdict(ratio <= TARGET)}", flush=True)
         await wire.close()
     print(f"target: every operation within {TARGET}x of the direct run: {verdict(ok)}")
     return 0

@@ -31,12 +31,25 @@ __all__ = [
     "open_regular",
     "read_head",
     "sha256_file",
+    "size_label",
 ]
 
 # how much of a file classification looks at (magic numbers, UTF-8 sniffing)
 HEAD_BYTES = 8 * 1024
 # chunk size for hashing: big enough to be fast, small enough to keep memory flat
 HASH_CHUNK = 1024 * 1024
+# a size's units, largest first, in powers of 1000 as file managers on Linux show them
+SIZE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
+
+
+def size_label(size: int) -> str:
+    """A file's size as people read it: ``2.5 GB``, ``8.6 MB``, ``33.1 kB``, ``512 bytes``. The
+    largest unit that keeps at least ``1.0`` (a small video once read ``0.0 MB``)."""
+    for scale, unit in SIZE_UNITS:
+        shown = f"{size / scale:.1f}"
+        if float(shown) >= 1:
+            return f"{shown} {unit}"
+    return "1 byte" if size == 1 else f"{size} bytes"
 
 
 def describe_mode(mode: int) -> str:

@@ -16,7 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attachments import FULL_TEXT_CAP, Ocr, VideoFacts, pdf_full_text, read_pdf_text, read_video_facts, video_line
+from attachments import (
+    FULL_TEXT_CAP,
+    Ocr,
+    VideoFacts,
+    audio_line,
+    pdf_full_text,
+    probe_sound,
+    read_pdf_text,
+    read_video_facts,
+    video_line,
+)
 from core.config import Config
 from core.errors import AssistantError
 from core.tools import Tool, ToolContext, ToolError, ToolResult, json_content, one_line, string_argument
@@ -120,7 +130,7 @@ async def _stored(chip: OutputChip) -> NewAttachment:
     """An output as the turn's attachment, with what attachment_recall, recall and the manifest of
     folded files read of it: a merged or cut PDF its text layer and pages, as a PDF on a question
     is read; a Markdown output its text; a video (trackcrop's) the line a video on a question has
-    (attachments/video.py)."""
+    (attachments/video.py), a sound file (video_to_audio's) such a line with its duration."""
     text, pages = None, None
     if chip.kind == "pdf":
         try:
@@ -128,6 +138,8 @@ async def _stored(chip: OutputChip) -> NewAttachment:
             text, pages = pdf_full_text(read), read.total_pages
         except AssistantError:  # attached all the same, its pages unread (the manifest says "PDF")
             pass
+    elif chip.kind == "audio":
+        text = audio_line(await probe_sound(chip.path, chip.name), chip.size, None)
     else:
         text = await asyncio.to_thread(_text_of, chip)
     content_type = mimetypes.guess_type(chip.name)[0] or "application/octet-stream"

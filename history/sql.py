@@ -82,7 +82,7 @@ SELECT {TURN_COLUMNS} FROM turns AS t WHERE t.conversation_id = ? AND t.turn = ?
 ATTACHMENT_COLUMNS = """
 a.id, a.conversation_id, a.turn, a.name, a.path, a.kind, a.content_type, a.size_bytes,
 a.sha256, a.pages, a.created_at, a.full_text IS NOT NULL AND a.full_text != '' AS has_text,
-CASE WHEN a.kind = 'video' THEN a.full_text END AS video_line
+CASE WHEN a.kind IN ('video', 'audio') THEN a.full_text END AS video_line
 """
 # Joined to the conversation so a deleted conversation's files are gone too.
 LIST_ATTACHMENTS = f"""

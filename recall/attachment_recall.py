@@ -5,7 +5,8 @@ documents from the full text stored when they were attached (never cut to the tu
 budget), paged so that a read fits what is left of the context; images re-read from
 where they were attached, checked against the hash taken then, and shown as they were
 sent then (a WebP or a large photo re-encoded alike), when the context has room for one;
-a video, which no model here can watch, as the line that named it on its question, with its id.
+a video, which no model here can watch, as the line that named it on its question, with its id;
+a sound file ``file_convert`` made, likewise, as the line of its duration and size it was stored with.
 
 Scoped by construction: the store is only ever asked with ``ctx.conversation``, and
 ``HistoryStore.attachment`` matches the id together with it, so an id from another
@@ -24,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from attachments import PAGE_BREAK, PAGE_MARKER, PAGE_UNITS, ImageCache, attached_image, video_line_naming
+from attachments import PAGE_BREAK, PAGE_MARKER, PAGE_UNITS, ImageCache, attached_image, audio_line, video_line_naming
 from core.errors import FileRefused
 from core.tokens import cut_to_weight, text_weight
 from core.tools import (
@@ -197,7 +198,9 @@ class AttachmentRecall(Tool):
     def _source(attachment: Attachment, page: int | None) -> tuple[str, int | None, int | None]:
         """The text a read pages through (the document, or one page), the page, the page count."""
         text = attachment.full_text or ""
-        if attachment.kind == "video":  # its line was stored before its id was known: it names it here
+        if attachment.kind == "audio" and not text:  # a sound file stored before they had a line
+            text = audio_line(None, attachment.size_bytes, None)
+        if attachment.kind in ("video", "audio"):  # its line was stored before its id was known: named here
             text = video_line_naming(text, attachment.id)
         if not text.strip():
             what = "no text layer (a scanned PDF?)" if attachment.kind == "pdf" else "no text"

@@ -2,8 +2,8 @@
 
 Once a file's turn has been folded into a compaction's summary, the model no longer
 knows the file existed, and a tool it has no reason to call goes unused. The manifest
-lists those files (name, kind, pages, id) so the model can ask for them: a video by what its
-stored line says (duration, size in pixels), an image, a sound file or a text by its kind and size. It depends on
+lists those files (name, kind, pages, id) so the model can ask for them: a video or a sound file
+by what its stored line says (duration, size in pixels), an image or a text by its kind and size. It depends on
 the compaction alone, so the system message it is part of stays the same bytes until the
 next compaction, whenever and however often it is built (after a restart too): a file of
 a later turn that was never answered is not named in it (``action='list'`` shows it).
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attachments import DOCUMENT_FORMATS, PAGE_UNITS, video_facts_said
+from core.files import size_label
 from history import Attachment
 
 __all__ = ["MANIFEST_HEADER", "MAX_MANIFEST_FILES", "attachment_manifest"]
@@ -24,6 +25,8 @@ MANIFEST_HEADER = (
     "(action='read', attachment_id=ID):"
 )
 MAX_MANIFEST_FILES = 50  # the newest; the tool's action='list' shows them all
+# kinds stored with a line of their facts (attachments/video.py): a video, file_convert's sound files
+LINED_KINDS = ("video", "audio")
 
 
 def _describe(attachment: Attachment) -> str:
@@ -38,17 +41,12 @@ def _describe(attachment: Attachment) -> str:
             kind += f", {attachment.pages} {unit}{'s' if attachment.pages != 1 else ''}"
     elif attachment.kind == "image":
         kind = f"image, {attachment.content_type}"
-    elif attachment.kind == "video":  # "video, 0:02, 160x120, 0.1 MB" when its line says so
-        kind = video_facts_said(attachment.video_line) if attachment.video_line else f"video, {_megabytes(attachment)}"
-    elif attachment.kind == "audio":  # file_convert's video_to_audio
-        kind = f"audio, {_megabytes(attachment)}"
+    elif attachment.kind in LINED_KINDS:  # "video, 0:02, 160x120, 33.1 kB", "audio, 0:02, 33.1 kB"
+        line = attachment.video_line
+        kind = video_facts_said(line) if line else f"{attachment.kind}, {size_label(attachment.size_bytes)}"
     else:
         kind = f"text, {attachment.size_bytes:,} bytes"
     return f"- id {attachment.id}: {attachment.name} ({kind}; turn {attachment.turn})"
-
-
-def _megabytes(attachment: Attachment) -> str:
-    return f"{attachment.size_bytes / 1e6:.1f} MB"
 
 
 def attachment_manifest(attachments: Sequence[Attachment], through_turn: int) -> str | None:

@@ -507,6 +507,17 @@ async def test_a_video_the_boxes_do_not_describe_is_probed(wire: Wire, router: F
     assert 0 < estimated["files"][0]["tokens"] < 100
 
 
+async def test_a_small_video_says_its_size_in_kilobytes(wire: Wire, router: FakeRouter, tmp_path: Path) -> None:
+    """A clip of a few dozen kB once read "0.0 MB" in the model's line: under a megabyte a size is
+    said in kB, and the line is the one attachment_recall reads back and the manifest repeats."""
+    clip = make_clip(tmp_path / "clip.mp4")
+    size = clip.stat().st_size
+    assert 1_000 < size < 500_000, size
+    router.script(Reply(text="a clip"))
+    await wire.ask("what is this?", files=[str(clip)])
+    assert f"[video, 0:02, 160x120, {size / 1e3:.1f} kB; you cannot watch it" in text_of(router.requests[-1])
+
+
 async def test_a_video_of_gigabytes_is_attached_without_reading_it(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:

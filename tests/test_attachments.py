@@ -205,6 +205,18 @@ async def test_large_or_unusual_images_are_reencoded(tmp_path: Path) -> None:
     assert decode(gif.images[0].data_url)[0] == "image/png"
 
 
+@pytest.mark.parametrize("size, said", [
+    (0, "0 bytes"), (1, "1 byte"), (512, "512 bytes"), (33_100, "33.1 kB"), (950_000, "950.0 kB"),
+    (999_960, "1.0 MB"), (8_600_000_000, "8.6 GB"),
+])
+def test_a_size_is_said_in_the_largest_unit_that_keeps_one(size: int, said: str) -> None:
+    """The one size label of the lines the model reads (a video's, the manifest's): a small
+    video once read "0.0 MB"; a size that rounds up to the next unit takes it (not "1000.0 kB")."""
+    from core.files import size_label
+
+    assert size_label(size) == said
+
+
 @pytest.mark.asyncio
 async def test_image_over_20_mb_is_refused(tmp_path: Path) -> None:
     header = make_png(tmp_path / "seed.png").read_bytes()

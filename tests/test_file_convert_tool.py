@@ -164,12 +164,19 @@ async def converted(wire: Wire, router: FakeRouter, operation: str, options: dic
     assert tool["ok"], tool
 
 
+def kilobytes(path: Path) -> str:
+    """A small file's size as the model reads it (a test clip and what is made of it: kB, not "0.0 MB")."""
+    size = path.stat().st_size
+    assert 1_000 <= size < 999_000, size
+    return f"{size / 1e3:.1f} kB"
+
+
 async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_names_its_id(
     wire: Wire, router: FakeRouter, tmp_path: Path
 ) -> None:
     """Once a compaction folds them, the manifest tells a video by its duration and picture size,
-    a sound file, a GIF and a merged PDF by their kinds; attachment_recall's read of a video names
-    its id."""
+    a sound file by its duration, a GIF and a merged PDF by their kinds; attachment_recall's read
+    of a video names its id."""
     clip = make_clip(tmp_path / "clip.mp4")
     router.script(Reply(text="a clip"))
     await wire.ask("what is this?", files=[str(clip)])
@@ -186,14 +193,13 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
     system = router.requests[-1]["messages"][0]["content"]
     assert "Earlier: a clip and what was made of it." in system
     lines = [line for line in system.splitlines() if line.startswith("- id ")]
-    audio = (tmp_path / "clip.m4a").stat().st_size
     assert lines[:3] == [
-        f"- id 1: clip.mp4 (video, 0:02, 160x120, {clip.stat().st_size / 1e6:.1f} MB; turn 1)",
-        f"- id 2: clip.m4a (audio, {audio / 1e6:.1f} MB; turn 2)",
+        f"- id 1: clip.mp4 (video, 0:02, 160x120, {kilobytes(clip)}; turn 1)",
+        f"- id 2: clip.m4a (audio, 0:02, {kilobytes(tmp_path / 'clip.m4a')}; turn 2)",
         "- id 3: clip.gif (image, image/gif; turn 3)",
     ], system
     crop = tmp_path / "clip 9x16.mp4"
-    assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {crop.stat().st_size / 1e6:.1f} MB; turn 4)"
+    assert lines[3] == f"- id 4: clip 9x16.mp4 (video, 0:02, 66x120, {kilobytes(crop)}; turn 4)"
     assert lines[4] == "- id 5: clip merged.pdf (PDF, 1 page, no text layer; turn 5)"  # a GIF's page: no words
 
     for ident, name in [(1, "clip.mp4"), (4, "clip 9x16.mp4")]:
@@ -202,3 +208,28 @@ async def test_folded_videos_and_outputs_are_named_by_kind_and_a_video_read_name
         read = json.loads(tool_messages(router.requests[-1])[-1]["content"])
         assert read["filename"] == name and read["content"].startswith("[video, 0:02, "), read
         assert f"you cannot watch it, but it is attachment {ident}, and file_convert" in read["content"], read
+
+
+async def test_a_sound_output_is_read_as_what_it_is_not_as_no_text(
+    wire: Wire, router: FakeRouter, tmp_path: Path
+) -> None:
+    """video_to_audio's output, copied (an M4A: its duration from the boxes) or encoded (an MP3:
+    from ffprobe), is stored with a line of its facts: attachment_recall reads its kind, duration,
+    size and id, and that file_convert has nothing for it, where it once said "no text"."""
+    clip = make_clip(tmp_path / "clip.mp4")
+    router.script(Reply(text="a clip"))
+    await wire.ask("what is this?", files=[str(clip)])
+    await converted(wire, router, "video_to_audio", {})  # attachment 2: clip.m4a
+    await converted(wire, router, "video_to_audio", {"format": "mp3"})  # attachment 3: clip.mp3
+    for ident, name in [(2, "clip.m4a"), (3, "clip.mp3")]:
+        router.script(call("attachment_recall", {"action": "read", "attachment_id": ident}), Reply(text="read"))
+        await wire.ask(f"what is attachment {ident}?", conversation=1)
+        read = json.loads(tool_messages(router.requests[-1])[-1]["content"])
+        assert read["filename"] == name and read["content"] == (
+            f"[audio, 0:02, {kilobytes(tmp_path / name)}; you cannot hear it, but it is attachment {ident}; "
+            "file_convert takes PDFs, images and videos, not sound]"), read
+    router.script(call("attachment_recall", {"action": "list"}), Reply(text="listed"))
+    await wire.ask("what is there?", conversation=1)
+    listed = json.loads(tool_messages(router.requests[-1])[-1]["content"])["attachments"]
+    assert [(a["filename"], a["has_text"]) for a in listed] == [
+        ("clip.mp4", True), ("clip.m4a", True), ("clip.mp3", True)], listed
