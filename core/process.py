@@ -25,7 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -141,32 +141,51 @@ class _Pipes:
         self.writer: asyncio.WriteTransport | None = None  # stdin's, when fed
         self.feeding = _Feeding()
         self.said: asyncio.Task[bytes] | None = None  # the reading of stderr's tail
+        self.handed: list[IO[bytes]] = []  # the pipes handed to the loop, its own from then on
+        self.closed = False
 
     async def reader(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None) -> asyncio.StreamReader:
         assert pipe is not None
         reader = asyncio.StreamReader(limit=LINE_LIMIT, loop=loop)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
-        self.transports.append(transport)
+        await self._hand(pipe, loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe))
         return reader
 
     async def feed(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes] | None, data: bytes) -> None:
         """``data`` handed to the loop, which writes it as the tool reads and then closes the
         pipe; a tool that stops reading (it failed, or was killed) only ends the writing."""
         assert pipe is not None
-        self.writer, _ = await loop.connect_write_pipe(lambda: self.feeding, pipe)
+        self.writer = await self._hand(pipe, loop.connect_write_pipe(lambda: self.feeding, pipe))
         self.writer.write(data)
         self.writer.write_eof()
 
-    def close(self, process: subprocess.Popen[bytes]) -> None:
-        owned = [transport.get_extra_info("pipe") for transport in self.transports]
-        for transport in self.transports:
+    async def _hand(self, pipe: IO[bytes], connect: Awaitable[tuple[Any, Any]]) -> Any:
+        """``pipe``'s transport, once the loop has it. A cancel does not cut the hand-over short:
+        uvloop then closes the descriptor but not the pipe's file object, which closing here
+        failed on (and left the next pipe open), and which warned when collected; the
+        transport made is closed with the others."""
+        self.handed.append(pipe)
+        made = asyncio.ensure_future(connect)
+        made.add_done_callback(self._made)
+        transport, _ = await asyncio.shield(made)
+        return transport
+
+    def _made(self, made: asyncio.Future[tuple[Any, Any]]) -> None:
+        if made.cancelled() or made.exception() is not None:
+            return
+        transport = made.result()[0]
+        self.transports.append(transport)
+        if self.closed:  # made after the tool's reap began
             transport.close()
-        if self.writer is not None:
-            owned.append(self.writer.get_extra_info("pipe"))
-            if not self.feeding.closed:
-                self.writer.abort()  # what the tool did not read is dropped, not waited for
-        for pipe in (process.stdin, process.stdout, process.stderr):  # one not yet handed to a transport
-            if pipe is not None and pipe not in owned:
+
+    def close(self, process: subprocess.Popen[bytes]) -> None:
+        self.closed = True
+        for transport in self.transports:
+            if transport is self.writer and not self.feeding.closed:
+                transport.abort()  # what the tool did not read is dropped, not waited for
+            else:
+                transport.close()
+        for pipe in (process.stdin, process.stdout, process.stderr):  # one not handed to the loop
+            if pipe is not None and pipe not in self.handed:
                 pipe.close()
 
 
@@ -207,10 +226,12 @@ async def _reap(process: subprocess.Popen[bytes], exited: asyncio.Future[Any], p
     is left running or open."""
     _kill(process)
     try:
-        if pipes.said is not None:
-            pipes.said.cancel()
-            await asyncio.gather(pipes.said, return_exceptions=True)
-        pipes.close(process)
+        try:
+            if pipes.said is not None:
+                pipes.said.cancel()
+                await asyncio.gather(pipes.said, return_exceptions=True)
+        finally:
+            pipes.close(process)
         await exited  # killed, it ends at once
     finally:
         # reaped even when this is cancelled (a loop closing cancels what is left of a reap under

@@ -766,6 +766,44 @@ async def test_a_reap_cut_short_still_reaps_the_tool() -> None:
     assert tool.returncode == -9  # killed, and waited for
 
 
+@pytest.mark.parametrize("fed", [False, True], ids=["read", "fed"])
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, new_event_loop], ids=["asyncio", "daemon"])
+def test_a_cancel_while_a_pipe_is_handed_to_the_loop_leaves_nothing_open(
+    new_loop: Callable[[], asyncio.AbstractEventLoop], fed: bool
+) -> None:
+    """A turn cancelled just as a tool's pipe is handed to the loop: on the daemon's loop (uvloop)
+    the hand-over cut short closed the descriptor but not its file object, so closing it failed,
+    the next pipe was left open and a ResourceWarning came when it was collected (a CI run)."""
+    async def cancelled_at_the_hand_over() -> subprocess.Popen[bytes]:
+        loop = asyncio.get_running_loop()
+        tool = subprocess.Popen([shutil.which("sleep") or "/bin/sleep", "60"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        pipes = process_module._Pipes()
+
+        async def hand() -> None:
+            if fed:
+                await pipes.feed(loop, tool.stdin, b"x" * 1000)
+            await pipes.reader(loop, tool.stdout)
+
+        handing = asyncio.ensure_future(hand())
+        await asyncio.sleep(0)  # inside the loop's connect
+        handing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handing
+        await process_module._reap(tool, asyncio.ensure_future(asyncio.to_thread(tool.wait)), pipes)
+        for _ in range(3):  # the transports' closing callbacks
+            await asyncio.sleep(0)
+        return tool
+
+    loop = new_loop()
+    try:
+        tool = loop.run_until_complete(cancelled_at_the_hand_over())
+    finally:
+        loop.close()
+    assert [pipe.closed for pipe in (tool.stdin, tool.stdout, tool.stderr)] == [True, True, True]
+    assert tool.returncode == -9
+
+
 @pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, new_event_loop], ids=["asyncio", "daemon"])
 def test_a_tools_input_is_fed_on_either_loop(new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
     """tesseract's input (a page) is written by the loop, on the daemon's loop and on asyncio's own
