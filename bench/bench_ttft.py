@@ -27,8 +27,9 @@ on, judged as the range over several runs.  ``--old-model-list`` cuts the daemon
 ``MODELS_TTL`` to ``OLD_LIST_TTL`` and puts pairs that far apart, so each question finds
 the model list old, as one after a minute's pause does: the list is fetched again
 before the turn, and the overhead includes that. ``--new-questions`` makes every ask a new
-question ("Tell me about the item zqNx.", its last word new each time), so no stored question
-asks it again and the search of other conversations ranks every stored one holding "item";
+question ("Tell me about my item zqNx.", its last word new each time), so no stored question
+asks it again and the search of other conversations ranks every stored one holding "item" (each
+says something of the user, "my item": history/fts.py ``only_asks``), and recalls three;
 the direct body is then the daemon's own request, sent after it (what recall added to it
 is not predicted, so prompts are not checked).
 """
@@ -174,7 +175,7 @@ class Conversations:
     def question(self) -> str:
         if self.new_questions is None:
             return DEFAULT_QUESTION
-        return f"Tell me about the item {''.join(self.new_questions.choices(string.ascii_letters, k=4))}."
+        return f"Tell me about my item {''.join(self.new_questions.choices(string.ascii_letters, k=4))}."
 
     def predicted(self, cid: int | None, actual: dict[str, Any], reply: str) -> dict[str, Any] | None:
         """The next direct body for ``cid`` after ``actual`` was answered with ``reply``; None when it
@@ -240,7 +241,7 @@ async def run(args: argparse.Namespace, url: str, daemon: Daemon, histories: lis
 
 
 def report(args: argparse.Namespace, cases: list[tuple[Samples, Conversations]]) -> bool:
-    asked = "a new one each ask, 'Tell me about the item zqNx.'" if args.new_questions else repr(DEFAULT_QUESTION)
+    asked = "a new one each ask, 'Tell me about my item zqNx.'" if args.new_questions else repr(DEFAULT_QUESTION)
     print(f"samples: {args.runs} per path and case (after warm-up pairs); question {asked}")
     print(f"{'case':34} {'direct med':>12} {'direct p90':>12} {'daemon med':>12} {'daemon p90':>12} {'overhead med':>13} {'overhead p90':>13}")
     ok = True
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the daemon's model list older than MODELS_TTL at every question (a question after a pause)",
     )
     parser.add_argument("--new-questions", action="store_true",
-                        help="a new question each ask ('Tell me about the item zqNx.'), none asked before")
+                        help="a new question each ask ('Tell me about my item zqNx.'), none asked before")
     args = parser.parse_args(argv)
     if args.profile and args.old_model_list:
         parser.error("--profile and --old-model-list each run the daemon their own way; pick one")

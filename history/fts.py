@@ -14,12 +14,13 @@ whole corpus (how results are ranked: search.py). An external-content table woul
 a content table keyed the same way plus triggers; the store writes these rows itself,
 in the same transaction as the turn, so the index cannot drift from `turns`.
 
-`said_fts` holds, under the same rowids, what the user said that is not only a question:
-each turn's message 0 (its question) unless every sentence of it ends with "?"
-(``only_asks``). It is what the search of the user's other conversations ranks
-(history/elsewhere.py): a question tells nothing about the user, is never recalled from
-elsewhere, and ranking the copies of one asked in many conversations was most of a turn's
-search (docs/DESIGN.md, "Across conversations"). Both indexes are written together.
+`said_fts` holds, under the same rowids, what the user said that does more than ask: each
+turn's message 0 (its question) unless every sentence of it is a question or a request that
+says nothing of the user (``only_asks``). It is what the search of the user's other
+conversations ranks (history/elsewhere.py): such a message tells nothing about the user, is
+never recalled from elsewhere, and ranking the copies of one asked in many conversations was
+most of a turn's search (docs/DESIGN.md, "Across conversations"). Both indexes are written
+together.
 """
 
 from __future__ import annotations
@@ -76,10 +77,29 @@ DELETE_SAID_RANGE = "DELETE FROM said_fts WHERE rowid BETWEEN ? AND ?"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
+# A sentence that starts with one of these asks for something ("Tell me about ...", "Summarize
+# the attached file: ..."), unless it says something of the user (FIRST_PERSON)
+REQUEST_WORDS = frozenset("""
+please can could tell explain describe summarize summarise write show give list translate review
+extract make create generate draft compare convert fix rewrite suggest recommend find help name
+define calculate compute solve check correct improve outline continue search look keep be use answer
+reply respond avoid focus
+""".split())
+FIRST_PERSON = frozenset("i i'm i've i'd i'll my mine myself we we're we've our ours".split())
+WORDS = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+
+
 def only_asks(text: str) -> bool:
-    """Whether ``text`` only asks: each of its sentences ends with "?"."""
+    """Whether ``text`` only asks, and so tells nothing of the user: each of its sentences is a
+    question (it ends with "?") or a request that says nothing of the user ("Tell me about the
+    item 4.", "Summarize the attached file."; not "Write a toast for my sister Ana.")."""
     sentences = [s for s in SENTENCE_END.split(text.strip()) if s.strip()]
-    return bool(sentences) and all(s.rstrip().endswith("?") for s in sentences)
+    return bool(sentences) and all(s.rstrip().endswith("?") or _requests(s) for s in sentences)
+
+
+def _requests(sentence: str) -> bool:
+    words = [w.replace("’", "'") for w in WORDS.findall(sentence.lower().replace("’", "'"))]
+    return bool(words) and words[0] in REQUEST_WORDS and not FIRST_PERSON.intersection(words)
 
 
 def message_rowid(conversation_id: int, turn: int, n: int) -> int:

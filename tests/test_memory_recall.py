@@ -260,6 +260,10 @@ async def test_a_question_asked_again_tells_nothing() -> None:
     assert not asks_again("Name a colour", "Name a colour for my bike frame, it is a Brompton")
     assert asks_again("What size are my bike tyres?", "What tyre size does my bike take? Is it 16 inch?")
     assert not asks_again("What size are my bike tyres?", "My bike is a Brompton. Which tyres fit it?")
+    # a request that says nothing of the user asks too; one that does, or a statement beside it, tells
+    assert asks_again("Who rides a bike?", "Tell me about Brompton bikes. Keep it short.")
+    assert not asks_again("Who rides a bike?", "Write a toast for my sister: she rides a bike.")
+    assert not asks_again("Who rides a bike?", "Explain gears. I ride a Brompton.")
 
 
 async def test_questions_asked_in_many_conversations_do_not_crowd_out_what_the_user_said(
@@ -292,3 +296,18 @@ async def test_questions_asked_in_many_conversations_do_not_crowd_out_what_the_u
         assert recall_events(events) == []
     with sqlite3.connect(config.db_path) as db:
         assert db.execute("SELECT count(*) FROM said_fts WHERE said_fts MATCH 'brompton'").fetchone() == (0,)
+
+
+async def test_a_request_that_says_nothing_of_the_user_is_not_recalled_but_one_that_does_is(
+    config: Config, router: FakeRouter
+) -> None:
+    past(config, "Bikes", [("Tell me about Brompton bikes.", "They fold.")], OCTOBER)
+    toast = "Write a toast for my sister Ana: she rides her Brompton bike everywhere."
+    past(config, "Toast", [(toast, "To Ana!")], NOVEMBER)
+    async with serving(config) as (_, wire):
+        router.script(Reply(text="Ana does."))
+        events = await wire.ask("Who rides a Brompton bike?")
+        assert events[-1]["type"] == "done", events[-1]
+        text = question_text(last_request(router))
+        assert f"in “Toast”, {day_label(NOVEMBER)}: you said: {toast}\n" in text
+        assert "Tell me about Brompton bikes" not in text and "“Bikes”" not in text
