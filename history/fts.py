@@ -181,11 +181,18 @@ def match_holding(rare: Sequence[str], must: Sequence[Sequence[str]]) -> str:
     ``must`` that has a rare phrase: the words the recall floor asks a passage to hold one of
     (kbinject/terms.py, ``Terms.must_hold``), so no candidate is ranked that it would drop."""
     anyof = " OR ".join(rare)
+    held = must_hold(rare, must)
+    return anyof if len(held) in (0, len(rare)) else f"({' OR '.join(held)}) AND ({anyof})"
+
+
+def must_hold(rare: Sequence[str], must: Sequence[Sequence[str]]) -> list[str]:
+    """The rare phrases of the first list of ``must`` that has one: a match holds one of them
+    (none: any of ``rare`` will do)."""
     for phrases in must:
         held = [phrase for phrase in phrases if phrase in rare]
         if held:
-            return anyof if len(held) == len(rare) else f"({' OR '.join(held)}) AND ({anyof})"
-    return anyof
+            return held
+    return []
 
 
 def quote_fts(query: str) -> str:
