@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .fts import conversation_rowid_range, match_holding, split_rowid
-from .memories import READS_MEMORY
+from .memories import READS_MEMORY, Memory, MemoryStore
 
 __all__ = ["ElsewhereFound", "ElsewhereHit", "ElsewhereStore"]
 
@@ -70,19 +70,28 @@ class ElsewhereHit:
 class ElsewhereFound:
     hits: list[ElsewhereHit]
     common: frozenset[str]  # the phrases too common to search by
+    memories: list[Memory] = field(default_factory=list)  # every saved memory, read in the same trip
 
 
 class ElsewhereStore:
     """The recall queries over the user's other conversations, on the history's connection."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, memories: MemoryStore) -> None:
         self._conn = conn
+        self._memories = memories
 
     def search(
         self, cid: int, phrases: Sequence[str], limit: int, common: tuple[float, int], must: Sequence[Sequence[str]] = ()
     ) -> ElsewhereFound:
         """The best ``limit`` matches of the rare ``phrases`` in the readable conversations but ``cid``,
-        each holding a phrase of ``must``'s first list with a rare one (``match_holding``)."""
+        each holding a phrase of ``must``'s first list with a rare one (``match_holding``); and the
+        saved memories, in the same trip to the history thread (a hand-off costs more than reading them)."""
+        found = self._search(cid, phrases, limit, common, must)
+        return ElsewhereFound(found.hits, found.common, self._memories.all())
+
+    def _search(
+        self, cid: int, phrases: Sequence[str], limit: int, common: tuple[float, int], must: Sequence[Sequence[str]]
+    ) -> ElsewhereFound:
         if not phrases or limit <= 0:
             return ElsewhereFound([], frozenset())
         share, least = common

@@ -99,9 +99,9 @@ class HistoryStore:
         # Knowledge bases (history/kb.py) share the connection, hence the thread.
         self.kb = KnowledgeStore(self._conn, self._now)
         self.archive = ArchiveStore(self._conn)  # recall injection's queries (history/archive.py)
-        self.elsewhere = ElsewhereStore(self._conn)  # and across conversations (history/elsewhere.py)
         self.recall_vectors = RecallVectorStore(self._conn)  # their vectors (history/recallvec.py)
         self.memories = MemoryStore(self._conn, self._now, self._phrases)  # history/memories.py
+        self.elsewhere = ElsewhereStore(self._conn, self.memories)  # and across conversations (history/elsewhere.py)
         self.journal = JournalStore(self._conn)  # the live state's numbering and journal (history/journal.py)
 
     # -- lifecycle -----------------------------------------------------------------

@@ -22,15 +22,13 @@ docs/MEMORY.md).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from core.tools import one_line
-from history import (MAX_MEMORY_CHARS, AsyncHistory, ElsewhereFound, ElsewhereHit, ElsewhereStore, Memory, MemoryStore,
-                     only_asks)
+from history import MAX_MEMORY_CHARS, AsyncHistory, ElsewhereFound, ElsewhereHit, ElsewhereStore, Memory, only_asks
 
 from .recallvec import NO_NEAR, Near
 from .search import fts_phrases, query_terms, reciprocal_rank_fusion
@@ -94,8 +92,11 @@ class Others:
     """What a turn's search of the other conversations found, and the saved memories."""
 
     terms: Terms  # the question's keywords alone: a back-reference's borrowed words are this conversation's
-    found: ElsewhereFound
-    memories: list[Memory]
+    found: ElsewhereFound  # with the saved memories
+
+    @property
+    def memories(self) -> list[Memory]:
+        return self.found.memories
 
     @property
     def size(self) -> int:
@@ -105,15 +106,13 @@ class Others:
 
 async def search_elsewhere(history: AsyncHistory, cid: int, terms: Terms, common: tuple[float, int]) -> Others | None:
     """The other conversations searched for the question's ``terms`` (not the recent turns'),
-    and the saved memories, both sent at once; None when the question has no keyword."""
+    and the saved memories, in one trip; None when the question has no keyword."""
     own = Terms(terms.question, [])
     phrases = fts_phrases(own.question)
     if not phrases:
         return None
-    found, memories = await asyncio.gather(
-        history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common, own.must_hold()),
-        history.memories.run(MemoryStore.all))
-    return Others(own, found, memories)
+    found = await history.elsewhere.run(ElsewhereStore.search, cid, phrases, CANDIDATES, common, own.must_hold())
+    return Others(own, found)
 
 
 def choose_elsewhere(others: Others, question: str, held: str, taken: list[str], near: Near = NO_NEAR
