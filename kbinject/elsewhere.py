@@ -39,7 +39,7 @@ __all__ = ["ELSEWHERE_TOP_K", "MAX_PASSAGE_CHARS", "ElsewherePassage", "Others",
 
 ELSEWHERE_TOP_K = 3  # passages of other conversations and memories a turn gets at most
 MAX_PASSAGE_CHARS = MAX_MEMORY_CHARS  # a message recalled from elsewhere is cut to a memory's length
-CANDIDATES = 20
+CANDIDATES = 10  # messages read for the ELSEWHERE_TOP_K (docs/DESIGN.md, "Across conversations")
 LETTERS = re.compile(r"[^\W\d_]+")  # words, numbers aside
 SENTENCE_START = re.compile(r"(?<=[.!?\n])\s+")
 WORD_START = re.compile(r"(?<!\S)\S")
