@@ -98,7 +98,7 @@ def only_asks(text: str) -> bool:
 
 
 def _requests(sentence: str) -> bool:
-    words = [w.replace("’", "'") for w in WORDS.findall(sentence.lower().replace("’", "'"))]
+    words = WORDS.findall(sentence.lower().replace("’", "'"))
     return bool(words) and words[0] in REQUEST_WORDS and not FIRST_PERSON.intersection(words)
 
 
