@@ -217,7 +217,7 @@ class ArchiveStore:
             for rowid, body, role, score in self._conn.execute(SEARCH_MESSAGES, (match, lo, hi, limit)):
                 _, turn, n = split_rowid(rowid)
                 hits.append(ArchiveHit(turn, body, score, n=n, role=role))
-        return ArchiveFound(hits + self._file_hits(files, match, limit), frequent, files=tuple(files))
+        return ArchiveFound(hits + self._file_hits(files, match, limit), frozenset(frequent), files=tuple(files))
 
     def _holds_any(self, match: str, cid: int, through: int, files: dict[int, FileRow]) -> bool:
         """Whether a folded message (turns 1..``through``) or a chunk of one of ``files`` matches."""
