@@ -64,7 +64,9 @@ ANY_MESSAGE = f"""
 SELECT 1 FROM message_fts WHERE message_fts MATCH ? AND rowid BETWEEN ? AND ? AND (rowid & 255) <= {MAX_MESSAGE_INDEX}
 LIMIT 1
 """
-ANY_FILE_CHUNK = "SELECT 1 FROM attachment_chunk_fts WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT 1"
+ANY_FILE_CHUNK = """
+SELECT 1 FROM attachment_chunk_fts WHERE attachment_chunk_fts MATCH ? AND rowid BETWEEN ? AND ? LIMIT 1
+"""
 COUNT_FILE_CHUNKS = "SELECT count(*) FROM attachment_chunks WHERE id BETWEEN ? AND ?"
 COUNT_FILE_CHUNKS_HOLDING = """
 SELECT count(*) FROM (SELECT 1 FROM attachment_chunk_fts
