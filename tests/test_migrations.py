@@ -47,6 +47,15 @@ def connect(path: Path) -> Iterator[sqlite3.Connection]:
         yield conn
 
 
+def migrated_through(conn: sqlite3.Connection, count: int) -> None:
+    """``conn``'s file as the first ``count`` migrations leave it, each recorded as applied."""
+    conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
+    for migration in MIGRATIONS[:count]:
+        with conn:
+            migration(conn)
+            conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+
+
 def migration_rows(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     return conn.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall()
 
@@ -333,11 +342,7 @@ def test_m008_to_m010_give_every_turn_no_sources_no_ref_and_no_approvals(tmp_pat
     # passages, whose ask carried no ref, and that asked no approval
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:7]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 7)
         with conn:
             conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
             conn.execute("INSERT INTO turns (conversation_id, turn, text, messages, status, created_at, updated_at) "
@@ -353,11 +358,7 @@ def test_m013_adds_the_memory_tables_to_an_m012_file(tmp_path: Path) -> None:
     # a history.db of m012 gets the saved memories and each conversation's frozen block
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:12]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 12)
         assert migrate(conn)[0] == "m013_memories"
         assert table_columns(conn, "memories") == [
             "id", "text", "created_at", "updated_at", "conversation_id", "turn"]
@@ -368,11 +369,7 @@ def test_m014_keeps_the_live_numbering_and_indexes_refs(tmp_path: Path) -> None:
     """A history.db of m013 gains the live state's tables, empty, and an index of turns by ref."""
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:13]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 13)
         assert migrate(conn) == ["m014_live_journal", "m015_recall_vectors", "m016_attachment_sent_whole",
                                  "m017_said_fts"]
         assert table_columns(conn, "live_seq") == ["id", "reserved"]
@@ -386,11 +383,7 @@ def test_m015_adds_recall_vectors_that_go_with_their_conversation(tmp_path: Path
     and so does a forgotten memory's."""
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:14]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 14)
         assert migrate(conn) == ["m015_recall_vectors", "m016_attachment_sent_whole", "m017_said_fts"]
         assert table_columns(conn, "recall_vectors") == ["id", "conversation_id", "model", "digest", "vector"]
         with conn:
@@ -410,11 +403,7 @@ def test_m016_reads_an_older_file_as_not_sent_whole(tmp_path: Path) -> None:
     searches them whenever it searches the conversation, as it did before."""
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:15]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 15)
         with conn:
             conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
             conn.execute("INSERT INTO attachments (conversation_id, turn, name, path, kind, content_type, size_bytes, "
@@ -429,11 +418,7 @@ def test_m017_indexes_what_the_user_said_but_questions_that_only_ask(tmp_path: P
     says more than it asks, under its rowid; not the replies, nor a question that only asks."""
     db = tmp_path / "history.db"
     with connect(db) as conn:
-        conn.execute(migrations_module.CREATE_MIGRATIONS_TABLE)
-        for migration in MIGRATIONS[:16]:
-            with conn:
-                migration(conn)
-                conn.execute(migrations_module.INSERT_APPLIED, (migration.__name__, "t"))
+        migrated_through(conn, 16)
         said = ["My bike is a Brompton.", "What size are its tyres?", "It is red. Is red fast?", "Is it? Really?"]
         with conn:
             conn.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('t', 'x', 'x')")
